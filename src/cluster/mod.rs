@@ -1,0 +1,117 @@
+//! GPUs, nodes and clusters, and where ranks land on them.
+//!
+//! A cluster is a list of node groups, each of one GPU kind, so that
+//! heterogeneous clusters extend this type rather than replace it; the cost
+//! model today accepts a single group (see [`Cluster::homogeneous`]).
+
+mod catalogue;
+mod file;
+
+pub use catalogue::{builtin_gpu, builtin_gpu_names, builtin_node};
+pub use file::{ClusterFileError, load_cluster_file, parse_cluster_toml};
+
+use crate::units::Bandwidth;
+use serde::{Deserialize, Serialize};
+
+const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
+
+/// Datasheet facts of one GPU kind.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GpuSpec {
+    pub name: String,
+    /// Dense 16-bit (fp16/bf16) tensor-core peak, FLOP/s.
+    pub peak_flops: f64,
+    /// HBM capacity, bytes.
+    pub memory_bytes: f64,
+    /// HBM bandwidth, bytes/s.
+    pub hbm_bandwidth: f64,
+}
+
+impl GpuSpec {
+    pub fn memory_gib(&self) -> f64 {
+        self.memory_bytes / GIB
+    }
+}
+
+/// Nodes of one kind: GPUs per node and the link between GPUs of a node.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeGroup {
+    pub gpu: GpuSpec,
+    pub nodes: u64,
+    pub gpus_per_node: u64,
+    /// Per-GPU, per-direction bandwidth of the intra-node link (NVLink/NVSwitch).
+    pub intra_node_bw: Bandwidth,
+    /// Per-node injection bandwidth into the inter-node network (all NICs).
+    pub inter_node_bw: Bandwidth,
+}
+
+/// The machines a job may use.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Cluster {
+    pub groups: Vec<NodeGroup>,
+}
+
+impl Cluster {
+    pub fn single(group: NodeGroup) -> Self {
+        Cluster {
+            groups: vec![group],
+        }
+    }
+
+    /// The one node group of a homogeneous cluster, or an error naming why the
+    /// cost model cannot use this cluster yet.
+    pub fn homogeneous(&self) -> Result<&NodeGroup, String> {
+        match self.groups.as_slice() {
+            [one] => Ok(one),
+            [] => Err("cluster: no node group given; add one [[nodes]] table".into()),
+            _ => Err("cluster: more than one GPU kind is not supported by the cost model yet; \
+                 keep one [[nodes]] table"
+                .into()),
+        }
+    }
+
+    pub fn total_gpus(&self) -> u64 {
+        self.groups.iter().map(|g| g.nodes * g.gpus_per_node).sum()
+    }
+}
+
+/// Where a job's ranks sit: how many GPUs it uses and how many of them share
+/// a node. Ranks are numbered Megatron's way: tensor-parallel fastest, then
+/// data-parallel, then pipeline.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Placement {
+    pub gpus: u64,
+    /// GPUs of this job per node (the node size, or the job size when smaller).
+    pub gpus_per_node: u64,
+}
+
+impl Placement {
+    pub fn new(gpus: u64, node_size: u64) -> Self {
+        Placement {
+            gpus,
+            gpus_per_node: node_size.min(gpus),
+        }
+    }
+
+    pub fn node_of(&self, rank: u64) -> u64 {
+        rank / self.gpus_per_node
+    }
+
+    /// Ranks spaced `stride` apart, `count` of them starting at 0: how many
+    /// nodes they span and how many share each node.
+    pub fn span(&self, stride: u64, count: u64) -> GroupSpan {
+        let last = stride * (count - 1);
+        let nodes = self.node_of(last) + 1;
+        GroupSpan {
+            nodes,
+            per_node: count.div_ceil(nodes),
+        }
+    }
+}
+
+/// How a communication group spreads over nodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GroupSpan {
+    pub nodes: u64,
+    pub per_node: u64,
+}

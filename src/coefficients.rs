@@ -1,0 +1,366 @@
+//! The cost model's named coefficients: each has a unit, a physical range, a
+//! prior and where that prior came from. `cost_models/*.toml` files hold
+//! values for them; this module reads and writes those files.
+//!
+//! All coefficients are declared once, in the `coefficients!` table below;
+//! the struct, the name lookup, the metadata and the file format derive from it.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// Metadata of one coefficient.
+#[derive(Debug, Clone, Copy)]
+pub struct CoefficientInfo {
+    pub name: &'static str,
+    pub unit: &'static str,
+    /// Inclusive physical range; calibration keeps values inside it.
+    pub min: f64,
+    pub max: f64,
+    pub prior: f64,
+    pub source: &'static str,
+    /// What the coefficient governs, for reports.
+    pub meaning: &'static str,
+}
+
+macro_rules! coefficients {
+    ($( $field:ident : $unit:literal, [$min:expr, $max:expr], $prior:expr,
+        $meaning:literal, $source:literal; )*) => {
+        /// Values of every coefficient (see [`Coefficients::INFO`]).
+        #[derive(Debug, Clone, Copy, PartialEq)]
+        pub struct Coefficients {
+            $( pub $field: f64, )*
+        }
+
+        impl Coefficients {
+            pub const INFO: &'static [CoefficientInfo] = &[
+                $( CoefficientInfo {
+                    name: stringify!($field),
+                    unit: $unit,
+                    min: $min,
+                    max: $max,
+                    prior: $prior,
+                    source: $source,
+                    meaning: $meaning,
+                }, )*
+            ];
+
+            /// The datasheet-and-literature priors.
+            pub fn priors() -> Self {
+                Coefficients { $( $field: $prior, )* }
+            }
+
+            pub fn get(&self, name: &str) -> Option<f64> {
+                match name {
+                    $( stringify!($field) => Some(self.$field), )*
+                    _ => None,
+                }
+            }
+
+            pub fn set(&mut self, name: &str, value: f64) -> bool {
+                match name {
+                    $( stringify!($field) => { self.$field = value; true } )*
+                    _ => false,
+                }
+            }
+        }
+    };
+}
+
+coefficients! {
+    gemm_efficiency: "fraction of peak", [0.05, 1.0], 0.80,
+        "tensor-core efficiency of large 16-bit GEMMs",
+        "cuBLAS reaches about 80% of A100/H100 dense peak on large fp16/bf16 GEMMs (NVIDIA Deep Learning Performance guide, Matrix Multiplication Background)";
+    gemm_dim_half: "elements", [1.0, 4096.0], 64.0,
+        "a GEMM dimension this small halves its efficiency (tile under-fill, wave quantisation)",
+        "half of a 128-wide cuBLAS tile: a dimension d fills d/(d+64) of the tile work on average";
+    attention_efficiency_flash: "fraction of peak", [0.05, 1.0], 0.55,
+        "efficiency of fused (flash) attention, forward and backward",
+        "FlashAttention-2 (Dao, 2023) reports 50-73% of A100 peak forward, 40-60% backward";
+    attention_efficiency_standard: "fraction of peak", [0.05, 1.0], 0.45,
+        "efficiency of the batched QK^T and AV products of unfused attention",
+        "batched GEMMs with head dimension 64-128 run well below large-GEMM efficiency (cuBLAS batched GEMM measurements in Korthikanti et al., 2022)";
+    hbm_efficiency: "fraction of HBM bandwidth", [0.05, 1.0], 0.80,
+        "achieved fraction of HBM bandwidth in element-wise kernels",
+        "streaming kernels reach 80-90% of A100/H100 HBM bandwidth (NVIDIA CUDA best-practices, STREAM-like copies)";
+    elementwise_traffic_scale: "x counted bytes", [0.1, 10.0], 1.0,
+        "multiplier on the bytes that layer norms, dropout, activations, residuals and softmax read and write",
+        "1.0 means exactly the tensor reads and writes counted from Megatron-LM's fused kernels";
+    host_us_per_layer_pass: "microseconds", [0.0, 20000.0], 400.0,
+        "host (CPU) time to issue one layer's forward pass; backward counts twice",
+        "about 35 PyTorch eager operators per Megatron layer forward at about 12 us of dispatch each (PyTorch profiler, typical)";
+    host_overlap_exponent: "exponent", [1.0, 32.0], 4.0,
+        "k in (host^k + gpu^k)^(1/k): how well host launch work hides behind GPU work (infinity = perfect)",
+        "asynchronous CUDA launches overlap host and device work; k=4 leaves 19% loss when they are equal";
+    microbatch_overhead_ms: "milliseconds", [0.0, 1000.0], 1.0,
+        "host work per micro-batch per stage outside the layers (schedule, loss, data)",
+        "Megatron-LM pipeline-schedule bookkeeping, about 1 ms per micro-batch in PyTorch traces";
+    iteration_overhead_ms: "milliseconds", [0.0, 10000.0], 20.0,
+        "fixed work per iteration (gradient-norm, loss scaling, logging, launches of the optimizer)",
+        "Megatron-LM step bookkeeping, tens of milliseconds in published traces";
+    cross_entropy_bytes_per_logit: "bytes", [0.0, 200.0], 24.0,
+        "memory traffic of the fp32 softmax cross-entropy per logit, forward and backward",
+        "fp32 upcast, max, exp, sum, normalise and gradient passes: about 6 reads or writes of 4 bytes";
+    intra_node_efficiency: "fraction of link bandwidth", [0.05, 1.0], 0.75,
+        "achieved fraction of the intra-node link in large collectives",
+        "NCCL bus bandwidth is about 75% of NVLink per-direction bandwidth on A100 (nccl-tests on DGX A100)";
+    inter_node_efficiency: "fraction of link bandwidth", [0.05, 1.0], 0.80,
+        "achieved fraction of the node's network injection bandwidth in large collectives",
+        "InfiniBand HDR/NDR reaches 80-90% of line rate in nccl-tests across nodes";
+    collective_base_latency_us: "microseconds", [0.0, 1000.0], 20.0,
+        "fixed latency of one collective call",
+        "NCCL launch and synchronisation, 10-30 us in nccl-tests small-message runs";
+    collective_step_latency_us: "microseconds", [0.0, 1000.0], 5.0,
+        "latency of one ring step (a ring all-reduce over n ranks has 2(n-1) steps)",
+        "NVLink hop latency a few microseconds; nccl-tests small-message times grow about linearly with ranks";
+    p2p_latency_us: "microseconds", [0.0, 1000.0], 20.0,
+        "latency of one pipeline send/receive",
+        "NCCL send/recv small-message latency, 10-30 us";
+    dp_overlap: "fraction", [0.0, 1.0], 0.0,
+        "part of the data-parallel gradient reduction hidden behind the backward pass",
+        "0: Megatron-LM without --overlap-grad-reduce and Megatron-DeepSpeed without bucketing reduce after the backward pass";
+    zero3_prefetch_overlap: "fraction", [0.0, 1.0], 0.7,
+        "part of ZeRO-3/FSDP parameter all-gathers hidden behind compute by prefetching",
+        "FSDP prefetches the next layer's parameters; PyTorch FSDP paper (Zhao et al., 2023) reports most of it hidden";
+    bpipe_overlap: "fraction", [0.0, 1.0], 0.5,
+        "part of BPipe's activation transfers hidden behind compute",
+        "BPipe (Kim et al., ICML'23) overlaps evictions with the next forward passes; half exposed is a cautious prior";
+    optimizer_step_bytes_per_param: "bytes", [0.0, 200.0], 30.0,
+        "HBM traffic of the Adam step per parameter owned",
+        "read fp32 master, momentum, variance, gradient (16), write master, momentum, variance (12), write 16-bit weight (2)";
+    weight_bytes_per_param: "bytes", [1.0, 8.0], 2.0,
+        "resident bytes of each 16-bit weight",
+        "fp16/bf16 mixed precision (Micikevicius et al., 2018)";
+    gradient_bytes_per_param: "bytes", [1.0, 8.0], 4.0,
+        "resident gradient bytes per parameter (and bytes reduced over data-parallel ranks)",
+        "Megatron-LM keeps and all-reduces fp32 main gradients by default (--accumulate-allreduce-grads-in-fp32)";
+    optimizer_bytes_per_param: "bytes", [0.0, 32.0], 12.0,
+        "Adam states per parameter: fp32 master weight, momentum and variance",
+        "mixed-precision Adam, ZeRO paper (Rajbhandari et al., 2020)";
+    logit_bytes: "bytes", [0.0, 32.0], 6.0,
+        "resident bytes per output logit on the last stage (16-bit logits plus an fp32 copy)",
+        "Megatron-LM's vocab-parallel cross-entropy upcasts the logits to fp32";
+    runtime_overhead_gib: "GiB", [0.0, 32.0], 2.5,
+        "memory the runtime takes per GPU outside the model (CUDA context, cuBLAS workspace, NCCL buffers)",
+        "CUDA context about 0.5 GiB, NCCL buffers about 1 GiB, cuBLAS/cuDNN workspaces (PyTorch memory docs)";
+    memory_reserve_fraction: "fraction of capacity", [0.0, 0.5], 0.05,
+        "capacity kept free for allocator fragmentation",
+        "PyTorch caching-allocator fragmentation of a few percent in long runs";
+}
+
+impl Coefficients {
+    pub fn info(name: &str) -> Option<&'static CoefficientInfo> {
+        Self::INFO.iter().find(|i| i.name == name)
+    }
+
+    /// Every value inside its physical range, or the first that is not.
+    pub fn check(&self) -> Result<(), String> {
+        for info in Self::INFO {
+            let v = self.get(info.name).expect("INFO lists only fields");
+            if !(v.is_finite() && v >= info.min && v <= info.max) {
+                return Err(format!(
+                    "coefficient `{}` = {v} is outside its range [{}, {}] ({})",
+                    info.name, info.min, info.max, info.unit
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// How data-parallel collectives that span nodes are carried out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum CollectiveAlgorithm {
+    /// One ring over all ranks.
+    Ring,
+    /// Reduce within each node, all-reduce across nodes, broadcast within nodes
+    /// (what NCCL's rings with per-node NIC sharing amount to).
+    #[default]
+    Hierarchical,
+}
+
+/// A cost model: coefficients plus where they came from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CostModel {
+    pub name: String,
+    pub description: String,
+    pub coefficients: Coefficients,
+    pub collective: CollectiveAlgorithm,
+    /// Free-form provenance lines (data fitted on, date, error figures).
+    pub provenance: BTreeMap<String, toml::Value>,
+}
+
+impl CostModel {
+    pub fn datasheet() -> Self {
+        CostModel {
+            name: "datasheet".into(),
+            description: "priors from datasheets and the literature, fitted to nothing".into(),
+            coefficients: Coefficients::priors(),
+            collective: CollectiveAlgorithm::default(),
+            provenance: BTreeMap::new(),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CostModelFileError {
+    #[error("cannot read cost model {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("cost model {path}: {message}")]
+    Invalid { path: String, message: String },
+    #[error("cannot write cost model {path}: {source}")]
+    Write {
+        path: String,
+        source: std::io::Error,
+    },
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileEntry {
+    value: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    unit: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    source: Option<String>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileLayout {
+    name: String,
+    #[serde(default)]
+    description: String,
+    #[serde(default)]
+    collective: CollectiveAlgorithm,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    provenance: BTreeMap<String, toml::Value>,
+    coefficients: BTreeMap<String, FileEntry>,
+}
+
+/// Parses a cost-model file. Every coefficient must be present and known;
+/// a mistyped name is reported with the closest known one.
+pub fn parse_cost_model(text: &str, path: &str) -> Result<CostModel, CostModelFileError> {
+    let invalid = |message: String| CostModelFileError::Invalid {
+        path: path.to_string(),
+        message,
+    };
+    let layout: FileLayout = toml::from_str(text).map_err(|e| invalid(one_line(&e.to_string())))?;
+    let mut coefficients = Coefficients::priors();
+    for (name, entry) in &layout.coefficients {
+        if !coefficients.set(name, entry.value) {
+            let names: Vec<&str> = Coefficients::INFO.iter().map(|i| i.name).collect();
+            return Err(invalid(format!(
+                "unknown coefficient `{name}`{}",
+                crate::suggest::did_you_mean(name, &names)
+            )));
+        }
+    }
+    if let Some(missing) = Coefficients::INFO
+        .iter()
+        .find(|i| !layout.coefficients.contains_key(i.name))
+    {
+        return Err(invalid(format!(
+            "coefficient `{}` is missing; add `[coefficients.{}]` with `value = {}` (its prior)",
+            missing.name, missing.name, missing.prior
+        )));
+    }
+    coefficients.check().map_err(invalid)?;
+    Ok(CostModel {
+        name: layout.name,
+        description: layout.description,
+        coefficients,
+        collective: layout.collective,
+        provenance: layout.provenance,
+    })
+}
+
+/// TOML parser messages span several lines with a caret; keep the first
+/// meaningful ones on one line.
+fn one_line(message: &str) -> String {
+    message
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('|') && !l.chars().all(|c| c == '^'))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+pub fn load_cost_model(path: &Path) -> Result<CostModel, CostModelFileError> {
+    let shown = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|source| CostModelFileError::Read {
+        path: shown.clone(),
+        source,
+    })?;
+    parse_cost_model(&text, &shown)
+}
+
+/// Renders a cost model as TOML, every coefficient with its unit and source.
+pub fn render_cost_model(model: &CostModel) -> String {
+    let coefficients = Coefficients::INFO
+        .iter()
+        .map(|info| {
+            let entry = FileEntry {
+                value: model.coefficients.get(info.name).expect("known"),
+                unit: Some(info.unit.to_string()),
+                source: Some(info.source.to_string()),
+            };
+            (info.name.to_string(), entry)
+        })
+        .collect();
+    let layout = FileLayout {
+        name: model.name.clone(),
+        description: model.description.clone(),
+        collective: model.collective,
+        provenance: model.provenance.clone(),
+        coefficients,
+    };
+    toml::to_string_pretty(&layout).expect("a cost model always serialises")
+}
+
+/// Writes a cost model atomically: a temporary file in the same folder, then
+/// a rename, so an interrupted write never leaves a half file.
+pub fn save_cost_model(model: &CostModel, path: &Path) -> Result<(), CostModelFileError> {
+    crate::runs::write_atomically(path, render_cost_model(model).as_bytes()).map_err(|source| {
+        CostModelFileError::Write {
+            path: path.display().to_string(),
+            source,
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn priors_are_inside_their_ranges() {
+        Coefficients::priors().check().unwrap();
+    }
+
+    #[test]
+    fn a_rendered_model_reads_back_identically() {
+        let model = CostModel::datasheet();
+        let back = parse_cost_model(&render_cost_model(&model), "x.toml").unwrap();
+        assert_eq!(back, model);
+    }
+
+    #[test]
+    fn a_mistyped_coefficient_is_named_with_a_suggestion() {
+        let text = render_cost_model(&CostModel::datasheet())
+            .replace("[coefficients.gemm_efficiency]", "[coefficients.gemm_eficiency]");
+        let err = parse_cost_model(&text, "x.toml").unwrap_err().to_string();
+        assert!(err.contains("gemm_eficiency") && err.contains("gemm_efficiency"), "{err}");
+    }
+
+    #[test]
+    fn an_out_of_range_value_is_refused() {
+        let text = render_cost_model(&CostModel::datasheet()).replacen("value = 0.8\n", "value = 1.8\n", 1);
+        let err = parse_cost_model(&text, "x.toml").unwrap_err().to_string();
+        assert!(err.contains("outside its range"), "{err}");
+    }
+}

@@ -1,0 +1,223 @@
+//! One way to run a training job: parallel degrees, micro-batch, schedule,
+//! recomputation and the memory-saving switches. Plain data, no behaviour
+//! beyond naming and validity checks.
+
+use crate::model::{AttentionKind, ModelSpec};
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// Pipeline schedule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ScheduleKind {
+    Gpipe,
+    #[serde(rename = "1f1b")]
+    OneFOneB,
+    Interleaved,
+}
+
+impl ScheduleKind {
+    pub const ALL: [ScheduleKind; 3] = [
+        ScheduleKind::Gpipe,
+        ScheduleKind::OneFOneB,
+        ScheduleKind::Interleaved,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ScheduleKind::Gpipe => "gpipe",
+            ScheduleKind::OneFOneB => "1f1b",
+            ScheduleKind::Interleaved => "interleaved",
+        }
+    }
+}
+
+/// Activation recomputation policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Recompute {
+    None,
+    /// Recompute only the attention core (Korthikanti et al.).
+    Selective,
+    /// Keep only each layer's input and recompute the whole layer.
+    Full,
+}
+
+impl Recompute {
+    pub const ALL: [Recompute; 3] = [Recompute::None, Recompute::Selective, Recompute::Full];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Recompute::None => "none",
+            Recompute::Selective => "selective",
+            Recompute::Full => "full",
+        }
+    }
+}
+
+/// How much of the model state is sharded over data-parallel ranks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OptimizerSharding {
+    None,
+    /// Optimizer states only: Megatron's distributed optimizer, ZeRO-1.
+    OptimizerStates,
+    /// Weights, gradients and optimizer states: ZeRO-3, FSDP.
+    Full,
+}
+
+impl OptimizerSharding {
+    pub const ALL: [OptimizerSharding; 3] = [
+        OptimizerSharding::None,
+        OptimizerSharding::OptimizerStates,
+        OptimizerSharding::Full,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            OptimizerSharding::None => "none",
+            OptimizerSharding::OptimizerStates => "optimizer-states",
+            OptimizerSharding::Full => "full",
+        }
+    }
+}
+
+/// One parallel training configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ParallelConfig {
+    pub tp: u64,
+    pub pp: u64,
+    pub dp: u64,
+    pub micro_batch: u64,
+    pub schedule: ScheduleKind,
+    /// Model chunks per pipeline rank; 1 unless the schedule is interleaved.
+    pub virtual_stages: u64,
+    pub recompute: Recompute,
+    pub sequence_parallel: bool,
+    pub optimizer_sharding: OptimizerSharding,
+    /// BPipe activation balancing between pipeline stages x and p-1-x.
+    pub bpipe: bool,
+    pub attention: AttentionKind,
+}
+
+impl ParallelConfig {
+    pub fn gpus(&self) -> u64 {
+        self.tp * self.pp * self.dp
+    }
+
+    /// Micro-batches each pipeline processes per iteration.
+    pub fn micro_batches(&self, global_batch: u64) -> u64 {
+        global_batch / (self.micro_batch * self.dp)
+    }
+
+    /// Why this configuration cannot run `model` with `global_batch` on
+    /// `gpus` GPUs whose nodes hold `gpus_per_node`, or `Ok`.
+    pub fn check(
+        &self,
+        model: &ModelSpec,
+        global_batch: u64,
+        gpus: u64,
+        gpus_per_node: u64,
+    ) -> Result<(), String> {
+        let c = self;
+        if c.tp == 0 || c.pp == 0 || c.dp == 0 || c.micro_batch == 0 || c.virtual_stages == 0 {
+            return Err("tp, pp, dp, micro-batch and virtual stages must all be at least 1".into());
+        }
+        if c.gpus() != gpus {
+            return Err(format!(
+                "tp x pp x dp = {} x {} x {} = {} but the job has {gpus} GPUs; make the product equal",
+                c.tp,
+                c.pp,
+                c.dp,
+                c.gpus()
+            ));
+        }
+        if c.tp > gpus_per_node || gpus_per_node % c.tp != 0 {
+            return Err(format!(
+                "tp {} must divide the {gpus_per_node} GPUs of a node (tensor parallelism stays within a node)",
+                c.tp
+            ));
+        }
+        if model.heads % c.tp != 0 || model.kv_heads % c.tp != 0 {
+            return Err(format!(
+                "heads ({}) and kv heads ({}) must be divisible by tp {}; pick a tp that divides them",
+                model.heads, model.kv_heads, c.tp
+            ));
+        }
+        if model.ffn_hidden % c.tp != 0 {
+            return Err(format!(
+                "ffn hidden ({}) must be divisible by tp {}",
+                model.ffn_hidden, c.tp
+            ));
+        }
+        if global_batch % (c.micro_batch * c.dp) != 0 {
+            return Err(format!(
+                "global batch {global_batch} must be divisible by micro-batch x dp = {} x {}",
+                c.micro_batch, c.dp
+            ));
+        }
+        let chunks = c.pp * c.virtual_stages;
+        if model.layers % chunks != 0 {
+            return Err(format!(
+                "layers ({}) must divide evenly over pp x virtual stages = {} x {}",
+                model.layers, c.pp, c.virtual_stages
+            ));
+        }
+        match c.schedule {
+            ScheduleKind::Interleaved => {
+                if c.pp < 2 || c.virtual_stages < 2 {
+                    return Err("the interleaved schedule needs pp >= 2 and virtual stages >= 2".into());
+                }
+                if c.micro_batches(global_batch) % c.pp != 0 {
+                    return Err(format!(
+                        "the interleaved schedule needs the micro-batch count ({}) to be a multiple of pp ({})",
+                        c.micro_batches(global_batch),
+                        c.pp
+                    ));
+                }
+            }
+            _ if c.virtual_stages != 1 => {
+                return Err("virtual stages other than 1 need the interleaved schedule".into());
+            }
+            _ => {}
+        }
+        if c.sequence_parallel && c.tp == 1 {
+            return Err("sequence parallelism needs tp >= 2".into());
+        }
+        if c.bpipe && (c.schedule != ScheduleKind::OneFOneB || c.pp < 2) {
+            return Err("BPipe needs the 1f1b schedule and pp >= 2".into());
+        }
+        if c.optimizer_sharding != OptimizerSharding::None && c.dp == 1 {
+            return Err("optimizer sharding needs dp >= 2".into());
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for ParallelConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "tp{} pp{} dp{} mb{} {}{} rc={} sp={} shard={} bpipe={} attn={}",
+            self.tp,
+            self.pp,
+            self.dp,
+            self.micro_batch,
+            self.schedule.name(),
+            if self.virtual_stages > 1 {
+                format!("x{}", self.virtual_stages)
+            } else {
+                String::new()
+            },
+            self.recompute.name(),
+            on_off(self.sequence_parallel),
+            self.optimizer_sharding.name(),
+            on_off(self.bpipe),
+            self.attention.name(),
+        )
+    }
+}
+
+pub fn on_off(flag: bool) -> &'static str {
+    if flag { "on" } else { "off" }
+}

@@ -1,0 +1,171 @@
+//! Collectives and point-to-point messages, charged on the link that the
+//! rank placement gives them (Megatron order: tp fastest, then dp, then pp).
+
+use super::Scenario;
+use super::kernels::HALF;
+use super::memory::{ParamGroup, SyncMethod};
+use crate::cluster::GroupSpan;
+use crate::coefficients::CollectiveAlgorithm;
+use crate::config::{OptimizerSharding, ParallelConfig, Recompute};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Collective {
+    AllReduce,
+    AllGather,
+    ReduceScatter,
+}
+
+impl Collective {
+    /// Ring passes over the data: an all-reduce is a reduce-scatter plus an all-gather.
+    fn passes(self) -> f64 {
+        match self {
+            Collective::AllReduce => 2.0,
+            Collective::AllGather | Collective::ReduceScatter => 1.0,
+        }
+    }
+}
+
+/// Achieved per-GPU bandwidth of the intra-node link.
+fn intra_bw(s: &Scenario) -> f64 {
+    s.intra_node_bw * s.coef().intra_node_efficiency
+}
+
+/// Achieved per-GPU share of the node's network bandwidth when every GPU of
+/// the node communicates at once (as in data-parallel synchronisation).
+fn inter_bw_per_gpu(s: &Scenario) -> f64 {
+    s.inter_node_bw * s.coef().inter_node_efficiency / s.placement.gpus_per_node as f64
+}
+
+fn latency(s: &Scenario, kind: Collective, ranks: u64) -> f64 {
+    let k = s.coef();
+    (k.collective_base_latency_us
+        + k.collective_step_latency_us * kind.passes() * (ranks - 1) as f64)
+        * 1e-6
+}
+
+/// Time of a collective over `bytes` (the full buffer each rank holds) among
+/// ranks laid out as `span`.
+pub fn collective(s: &Scenario, kind: Collective, span: GroupSpan, bytes: f64) -> f64 {
+    let ranks = span.nodes * span.per_node;
+    if ranks <= 1 || bytes <= 0.0 {
+        return 0.0;
+    }
+    let n = ranks as f64;
+    let passes = kind.passes();
+    if span.nodes == 1 {
+        return latency(s, kind, ranks) + passes * (n - 1.0) / n * bytes / intra_bw(s);
+    }
+    let k = span.per_node as f64;
+    let nodes = span.nodes as f64;
+    let transfer = match s.collective() {
+        CollectiveAlgorithm::Hierarchical => {
+            let intra = passes * (k - 1.0) / k * bytes / intra_bw(s);
+            let inter = passes * (nodes - 1.0) / nodes * (bytes / k) / inter_bw_per_gpu(s);
+            intra + inter
+        }
+        CollectiveAlgorithm::Ring => {
+            // The ring crosses each node boundary once; the k ranks of the
+            // group on a node share the node's NICs with the other groups.
+            let bottleneck = intra_bw(s).min(inter_bw_per_gpu(s) * k);
+            passes * (n - 1.0) / n * bytes / bottleneck
+        }
+    };
+    latency(s, kind, ranks) + transfer
+}
+
+fn within_node(ranks: u64) -> GroupSpan {
+    GroupSpan {
+        nodes: 1,
+        per_node: ranks,
+    }
+}
+
+pub fn all_reduce_intra(s: &Scenario, ranks: u64, bytes: f64) -> f64 {
+    collective(s, Collective::AllReduce, within_node(ranks), bytes)
+}
+
+pub fn all_gather_intra(s: &Scenario, ranks: u64, bytes: f64) -> f64 {
+    collective(s, Collective::AllGather, within_node(ranks), bytes)
+}
+
+pub fn reduce_scatter_intra(s: &Scenario, ranks: u64, bytes: f64) -> f64 {
+    collective(s, Collective::ReduceScatter, within_node(ranks), bytes)
+}
+
+/// Point-to-point bandwidth between two ranks, depending on whether they share a node.
+fn p2p_bw(s: &Scenario, crosses_nodes: bool) -> f64 {
+    if crosses_nodes {
+        inter_bw_per_gpu(s)
+    } else {
+        intra_bw(s)
+    }
+}
+
+/// First rank of pipeline stage `stage`.
+fn stage_rank(c: &ParallelConfig, stage: u64) -> u64 {
+    stage * c.tp * c.dp
+}
+
+pub fn stages_share_node(s: &Scenario, c: &ParallelConfig, a: u64, b: u64) -> bool {
+    s.placement.node_of(stage_rank(c, a)) == s.placement.node_of(stage_rank(c, b))
+}
+
+/// Time of moving `bytes` between stages `a` and `b` (one rank each).
+pub fn stage_transfer(s: &Scenario, c: &ParallelConfig, a: u64, b: u64, bytes: f64) -> f64 {
+    bytes / p2p_bw(s, !stages_share_node(s, c, a, b))
+}
+
+/// Pipeline send/receive time per micro-batch on one stage: the activation
+/// forward and its gradient backward, once per model chunk. Megatron splits
+/// the message over the tensor-parallel ranks (scatter/gather).
+pub fn pipeline_p2p_per_microbatch(s: &Scenario, c: &ParallelConfig) -> f64 {
+    if c.pp == 1 {
+        return 0.0;
+    }
+    let bytes = HALF * (c.micro_batch * s.model.seq_len * s.model.hidden) as f64 / c.tp as f64;
+    let crosses = (0..c.pp - 1).any(|i| !stages_share_node(s, c, i, i + 1));
+    let one = s.coef().p2p_latency_us * 1e-6 + bytes / p2p_bw(s, crosses);
+    2.0 * c.virtual_stages as f64 * one
+}
+
+/// Exposed time of synchronising one parameter group over the data-parallel
+/// ranks in one iteration.
+pub fn data_parallel_sync(s: &Scenario, c: &ParallelConfig, group: &ParamGroup) -> f64 {
+    if c.dp == 1 {
+        return 0.0;
+    }
+    let k = s.coef();
+    let span = s.placement.span(c.tp, c.dp);
+    let grads = group.params * k.gradient_bytes_per_param;
+    let weights = group.params * k.weight_bytes_per_param;
+    match (group.sync, c.optimizer_sharding) {
+        (SyncMethod::AllReduce, OptimizerSharding::None) => {
+            collective(s, Collective::AllReduce, span, grads) * (1.0 - k.dp_overlap)
+        }
+        (SyncMethod::AllReduce, OptimizerSharding::OptimizerStates) => {
+            (collective(s, Collective::ReduceScatter, span, grads)
+                + collective(s, Collective::AllGather, span, weights))
+                * (1.0 - k.dp_overlap)
+        }
+        (SyncMethod::AllReduce, OptimizerSharding::Full) => {
+            // ZeRO-3 gathers weights for every forward, recomputation and
+            // backward pass of every micro-batch, and reduce-scatters gradients.
+            let gathers = if c.recompute == Recompute::Full { 3.0 } else { 2.0 };
+            let m = c.micro_batches(s.global_batch) as f64;
+            let per_microbatch = gathers * collective(s, Collective::AllGather, span, weights)
+                + collective(s, Collective::ReduceScatter, span, grads);
+            m * per_microbatch * (1.0 - k.zero3_prefetch_overlap)
+        }
+    }
+}
+
+/// All-reduce of the tied word-embedding gradient between the first and the
+/// last stage (Megatron keeps a copy on each).
+pub fn tied_embedding_sync(s: &Scenario, c: &ParallelConfig) -> f64 {
+    if c.pp == 1 || !s.model.tied_embeddings {
+        return 0.0;
+    }
+    let bytes = s.model.embedding_params() / c.tp as f64 * s.coef().gradient_bytes_per_param;
+    let crosses = !stages_share_node(s, c, 0, c.pp - 1);
+    s.coef().collective_base_latency_us * 1e-6 + bytes / p2p_bw(s, crosses)
+}

@@ -1,0 +1,42 @@
+//! Time of single GPU kernels: GEMMs, attention cores, memory-bound passes.
+
+use super::Scenario;
+
+/// Bytes per 16-bit element.
+pub const HALF: f64 = 2.0;
+
+/// Tensor-core efficiency of a GEMM: the large-GEMM efficiency, reduced for
+/// each dimension that under-fills a tile (`d / (d + d_half)`).
+fn gemm_efficiency(s: &Scenario, m: f64, n: f64, k: f64) -> f64 {
+    let c = s.coef();
+    let fill = |d: f64| d / (d + c.gemm_dim_half);
+    c.gemm_efficiency * fill(m) * fill(n) * fill(k)
+}
+
+/// Forward time of `C[m x n] = A[m x k] B[k x n]` in 16-bit: the slower of its
+/// compute time at the achieved efficiency and its memory time.
+pub fn gemm(s: &Scenario, m: f64, n: f64, k: f64) -> f64 {
+    let flops = 2.0 * m * n * k;
+    let compute = flops / (s.gpu.peak_flops * gemm_efficiency(s, m, n, k));
+    let bytes = HALF * (m * k + k * n + m * n);
+    compute.max(memory_pass(s, bytes))
+}
+
+/// Forward plus backward (input and weight gradients) of one linear layer
+/// over `tokens` rows, `input` to `output` features.
+pub fn linear_forward_backward(s: &Scenario, tokens: f64, input: f64, output: f64) -> (f64, f64) {
+    let forward = gemm(s, tokens, output, input);
+    let input_grad = gemm(s, tokens, input, output);
+    let weight_grad = gemm(s, input, output, tokens);
+    (forward, input_grad + weight_grad)
+}
+
+/// Time to stream `bytes` through HBM at the achieved bandwidth.
+pub fn memory_pass(s: &Scenario, bytes: f64) -> f64 {
+    bytes / (s.gpu.hbm_bandwidth * s.coef().hbm_efficiency)
+}
+
+/// Time for `flops` of attention-score products at the given efficiency.
+pub fn attention_core(s: &Scenario, flops: f64, efficiency: f64) -> f64 {
+    flops / (s.gpu.peak_flops * efficiency)
+}

@@ -1,0 +1,209 @@
+//! One transformer layer on one tensor-parallel shard, for one micro-batch:
+//! forward, backward and recomputation, and the host time to launch it.
+
+use super::kernels::{self, HALF};
+use super::{Scenario, comm};
+use crate::config::{ParallelConfig, Recompute};
+use crate::model::AttentionKind;
+
+/// Seconds per layer per micro-batch, forward + backward + recomputation.
+#[derive(Debug, Clone, Copy)]
+pub struct LayerTime {
+    /// GPU compute: GEMMs, attention core, element-wise passes.
+    pub gpu_compute: f64,
+    /// Tensor-parallel collectives (on the compute stream in Megatron-LM).
+    pub tensor_parallel: f64,
+    /// Host launch time not hidden behind the GPU work.
+    pub host_excess: f64,
+}
+
+/// GPU time of one forward pass of a layer, split by kind.
+#[derive(Debug, Clone, Copy)]
+struct PassTime {
+    gemm: f64,
+    /// Attention-score products.
+    attention: f64,
+    /// Memory-bound passes over the attention scores (unfused attention only).
+    score_passes: f64,
+    /// Other memory-bound passes (norms, dropout, residuals, activation).
+    elementwise: f64,
+}
+
+impl PassTime {
+    fn total(&self) -> f64 {
+        self.gemm + self.attention + self.score_passes + self.elementwise
+    }
+}
+
+/// Forward and backward GPU time of one layer (without communication).
+fn layer_passes(s: &Scenario, c: &ParallelConfig) -> (PassTime, PassTime) {
+    let model = s.model;
+    let k = s.coef();
+    let t = c.tp as f64;
+    let b = c.micro_batch as f64;
+    let seq = model.seq_len as f64;
+    let h = model.hidden as f64;
+    let f = model.ffn_hidden as f64;
+    let tokens = b * seq;
+    let up_width = if model.gated_mlp { 2.0 * f } else { f };
+
+    let linears = [
+        (h, (h + model.kv_width() as f64) / t), // QKV
+        (h / t, h),                             // attention output projection
+        (h, up_width / t),                      // MLP up (and gate)
+        (f / t, h),                             // MLP down
+    ];
+    let (mut gemm_fwd, mut gemm_bwd) = (0.0, 0.0);
+    for (input, output) in linears {
+        let (fwd, bwd) = kernels::linear_forward_backward(s, tokens, input, output);
+        gemm_fwd += fwd;
+        gemm_bwd += bwd;
+    }
+
+    let attention_flops = tokens * model.layer_attention_flops_per_token() / t;
+    let fill = seq / (seq + k.gemm_dim_half);
+    let (attention_fwd, attention_bwd) = match c.attention {
+        // FlashAttention's backward recomputes the scores: 2.5x the forward FLOPs.
+        AttentionKind::Flash => {
+            let e = k.attention_efficiency_flash * fill;
+            (
+                kernels::attention_core(s, attention_flops, e),
+                kernels::attention_core(s, 2.5 * attention_flops, e),
+            )
+        }
+        AttentionKind::Standard => {
+            let e = k.attention_efficiency_standard * fill;
+            (
+                kernels::attention_core(s, attention_flops, e),
+                kernels::attention_core(s, 2.0 * attention_flops, e),
+            )
+        }
+    };
+
+    let traffic = elementwise_bytes(s, c);
+    let pass = |bytes: f64| kernels::memory_pass(s, bytes) * k.elementwise_traffic_scale;
+    let forward = PassTime {
+        gemm: gemm_fwd,
+        attention: attention_fwd,
+        score_passes: pass(traffic.scores),
+        elementwise: pass(traffic.other),
+    };
+    // Backward reads the saved tensors and the incoming gradient and writes
+    // the outgoing gradient: about twice the forward traffic.
+    let backward = PassTime {
+        gemm: gemm_bwd,
+        attention: attention_bwd,
+        score_passes: 2.0 * forward.score_passes,
+        elementwise: 2.0 * forward.elementwise,
+    };
+    (forward, backward)
+}
+
+/// Bytes that one layer's memory-bound kernels read and write in a forward
+/// pass on one shard, counted from Megatron-LM's fused kernels.
+struct Traffic {
+    scores: f64,
+    other: f64,
+}
+
+fn elementwise_bytes(s: &Scenario, c: &ParallelConfig) -> Traffic {
+    let model = s.model;
+    let t = c.tp as f64;
+    let b = c.micro_batch as f64;
+    let seq = model.seq_len as f64;
+    let h = model.hidden as f64;
+    let f = model.ffn_hidden as f64;
+    let tokens = b * seq;
+    // Two layer norms (read, write) and two bias-dropout-residual adds (read
+    // input and residual, write output, write a 1-byte mask): 22 bytes per
+    // element of the hidden state, replicated over tp unless sequence-parallel.
+    let replicated = 22.0 * tokens * h / if c.sequence_parallel { t } else { 1.0 };
+    // Activation of the MLP: GeLU reads and writes f; SwiGLU reads 2f, writes f.
+    let activation = if model.gated_mlp { 3.0 } else { 2.0 } * HALF * tokens * f / t;
+    // Unfused softmax path on a*s*s scores per micro-batch: write scores,
+    // scale-mask-softmax read+write, dropout read+write+mask, read by AV.
+    let scores = match c.attention {
+        AttentionKind::Standard => 13.0 * b * model.heads as f64 * seq * seq / t,
+        AttentionKind::Flash => 0.0,
+    };
+    Traffic {
+        scores,
+        other: replicated + activation,
+    }
+}
+
+/// Forward-pass collectives of one layer: two all-reduces, or with sequence
+/// parallelism two all-gathers and two reduce-scatters.
+fn tensor_parallel_forward(s: &Scenario, c: &ParallelConfig) -> f64 {
+    if c.tp == 1 {
+        return 0.0;
+    }
+    let bytes = HALF * (c.micro_batch * s.model.seq_len * s.model.hidden) as f64;
+    if c.sequence_parallel {
+        2.0 * (comm::all_gather_intra(s, c.tp, bytes) + comm::reduce_scatter_intra(s, c.tp, bytes))
+    } else {
+        2.0 * comm::all_reduce_intra(s, c.tp, bytes)
+    }
+}
+
+/// `(a^k + b^k)^(1/k)`: the time of two streams of work that overlap, as
+/// asynchronous kernel launches overlap host and GPU.
+fn soft_max(a: f64, b: f64, k: f64) -> f64 {
+    let top = a.max(b);
+    if top <= 0.0 {
+        return 0.0;
+    }
+    top * ((a / top).powf(k) + (b / top).powf(k)).powf(1.0 / k)
+}
+
+pub fn layer_time(s: &Scenario, c: &ParallelConfig) -> LayerTime {
+    let k = s.coef();
+    let (fwd, bwd) = layer_passes(s, c);
+    let tp_fwd = tensor_parallel_forward(s, c);
+    // Forward-equivalent passes the host launches, and the recomputed work.
+    let (host_passes, recomputed_gpu, recomputed_tp) = match c.recompute {
+        Recompute::None => (3.0, 0.0, 0.0),
+        // Selective recomputation redoes the attention core: about a quarter
+        // of a layer's operators.
+        Recompute::Selective => (3.25, fwd.attention + fwd.score_passes, 0.0),
+        Recompute::Full => (4.0, fwd.total(), tp_fwd),
+    };
+    let gpu_compute = fwd.total() + bwd.total() + recomputed_gpu;
+    let tensor_parallel = 2.0 * tp_fwd + recomputed_tp;
+    let host = host_passes * k.host_us_per_layer_pass * 1e-6;
+    let gpu = gpu_compute + tensor_parallel;
+    LayerTime {
+        gpu_compute,
+        tensor_parallel,
+        host_excess: soft_max(host, gpu, k.host_overlap_exponent) - gpu,
+    }
+}
+
+/// GPU time per micro-batch of the work only the first stage (embedding) and
+/// only the last stage (output head, cross-entropy) do.
+#[derive(Debug, Clone, Copy)]
+pub struct EndsTime {
+    pub first: f64,
+    pub last: f64,
+}
+
+pub fn pipeline_ends_time(s: &Scenario, c: &ParallelConfig) -> EndsTime {
+    let model = s.model;
+    let k = s.coef();
+    let t = c.tp as f64;
+    let tokens = (c.micro_batch * model.seq_len) as f64;
+    let h = model.hidden as f64;
+    let vocab_shard = model.vocab as f64 / t;
+    // Embedding backward writes a dense gradient of the vocabulary shard and
+    // accumulates it into the fp32 main gradient: about 12 bytes per entry.
+    let embedding_grad = kernels::memory_pass(s, 12.0 * vocab_shard * h) * k.elementwise_traffic_scale;
+    let embedding_lookup = kernels::memory_pass(s, 2.0 * HALF * tokens * h);
+    let (head_fwd, head_bwd) = kernels::linear_forward_backward(s, tokens, h, vocab_shard);
+    let cross_entropy = kernels::memory_pass(s, k.cross_entropy_bytes_per_logit * tokens * vocab_shard);
+    // The head's weight gradient is accumulated into fp32 main gradients.
+    let head_grad_accumulation = kernels::memory_pass(s, 10.0 * vocab_shard * h) * k.elementwise_traffic_scale;
+    EndsTime {
+        first: embedding_lookup + embedding_grad,
+        last: head_fwd + head_bwd + cross_entropy + head_grad_accumulation,
+    }
+}

@@ -1,0 +1,297 @@
+//! The cost model: `predict(scenario, config) -> Prediction`.
+//!
+//! Pure, deterministic and allocation-free on the hot path: the search calls
+//! it for every candidate. No I/O, no terminal, no tables.
+//!
+//! Structure, bottom-up:
+//! - [`kernels`]: time of one GEMM, one attention core, one memory-bound pass;
+//! - [`comm`]: collectives and point-to-point messages on the links the
+//!   placement gives them;
+//! - [`layer`]: one transformer layer's forward/backward/recompute time for a
+//!   micro-batch on one tensor-parallel shard, host launch cost included;
+//! - [`memory`]: bytes per pipeline stage;
+//! - this file: stages, schedules, data-parallel synchronisation, optimizer
+//!   step, and the summary figures.
+
+mod comm;
+mod kernels;
+mod layer;
+mod memory;
+
+pub use memory::StageMemory;
+
+use crate::cluster::{GpuSpec, Placement};
+use crate::coefficients::{Coefficients, CollectiveAlgorithm, CostModel};
+use crate::config::{OptimizerSharding, ParallelConfig, Recompute, ScheduleKind};
+use crate::model::ModelSpec;
+use serde::Serialize;
+
+const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
+
+/// Everything about a job except how it is parallelised.
+#[derive(Debug, Clone, Copy)]
+pub struct Scenario<'a> {
+    pub model: &'a ModelSpec,
+    pub global_batch: u64,
+    pub gpu: &'a GpuSpec,
+    pub placement: Placement,
+    /// Per-GPU, per-direction intra-node bandwidth, bytes/s.
+    pub intra_node_bw: f64,
+    /// Per-node inter-node injection bandwidth, bytes/s.
+    pub inter_node_bw: f64,
+    /// Usable device memory when it differs from the datasheet (e.g. a
+    /// simulated smaller device), bytes.
+    pub memory_limit: Option<f64>,
+    pub cost: &'a CostModel,
+}
+
+impl Scenario<'_> {
+    fn coef(&self) -> &Coefficients {
+        &self.cost.coefficients
+    }
+
+    fn collective(&self) -> CollectiveAlgorithm {
+        self.cost.collective
+    }
+
+    /// Memory a stage may use: capacity less the fragmentation reserve.
+    pub fn usable_memory(&self) -> f64 {
+        let capacity = self.memory_limit.unwrap_or(self.gpu.memory_bytes);
+        capacity * (1.0 - self.coef().memory_reserve_fraction)
+    }
+}
+
+/// Where one iteration's time goes, in seconds. The parts add up to the
+/// iteration time.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct TimeBreakdown {
+    /// GPU compute of the slowest stage's micro-batches (GEMMs, attention,
+    /// element-wise work, embedding and head).
+    pub compute: f64,
+    /// Host launch time not hidden behind GPU work, and per-micro-batch host work.
+    pub host: f64,
+    /// Pipeline fill and drain.
+    pub bubble: f64,
+    pub tensor_parallel: f64,
+    pub pipeline_p2p: f64,
+    /// Data-parallel gradient (and parameter) synchronisation not hidden.
+    pub data_parallel: f64,
+    pub optimizer: f64,
+    pub bpipe_transfer: f64,
+    /// Fixed per-iteration work.
+    pub fixed: f64,
+}
+
+impl TimeBreakdown {
+    pub fn total(&self) -> f64 {
+        self.compute
+            + self.host
+            + self.bubble
+            + self.tensor_parallel
+            + self.pipeline_p2p
+            + self.data_parallel
+            + self.optimizer
+            + self.bpipe_transfer
+            + self.fixed
+    }
+
+    /// Named parts, largest first not implied: in a fixed order for tables.
+    pub fn parts(&self) -> [(&'static str, f64); 9] {
+        [
+            ("compute", self.compute),
+            ("host overhead", self.host),
+            ("pipeline bubble", self.bubble),
+            ("tensor-parallel comm", self.tensor_parallel),
+            ("pipeline p2p", self.pipeline_p2p),
+            ("data-parallel comm (exposed)", self.data_parallel),
+            ("optimizer step", self.optimizer),
+            ("BPipe transfer", self.bpipe_transfer),
+            ("fixed per iteration", self.fixed),
+        ]
+    }
+}
+
+/// The cost model's answer for one configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Prediction {
+    pub iteration_s: f64,
+    pub time: TimeBreakdown,
+    pub tokens_per_s: f64,
+    /// Hardware FLOP/s per GPU in TFLOP/s, recomputation included (Megatron's convention).
+    pub tflops_per_gpu: f64,
+    /// Model FLOPs utilisation: model FLOPs (no recomputation) over peak.
+    pub mfu: f64,
+    pub peak_memory_bytes: f64,
+    /// The pipeline stage with the highest memory.
+    pub peak_stage: u64,
+    pub usable_memory_bytes: f64,
+    pub fits: bool,
+}
+
+impl Prediction {
+    pub fn peak_memory_gib(&self) -> f64 {
+        self.peak_memory_bytes / GIB
+    }
+}
+
+/// Per-micro-batch time of one stage, by kind of work (seconds).
+#[derive(Debug, Clone, Copy, Default)]
+struct StageTime {
+    compute: f64,
+    host: f64,
+    tensor_parallel: f64,
+    p2p: f64,
+    bpipe: f64,
+}
+
+impl StageTime {
+    fn total(&self) -> f64 {
+        self.compute + self.host + self.tensor_parallel + self.p2p + self.bpipe
+    }
+}
+
+/// Predicts one configuration. The configuration must have passed
+/// [`ParallelConfig::check`]; the search and the CLI check it first.
+pub fn predict(s: &Scenario, c: &ParallelConfig) -> Prediction {
+    let m = c.micro_batches(s.global_batch) as f64;
+    let v = c.virtual_stages as f64;
+    let p = c.pp;
+    let layer = layer::layer_time(s, c);
+    let ends = layer::pipeline_ends_time(s, c);
+    let p2p = comm::pipeline_p2p_per_microbatch(s, c);
+
+    // Per-micro-batch time of every stage; the slowest sets the pace and the
+    // sum sets the fill/drain (generalises (m + p - 1) t to unequal stages).
+    let layers_per_stage = (s.model.layers / p) as f64;
+    let stage_time = |i: u64| {
+        let mut t = StageTime {
+            compute: layers_per_stage * layer.gpu_compute,
+            host: layers_per_stage * layer.host_excess + s.coef().microbatch_overhead_ms * 1e-3,
+            tensor_parallel: layers_per_stage * layer.tensor_parallel,
+            p2p: if p > 1 { p2p } else { 0.0 },
+            bpipe: 0.0,
+        };
+        if i == 0 {
+            t.compute += ends.first;
+        }
+        if i == p - 1 {
+            t.compute += ends.last;
+        }
+        if c.bpipe {
+            t.bpipe = memory::bpipe_transfer_per_microbatch(s, c, i);
+        }
+        t
+    };
+    let mut slowest = stage_time(0);
+    let mut sum = 0.0;
+    for i in 0..p {
+        let t = stage_time(i);
+        sum += t.total();
+        if t.total() > slowest.total() {
+            slowest = t;
+        }
+    }
+    let bubble = (sum - slowest.total()) / v;
+
+    let sync = data_parallel_and_optimizer(s, c);
+    let time = TimeBreakdown {
+        compute: m * slowest.compute,
+        host: m * slowest.host,
+        bubble,
+        tensor_parallel: m * slowest.tensor_parallel,
+        pipeline_p2p: m * slowest.p2p,
+        data_parallel: sync.exposed_comm,
+        optimizer: sync.optimizer,
+        bpipe_transfer: m * slowest.bpipe,
+        fixed: s.coef().iteration_overhead_ms * 1e-3,
+    };
+    let iteration_s = time.total();
+
+    let (peak_stage, peak_memory_bytes) = memory::peak_stage(s, c);
+    let usable = s.usable_memory();
+    let gpus = c.gpus() as f64;
+    let model_flops = s.model.model_flops_per_iteration(s.global_batch);
+    Prediction {
+        iteration_s,
+        time,
+        tokens_per_s: (s.global_batch * s.model.seq_len) as f64 / iteration_s,
+        tflops_per_gpu: hardware_flops(s, c) / iteration_s / gpus / 1e12,
+        mfu: model_flops / iteration_s / gpus / s.gpu.peak_flops,
+        peak_memory_bytes,
+        peak_stage,
+        usable_memory_bytes: usable,
+        fits: peak_memory_bytes <= usable,
+    }
+}
+
+/// Memory of every pipeline stage, for explanations.
+pub fn memory_per_stage(s: &Scenario, c: &ParallelConfig) -> Vec<StageMemory> {
+    (0..c.pp).map(|i| memory::stage_memory(s, c, i)).collect()
+}
+
+/// FLOPs the GPUs execute in one iteration: model FLOPs plus recomputation.
+pub fn hardware_flops(s: &Scenario, c: &ParallelConfig) -> f64 {
+    let model = s.model;
+    let tokens = (s.global_batch * model.seq_len) as f64;
+    let layers = model.layers as f64;
+    let recomputed_per_token = match c.recompute {
+        Recompute::None => 0.0,
+        Recompute::Selective => layers * model.layer_attention_flops_per_token(),
+        Recompute::Full => {
+            layers * (model.layer_gemm_flops_per_token() + model.layer_attention_flops_per_token())
+        }
+    };
+    model.model_flops_per_iteration(s.global_batch) + tokens * recomputed_per_token
+}
+
+struct SyncTime {
+    exposed_comm: f64,
+    optimizer: f64,
+}
+
+/// Data-parallel synchronisation and the optimizer step, for the stage that
+/// takes longest (the first or last, which hold the embeddings).
+fn data_parallel_and_optimizer(s: &Scenario, c: &ParallelConfig) -> SyncTime {
+    let k = s.coef();
+    let d = c.dp;
+    let stages: &[u64] = if c.pp == 1 { &[0] } else { &[0, c.pp - 1] };
+    let mut worst = SyncTime {
+        exposed_comm: 0.0,
+        optimizer: 0.0,
+    };
+    for &stage in stages {
+        let mut comm = 0.0;
+        for group in memory::parameter_groups(s, c, stage) {
+            comm += comm::data_parallel_sync(s, c, &group);
+        }
+        comm += comm::tied_embedding_sync(s, c);
+        let owned = memory::stage_params(s, c, stage)
+            / match c.optimizer_sharding {
+                OptimizerSharding::None => 1.0,
+                _ => d as f64,
+            };
+        let optimizer = owned * k.optimizer_step_bytes_per_param
+            / (s.gpu.hbm_bandwidth * k.hbm_efficiency);
+        if comm + optimizer > worst.exposed_comm + worst.optimizer {
+            worst = SyncTime {
+                exposed_comm: comm,
+                optimizer,
+            };
+        }
+    }
+    worst
+}
+
+/// The schedule's in-flight micro-batch count matters for memory; its time
+/// effect is the bubble computed in [`predict`]. GPipe and 1F1B share it.
+pub fn schedule_bubble_fraction(c: &ParallelConfig, global_batch: u64) -> f64 {
+    let m = c.micro_batches(global_batch) as f64;
+    let p = c.pp as f64;
+    match c.schedule {
+        ScheduleKind::Gpipe | ScheduleKind::OneFOneB => (p - 1.0) / m,
+        ScheduleKind::Interleaved => (p - 1.0) / (m * c.virtual_stages as f64),
+    }
+}
+
+#[cfg(test)]
+mod tests;

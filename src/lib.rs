@@ -1,0 +1,20 @@
+//! paratune: find the fastest way to train a large transformer on a GPU cluster.
+//!
+//! The library is split the way the data flows (see ARCHITECTURE.md):
+//! specs ([`model`], [`cluster`]) and a parallel [`config`] go into the pure
+//! cost model ([`cost`]), whose coefficients live in [`coefficients`]; the
+//! [`search`] enumerates and ranks configurations; [`export`] turns a winner
+//! into launch arguments; [`runs`] reads measured runs and [`evaluate`] scores
+//! the cost model against them. Only `src/main.rs` knows about the terminal.
+
+pub mod cluster;
+pub mod coefficients;
+pub mod config;
+pub mod cost;
+pub mod evaluate;
+pub mod export;
+pub mod model;
+pub mod runs;
+pub mod search;
+pub mod suggest;
+pub mod units;
