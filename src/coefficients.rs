@@ -351,15 +351,24 @@ mod tests {
 
     #[test]
     fn a_mistyped_coefficient_is_named_with_a_suggestion() {
-        let text = render_cost_model(&CostModel::datasheet())
-            .replace("[coefficients.gemm_efficiency]", "[coefficients.gemm_eficiency]");
+        let text = render_cost_model(&CostModel::datasheet()).replace(
+            "[coefficients.gemm_efficiency]",
+            "[coefficients.gemm_eficiency]",
+        );
         let err = parse_cost_model(&text, "x.toml").unwrap_err().to_string();
-        assert!(err.contains("gemm_eficiency") && err.contains("gemm_efficiency"), "{err}");
+        assert!(
+            err.contains("gemm_eficiency") && err.contains("gemm_efficiency"),
+            "{err}"
+        );
     }
 
     #[test]
     fn an_out_of_range_value_is_refused() {
-        let text = render_cost_model(&CostModel::datasheet()).replacen("value = 0.8\n", "value = 1.8\n", 1);
+        let text = render_cost_model(&CostModel::datasheet()).replacen(
+            "value = 0.8\n",
+            "value = 1.8\n",
+            1,
+        );
         let err = parse_cost_model(&text, "x.toml").unwrap_err().to_string();
         assert!(err.contains("outside its range"), "{err}");
     }

@@ -132,32 +132,32 @@ impl ParallelConfig {
                 c.gpus()
             ));
         }
-        if c.tp > gpus_per_node || gpus_per_node % c.tp != 0 {
+        if c.tp > gpus_per_node || !gpus_per_node.is_multiple_of(c.tp) {
             return Err(format!(
                 "tp {} must divide the {gpus_per_node} GPUs of a node (tensor parallelism stays within a node)",
                 c.tp
             ));
         }
-        if model.heads % c.tp != 0 || model.kv_heads % c.tp != 0 {
+        if !model.heads.is_multiple_of(c.tp) || !model.kv_heads.is_multiple_of(c.tp) {
             return Err(format!(
                 "heads ({}) and kv heads ({}) must be divisible by tp {}; pick a tp that divides them",
                 model.heads, model.kv_heads, c.tp
             ));
         }
-        if model.ffn_hidden % c.tp != 0 {
+        if !model.ffn_hidden.is_multiple_of(c.tp) {
             return Err(format!(
                 "ffn hidden ({}) must be divisible by tp {}",
                 model.ffn_hidden, c.tp
             ));
         }
-        if global_batch % (c.micro_batch * c.dp) != 0 {
+        if !global_batch.is_multiple_of(c.micro_batch * c.dp) {
             return Err(format!(
                 "global batch {global_batch} must be divisible by micro-batch x dp = {} x {}",
                 c.micro_batch, c.dp
             ));
         }
         let chunks = c.pp * c.virtual_stages;
-        if model.layers % chunks != 0 {
+        if !model.layers.is_multiple_of(chunks) {
             return Err(format!(
                 "layers ({}) must divide evenly over pp x virtual stages = {} x {}",
                 model.layers, c.pp, c.virtual_stages
@@ -166,9 +166,11 @@ impl ParallelConfig {
         match c.schedule {
             ScheduleKind::Interleaved => {
                 if c.pp < 2 || c.virtual_stages < 2 {
-                    return Err("the interleaved schedule needs pp >= 2 and virtual stages >= 2".into());
+                    return Err(
+                        "the interleaved schedule needs pp >= 2 and virtual stages >= 2".into(),
+                    );
                 }
-                if c.micro_batches(global_batch) % c.pp != 0 {
+                if !c.micro_batches(global_batch).is_multiple_of(c.pp) {
                     return Err(format!(
                         "the interleaved schedule needs the micro-batch count ({}) to be a multiple of pp ({})",
                         c.micro_batches(global_batch),

@@ -1,1 +1,210 @@
-//! Evaluate (stub).
+//! How well the cost model predicts measured runs: error per row, and
+//! ranking quality per group of rows that compete for the same job.
+
+use crate::cluster::NodeGroup;
+use crate::coefficients::CostModel;
+use crate::cost::{Scenario, predict};
+use crate::runs::Run;
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+/// Prediction against measurement for one row.
+#[derive(Debug, Clone, Serialize)]
+pub struct RowError {
+    pub line: usize,
+    pub group: String,
+    pub predicted_s: f64,
+    pub measured_s: f64,
+}
+
+impl RowError {
+    /// Signed relative error, (predicted - measured) / measured.
+    pub fn relative(&self) -> f64 {
+        (self.predicted_s - self.measured_s) / self.measured_s
+    }
+}
+
+/// Ranking quality within one group.
+#[derive(Debug, Clone, Serialize)]
+pub struct GroupScore {
+    pub group: String,
+    pub rows: usize,
+    pub spearman: f64,
+    /// Measured time of the predicted-best row over the best measured time, minus one.
+    pub top1_regret: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Evaluation {
+    pub rows: Vec<RowError>,
+    pub groups: Vec<GroupScore>,
+}
+
+/// Predicts every run that has a measured time. `gpus` per run come from the
+/// run; nodes are those of `group`.
+pub fn evaluate(runs: &[Run], group: &NodeGroup, cost: &CostModel) -> Evaluation {
+    let rows: Vec<RowError> = runs
+        .iter()
+        .filter_map(|run| {
+            let measured_s = run.measured_s?;
+            let scenario = Scenario::new(&run.model, run.global_batch, group, run.gpus, cost);
+            Some(RowError {
+                line: run.line,
+                group: run.group_key(),
+                predicted_s: predict(&scenario, &run.config).iteration_s,
+                measured_s,
+            })
+        })
+        .collect();
+    let mut by_group: BTreeMap<&str, Vec<&RowError>> = BTreeMap::new();
+    for row in &rows {
+        by_group.entry(row.group.as_str()).or_default().push(row);
+    }
+    let groups = by_group
+        .into_iter()
+        .filter(|(_, members)| members.len() >= 2)
+        .map(|(name, members)| {
+            let predicted: Vec<f64> = members.iter().map(|r| r.predicted_s).collect();
+            let measured: Vec<f64> = members.iter().map(|r| r.measured_s).collect();
+            GroupScore {
+                group: name.to_string(),
+                rows: members.len(),
+                spearman: spearman(&predicted, &measured),
+                top1_regret: top1_regret(&predicted, &measured),
+            }
+        })
+        .collect();
+    Evaluation { rows, groups }
+}
+
+impl Evaluation {
+    pub fn summary(&self) -> Summary {
+        let mut ape: Vec<f64> = self.rows.iter().map(|r| r.relative().abs()).collect();
+        let worst = self
+            .rows
+            .iter()
+            .max_by(|a, b| a.relative().abs().total_cmp(&b.relative().abs()))
+            .map(|r| (r.line, r.relative()));
+        ape.sort_by(f64::total_cmp);
+        let ranked: Vec<&GroupScore> = self.groups.iter().filter(|g| g.rows >= 3).collect();
+        Summary {
+            rows: self.rows.len(),
+            mape: mean(&ape),
+            median_ape: percentile(&ape, 0.5),
+            p90_ape: percentile(&ape, 0.9),
+            worst_line: worst.map(|w| w.0),
+            worst_error: worst.map(|w| w.1).unwrap_or(0.0),
+            groups: ranked.len(),
+            mean_spearman: mean(&ranked.iter().map(|g| g.spearman).collect::<Vec<_>>()),
+            mean_top1_regret: mean(
+                &self
+                    .groups
+                    .iter()
+                    .map(|g| g.top1_regret)
+                    .collect::<Vec<_>>(),
+            ),
+            max_top1_regret: self
+                .groups
+                .iter()
+                .map(|g| g.top1_regret)
+                .fold(0.0, f64::max),
+        }
+    }
+}
+
+/// Headline figures of an evaluation.
+#[derive(Debug, Clone, Serialize)]
+pub struct Summary {
+    pub rows: usize,
+    pub mape: f64,
+    pub median_ape: f64,
+    pub p90_ape: f64,
+    pub worst_line: Option<usize>,
+    /// Signed relative error of the worst row.
+    pub worst_error: f64,
+    /// Groups of three or more rows, over which the Spearman mean is taken.
+    pub groups: usize,
+    pub mean_spearman: f64,
+    pub mean_top1_regret: f64,
+    pub max_top1_regret: f64,
+}
+
+fn mean(xs: &[f64]) -> f64 {
+    if xs.is_empty() {
+        return f64::NAN;
+    }
+    xs.iter().sum::<f64>() / xs.len() as f64
+}
+
+/// Percentile of sorted values, nearest rank.
+fn percentile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let index = ((sorted.len() as f64 * q).ceil() as usize).clamp(1, sorted.len()) - 1;
+    sorted[index]
+}
+
+/// Ranks from 1, ties sharing their average rank.
+fn ranks(xs: &[f64]) -> Vec<f64> {
+    let mut order: Vec<usize> = (0..xs.len()).collect();
+    order.sort_by(|&a, &b| xs[a].total_cmp(&xs[b]));
+    let mut ranks = vec![0.0; xs.len()];
+    let mut i = 0;
+    while i < order.len() {
+        let mut j = i;
+        while j + 1 < order.len() && xs[order[j + 1]] == xs[order[i]] {
+            j += 1;
+        }
+        let average = (i + j) as f64 / 2.0 + 1.0;
+        for &k in &order[i..=j] {
+            ranks[k] = average;
+        }
+        i = j + 1;
+    }
+    ranks
+}
+
+/// Spearman rank correlation: the Pearson correlation of the ranks.
+pub fn spearman(a: &[f64], b: &[f64]) -> f64 {
+    let (ra, rb) = (ranks(a), ranks(b));
+    let (ma, mb) = (mean(&ra), mean(&rb));
+    let cov: f64 = ra.iter().zip(&rb).map(|(x, y)| (x - ma) * (y - mb)).sum();
+    let va: f64 = ra.iter().map(|x| (x - ma).powi(2)).sum();
+    let vb: f64 = rb.iter().map(|y| (y - mb).powi(2)).sum();
+    if va == 0.0 || vb == 0.0 {
+        return 1.0;
+    }
+    cov / (va * vb).sqrt()
+}
+
+/// Measured time of the row predicted fastest, over the fastest measured, minus one.
+pub fn top1_regret(predicted: &[f64], measured: &[f64]) -> f64 {
+    let chosen = (0..predicted.len())
+        .min_by(|&a, &b| predicted[a].total_cmp(&predicted[b]))
+        .expect("groups are not empty");
+    let best = measured.iter().copied().fold(f64::INFINITY, f64::min);
+    measured[chosen] / best - 1.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spearman_of_same_order_is_one_and_of_reversed_is_minus_one() {
+        assert!((spearman(&[1.0, 2.0, 3.0], &[10.0, 20.0, 35.0]) - 1.0).abs() < 1e-12);
+        assert!((spearman(&[1.0, 2.0, 3.0], &[3.0, 2.0, 1.0]) + 1.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn ties_share_ranks() {
+        assert_eq!(ranks(&[5.0, 1.0, 5.0]), vec![2.5, 1.0, 2.5]);
+    }
+
+    #[test]
+    fn regret_is_zero_when_the_predicted_best_is_the_measured_best() {
+        assert_eq!(top1_regret(&[1.0, 2.0], &[5.0, 6.0]), 0.0);
+        assert!((top1_regret(&[2.0, 1.0], &[5.0, 6.0]) - 0.2).abs() < 1e-12);
+    }
+}

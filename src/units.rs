@@ -172,7 +172,10 @@ mod tests {
 
     #[test]
     fn memory_sizes_parse_with_their_units() {
-        assert_eq!("80GiB".parse::<Bytes>().unwrap().0, 80.0 * 1024.0_f64.powi(3));
+        assert_eq!(
+            "80GiB".parse::<Bytes>().unwrap().0,
+            80.0 * 1024.0_f64.powi(3)
+        );
         assert!("80".parse::<Bytes>().is_err());
     }
 }

@@ -1,18 +1,143 @@
-//! Built-in GPUs and their usual nodes. (Stub.)
-use super::{GpuSpec, NodeGroup};
+//! Built-in GPUs and their usual nodes, from vendor datasheets.
+//!
+//! Peaks are dense (no structured sparsity) 16-bit tensor-core FLOP/s.
+//! Memory is what the driver reports (`nvidia-smi`): the "80GB" parts hold
+//! 80 GiB. Intra-node bandwidth is per GPU and per direction; inter-node
+//! bandwidth is per node, all NICs together.
 
-pub fn builtin_gpu_names() -> Vec<&'static str> {
-    vec!["a100-80gb"]
+use super::{GpuSpec, NodeGroup};
+use crate::units::Bandwidth;
+
+const MIB: f64 = 1024.0 * 1024.0;
+const GIB: f64 = 1024.0 * MIB;
+
+/// One GPU kind and the typical 8-GPU node built around it.
+struct Entry {
+    name: &'static str,
+    peak_tflops: f64,
+    memory_bytes: f64,
+    /// HBM bandwidth, TB/s (decimal).
+    hbm_tb_s: f64,
+    /// Per-GPU, per-direction intra-node link, GB/s.
+    intra_gb_s: f64,
+    /// NICs per node and gigabits per second of each.
+    nics: f64,
+    nic_gbit_s: f64,
 }
 
-pub fn builtin_gpu(name: &str) -> Option<GpuSpec> {
-    match name {
-        "a100-80gb" => Some(GpuSpec { name: name.into(), peak_flops: 312e12, memory_bytes: 80.0 * 1024.0 * 1024.0 * 1024.0, hbm_bandwidth: 2.039e12 }),
-        _ => None,
+const GPUS_PER_NODE: u64 = 8;
+
+#[rustfmt::skip]
+const CATALOGUE: [Entry; 6] = [
+    // NVIDIA A100 Tensor Core GPU datasheet (2021): 312 TFLOPS BF16, 40GB HBM2
+    // at 1,555 GB/s, NVLink3 600 GB/s bidirectional; DGX A100: 8x HDR 200Gb/s.
+    Entry { name: "a100-40gb", peak_tflops: 312.0, memory_bytes: 40.0 * GIB, hbm_tb_s: 1.555, intra_gb_s: 300.0, nics: 8.0, nic_gbit_s: 200.0 },
+    // NVIDIA A100 datasheet, 80GB SXM: HBM2e at 2,039 GB/s (81,920 MiB reported).
+    Entry { name: "a100-80gb", peak_tflops: 312.0, memory_bytes: 80.0 * GIB, hbm_tb_s: 2.039, intra_gb_s: 300.0, nics: 8.0, nic_gbit_s: 200.0 },
+    // NVIDIA H100 datasheet, SXM5: 1,979 TFLOPS BF16 with sparsity (989.4 dense),
+    // 80GB HBM3 at 3.35 TB/s, NVLink4 900 GB/s bidirectional; DGX H100: 8x NDR 400Gb/s.
+    Entry { name: "h100-sxm", peak_tflops: 989.4, memory_bytes: 80.0 * GIB, hbm_tb_s: 3.35, intra_gb_s: 450.0, nics: 8.0, nic_gbit_s: 400.0 },
+    // NVIDIA H100 datasheet, PCIe: 1,513 TFLOPS BF16 with sparsity (756 dense),
+    // 80GB HBM2e at 2.0 TB/s; GPUs talk over PCIe Gen5 x16, 64 GB/s per direction.
+    Entry { name: "h100-pcie", peak_tflops: 756.0, memory_bytes: 80.0 * GIB, hbm_tb_s: 2.0, intra_gb_s: 64.0, nics: 8.0, nic_gbit_s: 400.0 },
+    // NVIDIA H200 datasheet, SXM: H100's 989.4 TFLOPS dense BF16, "141GB" HBM3e
+    // (143,771 MiB reported by nvidia-smi) at 4.8 TB/s, NVLink4; HGX H200: 8x NDR 400Gb/s.
+    Entry { name: "h200", peak_tflops: 989.4, memory_bytes: 143_771.0 * MIB, hbm_tb_s: 4.8, intra_gb_s: 450.0, nics: 8.0, nic_gbit_s: 400.0 },
+    // NVIDIA V100 datasheet, SXM2 32GB: 125 TFLOPS FP16 tensor, HBM2 at 900 GB/s,
+    // NVLink2 300 GB/s bidirectional; DGX-1V: 4x EDR 100Gb/s.
+    Entry { name: "v100-32gb", peak_tflops: 125.0, memory_bytes: 32.0 * GIB, hbm_tb_s: 0.9, intra_gb_s: 150.0, nics: 4.0, nic_gbit_s: 100.0 },
+];
+
+fn entry(name: &str) -> Option<&'static Entry> {
+    let wanted = name.trim().to_lowercase();
+    CATALOGUE.iter().find(|e| e.name == wanted)
+}
+
+impl Entry {
+    fn gpu(&self) -> GpuSpec {
+        GpuSpec {
+            name: self.name.to_string(),
+            peak_flops: self.peak_tflops * 1e12,
+            memory_bytes: self.memory_bytes,
+            hbm_bandwidth: self.hbm_tb_s * 1e12,
+        }
     }
 }
 
+/// Names of the built-in GPUs, in catalogue order.
+pub fn builtin_gpu_names() -> Vec<&'static str> {
+    CATALOGUE.iter().map(|e| e.name).collect()
+}
+
+/// The built-in GPU of that name (case-insensitive), if any.
+pub fn builtin_gpu(name: &str) -> Option<GpuSpec> {
+    entry(name).map(Entry::gpu)
+}
+
+/// `nodes` typical 8-GPU nodes of that GPU (case-insensitive name): its usual
+/// intra-node link and the NICs of the vendor's reference system.
 pub fn builtin_node(gpu: &str, nodes: u64) -> Option<NodeGroup> {
-    let gpu = builtin_gpu(gpu)?;
-    Some(NodeGroup { gpu, nodes, gpus_per_node: 8, intra_node_bw: crate::units::Bandwidth(300e9), inter_node_bw: crate::units::Bandwidth(200e9) })
+    let e = entry(gpu)?;
+    Some(NodeGroup {
+        gpu: e.gpu(),
+        nodes,
+        gpus_per_node: GPUS_PER_NODE,
+        intra_node_bw: Bandwidth(e.intra_gb_s * 1e9),
+        inter_node_bw: Bandwidth(e.nics * e.nic_gbit_s * 1e9 / 8.0),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_name_resolves_to_a_gpu_and_a_node_of_that_name() {
+        let names = builtin_gpu_names();
+        assert_eq!(names.len(), 6);
+        for name in names {
+            let gpu = builtin_gpu(name).unwrap();
+            assert_eq!(gpu.name, name);
+            assert!(gpu.peak_flops > 0.0 && gpu.memory_bytes > 0.0 && gpu.hbm_bandwidth > 0.0);
+            let node = builtin_node(name, 4).unwrap();
+            assert_eq!((node.nodes, node.gpus_per_node), (4, 8));
+            assert_eq!(node.gpu, gpu);
+        }
+    }
+
+    #[test]
+    fn lookup_ignores_case_and_unknown_names_are_none() {
+        assert_eq!(builtin_gpu("H100-SXM").unwrap().name, "h100-sxm");
+        assert_eq!(builtin_node("A100-80GB", 1).unwrap().gpu.name, "a100-80gb");
+        assert!(builtin_gpu("h100").is_none());
+        assert!(builtin_gpu("").is_none());
+        assert!(builtin_node("mi300x", 2).is_none());
+    }
+
+    #[test]
+    fn datasheet_values() {
+        let a100 = builtin_gpu("a100-80gb").unwrap();
+        assert_eq!(a100.peak_flops, 312e12);
+        assert_eq!(a100.memory_gib(), 80.0);
+        assert!((a100.hbm_bandwidth - 2.039e12).abs() < 1.0);
+        assert_eq!(builtin_gpu("a100-40gb").unwrap().memory_gib(), 40.0);
+        let h200 = builtin_gpu("h200").unwrap();
+        assert!(
+            (h200.memory_gib() - 140.4).abs() < 0.01,
+            "{}",
+            h200.memory_gib()
+        );
+        assert!((h200.hbm_bandwidth - 4.8e12).abs() < 1.0);
+        assert!((builtin_gpu("h100-sxm").unwrap().peak_flops - 989.4e12).abs() < 1.0);
+
+        let gb = |b: Bandwidth| b.bytes_per_s() / 1e9;
+        let a = builtin_node("a100-40gb", 1).unwrap();
+        assert_eq!((gb(a.intra_node_bw), gb(a.inter_node_bw)), (300.0, 200.0));
+        let h = builtin_node("h100-sxm", 1).unwrap();
+        assert_eq!((gb(h.intra_node_bw), gb(h.inter_node_bw)), (450.0, 400.0));
+        let p = builtin_node("h100-pcie", 1).unwrap();
+        assert_eq!(gb(p.intra_node_bw), 64.0);
+        let v = builtin_node("v100-32gb", 1).unwrap();
+        assert_eq!((gb(v.intra_node_bw), gb(v.inter_node_bw)), (150.0, 50.0));
+    }
 }

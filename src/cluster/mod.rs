@@ -64,9 +64,11 @@ impl Cluster {
         match self.groups.as_slice() {
             [one] => Ok(one),
             [] => Err("cluster: no node group given; add one [[nodes]] table".into()),
-            _ => Err("cluster: more than one GPU kind is not supported by the cost model yet; \
+            _ => Err(
+                "cluster: more than one GPU kind is not supported by the cost model yet; \
                  keep one [[nodes]] table"
-                .into()),
+                    .into(),
+            ),
         }
     }
 

@@ -150,7 +150,11 @@ pub fn data_parallel_sync(s: &Scenario, c: &ParallelConfig, group: &ParamGroup) 
         (SyncMethod::AllReduce, OptimizerSharding::Full) => {
             // ZeRO-3 gathers weights for every forward, recomputation and
             // backward pass of every micro-batch, and reduce-scatters gradients.
-            let gathers = if c.recompute == Recompute::Full { 3.0 } else { 2.0 };
+            let gathers = if c.recompute == Recompute::Full {
+                3.0
+            } else {
+                2.0
+            };
             let m = c.micro_batches(s.global_batch) as f64;
             let per_microbatch = gathers * collective(s, Collective::AllGather, span, weights)
                 + collective(s, Collective::ReduceScatter, span, grads);

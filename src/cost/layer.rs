@@ -196,12 +196,15 @@ pub fn pipeline_ends_time(s: &Scenario, c: &ParallelConfig) -> EndsTime {
     let vocab_shard = model.vocab as f64 / t;
     // Embedding backward writes a dense gradient of the vocabulary shard and
     // accumulates it into the fp32 main gradient: about 12 bytes per entry.
-    let embedding_grad = kernels::memory_pass(s, 12.0 * vocab_shard * h) * k.elementwise_traffic_scale;
+    let embedding_grad =
+        kernels::memory_pass(s, 12.0 * vocab_shard * h) * k.elementwise_traffic_scale;
     let embedding_lookup = kernels::memory_pass(s, 2.0 * HALF * tokens * h);
     let (head_fwd, head_bwd) = kernels::linear_forward_backward(s, tokens, h, vocab_shard);
-    let cross_entropy = kernels::memory_pass(s, k.cross_entropy_bytes_per_logit * tokens * vocab_shard);
+    let cross_entropy =
+        kernels::memory_pass(s, k.cross_entropy_bytes_per_logit * tokens * vocab_shard);
     // The head's weight gradient is accumulated into fp32 main gradients.
-    let head_grad_accumulation = kernels::memory_pass(s, 10.0 * vocab_shard * h) * k.elementwise_traffic_scale;
+    let head_grad_accumulation =
+        kernels::memory_pass(s, 10.0 * vocab_shard * h) * k.elementwise_traffic_scale;
     EndsTime {
         first: embedding_lookup + embedding_grad,
         last: head_fwd + head_bwd + cross_entropy + head_grad_accumulation,

@@ -22,6 +22,7 @@ pub enum SyncMethod {
 /// Parameters of one stage that are synchronised the same way.
 #[derive(Debug, Clone, Copy)]
 pub struct ParamGroup {
+    #[allow(dead_code)] // read by reports of per-group synchronisation
     pub name: &'static str,
     /// Parameters on one GPU (its tensor-parallel shard).
     pub params: f64,
@@ -122,9 +123,7 @@ pub fn layer_activation_bytes(s: &Scenario, c: &ParallelConfig) -> f64 {
     let sharded = sb * (2.0 * h + HALF * model.kv_width() as f64 + 2.0 * h + mlp) / t;
     // Softmax output (2), dropout mask (1) and dropout output (2) per score.
     let scores = match (c.attention, c.recompute) {
-        (AttentionKind::Standard, Recompute::None) => {
-            5.0 * model.heads as f64 * seq * seq * b / t
-        }
+        (AttentionKind::Standard, Recompute::None) => 5.0 * model.heads as f64 * seq * seq * b / t,
         _ => 0.0,
     };
     replicated + sharded + scores

@@ -20,7 +20,7 @@ mod memory;
 
 pub use memory::StageMemory;
 
-use crate::cluster::{GpuSpec, Placement};
+use crate::cluster::{GpuSpec, NodeGroup, Placement};
 use crate::coefficients::{Coefficients, CollectiveAlgorithm, CostModel};
 use crate::config::{OptimizerSharding, ParallelConfig, Recompute, ScheduleKind};
 use crate::model::ModelSpec;
@@ -45,7 +45,27 @@ pub struct Scenario<'a> {
     pub cost: &'a CostModel,
 }
 
-impl Scenario<'_> {
+impl<'a> Scenario<'a> {
+    /// A job of `gpus` GPUs on nodes of `group`.
+    pub fn new(
+        model: &'a ModelSpec,
+        global_batch: u64,
+        group: &'a NodeGroup,
+        gpus: u64,
+        cost: &'a CostModel,
+    ) -> Self {
+        Scenario {
+            model,
+            global_batch,
+            gpu: &group.gpu,
+            placement: Placement::new(gpus, group.gpus_per_node),
+            intra_node_bw: group.intra_node_bw.bytes_per_s(),
+            inter_node_bw: group.inter_node_bw.bytes_per_s(),
+            memory_limit: None,
+            cost,
+        }
+    }
+
     fn coef(&self) -> &Coefficients {
         &self.cost.coefficients
     }
@@ -270,8 +290,8 @@ fn data_parallel_and_optimizer(s: &Scenario, c: &ParallelConfig) -> SyncTime {
                 OptimizerSharding::None => 1.0,
                 _ => d as f64,
             };
-        let optimizer = owned * k.optimizer_step_bytes_per_param
-            / (s.gpu.hbm_bandwidth * k.hbm_efficiency);
+        let optimizer =
+            owned * k.optimizer_step_bytes_per_param / (s.gpu.hbm_bandwidth * k.hbm_efficiency);
         if comm + optimizer > worst.exposed_comm + worst.optimizer {
             worst = SyncTime {
                 exposed_comm: comm,

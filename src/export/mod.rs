@@ -1,1 +1,586 @@
-//! Export (stub).
+//! Turn a winning [`ParallelConfig`] into launch settings for a training
+//! framework: Megatron-LM command-line arguments ([`megatron_args`],
+//! [`megatron_command_line`]) or a torchtitan job-config TOML fragment
+//! ([`torchtitan_toml`]).
+//!
+//! Export refuses, with an [`ExportError`] that names the way out, whatever
+//! the target framework cannot run as planned (Megatron-LM has no GPipe
+//! schedule, no BPipe and no ZeRO-3 in the form paratune models; torchtitan
+//! has no BPipe), and any plan that does not pass [`ParallelConfig::check`]
+//! for the job. Pure functions: nothing here touches the file system.
+
+mod megatron;
+mod torchtitan;
+
+pub use megatron::{megatron_args, megatron_command_line};
+pub use torchtitan::torchtitan_toml;
+
+use crate::config::ParallelConfig;
+use crate::model::ModelSpec;
+
+/// One training job to export: the model, the chosen plan and the job's size.
+#[derive(Debug, Clone, Copy)]
+pub struct LaunchJob<'a> {
+    pub model: &'a ModelSpec,
+    pub config: &'a ParallelConfig,
+    /// Sequences per iteration, over all data-parallel ranks.
+    pub global_batch: u64,
+    pub gpus: u64,
+    pub gpus_per_node: u64,
+}
+
+/// Why a plan cannot be exported.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ExportError {
+    /// The target framework has no equivalent of a feature the plan uses.
+    #[error("{engine} cannot run {feature}; {hint}")]
+    Unsupported {
+        engine: &'static str,
+        feature: String,
+        hint: String,
+    },
+    /// The plan itself does not fit the job (model, batch or GPU count).
+    #[error("the plan cannot run this job: {0}")]
+    InvalidPlan(String),
+}
+
+/// Checks the model and the plan against the job before any export.
+fn check_job(job: &LaunchJob) -> Result<(), ExportError> {
+    job.model.check().map_err(ExportError::InvalidPlan)?;
+    job.config
+        .check(job.model, job.global_batch, job.gpus, job.gpus_per_node)
+        .map_err(ExportError::InvalidPlan)
+}
+
+/// Quotes `word` for a POSIX shell when it holds anything beyond the
+/// characters that never need quoting.
+fn shell_quote(word: &str) -> String {
+    let plain = !word.is_empty()
+        && word
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c));
+    if plain {
+        word.to_string()
+    } else {
+        format!("'{}'", word.replace('\'', r"'\''"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{OptimizerSharding, Recompute, ScheduleKind};
+    use crate::model::AttentionKind;
+
+    fn gpt3_175b() -> ModelSpec {
+        ModelSpec::gpt("gpt3-175b", 12288, 96, 96, 51200, 2048)
+    }
+
+    /// Narayanan et al. (2021), table 1, the 175B row: 1024 GPUs.
+    fn gpt3_plan() -> ParallelConfig {
+        ParallelConfig {
+            tp: 8,
+            pp: 8,
+            dp: 16,
+            micro_batch: 1,
+            schedule: ScheduleKind::Interleaved,
+            virtual_stages: 3,
+            recompute: Recompute::Selective,
+            sequence_parallel: true,
+            optimizer_sharding: OptimizerSharding::OptimizerStates,
+            bpipe: false,
+            attention: AttentionKind::Flash,
+        }
+    }
+
+    fn job<'a>(model: &'a ModelSpec, config: &'a ParallelConfig) -> LaunchJob<'a> {
+        LaunchJob {
+            model,
+            config,
+            global_batch: 1536,
+            gpus: config.gpus(),
+            gpus_per_node: 8,
+        }
+    }
+
+    /// Llama-3 8B: grouped-query attention, SwiGLU, untied, rotary.
+    fn llama3_8b() -> ModelSpec {
+        ModelSpec {
+            name: "llama3-8b".to_string(),
+            hidden: 4096,
+            heads: 32,
+            kv_heads: 8,
+            ffn_hidden: 14336,
+            gated_mlp: true,
+            layers: 32,
+            vocab: 128256,
+            seq_len: 8192,
+            tied_embeddings: false,
+            learned_positions: false,
+            attention: AttentionKind::Flash,
+        }
+    }
+
+    fn llama_plan() -> ParallelConfig {
+        ParallelConfig {
+            tp: 2,
+            pp: 1,
+            dp: 32,
+            micro_batch: 1,
+            schedule: ScheduleKind::OneFOneB,
+            virtual_stages: 1,
+            recompute: Recompute::Full,
+            sequence_parallel: false,
+            optimizer_sharding: OptimizerSharding::None,
+            bpipe: false,
+            attention: AttentionKind::Flash,
+        }
+    }
+
+    /// Option strings registered by `add_argument` in NVIDIA/Megatron-LM
+    /// `megatron/training/arguments.py` (main, late 2025), from the groups
+    /// network size, training, data, distributed and mixed precision.
+    const MEGATRON_FLAGS: &[&str] = &[
+        // network size
+        "--num-layers",
+        "--encoder-num-layers",
+        "--decoder-num-layers",
+        "--hidden-size",
+        "--ffn-hidden-size",
+        "--num-attention-heads",
+        "--attention-backend",
+        "--kv-channels",
+        "--group-query-attention",
+        "--num-query-groups",
+        "--max-position-embeddings",
+        "--position-embedding-type",
+        "--use-rotary-position-embeddings",
+        "--rotary-base",
+        "--rotary-percent",
+        "--make-vocab-size-divisible-by",
+        "--normalization",
+        "--norm-epsilon",
+        "--swiglu",
+        "--squared-relu",
+        "--untie-embeddings-and-output-weights",
+        // training
+        "--micro-batch-size",
+        "--global-batch-size",
+        "--rampup-batch-size",
+        "--recompute-activations",
+        "--recompute-granularity",
+        "--recompute-method",
+        "--recompute-num-layers",
+        "--recompute-modules",
+        "--distribute-saved-activations",
+        "--use-flash-attn",
+        "--disable-bias-linear",
+        "--sequence-parallel",
+        "--train-iters",
+        "--train-samples",
+        "--optimizer",
+        // data
+        "--seq-length",
+        // distributed
+        "--tensor-model-parallel-size",
+        "--pipeline-model-parallel-size",
+        "--num-layers-per-virtual-pipeline-stage",
+        "--num-virtual-stages-per-pipeline-rank",
+        "--context-parallel-size",
+        "--use-distributed-optimizer",
+        "--overlap-grad-reduce",
+        "--overlap-param-gather",
+        "--use-megatron-fsdp",
+        "--data-parallel-sharding-strategy",
+        "--use-torch-fsdp2",
+        // mixed precision
+        "--fp16",
+        "--bf16",
+    ];
+
+    fn assert_known_flags(args: &[String]) {
+        for arg in args.iter().filter(|a| a.starts_with("--")) {
+            assert!(
+                MEGATRON_FLAGS.contains(&arg.as_str()),
+                "{arg} is not a Megatron-LM argument"
+            );
+        }
+    }
+
+    #[test]
+    fn gpt3_175b_exports_the_published_megatron_arguments() {
+        let (model, plan) = (gpt3_175b(), gpt3_plan());
+        let args = megatron_args(&job(&model, &plan)).unwrap();
+        let expected = [
+            "--tensor-model-parallel-size",
+            "8",
+            "--pipeline-model-parallel-size",
+            "8",
+            "--num-layers-per-virtual-pipeline-stage",
+            "4",
+            "--sequence-parallel",
+            "--use-distributed-optimizer",
+            "--micro-batch-size",
+            "1",
+            "--global-batch-size",
+            "1536",
+            "--num-layers",
+            "96",
+            "--hidden-size",
+            "12288",
+            "--num-attention-heads",
+            "96",
+            "--ffn-hidden-size",
+            "49152",
+            "--seq-length",
+            "2048",
+            "--max-position-embeddings",
+            "2048",
+            "--attention-backend",
+            "flash",
+            "--recompute-granularity",
+            "selective",
+            "--bf16",
+        ];
+        assert_eq!(args, expected);
+        assert_known_flags(&args);
+    }
+
+    #[test]
+    fn every_exported_flag_is_a_megatron_flag() {
+        let model = llama3_8b();
+        for recompute in Recompute::ALL {
+            for attention in AttentionKind::ALL {
+                let plan = ParallelConfig {
+                    recompute,
+                    attention,
+                    ..llama_plan()
+                };
+                assert_known_flags(&megatron_args(&job(&model, &plan)).unwrap());
+            }
+        }
+        let (model, plan) = (gpt3_175b(), gpt3_plan());
+        assert_known_flags(&megatron_args(&job(&model, &plan)).unwrap());
+    }
+
+    #[test]
+    fn llama_exports_gqa_swiglu_untied_rope_and_full_recompute() {
+        let (model, plan) = (llama3_8b(), llama_plan());
+        let args = megatron_args(&job(&model, &plan)).unwrap();
+        let joined = args.join(" ");
+        for expected in [
+            "--group-query-attention --num-query-groups 8",
+            "--swiglu",
+            "--untie-embeddings-and-output-weights",
+            "--position-embedding-type rope",
+            "--ffn-hidden-size 14336",
+            "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1",
+        ] {
+            assert!(
+                joined.contains(expected),
+                "missing `{expected}` in {joined}"
+            );
+        }
+        for absent in [
+            "--sequence-parallel",
+            "--use-distributed-optimizer",
+            "--num-layers-per-virtual-pipeline-stage",
+        ] {
+            assert!(
+                !joined.contains(absent),
+                "unexpected `{absent}` in {joined}"
+            );
+        }
+    }
+
+    #[test]
+    fn gpt_exports_no_llama_switches() {
+        let (model, plan) = (gpt3_175b(), gpt3_plan());
+        let joined = megatron_args(&job(&model, &plan)).unwrap().join(" ");
+        for absent in [
+            "--group-query-attention",
+            "--swiglu",
+            "--untie-embeddings-and-output-weights",
+            "--position-embedding-type",
+        ] {
+            assert!(
+                !joined.contains(absent),
+                "unexpected `{absent}` in {joined}"
+            );
+        }
+    }
+
+    #[test]
+    fn standard_attention_exports_the_unfused_backend() {
+        let model = gpt3_175b();
+        let plan = ParallelConfig {
+            attention: AttentionKind::Standard,
+            ..gpt3_plan()
+        };
+        let joined = megatron_args(&job(&model, &plan)).unwrap().join(" ");
+        assert!(joined.contains("--attention-backend unfused"), "{joined}");
+    }
+
+    fn unsupported_feature(error: ExportError) -> (&'static str, String) {
+        match error {
+            ExportError::Unsupported {
+                engine, feature, ..
+            } => (engine, feature),
+            other => panic!("expected Unsupported, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn megatron_refuses_gpipe_zero3_and_bpipe() {
+        let model = gpt3_175b();
+        let gpipe = ParallelConfig {
+            schedule: ScheduleKind::Gpipe,
+            virtual_stages: 1,
+            ..gpt3_plan()
+        };
+        let zero3 = ParallelConfig {
+            optimizer_sharding: OptimizerSharding::Full,
+            ..gpt3_plan()
+        };
+        let bpipe = ParallelConfig {
+            schedule: ScheduleKind::OneFOneB,
+            virtual_stages: 1,
+            bpipe: true,
+            ..gpt3_plan()
+        };
+        for (plan, word) in [(gpipe, "GPipe"), (zero3, "ZeRO-3"), (bpipe, "BPipe")] {
+            let error = megatron_args(&job(&model, &plan)).unwrap_err();
+            let message = error.to_string();
+            let (engine, feature) = unsupported_feature(error);
+            assert_eq!(engine, "Megatron-LM");
+            assert!(feature.contains(word), "{feature}");
+            assert!(message.contains("--"), "the hint names a switch: {message}");
+            assert!(megatron_command_line(&job(&model, &plan)).is_err());
+        }
+    }
+
+    #[test]
+    fn an_invalid_plan_is_refused() {
+        let model = gpt3_175b();
+        let plan = ParallelConfig {
+            dp: 8,
+            ..gpt3_plan()
+        };
+        let mut launch = job(&model, &plan);
+        launch.gpus = 1024; // tp x pp x dp = 512
+        assert!(matches!(
+            megatron_args(&launch),
+            Err(ExportError::InvalidPlan(_))
+        ));
+        assert!(matches!(
+            torchtitan_toml(&launch),
+            Err(ExportError::InvalidPlan(_))
+        ));
+    }
+
+    #[test]
+    fn command_line_pairs_flags_with_values() {
+        let (model, plan) = (gpt3_175b(), gpt3_plan());
+        let line = megatron_command_line(&job(&model, &plan)).unwrap();
+        let lines: Vec<&str> = line.split(" \\\n    ").collect();
+        assert_eq!(lines[0], "--tensor-model-parallel-size 8");
+        assert_eq!(lines[2], "--num-layers-per-virtual-pipeline-stage 4");
+        assert_eq!(lines[3], "--sequence-parallel");
+        assert_eq!(*lines.last().unwrap(), "--bf16");
+        assert!(lines.iter().all(|l| l.starts_with("--")));
+        // Same words as the argument list, in order.
+        let words: Vec<String> = line
+            .split_whitespace()
+            .filter(|w| *w != "\\")
+            .map(str::to_string)
+            .collect();
+        assert_eq!(words, megatron_args(&job(&model, &plan)).unwrap());
+    }
+
+    #[test]
+    fn shell_quoting_leaves_plain_words_and_quotes_the_rest() {
+        assert_eq!(shell_quote("--hidden-size"), "--hidden-size");
+        assert_eq!(shell_quote("12288"), "12288");
+        assert_eq!(shell_quote("a b"), "'a b'");
+        assert_eq!(shell_quote("it's"), r"'it'\''s'");
+        assert_eq!(shell_quote(""), "''");
+    }
+
+    fn parse(text: &str) -> toml::Value {
+        toml::from_str::<toml::Value>(text).unwrap_or_else(|e| panic!("{e}\n{text}"))
+    }
+
+    fn int(value: &toml::Value, section: &str, key: &str) -> i64 {
+        value[section][key]
+            .as_integer()
+            .unwrap_or_else(|| panic!("{section}.{key} missing"))
+    }
+
+    fn string<'v>(value: &'v toml::Value, section: &str, key: &str) -> &'v str {
+        value[section][key]
+            .as_str()
+            .unwrap_or_else(|| panic!("{section}.{key} missing"))
+    }
+
+    #[test]
+    fn torchtitan_toml_parses_and_has_the_plan_degrees() {
+        let (model, plan) = (gpt3_175b(), gpt3_plan());
+        let text = torchtitan_toml(&job(&model, &plan)).unwrap();
+        assert_eq!(
+            text.lines().next().unwrap(),
+            format!("# paratune plan: {plan}")
+        );
+        let value = parse(&text);
+        assert_eq!(int(&value, "parallelism", "tensor_parallel_degree"), 8);
+        assert_eq!(int(&value, "parallelism", "pipeline_parallel_degree"), 8);
+        // Megatron's distributed optimizer (ZeRO-1): FSDP over the 16
+        // data-parallel ranks, weights kept gathered between forward and backward.
+        assert_eq!(int(&value, "parallelism", "data_parallel_shard_degree"), 16);
+        assert_eq!(
+            int(&value, "parallelism", "data_parallel_replicate_degree"),
+            1
+        );
+        assert_eq!(
+            string(&value, "parallelism", "fsdp_reshard_after_forward"),
+            "never"
+        );
+        assert_eq!(
+            string(&value, "parallelism", "pipeline_parallel_schedule"),
+            "Interleaved1F1B"
+        );
+        assert_eq!(
+            int(&value, "parallelism", "pipeline_parallel_microbatch_size"),
+            1
+        );
+        assert_eq!(
+            int(&value, "parallelism", "pipeline_parallel_layers_per_stage"),
+            4
+        );
+        assert_eq!(
+            int(
+                &value,
+                "parallelism",
+                "pipeline_parallel_first_stage_less_layers"
+            ),
+            0
+        );
+        assert_eq!(
+            value["parallelism"]["enable_async_tensor_parallel"].as_bool(),
+            Some(false)
+        );
+        // 1536 sequences over 16 data-parallel ranks, 96 micro-batches of 1.
+        assert_eq!(int(&value, "training", "local_batch_size"), 96);
+        assert_eq!(int(&value, "training", "global_batch_size"), 1536);
+        assert_eq!(int(&value, "training", "seq_len"), 2048);
+        assert_eq!(string(&value, "activation_checkpoint", "mode"), "selective");
+        assert_eq!(
+            string(&value, "activation_checkpoint", "selective_ac_option"),
+            "op"
+        );
+    }
+
+    #[test]
+    fn torchtitan_full_sharding_is_fsdp_and_plain_dp_is_ddp() {
+        let model = llama3_8b();
+        let zero3 = ParallelConfig {
+            optimizer_sharding: OptimizerSharding::Full,
+            ..llama_plan()
+        };
+        let value = parse(&torchtitan_toml(&job(&model, &zero3)).unwrap());
+        assert_eq!(int(&value, "parallelism", "data_parallel_shard_degree"), 32);
+        assert_eq!(
+            int(&value, "parallelism", "data_parallel_replicate_degree"),
+            1
+        );
+        assert_eq!(
+            string(&value, "parallelism", "fsdp_reshard_after_forward"),
+            "default"
+        );
+        assert_eq!(string(&value, "activation_checkpoint", "mode"), "full");
+        // No pipeline: one micro-batch per step, gradient accumulation for the rest.
+        assert_eq!(int(&value, "training", "local_batch_size"), 1);
+        assert_eq!(int(&value, "training", "global_batch_size"), 1536);
+        assert!(
+            value["parallelism"]
+                .get("pipeline_parallel_schedule")
+                .is_none()
+        );
+
+        // Pure data parallelism without sharding: torchtitan's DDP.
+        let ddp = ParallelConfig {
+            tp: 1,
+            dp: 64,
+            recompute: Recompute::None,
+            ..llama_plan()
+        };
+        let value = parse(&torchtitan_toml(&job(&model, &ddp)).unwrap());
+        assert_eq!(
+            int(&value, "parallelism", "data_parallel_replicate_degree"),
+            64
+        );
+        assert_eq!(int(&value, "parallelism", "data_parallel_shard_degree"), 1);
+        assert!(
+            value["parallelism"]
+                .get("fsdp_reshard_after_forward")
+                .is_none()
+        );
+        assert_eq!(string(&value, "activation_checkpoint", "mode"), "none");
+    }
+
+    #[test]
+    fn torchtitan_notes_that_tensor_parallelism_always_shards_sequences() {
+        let (model, plan) = (llama3_8b(), llama_plan());
+        let text = torchtitan_toml(&job(&model, &plan)).unwrap();
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with('#') && l.contains("always shards sequences")),
+            "{text}"
+        );
+        // Tensor parallelism without a data-parallel sharding would be DDP,
+        // which torchtitan cannot combine with tp > 1.
+        let value = parse(&text);
+        assert_eq!(int(&value, "parallelism", "data_parallel_shard_degree"), 32);
+        assert_eq!(
+            int(&value, "parallelism", "data_parallel_replicate_degree"),
+            1
+        );
+
+        let (model, plan) = (gpt3_175b(), gpt3_plan());
+        let text = torchtitan_toml(&job(&model, &plan)).unwrap();
+        assert!(!text.contains("always shards sequences"), "{text}");
+    }
+
+    #[test]
+    fn torchtitan_schedules_and_bpipe() {
+        let model = gpt3_175b();
+        for (schedule, name) in [
+            (ScheduleKind::Gpipe, "GPipe"),
+            (ScheduleKind::OneFOneB, "1F1B"),
+        ] {
+            let plan = ParallelConfig {
+                schedule,
+                virtual_stages: 1,
+                ..gpt3_plan()
+            };
+            let value = parse(&torchtitan_toml(&job(&model, &plan)).unwrap());
+            assert_eq!(
+                string(&value, "parallelism", "pipeline_parallel_schedule"),
+                name
+            );
+            assert_eq!(
+                int(&value, "parallelism", "pipeline_parallel_layers_per_stage"),
+                12
+            );
+        }
+        let bpipe = ParallelConfig {
+            schedule: ScheduleKind::OneFOneB,
+            virtual_stages: 1,
+            bpipe: true,
+            ..gpt3_plan()
+        };
+        let error = torchtitan_toml(&job(&model, &bpipe)).unwrap_err();
+        let (engine, feature) = unsupported_feature(error);
+        assert_eq!(engine, "torchtitan");
+        assert!(feature.contains("BPipe"));
+    }
+}

@@ -1,13 +1,180 @@
-//! Built-in models. (Stub: filled in by the catalogue work.)
-use super::ModelSpec;
+//! Built-in models: the shapes published for well-known decoder-only
+//! transformers, so that a plan can name a model instead of describing it.
 
-pub fn builtin_model_names() -> Vec<&'static str> {
-    vec!["gpt3-175b"]
+use super::{AttentionKind, ModelSpec};
+
+/// GPT shapes: (name, hidden, heads, layers). All use vocabulary 51200 and
+/// sequence 2048, MLP 4h, learned positions and tied embeddings.
+// Source: Narayanan et al., "Efficient Large-Scale Language Model Training on
+// GPU Clusters Using Megatron-LM", SC'21, Table 1.
+const MEGATRON_SC21: [(&str, u64, u64, u64); 10] = [
+    ("gpt-1.7b", 2304, 24, 24),
+    ("gpt-3.6b", 3072, 32, 30),
+    ("gpt-7.5b", 4096, 32, 36),
+    ("gpt-18.4b", 6144, 48, 40),
+    ("gpt-39.1b", 8192, 64, 48),
+    ("gpt-76.1b", 10240, 80, 60),
+    ("gpt-145.6b", 12288, 96, 80),
+    ("gpt-310.1b", 16384, 128, 96),
+    ("gpt-529.6b", 20480, 128, 105),
+    ("gpt-1t", 25600, 160, 128),
+];
+
+// Source: Brown et al., "Language Models are Few-Shot Learners", 2020, Table 2.1
+// (GPT-3 13B and 175B), with Megatron's vocabulary padding to 51200.
+const GPT3: [(&str, u64, u64, u64); 2] = [("gpt3-175b", 12288, 96, 96), ("gpt3-13b", 5120, 40, 40)];
+
+const GPT_VOCAB: u64 = 51200;
+const GPT_SEQ: u64 = 2048;
+
+/// A Llama shape: SwiGLU MLP, rotary positions, untied head, grouped-query
+/// attention where `kv_heads < heads`.
+struct Llama {
+    name: &'static str,
+    hidden: u64,
+    heads: u64,
+    kv_heads: u64,
+    ffn_hidden: u64,
+    layers: u64,
+    vocab: u64,
+    seq_len: u64,
 }
 
+// Source: Touvron et al., "Llama 2: Open Foundation and Fine-Tuned Chat Models",
+// 2023, and the meta-llama/Llama-2-*-hf config.json model cards.
+#[rustfmt::skip]
+const LLAMA2: [Llama; 3] = [
+    Llama { name: "llama2-7b", hidden: 4096, heads: 32, kv_heads: 32, ffn_hidden: 11008, layers: 32, vocab: 32000, seq_len: 4096 },
+    Llama { name: "llama2-13b", hidden: 5120, heads: 40, kv_heads: 40, ffn_hidden: 13824, layers: 40, vocab: 32000, seq_len: 4096 },
+    Llama { name: "llama2-70b", hidden: 8192, heads: 64, kv_heads: 8, ffn_hidden: 28672, layers: 80, vocab: 32000, seq_len: 4096 },
+];
+
+// Source: Llama Team, "The Llama 3 Herd of Models", 2024, Table 3, and the
+// meta-llama/Llama-3.1-*B config.json model cards (pre-training sequence 8192).
+#[rustfmt::skip]
+const LLAMA3: [Llama; 3] = [
+    Llama { name: "llama3-8b", hidden: 4096, heads: 32, kv_heads: 8, ffn_hidden: 14336, layers: 32, vocab: 128256, seq_len: 8192 },
+    Llama { name: "llama3-70b", hidden: 8192, heads: 64, kv_heads: 8, ffn_hidden: 28672, layers: 80, vocab: 128256, seq_len: 8192 },
+    Llama { name: "llama3-405b", hidden: 16384, heads: 128, kv_heads: 8, ffn_hidden: 53248, layers: 126, vocab: 128256, seq_len: 8192 },
+];
+
+impl Llama {
+    fn spec(&self) -> ModelSpec {
+        ModelSpec {
+            name: self.name.to_string(),
+            hidden: self.hidden,
+            heads: self.heads,
+            kv_heads: self.kv_heads,
+            ffn_hidden: self.ffn_hidden,
+            gated_mlp: true,
+            layers: self.layers,
+            vocab: self.vocab,
+            seq_len: self.seq_len,
+            tied_embeddings: false,
+            learned_positions: false,
+            attention: AttentionKind::Flash,
+        }
+    }
+}
+
+/// Names of the built-in models, in catalogue order.
+pub fn builtin_model_names() -> Vec<&'static str> {
+    let gpt = MEGATRON_SC21.iter().chain(GPT3.iter()).map(|m| m.0);
+    let llama = LLAMA2.iter().chain(LLAMA3.iter()).map(|m| m.name);
+    gpt.chain(llama).collect()
+}
+
+/// The built-in model of that name (case-insensitive), if any.
 pub fn builtin_model(name: &str) -> Option<ModelSpec> {
-    match name {
-        "gpt3-175b" => Some(ModelSpec::gpt("gpt3-175b", 12288, 96, 96, 51200, 2048)),
-        _ => None,
+    let wanted = name.trim().to_lowercase();
+    if let Some(&(name, hidden, heads, layers)) = MEGATRON_SC21
+        .iter()
+        .chain(GPT3.iter())
+        .find(|m| m.0 == wanted)
+    {
+        return Some(ModelSpec::gpt(
+            name, hidden, heads, layers, GPT_VOCAB, GPT_SEQ,
+        ));
+    }
+    LLAMA2
+        .iter()
+        .chain(LLAMA3.iter())
+        .find(|m| m.name == wanted)
+        .map(Llama::spec)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn within(name: &str, published: f64, tolerance: f64) {
+        let params = builtin_model(name).unwrap().total_params();
+        let rel = (params - published).abs() / published;
+        assert!(
+            rel < tolerance,
+            "{name}: {params:.4e} parameters, published {published:.4e} ({:.2}% off)",
+            rel * 100.0
+        );
+    }
+
+    #[test]
+    fn every_name_resolves_to_a_valid_model_of_that_name() {
+        let names = builtin_model_names();
+        assert_eq!(names.len(), 18);
+        for name in names {
+            let m = builtin_model(name).unwrap_or_else(|| panic!("{name} does not resolve"));
+            assert_eq!(m.name, name);
+            m.check().unwrap_or_else(|e| panic!("{name}: {e}"));
+        }
+    }
+
+    #[test]
+    fn names_are_unique_and_lookup_ignores_case() {
+        let names = builtin_model_names();
+        let mut sorted = names.clone();
+        sorted.sort();
+        sorted.dedup();
+        assert_eq!(sorted.len(), names.len());
+        assert_eq!(builtin_model("LLaMA3-70B").unwrap().name, "llama3-70b");
+        assert_eq!(builtin_model("GPT-1T").unwrap().name, "gpt-1t");
+        assert!(builtin_model("llama3-7b").is_none());
+        assert!(builtin_model("").is_none());
+    }
+
+    #[test]
+    fn megatron_sc21_models_have_the_size_of_their_name() {
+        for (name, ..) in MEGATRON_SC21 {
+            let billions = name.trim_start_matches("gpt-");
+            let published = match billions.strip_suffix('t') {
+                Some(t) => t.parse::<f64>().unwrap() * 1e12,
+                None => billions.trim_end_matches('b').parse::<f64>().unwrap() * 1e9,
+            };
+            within(name, published, 0.03);
+        }
+    }
+
+    #[test]
+    fn gpt3_and_llama_have_their_published_sizes() {
+        within("gpt3-175b", 175e9, 0.03);
+        within("gpt3-13b", 13e9, 0.03);
+        within("llama2-7b", 6.74e9, 0.03);
+        within("llama2-13b", 13.0e9, 0.03);
+        within("llama2-70b", 69e9, 0.03);
+        within("llama3-8b", 8.03e9, 0.03);
+        within("llama3-70b", 70.6e9, 0.03);
+        within("llama3-405b", 405.8e9, 0.03);
+    }
+
+    #[test]
+    fn families_have_their_architecture() {
+        let llama = builtin_model("llama3-8b").unwrap();
+        assert!(llama.gated_mlp && !llama.tied_embeddings && !llama.learned_positions);
+        assert_eq!(llama.attention, AttentionKind::Flash);
+        let gpt = builtin_model("gpt-7.5b").unwrap();
+        assert!(!gpt.gated_mlp && gpt.tied_embeddings && gpt.learned_positions);
+        assert_eq!(
+            (gpt.vocab, gpt.seq_len, gpt.ffn_hidden),
+            (51200, 2048, 4 * 4096)
+        );
     }
 }

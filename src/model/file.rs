@@ -1,18 +1,456 @@
-//! Model TOML files. (Stub.)
-use super::ModelSpec;
+//! Model TOML files: flat keys describing one decoder-only transformer,
+//! optionally starting from a catalogue model.
+//!
+//! ```toml
+//! base = "llama3-8b"   # optional: start from a catalogue model
+//! name = "llama3-8b-32k"
+//! hidden = 4096        # required without `base`, as are heads, layers, vocab, seq_len
+//! heads = 32
+//! kv_heads = 8         # default: heads
+//! ffn_hidden = 14336   # default: 4 * hidden
+//! gated_mlp = true     # default: false
+//! layers = 32
+//! vocab = 128256
+//! seq_len = 32768
+//! tied_embeddings = false    # default: true
+//! learned_positions = false  # default: true
+//! attention = "flash"        # or "standard"; default: flash
+//! ```
+//!
+//! With `base`, an absent key keeps the base's value (changing `hidden` does
+//! not change `ffn_hidden`). Without `base`, an absent `name` is the file's
+//! stem. With `base`, it is the base's name when nothing else is overridden,
+//! and the file's stem otherwise (a changed model should not pass for the
+//! published one).
+//!
+//! Every error is one line that starts with the file's path.
+
+use super::{AttentionKind, ModelSpec, builtin_model, builtin_model_names};
+use crate::suggest::did_you_mean;
 use std::path::Path;
+use toml::{Table, Value};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ModelFileError {
-    #[error("model file {path}: {message}")]
+    #[error("{path}: cannot read model file: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("{path}: {message}")]
     Invalid { path: String, message: String },
 }
 
+/// Keys a model file may hold, in the order they are documented.
+const KEYS: [&str; 13] = [
+    "base",
+    "name",
+    "hidden",
+    "heads",
+    "kv_heads",
+    "ffn_hidden",
+    "gated_mlp",
+    "layers",
+    "vocab",
+    "seq_len",
+    "tied_embeddings",
+    "learned_positions",
+    "attention",
+];
+
+/// Keys that must be given when there is no `base`.
+const REQUIRED: [&str; 5] = ["hidden", "heads", "layers", "vocab", "seq_len"];
+
+/// Parses a model file's text; `path` names the file in messages and gives
+/// the default model name (its stem).
 pub fn parse_model_toml(text: &str, path: &str) -> Result<ModelSpec, ModelFileError> {
-    toml::from_str(text).map_err(|e| ModelFileError::Invalid { path: path.into(), message: e.to_string() })
+    parse(text, path).map_err(|message| ModelFileError::Invalid {
+        path: path.to_string(),
+        message,
+    })
 }
 
 pub fn load_model_file(path: &Path) -> Result<ModelSpec, ModelFileError> {
-    let text = std::fs::read_to_string(path).map_err(|e| ModelFileError::Invalid { path: path.display().to_string(), message: e.to_string() })?;
-    parse_model_toml(&text, &path.display().to_string())
+    let shown = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|source| ModelFileError::Read {
+        path: shown.clone(),
+        source,
+    })?;
+    parse_model_toml(&text, &shown)
+}
+
+/// Renders a model as a file that [`parse_model_toml`] reads back unchanged.
+pub fn render_model_toml(model: &ModelSpec) -> String {
+    toml::to_string(model).expect("a model always serialises")
+}
+
+fn parse(text: &str, path: &str) -> Result<ModelSpec, String> {
+    let table: Table = text.parse().map_err(|e| toml_error(&e, text))?;
+    for (key, value) in &table {
+        if !KEYS.contains(&key.as_str()) {
+            return Err(match value {
+                Value::Table(_) => format!(
+                    "unexpected table `[{key}]`: model files are flat, write `hidden = 4096` \
+                     and the other keys at the top level without a table header"
+                ),
+                _ => format!(
+                    "unknown key `{key}` (remove it or correct its spelling){}",
+                    did_you_mean(key, &KEYS)
+                ),
+            });
+        }
+    }
+
+    let mut model = match string(&table, "base")? {
+        Some(base) => builtin_model(base).ok_or_else(|| {
+            format!(
+                "unknown base model `{base}`: `base` takes a built-in model name{}",
+                did_you_mean(base, &builtin_model_names())
+            )
+        })?,
+        None => {
+            let missing: Vec<&str> = REQUIRED
+                .iter()
+                .copied()
+                .filter(|k| !table.contains_key(*k))
+                .collect();
+            if !missing.is_empty() {
+                let add: Vec<String> = missing.iter().map(|k| format!("`{k} = ...`")).collect();
+                return Err(format!(
+                    "missing {}; add {}, or start from a built-in model with \
+                     `base = \"llama3-8b\"` (or another catalogue name)",
+                    missing
+                        .iter()
+                        .map(|k| format!("`{k}`"))
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    add.join(", ")
+                ));
+            }
+            let hidden = positive(&table, "hidden")?.expect("checked above");
+            let heads = positive(&table, "heads")?.expect("checked above");
+            ModelSpec {
+                name: String::new(),
+                hidden,
+                heads,
+                kv_heads: heads,
+                ffn_hidden: 4 * hidden,
+                gated_mlp: false,
+                layers: 0,
+                vocab: 0,
+                seq_len: 0,
+                tied_embeddings: true,
+                learned_positions: true,
+                attention: AttentionKind::Flash,
+            }
+        }
+    };
+
+    let integers: [(&str, &mut u64); 7] = [
+        ("hidden", &mut model.hidden),
+        ("heads", &mut model.heads),
+        ("kv_heads", &mut model.kv_heads),
+        ("ffn_hidden", &mut model.ffn_hidden),
+        ("layers", &mut model.layers),
+        ("vocab", &mut model.vocab),
+        ("seq_len", &mut model.seq_len),
+    ];
+    for (key, field) in integers {
+        if let Some(value) = positive(&table, key)? {
+            *field = value;
+        }
+    }
+    let flags: [(&str, &mut bool); 3] = [
+        ("gated_mlp", &mut model.gated_mlp),
+        ("tied_embeddings", &mut model.tied_embeddings),
+        ("learned_positions", &mut model.learned_positions),
+    ];
+    for (key, field) in flags {
+        if let Some(value) = boolean(&table, key)? {
+            *field = value;
+        }
+    }
+    if let Some(text) = string(&table, "attention")? {
+        model.attention = attention(text)?;
+    }
+
+    let overrides = table.keys().any(|k| k != "base" && k != "name");
+    match string(&table, "name")? {
+        Some(name) if name.trim().is_empty() => {
+            return Err("`name` is empty; give the model a name or remove the key".into());
+        }
+        Some(name) => model.name = name.to_string(),
+        None if table.contains_key("base") && !overrides => {}
+        None => model.name = file_stem(path),
+    }
+
+    model.check().map_err(|message| {
+        if message.contains("; ") {
+            message
+        } else {
+            format!("{message}; correct these values in the file")
+        }
+    })?;
+    Ok(model)
+}
+
+fn file_stem(path: &str) -> String {
+    Path::new(path)
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "model".to_string())
+}
+
+fn attention(text: &str) -> Result<AttentionKind, String> {
+    let names = AttentionKind::ALL.map(AttentionKind::name);
+    AttentionKind::ALL
+        .into_iter()
+        .find(|a| a.name().eq_ignore_ascii_case(text.trim()))
+        .ok_or_else(|| {
+            format!(
+                "`attention = \"{text}\"` is not an attention kind{}",
+                did_you_mean(text, &names)
+            )
+        })
+}
+
+fn positive(table: &Table, key: &str) -> Result<Option<u64>, String> {
+    match table.get(key) {
+        None => Ok(None),
+        Some(Value::Integer(n)) if *n > 0 => Ok(Some(*n as u64)),
+        Some(other) => Err(format!(
+            "`{key}` must be a positive integer, not `{other}`; write e.g. `{key} = {}`",
+            example(key)
+        )),
+    }
+}
+
+fn example(key: &str) -> u64 {
+    match key {
+        "hidden" => 4096,
+        "heads" => 32,
+        "kv_heads" => 8,
+        "ffn_hidden" => 14336,
+        "layers" => 32,
+        "vocab" => 32000,
+        _ => 4096,
+    }
+}
+
+fn boolean(table: &Table, key: &str) -> Result<Option<bool>, String> {
+    match table.get(key) {
+        None => Ok(None),
+        Some(Value::Boolean(b)) => Ok(Some(*b)),
+        Some(other) => Err(format!(
+            "`{key}` must be `true` or `false` (no quotes), not `{other}`"
+        )),
+    }
+}
+
+fn string<'a>(table: &'a Table, key: &str) -> Result<Option<&'a str>, String> {
+    match table.get(key) {
+        None => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s)),
+        Some(other) => Err(format!(
+            "`{key}` must be a string in double quotes, not `{other}`"
+        )),
+    }
+}
+
+/// A TOML syntax error on one line: where it is and what the parser said.
+fn toml_error(error: &toml::de::Error, text: &str) -> String {
+    let message = error
+        .message()
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join("; ");
+    let place = match error.span() {
+        Some(span) => {
+            let before = &text[..span.start.min(text.len())];
+            let line = before.matches('\n').count() + 1;
+            let column = before.rsplit('\n').next().unwrap_or("").chars().count() + 1;
+            format!(" at line {line}, column {column}")
+        }
+        None => String::new(),
+    };
+    format!(
+        "invalid TOML{place}: {message}; fix the syntax (each line `key = value`, strings in \
+         double quotes)"
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn error(text: &str) -> String {
+        let e = parse_model_toml(text, "models/mine.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("models/mine.toml: "), "{e}");
+        assert!(!e.contains('\n'), "not one line: {e}");
+        e
+    }
+
+    const LLAMA3_8B: &str = r#"
+        name = "llama3-8b"
+        hidden = 4096
+        heads = 32
+        kv_heads = 8
+        ffn_hidden = 14336
+        gated_mlp = true
+        layers = 32
+        vocab = 128256
+        seq_len = 8192
+        tied_embeddings = false
+        learned_positions = false
+        attention = "flash"
+    "#;
+
+    #[test]
+    fn a_llama_style_file_reads_as_the_catalogue_model() {
+        let m = parse_model_toml(LLAMA3_8B, "llama.toml").unwrap();
+        assert_eq!(m, builtin_model("llama3-8b").unwrap());
+    }
+
+    #[test]
+    fn every_catalogue_model_round_trips_through_a_file() {
+        for name in builtin_model_names() {
+            let m = builtin_model(name).unwrap();
+            let text = render_model_toml(&m);
+            assert_eq!(parse_model_toml(&text, "x.toml").unwrap(), m, "{text}");
+        }
+        let mut m = builtin_model("llama2-70b").unwrap();
+        m.attention = AttentionKind::Standard;
+        let text = render_model_toml(&m);
+        assert!(text.contains("attention = \"standard\""), "{text}");
+        assert_eq!(parse_model_toml(&text, "x.toml").unwrap(), m);
+    }
+
+    #[test]
+    fn a_minimal_file_gets_gpt_defaults_and_the_file_name() {
+        let text = "hidden = 1024\nheads = 16\nlayers = 24\nvocab = 51200\nseq_len = 2048\n";
+        let m = parse_model_toml(text, "some/dir/tiny-gpt.toml").unwrap();
+        assert_eq!(m, ModelSpec::gpt("tiny-gpt", 1024, 16, 24, 51200, 2048));
+    }
+
+    #[test]
+    fn a_base_model_is_overridden_field_by_field() {
+        let m = parse_model_toml("base = \"LLAMA3-8B\"\n", "x.toml").unwrap();
+        assert_eq!(m, builtin_model("llama3-8b").unwrap());
+
+        let m =
+            parse_model_toml("base = \"llama3-8b\"\nseq_len = 32768\n", "dir/long.toml").unwrap();
+        let mut want = builtin_model("llama3-8b").unwrap();
+        want.seq_len = 32768;
+        want.name = "long".into();
+        assert_eq!(m, want);
+
+        let m = parse_model_toml(
+            "base = \"gpt3-175b\"\nname = \"gpt3-std\"\nattention = \"Standard\"\n",
+            "x.toml",
+        )
+        .unwrap();
+        assert_eq!(m.name, "gpt3-std");
+        assert_eq!(m.attention, AttentionKind::Standard);
+        assert_eq!(m.hidden, 12288);
+    }
+
+    #[test]
+    fn an_unknown_key_suggests_the_closest_one() {
+        let e = error("hiden = 4096\nheads = 32\nlayers = 2\nvocab = 10\nseq_len = 8\n");
+        assert!(
+            e.contains("unknown key `hiden`") && e.ends_with("; did you mean `hidden`?"),
+            "{e}"
+        );
+        let e = error("base = \"llama3-8b\"\nkv_head = 4\n");
+        assert!(e.contains("did you mean `kv_heads`?"), "{e}");
+        let e = error("[model]\nhidden = 4096\n");
+        assert!(e.contains("`[model]`") && e.contains("top level"), "{e}");
+    }
+
+    #[test]
+    fn an_unknown_base_suggests_a_catalogue_name() {
+        let e = error("base = \"lama3-405b\"\n");
+        assert!(e.contains("unknown base model `lama3-405b`"), "{e}");
+        assert!(e.ends_with("; did you mean `llama3-405b`?"), "{e}");
+        let e = error("base = 8\n");
+        assert!(e.contains("`base` must be a string"), "{e}");
+    }
+
+    #[test]
+    fn missing_required_keys_are_named_with_the_fix() {
+        let e = error("hidden = 4096\nheads = 32\nlayers = 32\n");
+        assert!(e.contains("missing `vocab`, `seq_len`"), "{e}");
+        assert!(e.contains("base = "), "{e}");
+    }
+
+    #[test]
+    fn bad_numbers_name_their_field() {
+        let rest = "heads = 32\nlayers = 32\nvocab = 100\nseq_len = 64\n";
+        let e = error(&format!("hidden = -4096\n{rest}"));
+        assert!(
+            e.contains("`hidden` must be a positive integer, not `-4096`"),
+            "{e}"
+        );
+        let e = error(&format!("hidden = 0\n{rest}"));
+        assert!(
+            e.contains("`hidden` must be a positive integer, not `0`"),
+            "{e}"
+        );
+        let e = error(&format!("hidden = 4096.5\n{rest}"));
+        assert!(
+            e.contains("`hidden` must be a positive integer, not `4096.5`"),
+            "{e}"
+        );
+        let e = error(&format!("hidden = \"4096\"\n{rest}"));
+        assert!(e.contains("`hidden` must be a positive integer"), "{e}");
+        let e = error("base = \"llama3-8b\"\nkv_heads = -1\n");
+        assert!(e.contains("`kv_heads` must be a positive integer"), "{e}");
+    }
+
+    #[test]
+    fn bad_flags_names_and_attention_are_reported() {
+        let e = error("base = \"llama3-8b\"\ngated_mlp = \"yes\"\n");
+        assert!(e.contains("`gated_mlp` must be `true` or `false`"), "{e}");
+        let e = error("base = \"llama3-8b\"\nattention = \"flsh\"\n");
+        assert!(e.contains("did you mean `flash`?"), "{e}");
+        let e = error("base = \"llama3-8b\"\nname = \" \"\n");
+        assert!(e.contains("`name` is empty"), "{e}");
+    }
+
+    #[test]
+    fn an_impossible_model_reports_the_check() {
+        let e = error("hidden = 4000\nheads = 48\nlayers = 2\nvocab = 10\nseq_len = 8\n");
+        assert!(e.contains("must be divisible by heads"), "{e}");
+        let e = error("base = \"llama3-8b\"\nkv_heads = 5\n");
+        assert!(e.contains("must be a multiple of kv_heads"), "{e}");
+    }
+
+    #[test]
+    fn a_syntax_error_is_one_line_with_its_place() {
+        let e = error("hidden = 4096\nheads = = 32\n");
+        assert!(e.contains("invalid TOML at line 2"), "{e}");
+        assert!(e.contains("fix the syntax"), "{e}");
+        let e = error("name = \"unterminated\nhidden = 1\n");
+        assert!(e.contains("invalid TOML at line 1"), "{e}");
+    }
+
+    #[test]
+    fn files_are_loaded_from_disk_and_a_missing_one_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("llama-like.toml");
+        std::fs::write(&path, LLAMA3_8B.replace("name = \"llama3-8b\"", "")).unwrap();
+        let m = load_model_file(&path).unwrap();
+        assert_eq!(m.name, "llama-like");
+        assert_eq!(m.kv_heads, 8);
+
+        let missing = dir.path().join("absent.toml");
+        let e = load_model_file(&missing).unwrap_err().to_string();
+        assert!(e.starts_with(&missing.display().to_string()), "{e}");
+        assert!(e.contains("cannot read model file"), "{e}");
+    }
 }

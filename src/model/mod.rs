@@ -6,7 +6,7 @@ mod catalogue;
 mod file;
 
 pub use catalogue::{builtin_model, builtin_model_names};
-pub use file::{ModelFileError, load_model_file, parse_model_toml};
+pub use file::{ModelFileError, load_model_file, parse_model_toml, render_model_toml};
 
 use serde::{Deserialize, Serialize};
 
@@ -169,13 +169,13 @@ impl ModelSpec {
                 return Err(format!("model `{}`: {field} must be positive", self.name));
             }
         }
-        if self.hidden % self.heads != 0 {
+        if !self.hidden.is_multiple_of(self.heads) {
             return Err(format!(
                 "model `{}`: hidden ({}) must be divisible by heads ({}); change one of them",
                 self.name, self.hidden, self.heads
             ));
         }
-        if self.heads % self.kv_heads != 0 {
+        if !self.heads.is_multiple_of(self.kv_heads) {
             return Err(format!(
                 "model `{}`: heads ({}) must be a multiple of kv_heads ({})",
                 self.name, self.heads, self.kv_heads

@@ -1,7 +1,313 @@
-//! Measured runs: reading and writing run tables, and atomic file writes.
+//! Measured runs and run tables: one row per training configuration, with
+//! its measured iteration time where known.
+//!
+//! Two schemas are read: paratune's own (`gpus, global_batch, micro_batch,
+//! hidden, heads, layers, seq_len, tp, dp, pp` plus optional columns, as in
+//! the vTrain single-node measurements), and Megatron-LM's SC'21 Table 1
+//! (`tflops_per_gpu` instead of `iter_ms`, `layers_per_virtual_stage`, no
+//! `dp` or `seq_len`). Columns that are absent take the defaults given.
 
+mod table;
+
+pub use table::{RunTable, write_csv};
+
+use crate::config::{OptimizerSharding, ParallelConfig, Recompute, ScheduleKind};
+use crate::model::{AttentionKind, ModelSpec};
 use std::io::Write;
 use std::path::Path;
+
+/// Column values for what a row does not say.
+#[derive(Debug, Clone)]
+pub struct RowDefaults {
+    /// Dimensions the row does not give come from here; `ffn_hidden` scales
+    /// with `hidden` when only `hidden` is given.
+    pub model: ModelSpec,
+    pub recompute: Recompute,
+    pub sequence_parallel: bool,
+    pub schedule: ScheduleKind,
+    pub virtual_stages: u64,
+    pub bpipe: bool,
+    pub optimizer_sharding: OptimizerSharding,
+}
+
+/// One row of a run table, understood.
+#[derive(Debug, Clone)]
+pub struct Run {
+    /// 1-based line in the file (the header is line 1).
+    pub line: usize,
+    pub model: ModelSpec,
+    pub config: ParallelConfig,
+    pub global_batch: u64,
+    pub gpus: u64,
+    /// Measured iteration time, if the row has one.
+    pub measured_s: Option<f64>,
+}
+
+impl Run {
+    /// Rows with the same model, GPU count and global batch compete for the
+    /// same job: ranking quality is judged within such a group.
+    pub fn group_key(&self) -> String {
+        let m = &self.model;
+        format!(
+            "h{} a{} L{} s{} V{} gpus{} B{}",
+            m.hidden, m.heads, m.layers, m.seq_len, m.vocab, self.gpus, self.global_batch
+        )
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RunsError {
+    #[error("cannot read runs file {path}: {message}")]
+    Read { path: String, message: String },
+    #[error("{path} line {line}: {message}")]
+    Row {
+        path: String,
+        line: usize,
+        message: String,
+    },
+    #[error("{path}: {message}")]
+    Table { path: String, message: String },
+}
+
+/// Turns every row of `table` into a [`Run`]. A row whose configuration is
+/// impossible is reported by its line number.
+pub fn runs_from_table(
+    table: &RunTable,
+    defaults: &RowDefaults,
+    gpus_per_node: u64,
+) -> Result<Vec<Run>, RunsError> {
+    let mut runs = Vec::with_capacity(table.rows.len());
+    for (index, _) in table.rows.iter().enumerate() {
+        let line = index + 2;
+        let row_error = |message: String| RunsError::Row {
+            path: table.path.clone(),
+            line,
+            message,
+        };
+        let run = parse_row(table, index, defaults).map_err(row_error)?;
+        run.model.check().map_err(row_error)?;
+        run.config
+            .check(
+                &run.model,
+                run.global_batch,
+                run.gpus,
+                gpus_per_node.min(run.gpus).max(run.config.tp),
+            )
+            .map_err(row_error)?;
+        runs.push(Run { line, ..run });
+    }
+    check_duplicates(&runs, &table.path)?;
+    Ok(runs)
+}
+
+fn parse_row(table: &RunTable, index: usize, defaults: &RowDefaults) -> Result<Run, String> {
+    let cell = |name: &str| table.cell(index, name);
+    let int = |name: &str| -> Result<Option<u64>, String> {
+        match cell(name) {
+            None => Ok(None),
+            Some(text) => text
+                .parse::<u64>()
+                .map(Some)
+                .map_err(|_| format!("column `{name}` must be a whole number, found `{text}`")),
+        }
+    };
+    let real = |name: &str| -> Result<Option<f64>, String> {
+        match cell(name) {
+            None => Ok(None),
+            Some(text) => match text.parse::<f64>() {
+                Ok(v) if v.is_finite() && v > 0.0 => Ok(Some(v)),
+                _ => Err(format!(
+                    "column `{name}` must be a positive number, found `{text}`"
+                )),
+            },
+        }
+    };
+    let required = |name: &str| -> Result<u64, String> {
+        int(name)?.ok_or_else(|| format!("column `{name}` is empty; every row needs it"))
+    };
+
+    let mut model = defaults.model.clone();
+    if let Some(hidden) = int("hidden")? {
+        if int("ffn_hidden")?.is_none() {
+            model.ffn_hidden = model.ffn_hidden * hidden / model.hidden;
+        }
+        model.hidden = hidden;
+    }
+    if let Some(heads) = int("heads")? {
+        model.kv_heads = if model.kv_heads == model.heads {
+            heads
+        } else {
+            model.kv_heads
+        };
+        model.heads = heads;
+    }
+    for (name, field) in [
+        ("layers", &mut model.layers),
+        ("seq_len", &mut model.seq_len),
+        ("vocab", &mut model.vocab),
+        ("kv_heads", &mut model.kv_heads),
+        ("ffn_hidden", &mut model.ffn_hidden),
+    ] {
+        if let Some(v) = int(name)? {
+            *field = v;
+        }
+    }
+    if let Some(text) = cell("attention") {
+        model.attention = parse_choice(
+            "attention",
+            text,
+            &AttentionKind::ALL.map(|k| (k.name(), k)),
+        )?;
+    }
+    model.name = format!("h{}-L{}", model.hidden, model.layers);
+
+    let gpus = required("gpus")?;
+    let tp = required("tp")?;
+    let pp = required("pp")?;
+    let dp = match int("dp")? {
+        Some(dp) => dp,
+        None => gpus / (tp * pp).max(1),
+    };
+    let global_batch = required("global_batch")?;
+    let micro_batch = required("micro_batch")?;
+
+    let mut schedule = match cell("schedule") {
+        Some(text) => parse_choice("schedule", text, &ScheduleKind::ALL.map(|k| (k.name(), k)))?,
+        None => defaults.schedule,
+    };
+    let mut virtual_stages = int("virtual_stages")?.unwrap_or(defaults.virtual_stages);
+    if let Some(per_chunk) = int("layers_per_virtual_stage")? {
+        if per_chunk == 0 || !model.layers.is_multiple_of(pp * per_chunk) {
+            return Err(format!(
+                "layers_per_virtual_stage {per_chunk} does not divide the {} layers of each of {pp} stages",
+                model.layers / pp.max(1)
+            ));
+        }
+        virtual_stages = model.layers / (pp * per_chunk);
+        schedule = if virtual_stages > 1 {
+            ScheduleKind::Interleaved
+        } else {
+            ScheduleKind::OneFOneB
+        };
+    }
+    if schedule != ScheduleKind::Interleaved {
+        virtual_stages = 1;
+    }
+    let config = ParallelConfig {
+        tp,
+        pp,
+        dp,
+        micro_batch,
+        schedule,
+        virtual_stages,
+        recompute: match cell("recompute") {
+            Some(text) => parse_choice("recompute", text, &Recompute::ALL.map(|k| (k.name(), k)))?,
+            None => defaults.recompute,
+        },
+        sequence_parallel: match cell("sequence_parallel") {
+            Some(text) => parse_switch("sequence_parallel", text)?,
+            None => defaults.sequence_parallel && tp > 1,
+        },
+        optimizer_sharding: match cell("optimizer_sharding") {
+            Some(text) => parse_choice(
+                "optimizer_sharding",
+                text,
+                &OptimizerSharding::ALL.map(|k| (k.name(), k)),
+            )?,
+            None if dp == 1 => OptimizerSharding::None,
+            None => defaults.optimizer_sharding,
+        },
+        bpipe: match cell("bpipe") {
+            Some(text) => parse_switch("bpipe", text)?,
+            None => defaults.bpipe,
+        },
+        attention: model.attention,
+    };
+
+    let measured_s = match (real("iter_ms")?, real("tflops_per_gpu")?) {
+        (Some(ms), _) => Some(ms / 1e3),
+        (None, Some(tflops)) => {
+            // The SC'21 table reports throughput from its FLOP formula; turn it
+            // back into time with the same formula (recomputation included).
+            let flops = measured_flops(&model, &config, global_batch);
+            Some(flops / (tflops * 1e12 * gpus as f64))
+        }
+        (None, None) => None,
+    };
+    Ok(Run {
+        line: 0,
+        model,
+        config,
+        global_batch,
+        gpus,
+        measured_s,
+    })
+}
+
+fn measured_flops(model: &ModelSpec, config: &ParallelConfig, global_batch: u64) -> f64 {
+    let tokens = (global_batch * model.seq_len) as f64;
+    let layers = model.layers as f64;
+    let fwd_layer = model.layer_gemm_flops_per_token() + model.layer_attention_flops_per_token();
+    let recomputed = match config.recompute {
+        Recompute::None => 0.0,
+        Recompute::Selective => model.layer_attention_flops_per_token(),
+        Recompute::Full => fwd_layer,
+    };
+    model.model_flops_per_iteration(global_batch) + tokens * layers * recomputed
+}
+
+pub fn parse_choice<T: Copy>(field: &str, text: &str, choices: &[(&str, T)]) -> Result<T, String> {
+    let wanted = text.trim().to_lowercase();
+    choices
+        .iter()
+        .find(|(name, _)| *name == wanted)
+        .map(|(_, v)| *v)
+        .ok_or_else(|| {
+            let names: Vec<&str> = choices.iter().map(|(n, _)| *n).collect();
+            format!(
+                "`{field}` must be one of {}, found `{text}`{}",
+                names.join(", "),
+                crate::suggest::closest(&wanted, &names)
+                    .map(|n| format!("; did you mean `{n}`?"))
+                    .unwrap_or_default()
+            )
+        })
+}
+
+pub fn parse_switch(field: &str, text: &str) -> Result<bool, String> {
+    match text.trim().to_lowercase().as_str() {
+        "on" | "true" | "yes" | "1" => Ok(true),
+        "off" | "false" | "no" | "0" => Ok(false),
+        _ => Err(format!("`{field}` must be on or off, found `{text}`")),
+    }
+}
+
+/// Two rows with the same configuration whose times differ by more than a
+/// factor of 1.5 cannot both be right.
+fn check_duplicates(runs: &[Run], path: &str) -> Result<(), RunsError> {
+    let mut seen: std::collections::HashMap<(String, ParallelConfig), (usize, f64)> =
+        std::collections::HashMap::new();
+    for run in runs {
+        let Some(time) = run.measured_s else { continue };
+        let key = (run.group_key(), run.config);
+        if let Some(&(line, other)) = seen.get(&key) {
+            if time.max(other) / time.min(other) > 1.5 {
+                return Err(RunsError::Row {
+                    path: path.to_string(),
+                    line: run.line,
+                    message: format!(
+                        "same configuration as line {line} but {:.1} ms against {:.1} ms; remove the wrong measurement",
+                        time * 1e3,
+                        other * 1e3
+                    ),
+                });
+            }
+        } else {
+            seen.insert(key, (run.line, time));
+        }
+    }
+    Ok(())
+}
 
 /// Writes `bytes` to `path` through a temporary file in the same folder and a
 /// rename, so a reader never sees half a file and an interrupted write leaves
@@ -11,22 +317,9 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
     };
-    let mut tmp = tempfile_in(dir, path)?;
-    tmp.1.write_all(bytes)?;
-    tmp.1.sync_all()?;
-    drop(tmp.1);
-    std::fs::rename(&tmp.0, path)
-}
-
-fn tempfile_in(dir: &Path, target: &Path) -> std::io::Result<(std::path::PathBuf, std::fs::File)> {
-    let stem = target.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    for attempt in 0..100u32 {
-        let candidate = dir.join(format!(".{stem}.{}.{attempt}.tmp", std::process::id()));
-        match std::fs::OpenOptions::new().write(true).create_new(true).open(&candidate) {
-            Ok(f) => return Ok((candidate, f)),
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-            Err(e) => return Err(e),
-        }
-    }
-    Err(std::io::Error::other("could not create a temporary file"))
+    let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
+    tmp.write_all(bytes)?;
+    tmp.as_file().sync_all()?;
+    tmp.persist(path).map_err(|e| e.error)?;
+    Ok(())
 }

@@ -1,0 +1,161 @@
+//! Megatron-LM `pretrain_gpt.py` arguments.
+//!
+//! Flag names match `megatron/training/arguments.py` of NVIDIA/Megatron-LM
+//! main as of late 2025 (Megatron-Core 0.14 and later; checked against
+//! commit 000c4ac). Everything emitted also parses on the core_r0.10+
+//! release branches, which introduced `--attention-backend`.
+
+use super::{ExportError, LaunchJob, check_job, shell_quote};
+use crate::config::{OptimizerSharding, Recompute, ScheduleKind};
+use crate::model::AttentionKind;
+
+const ENGINE: &str = "Megatron-LM";
+
+/// Megatron-LM command-line arguments for `pretrain_gpt.py`, one per
+/// element, e.g. `["--tensor-model-parallel-size", "8", ...]`.
+///
+/// Covers the parallel layout, the batch, the model shape and the memory
+/// switches; data, tokenizer, optimiser and checkpoint arguments are the
+/// user's. The data-parallel degree has no flag: Megatron-LM derives it as
+/// world size / (tp x pp).
+///
+/// Mapping: the interleaved schedule becomes
+/// `--num-layers-per-virtual-pipeline-stage L/(pp*v)`; attention `Flash`
+/// becomes `--attention-backend flash` and `Standard` `--attention-backend
+/// unfused` (Megatron-Core picks its attention kernel from this switch;
+/// `--use-flash-attn` is still accepted but only the legacy models read it);
+/// selective recomputation is `--recompute-granularity selective` (the
+/// default module list is the attention core, as paratune models it); full
+/// recomputation is `--recompute-granularity full --recompute-method uniform
+/// --recompute-num-layers 1`; optimizer-state sharding is
+/// `--use-distributed-optimizer`. Precision is always `--bf16`.
+///
+/// Errors: the plan fails [`ParallelConfig::check`](crate::config::ParallelConfig::check)
+/// for the job, or uses what Megatron-LM cannot run as planned: the GPipe
+/// schedule with pp > 1 (Megatron-LM runs 1F1B), BPipe (not upstream), or
+/// full ZeRO-3 sharding.
+pub fn megatron_args(job: &LaunchJob) -> Result<Vec<String>, ExportError> {
+    check_job(job)?;
+    let (model, c) = (job.model, job.config);
+
+    if c.schedule == ScheduleKind::Gpipe && c.pp > 1 {
+        return Err(ExportError::Unsupported {
+            engine: ENGINE,
+            feature: "the GPipe pipeline schedule".into(),
+            hint: "Megatron-LM runs 1F1B, which takes the same time with less activation \
+                   memory; search again with --schedule 1f1b"
+                .into(),
+        });
+    }
+    if c.bpipe {
+        return Err(ExportError::Unsupported {
+            engine: ENGINE,
+            feature: "BPipe activation balancing".into(),
+            hint: "upstream Megatron-LM has no BPipe; search again with --bpipe off, \
+                   or launch with a Megatron-LM fork that implements BPipe"
+                .into(),
+        });
+    }
+    if c.optimizer_sharding == OptimizerSharding::Full {
+        return Err(ExportError::Unsupported {
+            engine: ENGINE,
+            feature: "full ZeRO-3 sharding of weights, gradients and optimizer states".into(),
+            hint: "Megatron-LM's distributed optimizer shards optimizer states only \
+                   (newer releases add Megatron-FSDP, which paratune does not export); \
+                   export to torchtitan (FSDP) instead, or search again with \
+                   --optimizer-sharding optimizer-states"
+                .into(),
+        });
+    }
+
+    let mut args = Args::default();
+    args.pair("--tensor-model-parallel-size", c.tp);
+    args.pair("--pipeline-model-parallel-size", c.pp);
+    if c.schedule == ScheduleKind::Interleaved {
+        args.pair(
+            "--num-layers-per-virtual-pipeline-stage",
+            model.layers / (c.pp * c.virtual_stages),
+        );
+    }
+    if c.sequence_parallel {
+        args.flag("--sequence-parallel");
+    }
+    if c.optimizer_sharding == OptimizerSharding::OptimizerStates {
+        args.flag("--use-distributed-optimizer");
+    }
+    args.pair("--micro-batch-size", c.micro_batch);
+    args.pair("--global-batch-size", job.global_batch);
+
+    args.pair("--num-layers", model.layers);
+    args.pair("--hidden-size", model.hidden);
+    args.pair("--num-attention-heads", model.heads);
+    if model.kv_heads < model.heads {
+        args.flag("--group-query-attention");
+        args.pair("--num-query-groups", model.kv_heads);
+    }
+    args.pair("--ffn-hidden-size", model.ffn_hidden);
+    if model.gated_mlp {
+        args.flag("--swiglu");
+    }
+    args.pair("--seq-length", model.seq_len);
+    args.pair("--max-position-embeddings", model.seq_len);
+    if !model.learned_positions {
+        args.pair("--position-embedding-type", "rope");
+    }
+    if !model.tied_embeddings {
+        args.flag("--untie-embeddings-and-output-weights");
+    }
+
+    args.pair(
+        "--attention-backend",
+        match c.attention {
+            AttentionKind::Flash => "flash",
+            AttentionKind::Standard => "unfused",
+        },
+    );
+    match c.recompute {
+        Recompute::None => {}
+        Recompute::Selective => args.pair("--recompute-granularity", "selective"),
+        Recompute::Full => {
+            args.pair("--recompute-granularity", "full");
+            args.pair("--recompute-method", "uniform");
+            args.pair("--recompute-num-layers", 1);
+        }
+    }
+    args.flag("--bf16");
+    Ok(args.0)
+}
+
+/// [`megatron_args`] as one shell-quoted line, each flag with its value,
+/// flags separated by ` \` and a newline indented four spaces, ready to paste
+/// after `pretrain_gpt.py`.
+pub fn megatron_command_line(job: &LaunchJob) -> Result<String, ExportError> {
+    let args = megatron_args(job)?;
+    let mut groups: Vec<Vec<String>> = Vec::new();
+    for arg in &args {
+        let quoted = shell_quote(arg);
+        match groups.last_mut() {
+            Some(group) if !arg.starts_with("--") => group.push(quoted),
+            _ => groups.push(vec![quoted]),
+        }
+    }
+    Ok(groups
+        .iter()
+        .map(|group| group.join(" "))
+        .collect::<Vec<_>>()
+        .join(" \\\n    "))
+}
+
+#[derive(Default)]
+struct Args(Vec<String>);
+
+impl Args {
+    fn flag(&mut self, name: &str) {
+        self.0.push(name.to_string());
+    }
+
+    fn pair(&mut self, name: &str, value: impl ToString) {
+        self.0.push(name.to_string());
+        self.0.push(value.to_string());
+    }
+}
