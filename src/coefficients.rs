@@ -89,6 +89,9 @@ coefficients! {
     host_us_per_layer_pass: "microseconds", [0.0, 20000.0], 400.0,
         "host (CPU) time to issue one layer's forward pass; backward counts twice",
         "about 35 PyTorch eager operators per Megatron layer forward at about 12 us of dispatch each (PyTorch profiler, typical)";
+    host_sync_us_per_rank: "microseconds", [0.0, 5000.0], 5.0,
+        "host-visible skew per tensor-parallel collective per extra rank, when launch-bound (ranks wait for the slowest)",
+        "one NVLink ring step (see collective_step_latency_us); skew between ranks' Python processes adds to it";
     host_overlap_exponent: "exponent", [1.0, 32.0], 4.0,
         "k in (host^k + gpu^k)^(1/k): how well host launch work hides behind GPU work (infinity = perfect)",
         "asynchronous CUDA launches overlap host and device work; k=4 leaves 19% loss when they are equal";

@@ -7,6 +7,7 @@
 //! into launch arguments; [`runs`] reads measured runs and [`evaluate`] scores
 //! the cost model against them. Only `src/main.rs` knows about the terminal.
 
+pub mod calibrate;
 pub mod cluster;
 pub mod coefficients;
 pub mod config;

@@ -146,6 +146,18 @@ fn tensor_parallel_forward(s: &Scenario, c: &ParallelConfig) -> f64 {
     }
 }
 
+/// Tensor-parallel collective calls per layer per micro-batch: two per
+/// forward (four with sequence parallelism), as many backward, and a
+/// forward's worth again under full recomputation.
+fn tensor_parallel_calls(c: &ParallelConfig) -> f64 {
+    if c.tp == 1 {
+        return 0.0;
+    }
+    let forward = if c.sequence_parallel { 4.0 } else { 2.0 };
+    let passes = if c.recompute == Recompute::Full { 3.0 } else { 2.0 };
+    forward * passes
+}
+
 /// `(a^k + b^k)^(1/k)`: the time of two streams of work that overlap, as
 /// asynchronous kernel launches overlap host and GPU.
 fn soft_max(a: f64, b: f64, k: f64) -> f64 {
@@ -170,7 +182,9 @@ pub fn layer_time(s: &Scenario, c: &ParallelConfig) -> LayerTime {
     };
     let gpu_compute = fwd.total() + bwd.total() + recomputed_gpu;
     let tensor_parallel = 2.0 * tp_fwd + recomputed_tp;
-    let host = host_passes * k.host_us_per_layer_pass * 1e-6;
+    let host = (host_passes * k.host_us_per_layer_pass
+        + tensor_parallel_calls(c) * (c.tp - 1) as f64 * k.host_sync_us_per_rank)
+        * 1e-6;
     let gpu = gpu_compute + tensor_parallel;
     LayerTime {
         gpu_compute,

@@ -1,0 +1,1 @@
+//! Calibration (in progress).
