@@ -336,9 +336,44 @@ pub fn save_cost_model(model: &CostModel, path: &Path) -> Result<(), CostModelFi
     })
 }
 
+/// Cost models shipped in `cost_models/`, compiled in so that a binary
+/// carried to another machine has them.
+const BUILTIN: &[(&str, &str)] = &[("datasheet", include_str!("../cost_models/datasheet.toml"))];
+
+pub fn builtin_cost_model_names() -> Vec<&'static str> {
+    BUILTIN.iter().map(|(name, _)| *name).collect()
+}
+
+pub fn builtin_cost_model(name: &str) -> Option<CostModel> {
+    let (file, text) = BUILTIN.iter().find(|(n, _)| *n == name)?;
+    Some(
+        parse_cost_model(text, &format!("cost_models/{file}.toml"))
+            .expect("shipped cost models parse (tested)"),
+    )
+}
+
+/// The shipped cost model to use for a GPU when none is named.
+pub fn default_cost_model_name(_gpu_name: &str) -> &'static str {
+    "datasheet"
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shipped_cost_models_parse_and_the_datasheet_file_holds_the_priors() {
+        for name in builtin_cost_model_names() {
+            assert!(builtin_cost_model(name).is_some(), "{name}");
+        }
+        let shipped = builtin_cost_model("datasheet").unwrap();
+        assert_eq!(shipped.coefficients, Coefficients::priors());
+        assert_eq!(
+            include_str!("../cost_models/datasheet.toml"),
+            render_cost_model(&CostModel::datasheet()),
+            "regenerate it: cargo run --example render_datasheet > cost_models/datasheet.toml"
+        );
+    }
 
     #[test]
     fn priors_are_inside_their_ranges() {

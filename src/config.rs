@@ -110,8 +110,77 @@ impl ParallelConfig {
         global_batch / (self.micro_batch * self.dp)
     }
 
-    /// Why this configuration cannot run `model` with `global_batch` on
-    /// `gpus` GPUs whose nodes hold `gpus_per_node`, or `Ok`.
+    /// The first rule this configuration breaks for `model` with
+    /// `global_batch` on `gpus` GPUs whose nodes hold `gpus_per_node`.
+    /// Cheap: the search calls it for every combination it considers.
+    pub fn violation(
+        &self,
+        model: &ModelSpec,
+        global_batch: u64,
+        gpus: u64,
+        gpus_per_node: u64,
+    ) -> Option<Rule> {
+        let c = self;
+        let rules = [
+            (
+                Rule::ZeroDegree,
+                c.tp == 0 || c.pp == 0 || c.dp == 0 || c.micro_batch == 0 || c.virtual_stages == 0,
+            ),
+            (Rule::GpuCount, c.gpus() != gpus),
+            (
+                Rule::TensorParallelOutsideNode,
+                c.tp > gpus_per_node || !gpus_per_node.is_multiple_of(c.tp),
+            ),
+            (
+                Rule::HeadsNotDivisible,
+                !model.heads.is_multiple_of(c.tp) || !model.kv_heads.is_multiple_of(c.tp),
+            ),
+            (
+                Rule::FfnNotDivisible,
+                !model.ffn_hidden.is_multiple_of(c.tp),
+            ),
+            (
+                Rule::BatchNotDivisible,
+                !global_batch.is_multiple_of(c.micro_batch * c.dp),
+            ),
+            (
+                Rule::LayersNotDivisible,
+                !model.layers.is_multiple_of(c.pp * c.virtual_stages),
+            ),
+            (
+                Rule::InterleavedShape,
+                c.schedule == ScheduleKind::Interleaved && (c.pp < 2 || c.virtual_stages < 2),
+            ),
+            (
+                Rule::InterleavedMicroBatches,
+                c.schedule == ScheduleKind::Interleaved
+                    && !c.micro_batches(global_batch).is_multiple_of(c.pp),
+            ),
+            (
+                Rule::VirtualStagesWithoutInterleaving,
+                c.schedule != ScheduleKind::Interleaved && c.virtual_stages != 1,
+            ),
+            (
+                Rule::SequenceParallelWithoutTp,
+                c.sequence_parallel && c.tp == 1,
+            ),
+            (
+                Rule::BpipeSchedule,
+                c.bpipe && (c.schedule != ScheduleKind::OneFOneB || c.pp < 2),
+            ),
+            (
+                Rule::ShardingWithoutDp,
+                c.optimizer_sharding != OptimizerSharding::None && c.dp == 1,
+            ),
+        ];
+        rules
+            .into_iter()
+            .find(|(_, broken)| *broken)
+            .map(|(rule, _)| rule)
+    }
+
+    /// Like [`violation`](Self::violation), with a message that names the
+    /// values and the fix.
     pub fn check(
         &self,
         model: &ModelSpec,
@@ -119,80 +188,105 @@ impl ParallelConfig {
         gpus: u64,
         gpus_per_node: u64,
     ) -> Result<(), String> {
-        let c = self;
-        if c.tp == 0 || c.pp == 0 || c.dp == 0 || c.micro_batch == 0 || c.virtual_stages == 0 {
-            return Err("tp, pp, dp, micro-batch and virtual stages must all be at least 1".into());
+        match self.violation(model, global_batch, gpus, gpus_per_node) {
+            None => Ok(()),
+            Some(rule) => Err(rule.explain(self, model, global_batch, gpus, gpus_per_node)),
         }
-        if c.gpus() != gpus {
-            return Err(format!(
+    }
+}
+
+/// A rule a configuration must follow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Rule {
+    ZeroDegree,
+    GpuCount,
+    TensorParallelOutsideNode,
+    HeadsNotDivisible,
+    FfnNotDivisible,
+    BatchNotDivisible,
+    LayersNotDivisible,
+    InterleavedShape,
+    InterleavedMicroBatches,
+    VirtualStagesWithoutInterleaving,
+    SequenceParallelWithoutTp,
+    BpipeSchedule,
+    ShardingWithoutDp,
+}
+
+impl Rule {
+    /// A short name for counts of dropped configurations.
+    pub fn summary(self) -> &'static str {
+        match self {
+            Rule::ZeroDegree => "a degree is zero",
+            Rule::GpuCount => "tp x pp x dp differs from the GPU count",
+            Rule::TensorParallelOutsideNode => "tp does not divide the node",
+            Rule::HeadsNotDivisible => "heads not divisible by tp",
+            Rule::FfnNotDivisible => "ffn hidden not divisible by tp",
+            Rule::BatchNotDivisible => "global batch not divisible by micro-batch x dp",
+            Rule::LayersNotDivisible => "layers not divisible by pp x virtual stages",
+            Rule::InterleavedShape => "interleaving needs pp >= 2 and v >= 2",
+            Rule::InterleavedMicroBatches => "interleaving needs micro-batches divisible by pp",
+            Rule::VirtualStagesWithoutInterleaving => "virtual stages need interleaving",
+            Rule::SequenceParallelWithoutTp => "sequence parallelism needs tp >= 2",
+            Rule::BpipeSchedule => "BPipe needs 1f1b and pp >= 2",
+            Rule::ShardingWithoutDp => "optimizer sharding needs dp >= 2",
+        }
+    }
+
+    pub fn explain(
+        self,
+        c: &ParallelConfig,
+        model: &ModelSpec,
+        global_batch: u64,
+        gpus: u64,
+        gpus_per_node: u64,
+    ) -> String {
+        match self {
+            Rule::ZeroDegree => {
+                "tp, pp, dp, micro-batch and virtual stages must all be at least 1".into()
+            }
+            Rule::GpuCount => format!(
                 "tp x pp x dp = {} x {} x {} = {} but the job has {gpus} GPUs; make the product equal",
                 c.tp,
                 c.pp,
                 c.dp,
                 c.gpus()
-            ));
-        }
-        if c.tp > gpus_per_node || !gpus_per_node.is_multiple_of(c.tp) {
-            return Err(format!(
+            ),
+            Rule::TensorParallelOutsideNode => format!(
                 "tp {} must divide the {gpus_per_node} GPUs of a node (tensor parallelism stays within a node)",
                 c.tp
-            ));
-        }
-        if !model.heads.is_multiple_of(c.tp) || !model.kv_heads.is_multiple_of(c.tp) {
-            return Err(format!(
+            ),
+            Rule::HeadsNotDivisible => format!(
                 "heads ({}) and kv heads ({}) must be divisible by tp {}; pick a tp that divides them",
                 model.heads, model.kv_heads, c.tp
-            ));
-        }
-        if !model.ffn_hidden.is_multiple_of(c.tp) {
-            return Err(format!(
-                "ffn hidden ({}) must be divisible by tp {}",
+            ),
+            Rule::FfnNotDivisible => format!(
+                "ffn hidden ({}) must be divisible by tp {}; pick a tp that divides it",
                 model.ffn_hidden, c.tp
-            ));
-        }
-        if !global_batch.is_multiple_of(c.micro_batch * c.dp) {
-            return Err(format!(
-                "global batch {global_batch} must be divisible by micro-batch x dp = {} x {}",
+            ),
+            Rule::BatchNotDivisible => format!(
+                "global batch {global_batch} must be divisible by micro-batch x dp = {} x {}; change --global-batch or --micro-batch",
                 c.micro_batch, c.dp
-            ));
-        }
-        let chunks = c.pp * c.virtual_stages;
-        if !model.layers.is_multiple_of(chunks) {
-            return Err(format!(
+            ),
+            Rule::LayersNotDivisible => format!(
                 "layers ({}) must divide evenly over pp x virtual stages = {} x {}",
                 model.layers, c.pp, c.virtual_stages
-            ));
-        }
-        match c.schedule {
-            ScheduleKind::Interleaved => {
-                if c.pp < 2 || c.virtual_stages < 2 {
-                    return Err(
-                        "the interleaved schedule needs pp >= 2 and virtual stages >= 2".into(),
-                    );
-                }
-                if !c.micro_batches(global_batch).is_multiple_of(c.pp) {
-                    return Err(format!(
-                        "the interleaved schedule needs the micro-batch count ({}) to be a multiple of pp ({})",
-                        c.micro_batches(global_batch),
-                        c.pp
-                    ));
-                }
+            ),
+            Rule::InterleavedShape => {
+                "the interleaved schedule needs pp >= 2 and --virtual-stages >= 2".into()
             }
-            _ if c.virtual_stages != 1 => {
-                return Err("virtual stages other than 1 need the interleaved schedule".into());
+            Rule::InterleavedMicroBatches => format!(
+                "the interleaved schedule needs the micro-batch count ({}) to be a multiple of pp ({})",
+                c.micro_batches(global_batch),
+                c.pp
+            ),
+            Rule::VirtualStagesWithoutInterleaving => {
+                "virtual stages other than 1 need --schedule interleaved".into()
             }
-            _ => {}
+            Rule::SequenceParallelWithoutTp => "sequence parallelism needs tp >= 2".into(),
+            Rule::BpipeSchedule => "BPipe needs --schedule 1f1b and pp >= 2".into(),
+            Rule::ShardingWithoutDp => "optimizer sharding needs dp >= 2".into(),
         }
-        if c.sequence_parallel && c.tp == 1 {
-            return Err("sequence parallelism needs tp >= 2".into());
-        }
-        if c.bpipe && (c.schedule != ScheduleKind::OneFOneB || c.pp < 2) {
-            return Err("BPipe needs the 1f1b schedule and pp >= 2".into());
-        }
-        if c.optimizer_sharding != OptimizerSharding::None && c.dp == 1 {
-            return Err("optimizer sharding needs dp >= 2".into());
-        }
-        Ok(())
     }
 }
 

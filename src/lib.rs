@@ -15,6 +15,7 @@ pub mod cost;
 pub mod evaluate;
 pub mod export;
 pub mod model;
+pub mod plan_file;
 pub mod runs;
 pub mod search;
 pub mod suggest;

@@ -1,1 +1,28 @@
-fn main() {}
+//! The paratune command line: parse, call the library, print. The only
+//! place that knows about the terminal; errors become one line and exit 2.
+
+mod cli;
+
+use clap::Parser;
+use cli::args::{Cli, Command};
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match &cli.command {
+        Command::Plan(args) => cli::commands::plan(args),
+        Command::Predict(args) => cli::commands::predict_command(args),
+        Command::Evaluate(args) => cli::commands::evaluate_command(args),
+        Command::Calibrate(args) => cli::calibrate::run(args),
+        Command::Models => cli::commands::models(),
+        Command::Gpus => cli::commands::gpus(),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            let message = format!("{error:#}").replace('\n', " ");
+            eprintln!("error: {message}");
+            ExitCode::from(2)
+        }
+    }
+}

@@ -154,7 +154,11 @@ fn tensor_parallel_calls(c: &ParallelConfig) -> f64 {
         return 0.0;
     }
     let forward = if c.sequence_parallel { 4.0 } else { 2.0 };
-    let passes = if c.recompute == Recompute::Full { 3.0 } else { 2.0 };
+    let passes = if c.recompute == Recompute::Full {
+        3.0
+    } else {
+        2.0
+    };
     forward * passes
 }
 

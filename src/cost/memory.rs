@@ -7,7 +7,7 @@ use super::comm;
 use super::kernels::HALF;
 use crate::config::{OptimizerSharding, ParallelConfig, Recompute, ScheduleKind};
 use crate::model::AttentionKind;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 
@@ -66,7 +66,7 @@ pub fn stage_params(s: &Scenario, c: &ParallelConfig, stage: u64) -> f64 {
 }
 
 /// Bytes of one stage on one GPU, by kind.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct StageMemory {
     pub stage: u64,
     pub weights: f64,

@@ -24,7 +24,7 @@ use crate::cluster::{GpuSpec, NodeGroup, Placement};
 use crate::coefficients::{Coefficients, CollectiveAlgorithm, CostModel};
 use crate::config::{OptimizerSharding, ParallelConfig, Recompute, ScheduleKind};
 use crate::model::ModelSpec;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 
@@ -83,7 +83,7 @@ impl<'a> Scenario<'a> {
 
 /// Where one iteration's time goes, in seconds. The parts add up to the
 /// iteration time.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct TimeBreakdown {
     /// GPU compute of the slowest stage's micro-batches (GEMMs, attention,
     /// element-wise work, embedding and head).
@@ -132,7 +132,7 @@ impl TimeBreakdown {
 }
 
 /// The cost model's answer for one configuration.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Prediction {
     pub iteration_s: f64,
     pub time: TimeBreakdown,
@@ -227,8 +227,7 @@ pub fn predict(s: &Scenario, c: &ParallelConfig) -> Prediction {
     };
     let iteration_s = time.total();
 
-    let (peak_stage, peak_memory_bytes) = memory::peak_stage(s, c);
-    let usable = s.usable_memory();
+    let memory = peak_memory(s, c);
     let gpus = c.gpus() as f64;
     let model_flops = s.model.model_flops_per_iteration(s.global_batch);
     Prediction {
@@ -237,10 +236,31 @@ pub fn predict(s: &Scenario, c: &ParallelConfig) -> Prediction {
         tokens_per_s: (s.global_batch * s.model.seq_len) as f64 / iteration_s,
         tflops_per_gpu: hardware_flops(s, c) / iteration_s / gpus / 1e12,
         mfu: model_flops / iteration_s / gpus / s.gpu.peak_flops,
-        peak_memory_bytes,
-        peak_stage,
-        usable_memory_bytes: usable,
-        fits: peak_memory_bytes <= usable,
+        peak_memory_bytes: memory.bytes,
+        peak_stage: memory.stage,
+        usable_memory_bytes: memory.usable,
+        fits: memory.fits,
+    }
+}
+
+/// The memory verdict alone, cheaper than a whole prediction: the search
+/// drops what does not fit before timing it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MemoryCheck {
+    pub stage: u64,
+    pub bytes: f64,
+    pub usable: f64,
+    pub fits: bool,
+}
+
+pub fn peak_memory(s: &Scenario, c: &ParallelConfig) -> MemoryCheck {
+    let (stage, bytes) = memory::peak_stage(s, c);
+    let usable = s.usable_memory();
+    MemoryCheck {
+        stage,
+        bytes,
+        usable,
+        fits: bytes <= usable,
     }
 }
 

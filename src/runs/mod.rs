@@ -87,12 +87,7 @@ pub fn runs_from_table(
         let run = parse_row(table, index, defaults).map_err(row_error)?;
         run.model.check().map_err(row_error)?;
         run.config
-            .check(
-                &run.model,
-                run.global_batch,
-                run.gpus,
-                gpus_per_node.min(run.gpus).max(run.config.tp),
-            )
+            .check(&run.model, run.global_batch, run.gpus, gpus_per_node)
             .map_err(row_error)?;
         runs.push(Run { line, ..run });
     }

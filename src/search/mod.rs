@@ -1,1 +1,212 @@
-//! Search (stub).
+//! Enumerate every configuration of a search space, drop those that break a
+//! rule or do not fit memory, rank the rest by predicted iteration time.
+//! Pure (no I/O); parallel over the outer dimensions with rayon.
+
+mod explain;
+mod space;
+
+pub use explain::{Explanation, explain};
+pub use space::SearchSpace;
+
+use crate::cluster::NodeGroup;
+use crate::coefficients::CostModel;
+use crate::config::{ParallelConfig, Rule};
+use crate::cost::{Prediction, Scenario, peak_memory, predict};
+use crate::model::ModelSpec;
+use rayon::prelude::*;
+use std::collections::BTreeMap;
+
+/// A training job: what to train, how big a batch, on which GPUs.
+#[derive(Debug, Clone)]
+pub struct Job {
+    pub model: ModelSpec,
+    pub global_batch: u64,
+    pub gpus: u64,
+    pub nodes: NodeGroup,
+    /// Device memory to plan for instead of the datasheet capacity, bytes.
+    pub memory_limit: Option<f64>,
+}
+
+impl Job {
+    pub fn scenario<'a>(&'a self, cost: &'a CostModel) -> Scenario<'a> {
+        let mut s = Scenario::new(&self.model, self.global_batch, &self.nodes, self.gpus, cost);
+        s.memory_limit = self.memory_limit;
+        s
+    }
+
+    /// GPUs of this job per node.
+    pub fn gpus_per_node(&self) -> u64 {
+        self.nodes.gpus_per_node.min(self.gpus)
+    }
+
+    /// Why this job cannot run at all, naming the field and the fix.
+    pub fn check(&self) -> Result<(), String> {
+        self.model.check()?;
+        let node = self.nodes.gpus_per_node;
+        if self.gpus == 0 {
+            return Err("the job needs at least one GPU".into());
+        }
+        if self.global_batch == 0 {
+            return Err("--global-batch must be at least 1".into());
+        }
+        if self.gpus > node && !self.gpus.is_multiple_of(node) {
+            return Err(format!(
+                "{} GPUs is not a multiple of the node size {node}; use whole nodes (e.g. {} or {})",
+                self.gpus,
+                self.gpus / node * node,
+                self.gpus.div_ceil(node) * node
+            ));
+        }
+        let available = self.nodes.nodes * node;
+        if self.gpus > available {
+            return Err(format!(
+                "the job asks for {} GPUs but the cluster has {available} ({} nodes of {node}); raise --nodes",
+                self.gpus, self.nodes.nodes
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A configuration that fits, with its prediction.
+#[derive(Debug, Clone, Copy)]
+pub struct Candidate {
+    pub config: ParallelConfig,
+    pub prediction: Prediction,
+}
+
+/// What the search found and what it dropped.
+#[derive(Debug, Clone)]
+pub struct SearchResult {
+    /// Fitting configurations, fastest first.
+    pub candidates: Vec<Candidate>,
+    /// Combinations of the space's values that were looked at.
+    pub considered: usize,
+    /// Combinations dropped because they break a rule, by rule.
+    pub invalid: BTreeMap<Rule, usize>,
+    /// Valid configurations that do not fit device memory.
+    pub out_of_memory: usize,
+}
+
+impl SearchResult {
+    pub fn valid(&self) -> usize {
+        self.candidates.len() + self.out_of_memory
+    }
+}
+
+#[derive(Default)]
+struct Tally {
+    candidates: Vec<Candidate>,
+    considered: usize,
+    invalid: BTreeMap<Rule, usize>,
+    out_of_memory: usize,
+}
+
+impl Tally {
+    fn merge(mut self, other: Tally) -> Tally {
+        self.candidates.extend(other.candidates);
+        self.considered += other.considered;
+        for (rule, n) in other.invalid {
+            *self.invalid.entry(rule).or_default() += n;
+        }
+        self.out_of_memory += other.out_of_memory;
+        self
+    }
+}
+
+/// Searches `space` for `job` and ranks what fits.
+pub fn search(job: &Job, space: &SearchSpace, cost: &CostModel) -> SearchResult {
+    let scenario = job.scenario(cost);
+    let gpus_per_node = job.gpus_per_node();
+    let tally = space
+        .outer(job)
+        .into_par_iter()
+        .map(|outer| {
+            let mut tally = Tally::default();
+            for config in space.inner(job, outer) {
+                tally.considered += 1;
+                if let Some(rule) =
+                    config.violation(&job.model, job.global_batch, job.gpus, gpus_per_node)
+                {
+                    *tally.invalid.entry(rule).or_default() += 1;
+                    continue;
+                }
+                if !peak_memory(&scenario, &config).fits {
+                    tally.out_of_memory += 1;
+                    continue;
+                }
+                tally.candidates.push(Candidate {
+                    config,
+                    prediction: predict(&scenario, &config),
+                });
+            }
+            tally
+        })
+        .reduce(Tally::default, Tally::merge);
+    let mut candidates = tally.candidates;
+    candidates.sort_by(|a, b| {
+        a.prediction
+            .iteration_s
+            .total_cmp(&b.prediction.iteration_s)
+            .then(
+                a.prediction
+                    .peak_memory_bytes
+                    .total_cmp(&b.prediction.peak_memory_bytes),
+            )
+    });
+    SearchResult {
+        candidates,
+        considered: tally.considered,
+        invalid: tally.invalid,
+        out_of_memory: tally.out_of_memory,
+    }
+}
+
+/// Whether any configuration of `space` fits memory for `job` (no timing).
+pub fn anything_fits(job: &Job, space: &SearchSpace, cost: &CostModel) -> bool {
+    let scenario = job.scenario(cost);
+    let gpus_per_node = job.gpus_per_node();
+    space.outer(job).into_par_iter().any(|outer| {
+        space.inner(job, outer).any(|config| {
+            config
+                .violation(&job.model, job.global_batch, job.gpus, gpus_per_node)
+                .is_none()
+                && peak_memory(&scenario, &config).fits
+        })
+    })
+}
+
+/// The smallest GPU count above the job's, in whole nodes, at which some
+/// configuration fits; `None` if none does up to `max_gpus`. Counts grow by
+/// an eighth at a time, then the last step is refined node by node, so the
+/// answer is exact where feasibility grows with the GPU count.
+pub fn smallest_fitting_gpus(
+    job: &Job,
+    space: &SearchSpace,
+    cost: &CostModel,
+    max_gpus: u64,
+) -> Option<u64> {
+    let node = job.nodes.gpus_per_node;
+    let fits_at = |nodes: u64| {
+        let mut bigger = job.clone();
+        bigger.gpus = nodes * node;
+        bigger.nodes.nodes = bigger.nodes.nodes.max(nodes);
+        anything_fits(&bigger, space, cost)
+    };
+    let max_nodes = max_gpus / node;
+    let mut failed = job.gpus / node;
+    loop {
+        let next = (failed + failed.div_ceil(8)).max(failed + 1);
+        if next > max_nodes {
+            return None;
+        }
+        if fits_at(next) {
+            let first = (failed + 1..next).find(|&n| fits_at(n)).unwrap_or(next);
+            return Some(first * node);
+        }
+        failed = next;
+    }
+}
+
+#[cfg(test)]
+mod tests;

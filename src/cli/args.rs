@@ -1,0 +1,234 @@
+//! Command-line arguments (clap). Values are kept as text where the library
+//! parses them, so every error names the flag and the accepted values.
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use paratune::units::{Bandwidth, Bytes};
+use std::path::PathBuf;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "paratune",
+    version,
+    about = "Find the fastest way to train a large transformer on a GPU cluster",
+    long_about = "paratune predicts iteration time, throughput, MFU and per-GPU memory of \
+                  tensor/pipeline/data-parallel training configurations, searches them all, \
+                  and exports the winner as Megatron-LM arguments or a torchtitan TOML."
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Search every configuration, rank those that fit, explain and export the winner.
+    Plan(PlanArgs),
+    /// Predict one configuration, or every row of a runs CSV.
+    Predict(PredictArgs),
+    /// Compare predictions with the measured iteration times of a runs CSV.
+    Evaluate(EvaluateArgs),
+    /// Fit the cost model's coefficients to measured runs (argmin) and write a cost model.
+    Calibrate(CalibrateArgs),
+    /// List the built-in models.
+    Models,
+    /// List the built-in GPUs and their default nodes.
+    Gpus,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    Table,
+    Json,
+    Csv,
+}
+
+/// What to train. `--model` names a built-in model or a TOML file; the
+/// dimension flags override it or, without `--model`, define a GPT-style model.
+#[derive(Args, Debug, Clone, Default)]
+pub struct ModelArgs {
+    /// Built-in model name (see `paratune models`) or a model TOML file.
+    #[arg(long)]
+    pub model: Option<String>,
+    #[arg(long)]
+    pub hidden: Option<u64>,
+    #[arg(long)]
+    pub heads: Option<u64>,
+    /// Key/value heads (grouped-query attention).
+    #[arg(long)]
+    pub kv_heads: Option<u64>,
+    #[arg(long)]
+    pub ffn_hidden: Option<u64>,
+    #[arg(long)]
+    pub layers: Option<u64>,
+    #[arg(long)]
+    pub vocab: Option<u64>,
+    #[arg(long)]
+    pub seq_len: Option<u64>,
+    /// Gated (SwiGLU) MLP: on/off.
+    #[arg(long)]
+    pub gated_mlp: Option<String>,
+    /// Input embedding shared with the output head: on/off.
+    #[arg(long)]
+    pub tied_embeddings: Option<String>,
+}
+
+/// Where to train.
+#[derive(Args, Debug, Clone, Default)]
+pub struct ClusterArgs {
+    /// Cluster TOML file (instead of --gpu/--nodes/...).
+    #[arg(long)]
+    pub cluster: Option<PathBuf>,
+    /// GPU kind (see `paratune gpus`).
+    #[arg(long)]
+    pub gpu: Option<String>,
+    /// Nodes in the cluster.
+    #[arg(long)]
+    pub nodes: Option<u64>,
+    #[arg(long)]
+    pub gpus_per_node: Option<u64>,
+    /// GPUs the job uses, if fewer than the whole cluster (may be less than a node).
+    #[arg(long)]
+    pub gpus: Option<u64>,
+    /// Per-GPU intra-node bandwidth with its unit, e.g. 300GB/s.
+    #[arg(long, value_parser = parse_bandwidth)]
+    pub intra_node_bw: Option<Bandwidth>,
+    /// Per-node inter-node bandwidth with its unit, e.g. 8x200Gb/s.
+    #[arg(long, value_parser = parse_bandwidth)]
+    pub inter_node_bw: Option<Bandwidth>,
+    /// Plan for less device memory than the datasheet, e.g. 40GiB.
+    #[arg(long, value_parser = parse_bytes)]
+    pub memory_limit: Option<Bytes>,
+}
+
+fn parse_bandwidth(text: &str) -> Result<Bandwidth, String> {
+    text.parse()
+}
+
+fn parse_bytes(text: &str) -> Result<Bytes, String> {
+    text.parse()
+}
+
+/// Values of the search dimensions: lists for `plan`, one value each for `predict`.
+#[derive(Args, Debug, Clone, Default)]
+pub struct SpaceArgs {
+    /// Tensor-parallel degree(s), e.g. 4,8.
+    #[arg(long, value_delimiter = ',')]
+    pub tp: Option<Vec<u64>>,
+    /// Pipeline-parallel degree(s).
+    #[arg(long, value_delimiter = ',')]
+    pub pp: Option<Vec<u64>>,
+    /// Data-parallel degree(s).
+    #[arg(long, value_delimiter = ',')]
+    pub dp: Option<Vec<u64>>,
+    /// Micro-batch size(s).
+    #[arg(long, value_delimiter = ',')]
+    pub micro_batch: Option<Vec<u64>>,
+    /// Pipeline schedule(s): gpipe, 1f1b, interleaved.
+    #[arg(long, value_delimiter = ',')]
+    pub schedule: Option<Vec<String>>,
+    /// Model chunks per pipeline rank for the interleaved schedule.
+    #[arg(long, value_delimiter = ',')]
+    pub virtual_stages: Option<Vec<u64>>,
+    /// Activation recomputation: none, selective, full.
+    #[arg(long, value_delimiter = ',')]
+    pub recompute: Option<Vec<String>>,
+    /// Sequence parallelism: on, off.
+    #[arg(long, value_delimiter = ',')]
+    pub sequence_parallel: Option<Vec<String>>,
+    /// Sharding over data-parallel ranks: none, optimizer-states (ZeRO-1), full (ZeRO-3/FSDP).
+    #[arg(long, value_delimiter = ',')]
+    pub optimizer_sharding: Option<Vec<String>>,
+    /// BPipe activation balancing: on, off.
+    #[arg(long, value_delimiter = ',')]
+    pub bpipe: Option<Vec<String>>,
+    /// Attention kernel: flash, standard.
+    #[arg(long, value_delimiter = ',')]
+    pub attention: Option<Vec<String>>,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct CommonArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
+    /// Sequences per iteration over all data-parallel ranks.
+    #[arg(long)]
+    pub global_batch: Option<u64>,
+    /// Cost model: a built-in name (datasheet, a100-megatron) or a cost-model TOML file.
+    #[arg(long)]
+    pub cost_model: Option<String>,
+    #[arg(long, value_enum, default_value_t = Format::Table)]
+    pub format: Format,
+}
+
+#[derive(Args, Debug)]
+pub struct PlanArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    #[command(flatten)]
+    pub space: SpaceArgs,
+    /// Rows of the ranking to show.
+    #[arg(long, default_value_t = 10)]
+    pub top: usize,
+    /// Explain a configuration you had in mind, e.g. "tp=8,pp=8,mb=1,recompute=full";
+    /// keys not given are taken from the winner.
+    #[arg(long)]
+    pub explain: Option<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct PredictArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    #[command(flatten)]
+    pub space: SpaceArgs,
+    /// A runs CSV: predict every row (columns absent take the flags' values).
+    #[arg(long)]
+    pub runs: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub struct EvaluateArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    #[command(flatten)]
+    pub space: SpaceArgs,
+    /// A runs CSV with measured `iter_ms` (or SC'21-style `tflops_per_gpu`).
+    #[arg(long)]
+    pub runs: PathBuf,
+    /// Also list every group's rank correlation and regret.
+    #[arg(long)]
+    pub groups: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct CalibrateArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    #[command(flatten)]
+    pub space: SpaceArgs,
+    /// Runs CSV(s) with measured times; give the flag once per file.
+    #[arg(long, required = true)]
+    pub runs: Vec<PathBuf>,
+    /// Where to write the fitted cost model (a report is written beside it).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Coefficients allowed to move, e.g. gemm_efficiency,host_us_per_layer_pass.
+    #[arg(long, value_delimiter = ',')]
+    pub fit: Option<Vec<String>>,
+    /// Hold out this fraction of the rows and report the error on them.
+    #[arg(long)]
+    pub holdout: Option<f64>,
+    #[arg(long, default_value_t = 7)]
+    pub seed: u64,
+    /// Cross-validation folds.
+    #[arg(long, default_value_t = 5)]
+    pub folds: usize,
+    /// Bootstrap refits for the confidence intervals.
+    #[arg(long, default_value_t = 20)]
+    pub bootstrap: usize,
+    /// Name of the fitted cost model.
+    #[arg(long)]
+    pub name: Option<String>,
+}

@@ -1,0 +1,653 @@
+//! The subcommands: call the library, print the result.
+
+use super::args::{EvaluateArgs, Format, PlanArgs, PredictArgs};
+use super::render::{self, GIB, percent, seconds};
+use super::resolve;
+use anyhow::{Context, Result, anyhow, bail};
+use paratune::cluster::{builtin_gpu_names, builtin_node};
+use paratune::coefficients::CostModel;
+use paratune::config::{ParallelConfig, on_off};
+use paratune::cost::{memory_per_stage, predict};
+use paratune::evaluate::evaluate;
+use paratune::export::{LaunchJob, megatron_args, megatron_command_line, torchtitan_toml};
+use paratune::model::{builtin_model, builtin_model_names};
+use paratune::plan_file::{PLAN_FORMAT, PLAN_VERSION, PlanFile, PlannedCandidate, SearchCounts};
+use paratune::runs::{RunTable, runs_from_table, write_csv};
+use paratune::search::{Explanation, Job, SearchResult, explain, search, smallest_fitting_gpus};
+use std::fmt::Write;
+use std::time::Instant;
+
+fn launch_job<'a>(job: &'a Job, config: &'a ParallelConfig) -> LaunchJob<'a> {
+    LaunchJob {
+        model: &job.model,
+        config,
+        global_batch: job.global_batch,
+        gpus: job.gpus,
+        gpus_per_node: job.nodes.gpus_per_node,
+    }
+}
+
+fn job_line(job: &Job, cost: &CostModel) -> String {
+    format!(
+        "{} ({:.1} B parameters, seq {}) on {} x {} ({} per node, intra {} per GPU, inter {} per node), global batch {}\ncost model: {} ({})",
+        job.model.name,
+        job.model.total_params() / 1e9,
+        job.model.seq_len,
+        job.gpus,
+        job.nodes.gpu.name,
+        job.nodes.gpus_per_node,
+        job.nodes.intra_node_bw,
+        job.nodes.inter_node_bw,
+        job.global_batch,
+        cost.name,
+        cost.description
+    )
+}
+
+pub fn plan(args: &PlanArgs) -> Result<()> {
+    let job = resolve::job(&args.common)?;
+    let cost = resolve::cost_model(args.common.cost_model.as_deref(), &job.nodes.gpu.name)?;
+    let space = resolve::space(&args.space)?;
+    let started = Instant::now();
+    let result = search(&job, &space, &cost);
+    let elapsed = started.elapsed();
+    if result.candidates.is_empty() {
+        return Err(nothing_fits(&job, &space, &cost, &result));
+    }
+    match args.common.format {
+        Format::Json => {
+            let file = plan_file(&job, &cost, &result, args.top);
+            println!("{}", serde_json::to_string_pretty(&file)?);
+        }
+        Format::Csv => plan_csv(&result, args.top)?,
+        Format::Table => {
+            let mut out = String::new();
+            let _ = writeln!(out, "paratune plan: {}", job_line(&job, &cost));
+            search_counts(&mut out, &result, elapsed.as_secs_f64());
+            let _ = writeln!(out, "\n{}", render::ranking_header());
+            for (i, c) in result.candidates.iter().take(args.top).enumerate() {
+                let _ = writeln!(
+                    out,
+                    "{}",
+                    render::ranking_row(i + 1, &c.config, &c.prediction)
+                );
+            }
+            explain_winner(&mut out, &job, &cost, &result, args.top);
+            if let Some(spec) = &args.explain {
+                let config = resolve::config_spec(spec, &result.candidates[0].config)?;
+                explain_config(&mut out, &job, &cost, &result, &config);
+            }
+            print!("{out}");
+        }
+    }
+    Ok(())
+}
+
+fn nothing_fits(
+    job: &Job,
+    space: &paratune::search::SearchSpace,
+    cost: &CostModel,
+    result: &SearchResult,
+) -> anyhow::Error {
+    if result.out_of_memory == 0 {
+        let reasons: Vec<String> = result
+            .invalid
+            .iter()
+            .map(|(rule, n)| format!("{n} {}", rule.summary()))
+            .collect();
+        return anyhow!(
+            "no valid configuration among {} considered ({}); widen the search flags or change --global-batch",
+            result.considered,
+            reasons.join("; ")
+        );
+    }
+    let hint = match smallest_fitting_gpus(job, space, cost, 65536) {
+        Some(gpus) => format!(
+            "the smallest GPU count at which one fits is {gpus} (--nodes {})",
+            gpus.div_ceil(job.nodes.gpus_per_node)
+        ),
+        None => "none fits up to 65,536 GPUs".to_string(),
+    };
+    anyhow!(
+        "no configuration fits in {:.1} GiB per GPU ({} valid configurations considered); {hint}, or allow more recomputation/sharding",
+        job.memory_limit.unwrap_or(job.nodes.gpu.memory_bytes) / GIB,
+        result.valid()
+    )
+}
+
+fn search_counts(out: &mut String, result: &SearchResult, elapsed_s: f64) {
+    let invalid: usize = result.invalid.values().sum();
+    let _ = writeln!(
+        out,
+        "searched {} configurations in {}: {} fit, {} do not fit memory, {} break a rule",
+        render::thousands(result.considered as f64),
+        seconds(elapsed_s),
+        render::thousands(result.candidates.len() as f64),
+        render::thousands(result.out_of_memory as f64),
+        render::thousands(invalid as f64)
+    );
+    for (rule, n) in &result.invalid {
+        let _ = writeln!(
+            out,
+            "  {:>9} {}",
+            render::thousands(*n as f64),
+            rule.summary()
+        );
+    }
+}
+
+fn explain_winner(
+    out: &mut String,
+    job: &Job,
+    cost: &CostModel,
+    result: &SearchResult,
+    top: usize,
+) {
+    let winner = &result.candidates[0];
+    let scenario = job.scenario(cost);
+    let _ = writeln!(out, "\nWhy #1 wins: {}", winner.config);
+    render::breakdown(out, &winner.prediction.time);
+    let stages = memory_per_stage(&scenario, &winner.config);
+    render::stage_memory(
+        out,
+        &stages,
+        winner.prediction.usable_memory_bytes,
+        winner.prediction.peak_stage,
+    );
+    let shown = result.candidates.len().min(top);
+    if shown > 1 {
+        let _ = writeln!(out, "\nThe runners-up, against #1:");
+        for (i, c) in result.candidates.iter().enumerate().take(shown).skip(1) {
+            if let Explanation::Ranked {
+                slower_by,
+                differences,
+                ..
+            } = explain(job, cost, result, &c.config)
+            {
+                let _ = writeln!(
+                    out,
+                    "  #{:<3} {:>6} slower: {}",
+                    i + 1,
+                    percent(slower_by),
+                    render::differences(&differences, 3)
+                );
+            }
+        }
+    }
+    let launch = launch_job(job, &winner.config);
+    let _ = writeln!(out, "\nMegatron-LM arguments (pretrain_gpt.py):");
+    match megatron_command_line(&launch) {
+        Ok(line) => {
+            let _ = writeln!(out, "    {line}");
+        }
+        Err(e) => {
+            let _ = writeln!(out, "    not exportable: {e}");
+        }
+    }
+    let _ = writeln!(out, "\ntorchtitan job config (TOML fragment):");
+    match torchtitan_toml(&launch) {
+        Ok(toml) => {
+            for line in toml.lines() {
+                let _ = writeln!(out, "    {line}");
+            }
+        }
+        Err(e) => {
+            let _ = writeln!(out, "    not exportable: {e}");
+        }
+    }
+}
+
+fn explain_config(
+    out: &mut String,
+    job: &Job,
+    cost: &CostModel,
+    result: &SearchResult,
+    config: &ParallelConfig,
+) {
+    let _ = writeln!(out, "\nExplain {config}:");
+    match explain(job, cost, result, config) {
+        Explanation::Invalid { reason } => {
+            let _ = writeln!(out, "  not a valid configuration: {reason}");
+        }
+        Explanation::DoesNotFit {
+            stage,
+            needs_gib,
+            usable_gib,
+            capacity_gib,
+            prediction,
+        } => {
+            let _ = writeln!(
+                out,
+                "  does not fit: stage {stage} needs {needs_gib:.1} GiB of {usable_gib:.1} usable ({capacity_gib:.1} GiB less the reserve); it would take {} per iteration",
+                seconds(prediction.iteration_s)
+            );
+            let stages = memory_per_stage(&job.scenario(cost), config);
+            render::stage_memory(
+                out,
+                &stages,
+                prediction.usable_memory_bytes,
+                prediction.peak_stage,
+            );
+        }
+        Explanation::Ranked {
+            rank,
+            of,
+            prediction,
+            slower_by,
+            differences,
+        } => {
+            let _ = writeln!(
+                out,
+                "  fits ({:.1} of {:.1} GiB) and ranks #{rank} of {of}: {} per iteration, {} slower than #1",
+                prediction.peak_memory_bytes / GIB,
+                prediction.usable_memory_bytes / GIB,
+                seconds(prediction.iteration_s),
+                percent(slower_by)
+            );
+            if !differences.is_empty() {
+                let _ = writeln!(
+                    out,
+                    "  where the time goes differently: {}",
+                    render::differences(&differences, 4)
+                );
+            }
+        }
+    }
+}
+
+fn plan_file(job: &Job, cost: &CostModel, result: &SearchResult, top: usize) -> PlanFile {
+    let scenario = job.scenario(cost);
+    let candidates = result
+        .candidates
+        .iter()
+        .take(top)
+        .enumerate()
+        .map(|(i, c)| PlannedCandidate {
+            rank: i + 1,
+            config: c.config,
+            prediction: c.prediction,
+            stages: (i == 0).then(|| memory_per_stage(&scenario, &c.config)),
+            megatron_args: megatron_args(&launch_job(job, &c.config)).map_err(|e| e.to_string()),
+        })
+        .collect();
+    PlanFile {
+        format: PLAN_FORMAT.into(),
+        version: PLAN_VERSION,
+        paratune_version: env!("CARGO_PKG_VERSION").into(),
+        model: job.model.clone(),
+        global_batch: job.global_batch,
+        gpus: job.gpus,
+        nodes: job.nodes.clone(),
+        memory_limit_bytes: job.memory_limit,
+        cost_model: cost.name.clone(),
+        search: SearchCounts::of(result),
+        candidates,
+    }
+}
+
+const CONFIG_COLUMNS: [&str; 11] = [
+    "tp",
+    "pp",
+    "dp",
+    "micro_batch",
+    "schedule",
+    "virtual_stages",
+    "recompute",
+    "sequence_parallel",
+    "optimizer_sharding",
+    "bpipe",
+    "attention",
+];
+
+fn config_cells(c: &ParallelConfig) -> Vec<String> {
+    vec![
+        c.tp.to_string(),
+        c.pp.to_string(),
+        c.dp.to_string(),
+        c.micro_batch.to_string(),
+        c.schedule.name().into(),
+        c.virtual_stages.to_string(),
+        c.recompute.name().into(),
+        on_off(c.sequence_parallel).into(),
+        c.optimizer_sharding.name().into(),
+        on_off(c.bpipe).into(),
+        c.attention.name().into(),
+    ]
+}
+
+fn plan_csv(result: &SearchResult, top: usize) -> Result<()> {
+    let mut headers: Vec<String> = vec!["rank".into()];
+    headers.extend(CONFIG_COLUMNS.iter().map(|s| s.to_string()));
+    headers.extend(
+        [
+            "iter_ms",
+            "tokens_per_s",
+            "tflops_per_gpu",
+            "mfu",
+            "peak_memory_gib",
+            "fits",
+        ]
+        .iter()
+        .map(|s| s.to_string()),
+    );
+    let rows: Vec<Vec<String>> = result
+        .candidates
+        .iter()
+        .take(top)
+        .enumerate()
+        .map(|(i, c)| {
+            let p = &c.prediction;
+            let mut row = vec![(i + 1).to_string()];
+            row.extend(config_cells(&c.config));
+            row.extend([
+                format!("{:.3}", p.iteration_s * 1e3),
+                format!("{:.1}", p.tokens_per_s),
+                format!("{:.2}", p.tflops_per_gpu),
+                format!("{:.4}", p.mfu),
+                format!("{:.2}", p.peak_memory_gib()),
+                p.fits.to_string(),
+            ]);
+            row
+        })
+        .collect();
+    write_csv(std::io::stdout().lock(), &headers, &rows)?;
+    Ok(())
+}
+
+pub fn predict_command(args: &PredictArgs) -> Result<()> {
+    if let Some(path) = &args.runs {
+        return predict_runs(args, path);
+    }
+    let job = resolve::job(&args.common)?;
+    let cost = resolve::cost_model(args.common.cost_model.as_deref(), &job.nodes.gpu.name)?;
+    let config = resolve::single_config(&args.space, &job)?;
+    let scenario = job.scenario(&cost);
+    let prediction = predict(&scenario, &config);
+    let stages = memory_per_stage(&scenario, &config);
+    match args.common.format {
+        Format::Json => {
+            let value = serde_json::json!({
+                "config": config,
+                "prediction": prediction,
+                "stages": stages,
+                "megatron_args": megatron_args(&launch_job(&job, &config)).map_err(|e| e.to_string()),
+            });
+            println!("{}", serde_json::to_string_pretty(&value)?);
+        }
+        Format::Csv => {
+            let mut headers: Vec<String> = CONFIG_COLUMNS.iter().map(|s| s.to_string()).collect();
+            headers.extend(
+                [
+                    "iter_ms",
+                    "tokens_per_s",
+                    "tflops_per_gpu",
+                    "mfu",
+                    "peak_memory_gib",
+                    "peak_stage",
+                    "fits",
+                ]
+                .map(String::from),
+            );
+            let mut row = config_cells(&config);
+            row.extend([
+                format!("{:.3}", prediction.iteration_s * 1e3),
+                format!("{:.1}", prediction.tokens_per_s),
+                format!("{:.2}", prediction.tflops_per_gpu),
+                format!("{:.4}", prediction.mfu),
+                format!("{:.2}", prediction.peak_memory_gib()),
+                prediction.peak_stage.to_string(),
+                prediction.fits.to_string(),
+            ]);
+            write_csv(std::io::stdout().lock(), &headers, &[row])?;
+        }
+        Format::Table => {
+            let mut out = String::new();
+            let _ = writeln!(out, "paratune predict: {}", job_line(&job, &cost));
+            let _ = writeln!(out, "configuration: {config}");
+            let _ = writeln!(
+                out,
+                "  {} per iteration, {} tokens/s, {:.1} TFLOP/s per GPU, MFU {}, peak {:.1} GiB of {:.1} usable (stage {}): {}",
+                seconds(prediction.iteration_s),
+                render::thousands(prediction.tokens_per_s),
+                prediction.tflops_per_gpu,
+                percent(prediction.mfu),
+                prediction.peak_memory_gib(),
+                prediction.usable_memory_bytes / GIB,
+                prediction.peak_stage,
+                if prediction.fits {
+                    "fits"
+                } else {
+                    "DOES NOT FIT"
+                }
+            );
+            render::breakdown(&mut out, &prediction.time);
+            render::stage_memory(
+                &mut out,
+                &stages,
+                prediction.usable_memory_bytes,
+                prediction.peak_stage,
+            );
+            print!("{out}");
+        }
+    }
+    Ok(())
+}
+
+/// Predicts every row of a runs CSV and writes the rows back with the predictions.
+fn predict_runs(args: &PredictArgs, path: &std::path::Path) -> Result<()> {
+    let (nodes, _) = resolve::nodes(&args.common.cluster)?;
+    let cost = resolve::cost_model(args.common.cost_model.as_deref(), &nodes.gpu.name)?;
+    let defaults = resolve::row_defaults(&args.space, resolve::row_model(&args.common.model)?)?;
+    let table = RunTable::read(path)?;
+    let runs = runs_from_table(&table, &defaults, nodes.gpus_per_node)?;
+    let mut headers = table.headers.clone();
+    headers.extend(
+        [
+            "predicted_iter_ms",
+            "predicted_tflops_per_gpu",
+            "predicted_peak_memory_gib",
+            "fits",
+        ]
+        .map(String::from),
+    );
+    let rows: Vec<Vec<String>> = runs
+        .iter()
+        .zip(&table.rows)
+        .map(|(run, cells)| {
+            let scenario = paratune::cost::Scenario::new(
+                &run.model,
+                run.global_batch,
+                &nodes,
+                run.gpus,
+                &cost,
+            );
+            let p = predict(&scenario, &run.config);
+            let mut row = cells.clone();
+            row.extend([
+                format!("{:.3}", p.iteration_s * 1e3),
+                format!("{:.2}", p.tflops_per_gpu),
+                format!("{:.2}", p.peak_memory_gib()),
+                p.fits.to_string(),
+            ]);
+            row
+        })
+        .collect();
+    match args.common.format {
+        Format::Json => {
+            let objects: Vec<serde_json::Map<String, serde_json::Value>> = rows
+                .iter()
+                .map(|row| {
+                    headers
+                        .iter()
+                        .cloned()
+                        .zip(row.iter().map(|c| serde_json::Value::String(c.clone())))
+                        .collect()
+                })
+                .collect();
+            println!("{}", serde_json::to_string_pretty(&objects)?);
+        }
+        _ => write_csv(std::io::stdout().lock(), &headers, &rows)?,
+    }
+    Ok(())
+}
+
+pub fn evaluate_command(args: &EvaluateArgs) -> Result<()> {
+    let (nodes, _) = resolve::nodes(&args.common.cluster)?;
+    let cost = resolve::cost_model(args.common.cost_model.as_deref(), &nodes.gpu.name)?;
+    let defaults = resolve::row_defaults(&args.space, resolve::row_model(&args.common.model)?)?;
+    let table = RunTable::read(&args.runs)?;
+    let runs = runs_from_table(&table, &defaults, nodes.gpus_per_node)?;
+    let evaluation = evaluate(&runs, &nodes, &cost);
+    if evaluation.rows.is_empty() {
+        bail!(
+            "{}: no row has a measured time; add an iter_ms column",
+            args.runs.display()
+        );
+    }
+    let summary = evaluation.summary();
+    match args.common.format {
+        Format::Json => println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({
+                "cost_model": cost.name, "summary": summary, "groups": evaluation.groups, "rows": evaluation.rows,
+            }))?
+        ),
+        Format::Csv => {
+            let headers =
+                ["line", "group", "measured_ms", "predicted_ms", "error"].map(String::from);
+            let rows: Vec<Vec<String>> = evaluation
+                .rows
+                .iter()
+                .map(|r| {
+                    vec![
+                        r.line.to_string(),
+                        r.group.clone(),
+                        format!("{:.3}", r.measured_s * 1e3),
+                        format!("{:.3}", r.predicted_s * 1e3),
+                        format!("{:.4}", r.relative()),
+                    ]
+                })
+                .collect();
+            write_csv(std::io::stdout().lock(), &headers, &rows)?;
+        }
+        Format::Table => {
+            let mut out = String::new();
+            let _ = writeln!(
+                out,
+                "paratune evaluate: {} with cost model {}",
+                args.runs.display(),
+                cost.name
+            );
+            let _ = writeln!(out, "  rows with a measured time   {}", summary.rows);
+            let _ = writeln!(
+                out,
+                "  MAPE                        {}",
+                percent(summary.mape)
+            );
+            let _ = writeln!(
+                out,
+                "  median error                {}",
+                percent(summary.median_ape)
+            );
+            let _ = writeln!(
+                out,
+                "  90th percentile error       {}",
+                percent(summary.p90_ape)
+            );
+            let _ = writeln!(
+                out,
+                "  worst row                   line {} ({:+.1}%)",
+                summary.worst_line.unwrap_or(0),
+                summary.worst_error * 100.0
+            );
+            if summary.groups > 0 {
+                let _ = writeln!(
+                    out,
+                    "  groups (same model, GPUs, global batch; 3+ rows): {}",
+                    summary.groups
+                );
+                let _ = writeln!(
+                    out,
+                    "  mean Spearman rank correlation {:.3}",
+                    summary.mean_spearman
+                );
+                let _ = writeln!(
+                    out,
+                    "  top-1 regret: mean {}, worst {}",
+                    percent(summary.mean_top1_regret),
+                    percent(summary.max_top1_regret)
+                );
+            } else {
+                let _ = writeln!(
+                    out,
+                    "  no group has several rows: rank correlation and regret need rows that compete for the same job"
+                );
+            }
+            if args.groups {
+                let _ = writeln!(
+                    out,
+                    "\n  {:<44} {:>5} {:>9} {:>8}",
+                    "group", "rows", "Spearman", "regret"
+                );
+                for g in &evaluation.groups {
+                    let _ = writeln!(
+                        out,
+                        "  {:<44} {:>5} {:>9.3} {:>8}",
+                        g.group,
+                        g.rows,
+                        g.spearman,
+                        percent(g.top1_regret)
+                    );
+                }
+            }
+            print!("{out}");
+        }
+    }
+    Ok(())
+}
+
+pub fn models() -> Result<()> {
+    println!(
+        "{:<14} {:>9} {:>7} {:>6} {:>4} {:>7} {:>7} {:>8} {:>6} {:<5} embeddings",
+        "name", "params", "hidden", "heads", "kv", "ffn", "layers", "vocab", "seq", "mlp",
+    );
+    for name in builtin_model_names() {
+        let m = builtin_model(name).context("catalogue")?;
+        println!(
+            "{:<14} {:>8.1}B {:>7} {:>6} {:>4} {:>7} {:>7} {:>8} {:>6} {:<5} {}",
+            m.name,
+            m.total_params() / 1e9,
+            m.hidden,
+            m.heads,
+            m.kv_heads,
+            m.ffn_hidden,
+            m.layers,
+            m.vocab,
+            m.seq_len,
+            if m.gated_mlp { "gated" } else { "gelu" },
+            if m.tied_embeddings { "tied" } else { "untied" }
+        );
+    }
+    Ok(())
+}
+
+pub fn gpus() -> Result<()> {
+    println!(
+        "{:<11} {:>13} {:>9} {:>9} {:>10} {:>13} {:>15}",
+        "name", "16-bit TFLOP/s", "memory", "HBM", "GPUs/node", "intra-node", "inter-node"
+    );
+    for name in builtin_gpu_names() {
+        let node = builtin_node(name, 1).context("catalogue")?;
+        println!(
+            "{:<11} {:>13.1} {:>6.1}GiB {:>6.2}TB/s {:>10} {:>13} {:>15}",
+            node.gpu.name,
+            node.gpu.peak_flops / 1e12,
+            node.gpu.memory_bytes / GIB,
+            node.gpu.hbm_bandwidth / 1e12,
+            node.gpus_per_node,
+            node.intra_node_bw.to_string(),
+            node.inter_node_bw.to_string()
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,7 @@
+//! The command-line front end (binary only).
+
+pub mod args;
+pub mod calibrate;
+pub mod commands;
+pub mod render;
+pub mod resolve;

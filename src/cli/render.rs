@@ -1,0 +1,170 @@
+//! Text rendering for the terminal: tables, breakdowns, numbers.
+
+use paratune::config::{ParallelConfig, on_off};
+use paratune::cost::{Prediction, StageMemory, TimeBreakdown};
+use std::fmt::Write;
+
+pub const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
+
+pub fn seconds(s: f64) -> String {
+    if s >= 1.0 {
+        format!("{s:.2} s")
+    } else {
+        format!("{:.1} ms", s * 1e3)
+    }
+}
+
+pub fn thousands(x: f64) -> String {
+    let digits = format!("{:.0}", x);
+    let mut out = String::new();
+    for (i, ch) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(ch);
+    }
+    out
+}
+
+pub fn percent(x: f64) -> String {
+    format!("{:.1}%", x * 100.0)
+}
+
+/// Header and cells of the ranking table.
+pub fn ranking_header() -> String {
+    format!(
+        "{:>4} {:>3} {:>3} {:>5} {:>4} {:<14} {:<9} {:>3} {:<16} {:>5} {:>9} {:>11} {:>7} {:>6} {:>12}",
+        "#",
+        "tp",
+        "pp",
+        "dp",
+        "mb",
+        "schedule",
+        "recompute",
+        "sp",
+        "sharding",
+        "bpipe",
+        "iter",
+        "tokens/s",
+        "TFLOP/s",
+        "MFU",
+        "mem GiB"
+    )
+}
+
+pub fn schedule_name(c: &ParallelConfig) -> String {
+    if c.virtual_stages > 1 {
+        format!("{} v={}", c.schedule.name(), c.virtual_stages)
+    } else {
+        c.schedule.name().to_string()
+    }
+}
+
+pub fn ranking_row(rank: usize, c: &ParallelConfig, p: &Prediction) -> String {
+    format!(
+        "{:>4} {:>3} {:>3} {:>5} {:>4} {:<14} {:<9} {:>3} {:<16} {:>5} {:>9} {:>11} {:>7.1} {:>6} {:>12}",
+        rank,
+        c.tp,
+        c.pp,
+        c.dp,
+        c.micro_batch,
+        schedule_name(c),
+        c.recompute.name(),
+        on_off(c.sequence_parallel),
+        c.optimizer_sharding.name(),
+        on_off(c.bpipe),
+        seconds(p.iteration_s),
+        thousands(p.tokens_per_s),
+        p.tflops_per_gpu,
+        percent(p.mfu),
+        format!(
+            "{:.1}/{:.1}",
+            p.peak_memory_bytes / GIB,
+            p.usable_memory_bytes / GIB
+        ),
+    )
+}
+
+pub fn breakdown(out: &mut String, time: &TimeBreakdown) {
+    let total = time.total();
+    let _ = writeln!(out, "  time per iteration: {}", seconds(total));
+    for (name, value) in time.parts() {
+        if value > 0.0 {
+            let _ = writeln!(
+                out,
+                "    {:<30} {:>10} {:>7}",
+                name,
+                seconds(value),
+                percent(value / total)
+            );
+        }
+    }
+}
+
+/// Memory per stage; long pipelines show the first, the peak and the last
+/// stages and say how many were left out.
+pub fn stage_memory(out: &mut String, stages: &[StageMemory], usable: f64, peak_stage: u64) {
+    let _ = writeln!(
+        out,
+        "  memory per GPU by pipeline stage (GiB; usable {:.1}):",
+        usable / GIB
+    );
+    let _ = writeln!(
+        out,
+        "    {:>5} {:>8} {:>9} {:>9} {:>11} {:>9} {:>8} {:>8} {:>8}  fits",
+        "stage",
+        "weights",
+        "gradients",
+        "optimizer",
+        "activations",
+        "in-flight",
+        "buffers",
+        "runtime",
+        "total",
+    );
+    let show = |i: usize| i < 2 || i + 2 >= stages.len() || i as u64 == peak_stage;
+    let mut skipped = 0;
+    for (i, s) in stages.iter().enumerate() {
+        if !show(i) {
+            skipped += 1;
+            continue;
+        }
+        if skipped > 0 {
+            let _ = writeln!(
+                out,
+                "    ... {skipped} stage(s) between, each below the peak"
+            );
+            skipped = 0;
+        }
+        let _ = writeln!(
+            out,
+            "    {:>5} {:>8.2} {:>9.2} {:>9.2} {:>11.2} {:>9.1} {:>8.2} {:>8.2} {:>8.2}  {}",
+            s.stage,
+            s.weights / GIB,
+            s.gradients / GIB,
+            s.optimizer_states / GIB,
+            s.activations / GIB,
+            s.in_flight,
+            s.buffers / GIB,
+            s.runtime_overhead / GIB,
+            s.total() / GIB,
+            if s.total() <= usable { "yes" } else { "NO" }
+        );
+    }
+}
+
+/// The largest differences between two breakdowns, as "+0.31 s pipeline bubble".
+pub fn differences(diffs: &[(&'static str, f64)], limit: usize) -> String {
+    diffs
+        .iter()
+        .take(limit)
+        .map(|(name, delta)| {
+            format!(
+                "{}{} {name}",
+                if *delta >= 0.0 { "+" } else { "-" },
+                seconds(delta.abs())
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}

@@ -1,0 +1,382 @@
+//! Turning command-line arguments into library values, with errors that
+//! name the flag and the fix.
+
+use super::args::{ClusterArgs, CommonArgs, ModelArgs, SpaceArgs};
+use anyhow::{Context, Result, anyhow, bail};
+use paratune::cluster::{NodeGroup, builtin_gpu_names, builtin_node, load_cluster_file};
+use paratune::coefficients::{
+    CostModel, builtin_cost_model, builtin_cost_model_names, default_cost_model_name,
+    load_cost_model,
+};
+use paratune::config::{OptimizerSharding, ParallelConfig, Recompute, ScheduleKind};
+use paratune::model::{
+    AttentionKind, ModelSpec, builtin_model, builtin_model_names, load_model_file,
+};
+use paratune::runs::{RowDefaults, parse_choice, parse_switch};
+use paratune::search::{Job, SearchSpace};
+use paratune::suggest::did_you_mean;
+use std::path::Path;
+
+pub fn model(args: &ModelArgs) -> Result<ModelSpec> {
+    let mut model = match &args.model {
+        Some(name) if name.ends_with(".toml") || Path::new(name).is_file() => {
+            load_model_file(Path::new(name))?
+        }
+        Some(name) => builtin_model(name).ok_or_else(|| {
+            anyhow!(
+                "--model: unknown model `{name}`{}; or give a model TOML file",
+                did_you_mean(name, &builtin_model_names())
+            )
+        })?,
+        None => {
+            let (Some(hidden), Some(heads), Some(layers)) = (args.hidden, args.heads, args.layers)
+            else {
+                bail!(
+                    "no model: give --model NAME (see `paratune models`) or the dimensions --hidden, --heads and --layers"
+                );
+            };
+            let name = format!("gpt-h{hidden}-L{layers}");
+            ModelSpec::gpt(&name, hidden, heads, layers, 51200, 2048)
+        }
+    };
+    if let Some(hidden) = args.hidden {
+        if args.ffn_hidden.is_none() && args.model.is_some() {
+            model.ffn_hidden = model.ffn_hidden * hidden / model.hidden;
+        }
+        model.hidden = hidden;
+    }
+    if let Some(heads) = args.heads {
+        if model.kv_heads == model.heads {
+            model.kv_heads = heads;
+        }
+        model.heads = heads;
+    }
+    let overrides = [
+        (args.kv_heads, &mut model.kv_heads),
+        (args.ffn_hidden, &mut model.ffn_hidden),
+        (args.layers, &mut model.layers),
+        (args.vocab, &mut model.vocab),
+        (args.seq_len, &mut model.seq_len),
+    ];
+    for (value, field) in overrides {
+        if let Some(v) = value {
+            *field = v;
+        }
+    }
+    if let Some(text) = &args.gated_mlp {
+        model.gated_mlp = parse_switch("--gated-mlp", text).map_err(|e| anyhow!(e))?;
+    }
+    if let Some(text) = &args.tied_embeddings {
+        model.tied_embeddings = parse_switch("--tied-embeddings", text).map_err(|e| anyhow!(e))?;
+    }
+    model.check().map_err(|e| anyhow!(e))?;
+    Ok(model)
+}
+
+/// The node group and the number of GPUs the job uses.
+pub fn nodes(args: &ClusterArgs) -> Result<(NodeGroup, u64)> {
+    let mut group = match (&args.cluster, &args.gpu) {
+        (Some(path), _) => {
+            let cluster = load_cluster_file(path)?;
+            cluster
+                .homogeneous()
+                .map_err(|e| anyhow!("{}: {e}", path.display()))?
+                .clone()
+        }
+        (None, Some(gpu)) => builtin_node(gpu, 1).ok_or_else(|| {
+            anyhow!(
+                "--gpu: unknown GPU `{gpu}`{}",
+                did_you_mean(gpu, &builtin_gpu_names())
+            )
+        })?,
+        (None, None) => bail!("no GPU: give --gpu NAME (see `paratune gpus`) or --cluster FILE"),
+    };
+    if let Some(nodes) = args.nodes {
+        if nodes == 0 {
+            bail!("--nodes must be at least 1");
+        }
+        group.nodes = nodes;
+    }
+    if let Some(per_node) = args.gpus_per_node {
+        if per_node == 0 {
+            bail!("--gpus-per-node must be at least 1");
+        }
+        group.gpus_per_node = per_node;
+    }
+    if let Some(bw) = args.intra_node_bw {
+        group.intra_node_bw = bw;
+    }
+    if let Some(bw) = args.inter_node_bw {
+        group.inter_node_bw = bw;
+    }
+    let gpus = args.gpus.unwrap_or(group.nodes * group.gpus_per_node);
+    if args.gpus.is_some() && args.nodes.is_none() {
+        group.nodes = group.nodes.max(gpus.div_ceil(group.gpus_per_node));
+    }
+    Ok((group, gpus))
+}
+
+pub fn job(common: &CommonArgs) -> Result<Job> {
+    let model = model(&common.model)?;
+    let (nodes, gpus) = nodes(&common.cluster)?;
+    let global_batch = common
+        .global_batch
+        .ok_or_else(|| anyhow!("--global-batch is required (sequences per iteration)"))?;
+    let job = Job {
+        model,
+        global_batch,
+        gpus,
+        nodes,
+        memory_limit: common.cluster.memory_limit.map(|b| b.0),
+    };
+    job.check().map_err(|e| anyhow!(e))?;
+    Ok(job)
+}
+
+pub fn cost_model(name: Option<&str>, gpu_name: &str) -> Result<CostModel> {
+    match name {
+        None => Ok(builtin_cost_model(default_cost_model_name(gpu_name)).expect("shipped")),
+        Some(name) => {
+            if let Some(model) = builtin_cost_model(name) {
+                return Ok(model);
+            }
+            let path = Path::new(name);
+            if !path.exists() {
+                bail!(
+                    "--cost-model: `{name}` is neither a file nor a built-in cost model{}",
+                    did_you_mean(name, &builtin_cost_model_names())
+                );
+            }
+            Ok(load_cost_model(path)?)
+        }
+    }
+}
+
+fn choices<T: Copy>(
+    flag: &str,
+    values: &Option<Vec<String>>,
+    all: &[(&str, T)],
+) -> Result<Option<Vec<T>>> {
+    values
+        .as_ref()
+        .map(|texts| {
+            texts
+                .iter()
+                .map(|t| parse_choice(flag, t, all).map_err(|e| anyhow!(e)))
+                .collect()
+        })
+        .transpose()
+}
+
+fn switches(flag: &str, values: &Option<Vec<String>>) -> Result<Option<Vec<bool>>> {
+    values
+        .as_ref()
+        .map(|texts| {
+            texts
+                .iter()
+                .map(|t| parse_switch(flag, t).map_err(|e| anyhow!(e)))
+                .collect()
+        })
+        .transpose()
+}
+
+fn positive(flag: &str, values: &Option<Vec<u64>>) -> Result<Option<Vec<u64>>> {
+    if values.as_ref().is_some_and(|list| list.contains(&0)) {
+        bail!("{flag} values must be at least 1");
+    }
+    Ok(values.clone())
+}
+
+pub fn space(args: &SpaceArgs) -> Result<SearchSpace> {
+    Ok(SearchSpace {
+        tp: positive("--tp", &args.tp)?,
+        pp: positive("--pp", &args.pp)?,
+        dp: positive("--dp", &args.dp)?,
+        micro_batch: positive("--micro-batch", &args.micro_batch)?,
+        schedule: choices(
+            "--schedule",
+            &args.schedule,
+            &ScheduleKind::ALL.map(|k| (k.name(), k)),
+        )?,
+        virtual_stages: positive("--virtual-stages", &args.virtual_stages)?,
+        recompute: choices(
+            "--recompute",
+            &args.recompute,
+            &Recompute::ALL.map(|k| (k.name(), k)),
+        )?,
+        sequence_parallel: switches("--sequence-parallel", &args.sequence_parallel)?,
+        optimizer_sharding: choices(
+            "--optimizer-sharding",
+            &args.optimizer_sharding,
+            &OptimizerSharding::ALL.map(|k| (k.name(), k)),
+        )?,
+        bpipe: switches("--bpipe", &args.bpipe)?,
+        attention: choices(
+            "--attention",
+            &args.attention,
+            &AttentionKind::ALL.map(|k| (k.name(), k)),
+        )?,
+    })
+}
+
+/// The single value of a dimension for `predict`, or its default.
+fn single<T: Clone>(flag: &str, values: &Option<Vec<T>>, default: T) -> Result<T> {
+    match values.as_deref() {
+        None => Ok(default),
+        Some([one]) => Ok(one.clone()),
+        Some(_) => bail!(
+            "predict evaluates one configuration: give one value for {flag} (or use `paratune plan` to compare several)"
+        ),
+    }
+}
+
+/// The one configuration `predict` evaluates; degrees not given default to
+/// tp 1, pp 1 and dp = GPUs / (tp x pp).
+pub fn single_config(args: &SpaceArgs, job: &Job) -> Result<ParallelConfig> {
+    let space = space(args)?;
+    let tp = single("--tp", &space.tp, 1)?;
+    let pp = single("--pp", &space.pp, 1)?;
+    let dp = single("--dp", &space.dp, job.gpus / (tp * pp).max(1))?;
+    let schedule = single("--schedule", &space.schedule, ScheduleKind::OneFOneB)?;
+    let virtual_stages = single("--virtual-stages", &space.virtual_stages, 1)?;
+    if schedule == ScheduleKind::Interleaved && space.virtual_stages.is_none() {
+        bail!(
+            "--schedule interleaved needs --virtual-stages N (model chunks per pipeline rank, at least 2)"
+        );
+    }
+    let config = ParallelConfig {
+        tp,
+        pp,
+        dp,
+        micro_batch: single("--micro-batch", &space.micro_batch, 1)?,
+        schedule,
+        virtual_stages,
+        recompute: single("--recompute", &space.recompute, Recompute::None)?,
+        sequence_parallel: single("--sequence-parallel", &space.sequence_parallel, false)?,
+        optimizer_sharding: single(
+            "--optimizer-sharding",
+            &space.optimizer_sharding,
+            OptimizerSharding::None,
+        )?,
+        bpipe: single("--bpipe", &space.bpipe, false)?,
+        attention: single("--attention", &space.attention, job.model.attention)?,
+    };
+    config
+        .check(&job.model, job.global_batch, job.gpus, job.gpus_per_node())
+        .map_err(|e| anyhow!(e))?;
+    Ok(config)
+}
+
+/// Column defaults for run tables: the flags' single values.
+pub fn row_defaults(args: &SpaceArgs, model: ModelSpec) -> Result<RowDefaults> {
+    let space = space(args)?;
+    let mut model = model;
+    model.attention = single("--attention", &space.attention, model.attention)?;
+    Ok(RowDefaults {
+        recompute: single("--recompute", &space.recompute, Recompute::None)?,
+        sequence_parallel: single("--sequence-parallel", &space.sequence_parallel, false)?,
+        schedule: single("--schedule", &space.schedule, ScheduleKind::OneFOneB)?,
+        virtual_stages: single("--virtual-stages", &space.virtual_stages, 1)?,
+        bpipe: single("--bpipe", &space.bpipe, false)?,
+        optimizer_sharding: single(
+            "--optimizer-sharding",
+            &space.optimizer_sharding,
+            OptimizerSharding::None,
+        )?,
+        model,
+    })
+}
+
+/// The model template for run tables: `--model` or GPT-style defaults, the
+/// rows filling in their own dimensions.
+pub fn row_model(args: &ModelArgs) -> Result<ModelSpec> {
+    if args.model.is_some()
+        || (args.hidden.is_some() && args.heads.is_some() && args.layers.is_some())
+    {
+        return model(args);
+    }
+    let mut m = ModelSpec::gpt(
+        "runs",
+        1024,
+        16,
+        24,
+        args.vocab.unwrap_or(51200),
+        args.seq_len.unwrap_or(2048),
+    );
+    if let Some(text) = &args.tied_embeddings {
+        m.tied_embeddings = parse_switch("--tied-embeddings", text).map_err(|e| anyhow!(e))?;
+    }
+    Ok(m)
+}
+
+/// Reads a `key=value,...` configuration for `--explain`; keys not given
+/// come from `base`.
+pub fn config_spec(spec: &str, base: &ParallelConfig) -> Result<ParallelConfig> {
+    let mut c = *base;
+    let keys = [
+        "tp",
+        "pp",
+        "dp",
+        "mb",
+        "micro_batch",
+        "schedule",
+        "v",
+        "virtual_stages",
+        "recompute",
+        "sp",
+        "sequence_parallel",
+        "sharding",
+        "optimizer_sharding",
+        "bpipe",
+        "attention",
+    ];
+    for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let (key, value) = item
+            .split_once('=')
+            .ok_or_else(|| anyhow!("--explain: `{item}` is not key=value (e.g. tp=8,pp=4,mb=1)"))?;
+        let (key, value) = (key.trim(), value.trim());
+        let number = || -> Result<u64> {
+            value.parse().with_context(|| {
+                format!("--explain: {key} must be a whole number, found `{value}`")
+            })
+        };
+        let e = |m: String| anyhow!("--explain: {m}");
+        match key {
+            "tp" => c.tp = number()?,
+            "pp" => c.pp = number()?,
+            "dp" => c.dp = number()?,
+            "mb" | "micro_batch" => c.micro_batch = number()?,
+            "v" | "virtual_stages" => c.virtual_stages = number()?,
+            "schedule" => {
+                c.schedule = parse_choice(key, value, &ScheduleKind::ALL.map(|k| (k.name(), k)))
+                    .map_err(e)?;
+                if c.schedule != ScheduleKind::Interleaved {
+                    c.virtual_stages = 1;
+                }
+            }
+            "recompute" => {
+                c.recompute =
+                    parse_choice(key, value, &Recompute::ALL.map(|k| (k.name(), k))).map_err(e)?
+            }
+            "sp" | "sequence_parallel" => {
+                c.sequence_parallel = parse_switch(key, value).map_err(e)?
+            }
+            "sharding" | "optimizer_sharding" => {
+                c.optimizer_sharding =
+                    parse_choice(key, value, &OptimizerSharding::ALL.map(|k| (k.name(), k)))
+                        .map_err(e)?
+            }
+            "bpipe" => c.bpipe = parse_switch(key, value).map_err(e)?,
+            "attention" => {
+                c.attention = parse_choice(key, value, &AttentionKind::ALL.map(|k| (k.name(), k)))
+                    .map_err(e)?
+            }
+            _ => bail!("--explain: unknown key `{key}`{}", did_you_mean(key, &keys)),
+        }
+    }
+    // A new tp or pp without a dp keeps the GPU count.
+    if (spec.contains("tp=") || spec.contains("pp=")) && !spec.contains("dp=") {
+        c.dp = (base.tp * base.pp * base.dp) / (c.tp * c.pp).max(1);
+    }
+    Ok(c)
+}
