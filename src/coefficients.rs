@@ -74,6 +74,9 @@ coefficients! {
     gemm_dim_half: "elements", [1.0, 4096.0], 64.0,
         "a GEMM dimension this small halves its efficiency (tile under-fill, wave quantisation)",
         "half of a 128-wide cuBLAS tile: a dimension d fills d/(d+64) of the tile work on average";
+    output_head_efficiency: "fraction of peak", [0.05, 1.0], 0.80,
+        "tensor-core efficiency of the output head's vocabulary GEMMs (forward, both gradients)",
+        "as gemm_efficiency; kept apart because vocabularies are often not multiples of the tile (50,257) and the head's gradients may be formed in fp32";
     attention_efficiency_flash: "fraction of peak", [0.05, 1.0], 0.55,
         "efficiency of fused (flash) attention, forward and backward",
         "FlashAttention-2 (Dao, 2023) reports 50-73% of A100 peak forward, 40-60% backward";

@@ -5,19 +5,18 @@ use super::Scenario;
 /// Bytes per 16-bit element.
 pub const HALF: f64 = 2.0;
 
-/// Tensor-core efficiency of a GEMM: the large-GEMM efficiency, reduced for
-/// each dimension that under-fills a tile (`d / (d + d_half)`).
-fn gemm_efficiency(s: &Scenario, m: f64, n: f64, k: f64) -> f64 {
-    let c = s.coef();
-    let fill = |d: f64| d / (d + c.gemm_dim_half);
-    c.gemm_efficiency * fill(m) * fill(n) * fill(k)
+/// Tensor-core efficiency of a GEMM: the large-GEMM efficiency `peak_fraction`,
+/// reduced for each dimension that under-fills a tile (`d / (d + d_half)`).
+fn gemm_efficiency(s: &Scenario, peak_fraction: f64, m: f64, n: f64, k: f64) -> f64 {
+    let fill = |d: f64| d / (d + s.coef().gemm_dim_half);
+    peak_fraction * fill(m) * fill(n) * fill(k)
 }
 
 /// Forward time of `C[m x n] = A[m x k] B[k x n]` in 16-bit: the slower of its
 /// compute time at the achieved efficiency and its memory time.
-pub fn gemm(s: &Scenario, m: f64, n: f64, k: f64) -> f64 {
+fn gemm_at(s: &Scenario, peak_fraction: f64, m: f64, n: f64, k: f64) -> f64 {
     let flops = 2.0 * m * n * k;
-    let compute = flops / (s.gpu.peak_flops * gemm_efficiency(s, m, n, k));
+    let compute = flops / (s.gpu.peak_flops * gemm_efficiency(s, peak_fraction, m, n, k));
     let bytes = HALF * (m * k + k * n + m * n);
     compute.max(memory_pass(s, bytes))
 }
@@ -25,9 +24,23 @@ pub fn gemm(s: &Scenario, m: f64, n: f64, k: f64) -> f64 {
 /// Forward plus backward (input and weight gradients) of one linear layer
 /// over `tokens` rows, `input` to `output` features.
 pub fn linear_forward_backward(s: &Scenario, tokens: f64, input: f64, output: f64) -> (f64, f64) {
-    let forward = gemm(s, tokens, output, input);
-    let input_grad = gemm(s, tokens, input, output);
-    let weight_grad = gemm(s, input, output, tokens);
+    linear_at(s, s.coef().gemm_efficiency, tokens, input, output)
+}
+
+/// [`linear_forward_backward`] for the output head, at its own efficiency.
+pub fn output_head_forward_backward(
+    s: &Scenario,
+    tokens: f64,
+    hidden: f64,
+    vocab: f64,
+) -> (f64, f64) {
+    linear_at(s, s.coef().output_head_efficiency, tokens, hidden, vocab)
+}
+
+fn linear_at(s: &Scenario, peak_fraction: f64, tokens: f64, input: f64, output: f64) -> (f64, f64) {
+    let forward = gemm_at(s, peak_fraction, tokens, output, input);
+    let input_grad = gemm_at(s, peak_fraction, tokens, input, output);
+    let weight_grad = gemm_at(s, peak_fraction, input, output, tokens);
     (forward, input_grad + weight_grad)
 }
 

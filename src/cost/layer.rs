@@ -217,7 +217,7 @@ pub fn pipeline_ends_time(s: &Scenario, c: &ParallelConfig) -> EndsTime {
     let embedding_grad =
         kernels::memory_pass(s, 12.0 * vocab_shard * h) * k.elementwise_traffic_scale;
     let embedding_lookup = kernels::memory_pass(s, 2.0 * HALF * tokens * h);
-    let (head_fwd, head_bwd) = kernels::linear_forward_backward(s, tokens, h, vocab_shard);
+    let (head_fwd, head_bwd) = kernels::output_head_forward_backward(s, tokens, h, vocab_shard);
     let cross_entropy =
         kernels::memory_pass(s, k.cross_entropy_bytes_per_logit * tokens * vocab_shard);
     // The head's weight gradient is accumulated into fp32 main gradients.
