@@ -197,7 +197,35 @@ pub struct CostModel {
     pub provenance: BTreeMap<String, toml::Value>,
 }
 
+/// How far a fitted model's predictions fall from measurements it did not
+/// see (cross-validated), as recorded in its provenance.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Uncertainty {
+    pub mape: f64,
+    /// Nine predictions in ten were within this relative error.
+    pub p90: f64,
+    /// Rows the figures come from.
+    pub rows: u64,
+}
+
 impl CostModel {
+    /// The cross-validated error of a fitted model; `None` for a model
+    /// fitted to nothing.
+    pub fn uncertainty(&self) -> Option<Uncertainty> {
+        let number = |key: &str| self.provenance.get(key).and_then(toml::Value::as_float);
+        let rows = self
+            .provenance
+            .get("fitted_on")
+            .and_then(toml::Value::as_table)
+            .map(|t| t.values().filter_map(toml::Value::as_integer).sum::<i64>() as u64)
+            .unwrap_or(0);
+        Some(Uncertainty {
+            mape: number("cv_mape")?,
+            p90: number("cv_p90_ape")?,
+            rows,
+        })
+    }
+
     pub fn datasheet() -> Self {
         CostModel {
             name: "datasheet".into(),
@@ -341,7 +369,13 @@ pub fn save_cost_model(model: &CostModel, path: &Path) -> Result<(), CostModelFi
 
 /// Cost models shipped in `cost_models/`, compiled in so that a binary
 /// carried to another machine has them.
-const BUILTIN: &[(&str, &str)] = &[("datasheet", include_str!("../cost_models/datasheet.toml"))];
+const BUILTIN: &[(&str, &str)] = &[
+    ("datasheet", include_str!("../cost_models/datasheet.toml")),
+    (
+        "a100-megatron",
+        include_str!("../cost_models/a100-megatron.toml"),
+    ),
+];
 
 pub fn builtin_cost_model_names() -> Vec<&'static str> {
     BUILTIN.iter().map(|(name, _)| *name).collect()
@@ -355,9 +389,14 @@ pub fn builtin_cost_model(name: &str) -> Option<CostModel> {
     )
 }
 
-/// The shipped cost model to use for a GPU when none is named.
-pub fn default_cost_model_name(_gpu_name: &str) -> &'static str {
-    "datasheet"
+/// The shipped cost model to use for a GPU when none is named: the model
+/// fitted on A100 measurements for A100s, the datasheet priors elsewhere.
+pub fn default_cost_model_name(gpu_name: &str) -> &'static str {
+    if gpu_name.to_lowercase().starts_with("a100") {
+        "a100-megatron"
+    } else {
+        "datasheet"
+    }
 }
 
 #[cfg(test)]

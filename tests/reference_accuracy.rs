@@ -88,3 +88,72 @@ fn datasheet_model_on_the_sc21_table() {
     assert!(s.mape < 0.08, "MAPE {}", s.mape);
     assert!(s.worst_error.abs() < 0.15, "worst {}", s.worst_error);
 }
+
+/// The shipped `cost_models/a100-megatron.toml` is what the README's
+/// calibration command produces: refitting with the same data and seed gives
+/// the same coefficients, and its recorded cross-validated error is real.
+#[test]
+fn the_shipped_a100_model_is_reproducible_and_its_cross_validated_error_holds() {
+    use paratune::calibrate::{
+        COLLECTIVE_COEFFICIENTS, Dataset, FitOptions, calibrate, fit_collectives, read_nccl_table,
+    };
+    let shipped = builtin_cost_model("a100-megatron").unwrap();
+    let nodes = builtin_node("a100-80gb", 400).unwrap();
+    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/reference");
+    let samples = read_nccl_table(&data.join("a100_nccl_allreduce.csv")).unwrap();
+    let (prior, _) =
+        fit_collectives(&samples, &nodes, &builtin_cost_model("datasheet").unwrap()).unwrap();
+    let datasets = [
+        Dataset {
+            name: "a100_single_node_runs".into(),
+            runs: reference_runs("a100_single_node_runs.csv", 50257, 1024),
+            group: nodes.clone(),
+        },
+        Dataset {
+            name: "megatron_sc21_table1".into(),
+            runs: reference_runs("megatron_sc21_table1.csv", 51200, 2048),
+            group: nodes.clone(),
+        },
+    ];
+    let options = FitOptions {
+        seed: 7,
+        bootstrap: 0,
+        pinned: COLLECTIVE_COEFFICIENTS
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
+        ..FitOptions::default()
+    };
+    let fit = calibrate(&datasets, &prior, "a100-megatron", &options).unwrap();
+    for info in paratune::coefficients::Coefficients::INFO {
+        let (mine, theirs) = (
+            fit.model.coefficients.get(info.name).unwrap(),
+            shipped.coefficients.get(info.name).unwrap(),
+        );
+        assert!(
+            (mine - theirs).abs() <= 1e-9 * theirs.abs().max(1.0),
+            "{}: refit {mine} but shipped {theirs}; regenerate cost_models/a100-megatron.toml with the README's command",
+            info.name
+        );
+    }
+    let cv = |name: &str| {
+        fit.cross_validated
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, f)| f.clone())
+            .unwrap()
+    };
+    let single = cv("a100_single_node_runs");
+    let sc21 = cv("megatron_sc21_table1");
+    eprintln!("cross-validated: single node {single:?}\nSC'21 {sc21:?}");
+    assert!(single.mape < 0.07, "single-node CV MAPE {}", single.mape);
+    assert!(
+        single.mean_spearman > 0.9,
+        "Spearman {}",
+        single.mean_spearman
+    );
+    assert!(sc21.mape < 0.06, "SC'21 CV MAPE {}", sc21.mape);
+    // The fit beats the datasheet priors on rows it did not see.
+    let prior_single = &fit.prior_cross_validated[0].1;
+    assert!(single.mape < prior_single.mape / 2.0);
+}

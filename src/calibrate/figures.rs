@@ -14,6 +14,9 @@ pub struct ErrorFigures {
     pub mape: f64,
     /// Median absolute relative error (nearest rank).
     pub median_ape: f64,
+    /// 90th-percentile absolute relative error: the width of the band that
+    /// holds nine predictions in ten.
+    pub p90_ape: f64,
     /// Dataset and 1-based file line of the row with the largest error.
     pub worst_line: Option<(String, usize)>,
     /// Signed relative error of that row.
@@ -111,6 +114,7 @@ fn figures_of(
         rows: members.len(),
         mape: mean(&ape),
         median_ape: nearest_rank(&ape, 0.5),
+        p90_ape: nearest_rank(&ape, 0.9),
         worst_line: worst.map(|i| (dataset_names[rows[i].dataset].clone(), rows[i].run.line)),
         worst_error: worst.map(relative).unwrap_or(f64::NAN),
         mean_spearman: mean(&spearmans),

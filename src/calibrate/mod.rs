@@ -14,6 +14,7 @@
 //! give honest error figures and 95% intervals. Everything is deterministic
 //! for a given seed.
 
+mod collectives;
 mod figures;
 mod fit;
 mod report;
@@ -22,6 +23,9 @@ mod util;
 #[cfg(test)]
 mod tests;
 
+pub use collectives::{
+    COLLECTIVE_COEFFICIENTS, CollectiveFit, CollectiveSample, fit_collectives, read_nccl_table,
+};
 pub use figures::{ErrorFigures, OVERALL, overall};
 pub use report::render_report;
 
@@ -60,6 +64,10 @@ pub struct FitOptions {
     pub bootstrap: usize,
     /// Fraction of rows (per dataset) held out of everything, e.g. 0.3.
     pub holdout: Option<f64>,
+    /// Coefficients measured separately (e.g. collective coefficients fitted
+    /// to nccl-tests curves by [`fit_collectives`]): they keep the prior's
+    /// value whatever `free` says.
+    pub pinned: Vec<String>,
     /// Nelder-Mead iterations per leg of a fit (a fit runs three legs;
     /// bootstrap refits start from the fit and run one shorter leg).
     pub max_iters: u64,
@@ -73,6 +81,7 @@ impl Default for FitOptions {
             folds: 5,
             bootstrap: 20,
             holdout: None,
+            pinned: Vec::new(),
             max_iters: 1500,
         }
     }
@@ -377,6 +386,8 @@ pub fn calibrate(
                 fit.status = FitStatus::Fitted;
                 free.push(FreeParam { info });
             }
+        } else if opts.pinned.iter().any(|p| p == info.name) {
+            fit.note = "pinned to a separate measurement (see provenance)".into();
         } else {
             fit.note = "not in the fit list".into();
         }
@@ -620,15 +631,16 @@ pub fn calibrate(
 /// Names the fit may move: the fit list (checked) or every coefficient.
 fn candidate_names(opts: &FitOptions) -> Result<Vec<&'static str>, CalibrateError> {
     let known: Vec<&'static str> = Coefficients::INFO.iter().map(|i| i.name).collect();
+    let pinned = |name: &str| opts.pinned.iter().any(|p| p == name);
     match &opts.free {
-        None => Ok(known),
+        None => Ok(known.iter().copied().filter(|k| !pinned(k)).collect()),
         Some(list) => {
             let mut out = Vec::new();
             for wanted in list {
                 let wanted = wanted.trim();
                 match known.iter().find(|k| **k == wanted) {
                     Some(k) => {
-                        if !out.contains(k) {
+                        if !out.contains(k) && !pinned(k) {
                             out.push(*k);
                         }
                     }

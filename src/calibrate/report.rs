@@ -41,6 +41,7 @@ fn put_figures(t: &mut toml::Table, prefix: &str, f: &ErrorFigures) {
     };
     put("mape", f.mape);
     put("median_ape", f.median_ape);
+    put("p90_ape", f.p90_ape);
     put("worst", f.worst_error);
     put("mean_spearman", f.mean_spearman);
     put("mean_top1_regret", f.mean_top1_regret);
@@ -216,8 +217,8 @@ fn comparison(
 ) {
     let _ = writeln!(out, "\n### {title}\n\n{what}\n");
     out.push_str(
-        "| dataset | model | rows | MAPE | median APE | worst row | mean Spearman | top-1 regret mean / max |\n\
-         |---|---|---:|---:|---:|---|---|---|\n",
+        "| dataset | model | rows | MAPE | median APE | 90th pct APE | worst row | mean Spearman | top-1 regret mean / max |\n\
+         |---|---|---:|---:|---:|---:|---|---|---|\n",
     );
     for (name, after) in fitted {
         let shown = if name == OVERALL {
@@ -235,10 +236,11 @@ fn comparison(
 fn row(out: &mut String, dataset: &str, model: &str, f: &ErrorFigures) {
     let _ = writeln!(
         out,
-        "| {dataset} | {model} | {} | {} | {} | {} | {} | {} |",
+        "| {dataset} | {model} | {} | {} | {} | {} | {} | {} | {} |",
         f.rows,
         pct(f.mape),
         pct(f.median_ape),
+        pct(f.p90_ape),
         worst(f),
         spearman(f),
         regret(f)

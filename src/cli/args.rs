@@ -228,6 +228,10 @@ pub struct CalibrateArgs {
     /// Bootstrap refits for the confidence intervals.
     #[arg(long, default_value_t = 20)]
     pub bootstrap: usize,
+    /// nccl-tests all-reduce measurements (gpus, bytes, out_of_place_us) to fit the
+    /// collective coefficients to first; the iteration-time fit then keeps them.
+    #[arg(long)]
+    pub collectives: Option<PathBuf>,
     /// Name of the fitted cost model.
     #[arg(long)]
     pub name: Option<String>,

@@ -1,8 +1,212 @@
-//! `paratune calibrate` (wired to the calibration library).
+//! `paratune calibrate`: fit a cost model to measured runs and write it,
+//! with its report beside it.
 
-use super::args::CalibrateArgs;
-use anyhow::{Result, bail};
+use super::args::{CalibrateArgs, Format};
+use super::resolve;
+use anyhow::{Context, Result, anyhow, bail};
+use paratune::calibrate::{
+    COLLECTIVE_COEFFICIENTS, Dataset, FitOptions, calibrate, fit_collectives, read_nccl_table,
+    render_report,
+};
+use paratune::coefficients::save_cost_model;
+use paratune::runs::{RunTable, runs_from_table, write_atomically};
+use paratune::units::Bandwidth;
+use std::path::{Path, PathBuf};
 
-pub fn run(_args: &CalibrateArgs) -> Result<()> {
-    bail!("calibrate: not available yet")
+/// Keys a `--runs FILE:key=value,...` may set for that file alone.
+const FILE_KEYS: [&str; 10] = [
+    "vocab",
+    "seq_len",
+    "recompute",
+    "attention",
+    "schedule",
+    "sequence_parallel",
+    "optimizer_sharding",
+    "gpus_per_node",
+    "intra_node_bw",
+    "inter_node_bw",
+];
+
+/// Splits `FILE:key=value,key=value` into the file and its settings.
+fn split_spec(spec: &Path) -> Result<(PathBuf, Vec<(String, String)>)> {
+    let text = spec.to_string_lossy();
+    let Some((file, settings)) = text.rsplit_once(':').filter(|(_, s)| s.contains('=')) else {
+        return Ok((spec.to_path_buf(), Vec::new()));
+    };
+    let mut pairs = Vec::new();
+    for item in settings.split(',').filter(|s| !s.trim().is_empty()) {
+        let (key, value) = item
+            .split_once('=')
+            .ok_or_else(|| anyhow!("--runs {text}: `{item}` is not key=value"))?;
+        let key = key.trim();
+        if !FILE_KEYS.contains(&key) {
+            bail!(
+                "--runs {text}: unknown setting `{key}`{}",
+                paratune::suggest::did_you_mean(key, &FILE_KEYS)
+            );
+        }
+        pairs.push((key.to_string(), value.trim().to_string()));
+    }
+    Ok((PathBuf::from(file), pairs))
+}
+
+fn dataset(spec: &Path, args: &CalibrateArgs) -> Result<Dataset> {
+    let (file, settings) = split_spec(spec)?;
+    let mut model_args = args.common.model.clone();
+    let mut space_args = args.space.clone();
+    let mut cluster_args = args.common.cluster.clone();
+    let mut intra = None;
+    let mut inter = None;
+    for (key, value) in &settings {
+        let number = || -> Result<u64> {
+            value
+                .parse()
+                .with_context(|| format!("--runs {}: {key} must be a whole number", spec.display()))
+        };
+        let bandwidth = || -> Result<Bandwidth> {
+            value
+                .parse::<Bandwidth>()
+                .map_err(|e| anyhow!("--runs {}: {key}: {e}", spec.display()))
+        };
+        match key.as_str() {
+            "vocab" => model_args.vocab = Some(number()?),
+            "seq_len" => model_args.seq_len = Some(number()?),
+            "gpus_per_node" => cluster_args.gpus_per_node = Some(number()?),
+            "recompute" => space_args.recompute = Some(vec![value.clone()]),
+            "attention" => space_args.attention = Some(vec![value.clone()]),
+            "schedule" => space_args.schedule = Some(vec![value.clone()]),
+            "sequence_parallel" => space_args.sequence_parallel = Some(vec![value.clone()]),
+            "optimizer_sharding" => space_args.optimizer_sharding = Some(vec![value.clone()]),
+            "intra_node_bw" => intra = Some(bandwidth()?),
+            "inter_node_bw" => inter = Some(bandwidth()?),
+            _ => unreachable!("split_spec admits only FILE_KEYS"),
+        }
+    }
+    let (mut group, _) = resolve::nodes(&cluster_args)?;
+    if let Some(bw) = intra {
+        group.intra_node_bw = bw;
+    }
+    if let Some(bw) = inter {
+        group.inter_node_bw = bw;
+    }
+    let defaults = resolve::row_defaults(&space_args, resolve::row_model(&model_args)?)?;
+    let table = RunTable::read(&file)?;
+    let runs = runs_from_table(&table, &defaults, group.gpus_per_node)?;
+    let name = file
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "runs".into());
+    Ok(Dataset { name, runs, group })
+}
+
+pub fn run(args: &CalibrateArgs) -> Result<()> {
+    if let Some(h) = args.holdout.filter(|h| !(*h > 0.0 && *h < 1.0)) {
+        bail!("--holdout must be a fraction between 0 and 1 (e.g. 0.3), found {h}");
+    }
+    let datasets = args
+        .runs
+        .iter()
+        .map(|spec| dataset(spec, args))
+        .collect::<Result<Vec<_>>>()?;
+    let mut prior = resolve::cost_model(
+        Some(args.common.cost_model.as_deref().unwrap_or("datasheet")),
+        &datasets[0].group.gpu.name,
+    )?;
+    let mut pinned = Vec::new();
+    let mut collective_note = None;
+    if let Some(path) = &args.collectives {
+        let samples = read_nccl_table(path)?;
+        let (fitted, fit) = fit_collectives(&samples, &datasets[0].group, &prior)?;
+        let values: Vec<String> = fit
+            .values
+            .iter()
+            .map(|(name, value)| format!("{name} = {value:.4}"))
+            .collect();
+        eprintln!(
+            "collectives: fitted {} to {} all-reduce measurements in {} (MAPE {:.1}%, worst {:+.1}%)",
+            values.join(", "),
+            fit.samples,
+            path.display(),
+            fit.mape * 100.0,
+            fit.worst_error * 100.0
+        );
+        prior = fitted;
+        pinned = COLLECTIVE_COEFFICIENTS
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        collective_note = Some((path.clone(), fit));
+    }
+    let name = args.name.clone().unwrap_or_else(|| {
+        args.out
+            .as_ref()
+            .and_then(|p| p.file_stem())
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "fitted".into())
+    });
+    let options = FitOptions {
+        free: args.fit.clone(),
+        seed: args.seed,
+        folds: args.folds,
+        bootstrap: args.bootstrap,
+        holdout: args.holdout,
+        pinned,
+        ..FitOptions::default()
+    };
+    let mut calibration = calibrate(&datasets, &prior, &name, &options)?;
+    let command: Vec<String> = std::env::args().skip(1).collect();
+    calibration.model.provenance.insert(
+        "command".into(),
+        toml::Value::String(format!("paratune {}", command.join(" "))),
+    );
+    let mut report = render_report(&calibration);
+    if let Some((path, fit)) = collective_note {
+        let mut table = toml::Table::new();
+        let file = path
+            .file_name()
+            .map(|f| f.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        table.insert("file".into(), toml::Value::String(file.clone()));
+        table.insert("samples".into(), toml::Value::Integer(fit.samples as i64));
+        table.insert(
+            "mape".into(),
+            toml::Value::Float((fit.mape * 1e4).round() / 1e4),
+        );
+        table.insert(
+            "worst".into(),
+            toml::Value::Float((fit.worst_error * 1e4).round() / 1e4),
+        );
+        calibration
+            .model
+            .provenance
+            .insert("collectives".into(), toml::Value::Table(table));
+        report.push_str(&format!(
+            "\n## Collectives\n\n`{}` were fitted first to {} all-reduce measurements (`{file}`): \
+             MAPE {:.1}%, worst {:+.1}%; the iteration-time fit kept them.\n",
+            COLLECTIVE_COEFFICIENTS.join("`, `"),
+            fit.samples,
+            fit.mape * 100.0,
+            fit.worst_error * 100.0
+        ));
+    }
+    if let Some(out) = &args.out {
+        save_cost_model(&calibration.model, out)?;
+        let report_path = report_path(out);
+        write_atomically(&report_path, report.as_bytes())
+            .with_context(|| format!("cannot write the report {}", report_path.display()))?;
+        eprintln!("wrote {} and {}", out.display(), report_path.display());
+    }
+    match args.common.format {
+        Format::Json | Format::Csv => println!(
+            "{}",
+            paratune::coefficients::render_cost_model(&calibration.model)
+        ),
+        Format::Table => print!("{report}"),
+    }
+    Ok(())
+}
+
+/// `cost_models/x.toml` -> `cost_models/x.report.md`.
+pub fn report_path(model: &Path) -> PathBuf {
+    model.with_extension("report.md")
 }

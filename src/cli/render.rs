@@ -31,8 +31,8 @@ pub fn percent(x: f64) -> String {
 }
 
 /// Header and cells of the ranking table.
-pub fn ranking_header() -> String {
-    format!(
+pub fn ranking_header(with_band: bool) -> String {
+    let header = format!(
         "{:>4} {:>3} {:>3} {:>5} {:>4} {:<14} {:<9} {:>3} {:<16} {:>5} {:>9} {:>11} {:>7} {:>6} {:>12}",
         "#",
         "tp",
@@ -49,7 +49,12 @@ pub fn ranking_header() -> String {
         "TFLOP/s",
         "MFU",
         "mem GiB"
-    )
+    );
+    if with_band {
+        format!("{header} {:>17}", "iter 90% band")
+    } else {
+        header
+    }
 }
 
 pub fn schedule_name(c: &ParallelConfig) -> String {
@@ -60,8 +65,10 @@ pub fn schedule_name(c: &ParallelConfig) -> String {
     }
 }
 
-pub fn ranking_row(rank: usize, c: &ParallelConfig, p: &Prediction) -> String {
-    format!(
+/// One row of the ranking; `band` is the relative error that nine
+/// predictions in ten stay within, when the cost model has measured it.
+pub fn ranking_row(rank: usize, c: &ParallelConfig, p: &Prediction, band: Option<f64>) -> String {
+    let row = format!(
         "{:>4} {:>3} {:>3} {:>5} {:>4} {:<14} {:<9} {:>3} {:<16} {:>5} {:>9} {:>11} {:>7.1} {:>6} {:>12}",
         rank,
         c.tp,
@@ -82,7 +89,18 @@ pub fn ranking_row(rank: usize, c: &ParallelConfig, p: &Prediction) -> String {
             p.peak_memory_bytes / GIB,
             p.usable_memory_bytes / GIB
         ),
-    )
+    );
+    match band {
+        Some(b) => format!(
+            "{row} {:>17}",
+            format!(
+                "{}..{}",
+                seconds(p.iteration_s * (1.0 - b)),
+                seconds(p.iteration_s * (1.0 + b))
+            )
+        ),
+        None => row,
+    }
 }
 
 pub fn breakdown(out: &mut String, time: &TimeBreakdown) {

@@ -34,7 +34,9 @@ pub struct ParamGroup {
 pub fn parameter_groups(s: &Scenario, c: &ParallelConfig, stage: u64) -> [ParamGroup; 2] {
     let t = c.tp as f64;
     let model = s.model;
-    let layers = (model.layers / c.pp) as f64 * model.params_per_layer() / t;
+    let replicated = model.replicated_params_per_layer();
+    let layers =
+        (model.layers / c.pp) as f64 * ((model.params_per_layer() - replicated) / t + replicated);
     let mut embeddings = 0.0;
     if stage == 0 {
         embeddings += model.embedding_params() / t + model.position_params();
@@ -247,11 +249,19 @@ pub fn stage_memory(s: &Scenario, c: &ParallelConfig, stage: u64) -> StageMemory
     }
 }
 
-/// The stage with the most memory and its bytes. Only the first and the last
-/// stage can be it: the first holds the most in-flight micro-batches (under
-/// every schedule, with or without BPipe) and the embedding, the last holds
-/// the output head and the logits; stages between hold less of everything.
+/// The stage with the most memory and its bytes. Without BPipe only the
+/// first and the last stage can be it: the first holds the most in-flight
+/// micro-batches (under every schedule) and the embedding, the last holds the
+/// output head and the logits; stages between hold less of everything. BPipe
+/// with fewer micro-batches than stages can leave a middle pair holding more
+/// than the ends, so there every stage is looked at.
 pub fn peak_stage(s: &Scenario, c: &ParallelConfig) -> (u64, f64) {
+    if c.bpipe {
+        return (0..c.pp).map(|i| (i, stage_memory(s, c, i).total())).fold(
+            (0, f64::NEG_INFINITY),
+            |best, x| if x.1 > best.1 { x } else { best },
+        );
+    }
     let first = stage_memory(s, c, 0).total();
     if c.pp == 1 {
         return (0, first);

@@ -269,6 +269,17 @@ pub fn memory_per_stage(s: &Scenario, c: &ParallelConfig) -> Vec<StageMemory> {
     (0..c.pp).map(|i| memory::stage_memory(s, c, i)).collect()
 }
 
+/// Time of an all-reduce of `bytes` per rank over `ranks` GPUs of one node
+/// of `group`: the collective model alone, for fitting its coefficients to
+/// nccl-tests measurements.
+pub fn intra_node_all_reduce(group: &NodeGroup, cost: &CostModel, ranks: u64, bytes: f64) -> f64 {
+    // Collectives read only the coefficients, the GPU and the links; the
+    // scenario's model is a placeholder.
+    let placeholder = ModelSpec::gpt("collective", 64, 1, 1, 64, 64);
+    let scenario = Scenario::new(&placeholder, 1, group, ranks, cost);
+    comm::all_reduce_intra(&scenario, ranks, bytes)
+}
+
 /// FLOPs the GPUs execute in one iteration: model FLOPs plus recomputation.
 pub fn hardware_flops(s: &Scenario, c: &ParallelConfig) -> f64 {
     let model = s.model;

@@ -96,6 +96,13 @@ impl ModelSpec {
         qkv + proj + mlp + norms
     }
 
+    /// Parameters of one layer that tensor parallelism does not split: the two
+    /// layer norms (2h each) and the biases of the row-parallel projection
+    /// and MLP-down linears (h each), as Megatron-LM keeps them on every rank.
+    pub fn replicated_params_per_layer(&self) -> f64 {
+        6.0 * self.hidden as f64
+    }
+
     /// Parameters of the word embedding (and of the output head when untied).
     pub fn embedding_params(&self) -> f64 {
         (self.vocab * self.hidden) as f64

@@ -1,0 +1,490 @@
+//! Invariants of the cost model over random valid configurations and jobs:
+//! catalogue and small synthetic models, every built-in GPU, every switch,
+//! and, half of the time, coefficients drawn anywhere in their physical
+//! ranges (an invariant must not depend on the priors).
+
+use paratune::cluster::{NodeGroup, builtin_node};
+use paratune::coefficients::{Coefficients, CollectiveAlgorithm, CostModel};
+use paratune::config::{OptimizerSharding, ParallelConfig, Recompute, ScheduleKind};
+use paratune::cost::{Scenario, memory_per_stage, peak_memory, predict};
+use paratune::model::{AttentionKind, ModelSpec, builtin_model, builtin_model_names};
+use proptest::prelude::*;
+use proptest::test_runner::Config;
+
+/// One job and one valid configuration of it.
+#[derive(Debug, Clone)]
+struct Case {
+    model: ModelSpec,
+    group: NodeGroup,
+    cost: CostModel,
+    global_batch: u64,
+    gpus: u64,
+    config: ParallelConfig,
+}
+
+impl Case {
+    fn scenario(&self) -> Scenario<'_> {
+        Scenario::new(
+            &self.model,
+            self.global_batch,
+            &self.group,
+            self.gpus,
+            &self.cost,
+        )
+    }
+}
+
+const GPUS: [&str; 6] = [
+    "a100-40gb",
+    "a100-80gb",
+    "h100-sxm",
+    "h100-pcie",
+    "h200",
+    "v100-32gb",
+];
+
+fn divisors(n: u64) -> Vec<u64> {
+    (1..=n).filter(|d| n.is_multiple_of(*d)).collect()
+}
+
+fn gcd(a: u64, b: u64) -> u64 {
+    if b == 0 { a } else { gcd(b, a % b) }
+}
+
+fn catalogue_model() -> impl Strategy<Value = ModelSpec> {
+    let names = builtin_model_names();
+    (0..names.len()).prop_map(move |i| builtin_model(names[i]).unwrap())
+}
+
+/// Small models of every architecture switch.
+fn synthetic_model() -> impl Strategy<Value = ModelSpec> {
+    (
+        prop::sample::select(vec![2u64, 4, 8, 16, 32]),
+        prop::sample::select(vec![16u64, 32, 64, 128]),
+        0usize..6,
+        1u64..=24,
+        prop::sample::select(vec![1000u64, 32000, 50257, 51200]),
+        prop::sample::select(vec![128u64, 512, 1024, 2048, 4096]),
+        any::<(bool, bool, bool, bool)>(),
+    )
+        .prop_map(
+            |(heads, head_dim, kv_pick, layers, vocab, seq, (gated, tied, learned, flash))| {
+                let hidden = heads * head_dim;
+                let kv_choices = divisors(heads);
+                let kv_heads = kv_choices[kv_pick % kv_choices.len()];
+                let ffn = if gated {
+                    (8 * hidden / 3).div_ceil(64) * 64
+                } else {
+                    4 * hidden
+                };
+                ModelSpec {
+                    name: "synthetic".into(),
+                    hidden,
+                    heads,
+                    kv_heads,
+                    ffn_hidden: ffn,
+                    gated_mlp: gated,
+                    layers,
+                    vocab,
+                    seq_len: seq,
+                    tied_embeddings: tied,
+                    learned_positions: learned,
+                    attention: if flash {
+                        AttentionKind::Flash
+                    } else {
+                        AttentionKind::Standard
+                    },
+                }
+            },
+        )
+}
+
+/// The datasheet priors, or every coefficient drawn in its physical range.
+fn cost_model() -> impl Strategy<Value = CostModel> {
+    let n = Coefficients::INFO.len();
+    (
+        prop::option::of(prop::collection::vec(0.0f64..=1.0, n)),
+        any::<bool>(),
+    )
+        .prop_map(|(fractions, ring)| {
+            let mut cost = CostModel::datasheet();
+            if let Some(fractions) = fractions {
+                for (info, u) in Coefficients::INFO.iter().zip(fractions) {
+                    cost.coefficients
+                        .set(info.name, info.min + u * (info.max - info.min));
+                }
+                cost.coefficients.check().unwrap();
+            }
+            if ring {
+                cost.collective = CollectiveAlgorithm::Ring;
+            }
+            cost
+        })
+}
+
+/// Picks of every dimension, made valid by construction in [`build`].
+#[derive(Debug, Clone)]
+struct Picks {
+    gpu: usize,
+    tp: usize,
+    pp: usize,
+    dp: u64,
+    micro_batch: u64,
+    micro_batches: u64,
+    schedule: usize,
+    virtual_stages: usize,
+    recompute: usize,
+    sequence_parallel: bool,
+    sharding: usize,
+    bpipe: bool,
+    attention: usize,
+}
+
+fn picks() -> impl Strategy<Value = Picks> {
+    (
+        (0..GPUS.len(), any::<usize>(), any::<usize>(), 1u64..=32),
+        (
+            prop::sample::select(vec![1u64, 2, 4, 8]),
+            1u64..=16,
+            0usize..3,
+            any::<usize>(),
+        ),
+        (
+            0usize..3,
+            any::<bool>(),
+            0usize..3,
+            any::<bool>(),
+            0usize..2,
+        ),
+    )
+        .prop_map(
+            |(
+                (gpu, tp, pp, dp),
+                (micro_batch, micro_batches, schedule, virtual_stages),
+                (recompute, sequence_parallel, sharding, bpipe, attention),
+            )| Picks {
+                gpu,
+                tp,
+                pp,
+                dp,
+                micro_batch,
+                micro_batches,
+                schedule,
+                virtual_stages,
+                recompute,
+                sequence_parallel,
+                sharding,
+                bpipe,
+                attention,
+            },
+        )
+}
+
+fn build(model: ModelSpec, cost: CostModel, p: Picks) -> Case {
+    let tps: Vec<u64> = [1u64, 2, 4, 8]
+        .into_iter()
+        .filter(|t| {
+            model.heads.is_multiple_of(*t)
+                && model.kv_heads.is_multiple_of(*t)
+                && model.ffn_hidden.is_multiple_of(*t)
+        })
+        .collect();
+    let tp = tps[p.tp % tps.len()];
+    let pps = divisors(model.layers);
+    let pp = pps[p.pp % pps.len()];
+    let mut dp = p.dp;
+    let ranks = tp * pp * dp;
+    if ranks > 8 {
+        // Whole 8-GPU nodes.
+        dp *= 8 / gcd(ranks, 8);
+    }
+    let gpus = tp * pp * dp;
+    let mut schedule = [
+        ScheduleKind::OneFOneB,
+        ScheduleKind::Gpipe,
+        ScheduleKind::Interleaved,
+    ][p.schedule];
+    let mut virtual_stages = 1;
+    if schedule == ScheduleKind::Interleaved {
+        let vs: Vec<u64> = divisors(model.layers / pp)
+            .into_iter()
+            .filter(|v| *v >= 2)
+            .collect();
+        if pp < 2 || vs.is_empty() {
+            schedule = ScheduleKind::OneFOneB;
+        } else {
+            virtual_stages = vs[p.virtual_stages % vs.len()];
+        }
+    }
+    let micro_batches = if schedule == ScheduleKind::Interleaved {
+        pp * p.micro_batches
+    } else {
+        p.micro_batches
+    };
+    let config = ParallelConfig {
+        tp,
+        pp,
+        dp,
+        micro_batch: p.micro_batch,
+        schedule,
+        virtual_stages,
+        recompute: Recompute::ALL[p.recompute],
+        sequence_parallel: p.sequence_parallel && tp > 1,
+        optimizer_sharding: if dp > 1 {
+            OptimizerSharding::ALL[p.sharding]
+        } else {
+            OptimizerSharding::None
+        },
+        bpipe: p.bpipe && schedule == ScheduleKind::OneFOneB && pp >= 2,
+        attention: AttentionKind::ALL[p.attention],
+    };
+    Case {
+        group: builtin_node(GPUS[p.gpu], gpus.div_ceil(8)).unwrap(),
+        model,
+        cost,
+        global_batch: p.micro_batch * dp * micro_batches,
+        gpus,
+        config,
+    }
+}
+
+fn case() -> impl Strategy<Value = Case> {
+    (
+        prop_oneof![catalogue_model(), synthetic_model()],
+        cost_model(),
+        picks(),
+    )
+        .prop_map(|(model, cost, picks)| build(model, cost, picks))
+        .prop_filter("violates a rule", |c| {
+            let per_node = c.group.gpus_per_node.min(c.gpus);
+            c.config
+                .check(&c.model, c.global_batch, c.gpus, per_node)
+                .is_ok()
+        })
+}
+
+/// 256 cases (the default), no regression files written into the tree.
+fn config() -> Config {
+    Config {
+        failure_persistence: None,
+        ..Config::default()
+    }
+}
+
+/// `a <= b` up to rounding.
+fn at_most(a: f64, b: f64) -> bool {
+    a <= b * (1.0 + 1e-9) + 1e-300
+}
+
+/// Parameters all stages of one tensor-parallel rank hold together, as the
+/// model shards them: everything split over tp except the position
+/// embedding and the final layer norm, and the tied word embedding held a
+/// second time on the last stage when there is more than one stage.
+fn expected_params_over_stages(model: &ModelSpec, c: &ParallelConfig) -> f64 {
+    // Position embeddings, the final layer norm, and per layer the two layer
+    // norms and two row-parallel biases (6h) are whole on every tp rank.
+    let replicated = model.position_params()
+        + 2.0 * model.hidden as f64
+        + model.layers as f64 * 6.0 * model.hidden as f64;
+    let second_copy = if model.tied_embeddings && c.pp > 1 {
+        model.embedding_params()
+    } else {
+        0.0
+    };
+    (model.total_params() - replicated + second_copy) / c.tp as f64 + replicated
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    /// (i) Twice the intra-node, the inter-node or both bandwidths never
+    /// make a configuration slower.
+    #[test]
+    fn more_bandwidth_is_never_slower(case in case()) {
+        let s = case.scenario();
+        let base = predict(&s, &case.config).iteration_s;
+        for (intra, inter) in [(2.0, 1.0), (1.0, 2.0), (2.0, 2.0)] {
+            let mut faster = s;
+            faster.intra_node_bw *= intra;
+            faster.inter_node_bw *= inter;
+            let t = predict(&faster, &case.config).iteration_s;
+            prop_assert!(
+                at_most(t, base),
+                "intra x{} inter x{}: {} s > {} s for {}",
+                intra, inter, t, base, case.config
+            );
+        }
+    }
+
+    /// (ii) Weights, gradients and optimizer states of all stages add up to
+    /// the model's, sharded over tp (and over dp as the sharding says).
+    #[test]
+    fn model_states_of_all_stages_add_up_to_the_sharded_model(case in case()) {
+        let c = &case.config;
+        let k = &case.cost.coefficients;
+        let stages = memory_per_stage(&case.scenario(), c);
+        prop_assert_eq!(stages.len() as u64, c.pp);
+        let d = c.dp as f64;
+        let (state_shards, optimizer_shards) = match c.optimizer_sharding {
+            OptimizerSharding::None => (1.0, 1.0),
+            OptimizerSharding::OptimizerStates => (1.0, d),
+            OptimizerSharding::Full => (d, d),
+        };
+        let params = expected_params_over_stages(&case.model, c);
+        let expected = params
+            * ((k.weight_bytes_per_param + k.gradient_bytes_per_param) / state_shards
+                + k.optimizer_bytes_per_param / optimizer_shards);
+        let got: f64 = stages
+            .iter()
+            .map(|m| m.weights + m.gradients + m.optimizer_states)
+            .sum();
+        prop_assert!(
+            (got - expected).abs() <= 1e-9 * expected,
+            "{} bytes, expected {} ({})", got, expected, c
+        );
+    }
+
+    /// (iii) A configuration that fits keeps fitting with more memory.
+    #[test]
+    fn what_fits_keeps_fitting_with_more_memory(
+        case in case(),
+        around in 0.3f64..3.0,
+        more in 0.0f64..3.0,
+    ) {
+        let mut s = case.scenario();
+        let need = peak_memory(&s, &case.config).bytes;
+        // A limit near the need, so that both outcomes occur.
+        s.memory_limit = Some(need * around);
+        let smaller = peak_memory(&s, &case.config);
+        prop_assert_eq!(predict(&s, &case.config).fits, smaller.fits);
+        let mut bigger_s = s;
+        bigger_s.memory_limit = Some(need * around * (1.0 + more));
+        let bigger = peak_memory(&bigger_s, &case.config);
+        prop_assert_eq!(bigger.bytes, smaller.bytes);
+        prop_assert!(bigger.usable >= smaller.usable);
+        prop_assert!(!smaller.fits || bigger.fits, "{} stopped fitting with more memory", case.config);
+    }
+
+    /// (v) Predictions are finite and positive, every part non-negative.
+    #[test]
+    fn predictions_are_finite_and_positive(case in case()) {
+        let s = case.scenario();
+        let p = predict(&s, &case.config);
+        for (name, x) in [
+            ("iteration_s", p.iteration_s),
+            ("tokens_per_s", p.tokens_per_s),
+            ("tflops_per_gpu", p.tflops_per_gpu),
+            ("mfu", p.mfu),
+            ("peak_memory_bytes", p.peak_memory_bytes),
+            ("usable_memory_bytes", p.usable_memory_bytes),
+        ] {
+            prop_assert!(x.is_finite() && x > 0.0, "{} = {} for {}", name, x, case.config);
+        }
+        for (name, x) in p.time.parts() {
+            prop_assert!(x.is_finite() && x >= 0.0, "{} = {} for {}", name, x, case.config);
+        }
+        prop_assert!(p.peak_stage < case.config.pp);
+        for m in memory_per_stage(&s, &case.config) {
+            for (name, x) in m.parts_gib() {
+                prop_assert!(x.is_finite() && x >= 0.0, "stage {} {} = {}", m.stage, name, x);
+            }
+            prop_assert!(m.total() > 0.0);
+        }
+    }
+
+    /// (vi) MFU is at most 1 and at most the hardware FLOP/s, which are at
+    /// most the GPU's peak.
+    #[test]
+    fn mfu_and_tflops_never_exceed_the_peak(case in case()) {
+        let p = predict(&case.scenario(), &case.config);
+        let peak_tflops = case.group.gpu.peak_flops / 1e12;
+        prop_assert!(at_most(p.mfu, 1.0), "MFU {} for {}", p.mfu, case.config);
+        prop_assert!(
+            at_most(p.tflops_per_gpu, peak_tflops),
+            "{} TFLOP/s > peak {} for {}", p.tflops_per_gpu, peak_tflops, case.config
+        );
+        prop_assert!(at_most(p.mfu, p.tflops_per_gpu / peak_tflops));
+    }
+}
+
+/// (iv) `peak_memory` looks at the first and the last stage only; the
+/// claim in `cost::memory::peak_stage` is that no stage between holds more.
+fn peak_is_the_max_over_stages(case: &Case) -> Result<(), TestCaseError> {
+    let s = case.scenario();
+    let peak = peak_memory(&s, &case.config);
+    let stages = memory_per_stage(&s, &case.config);
+    let (argmax, max) = stages
+        .iter()
+        .map(|m| (m.stage, m.total()))
+        .fold((0, f64::MIN), |a, b| if b.1 > a.1 { b } else { a });
+    prop_assert!(
+        (peak.bytes - max).abs() <= 1e-12 * max,
+        "peak_memory says {} bytes (stage {}), stage {} holds {} ({} more) for {} with m = {}",
+        peak.bytes,
+        peak.stage,
+        argmax,
+        max,
+        max - peak.bytes,
+        case.config,
+        case.config.micro_batches(case.global_batch)
+    );
+    prop_assert_eq!(stages[peak.stage as usize].total(), peak.bytes);
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    #[test]
+    fn peak_memory_is_the_maximum_over_all_stages(case in case()) {
+        peak_is_the_max_over_stages(&case)?;
+    }
+
+    /// (iv) restricted to where the claim holds: without BPipe, or with
+    /// BPipe and at least p micro-batches.
+    #[test]
+    fn peak_memory_is_the_maximum_over_all_stages_without_bpipe_short_pipelines(
+        case in case().prop_filter("BPipe with m < p", |c| {
+            !c.config.bpipe || c.config.micro_batches(c.global_batch) >= c.config.pp
+        })
+    ) {
+        peak_is_the_max_over_stages(&case)?;
+    }
+}
+
+/// (iv) The concrete counterexample: GPT-3 13B-like layers, 8 stages, 4
+/// micro-batches, BPipe. Stage 0 (evictor of stage 7) keeps 3 of the pair's
+/// 5 micro-batches; stage 2 (evictor of stage 5) keeps 4 of its pair's 7.
+#[test]
+fn bpipe_with_fewer_micro_batches_than_stages_peaks_in_the_middle() {
+    let mut model = builtin_model("gpt3-13b").unwrap();
+    model.attention = AttentionKind::Standard;
+    let group = builtin_node("a100-80gb", 1).unwrap();
+    let cost = CostModel::datasheet();
+    let config = ParallelConfig {
+        tp: 1,
+        pp: 8,
+        dp: 1,
+        micro_batch: 1,
+        schedule: ScheduleKind::OneFOneB,
+        virtual_stages: 1,
+        recompute: Recompute::None,
+        sequence_parallel: false,
+        optimizer_sharding: OptimizerSharding::None,
+        bpipe: true,
+        attention: AttentionKind::Standard,
+    };
+    let case = Case {
+        model,
+        group,
+        cost,
+        global_batch: 4,
+        gpus: 8,
+        config,
+    };
+    config.check(&case.model, 4, 8, 8).unwrap();
+    let stages = memory_per_stage(&case.scenario(), &config);
+    let held: Vec<f64> = stages.iter().map(|m| m.in_flight).collect();
+    assert_eq!(held, [3.0, 3.0, 4.0, 4.0, 4.0, 3.0, 3.0, 2.0]);
+    peak_is_the_max_over_stages(&case).unwrap();
+}
