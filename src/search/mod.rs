@@ -176,10 +176,10 @@ pub fn anything_fits(job: &Job, space: &SearchSpace, cost: &CostModel) -> bool {
     })
 }
 
-/// The smallest GPU count above the job's, in whole nodes, at which some
-/// configuration fits; `None` if none does up to `max_gpus`. Counts grow by
-/// an eighth at a time, then the last step is refined node by node, so the
-/// answer is exact where feasibility grows with the GPU count.
+/// The smallest GPU count above the job's at which some configuration of
+/// `space` fits; `None` if none does up to `max_gpus`. Only counts that a
+/// configuration can use are tried: tp x pp x dp with tp dividing the node,
+/// pp dividing the layers and dp dividing the global batch, in whole nodes.
 pub fn smallest_fitting_gpus(
     job: &Job,
     space: &SearchSpace,
@@ -187,25 +187,19 @@ pub fn smallest_fitting_gpus(
     max_gpus: u64,
 ) -> Option<u64> {
     let node = job.nodes.gpus_per_node;
-    let fits_at = |nodes: u64| {
+    let mut counts: Vec<u64> = space
+        .degree_products(job, node)
+        .into_iter()
+        .filter(|&g| g > job.gpus && g <= max_gpus && (g % node == 0 || g < node))
+        .collect();
+    counts.sort_unstable();
+    counts.dedup();
+    counts.into_iter().find(|&gpus| {
         let mut bigger = job.clone();
-        bigger.gpus = nodes * node;
-        bigger.nodes.nodes = bigger.nodes.nodes.max(nodes);
+        bigger.gpus = gpus;
+        bigger.nodes.nodes = bigger.nodes.nodes.max(gpus.div_ceil(node));
         anything_fits(&bigger, space, cost)
-    };
-    let max_nodes = max_gpus / node;
-    let mut failed = job.gpus / node;
-    loop {
-        let next = (failed + failed.div_ceil(8)).max(failed + 1);
-        if next > max_nodes {
-            return None;
-        }
-        if fits_at(next) {
-            let first = (failed + 1..next).find(|&n| fits_at(n)).unwrap_or(next);
-            return Some(first * node);
-        }
-        failed = next;
-    }
+    })
 }
 
 #[cfg(test)]

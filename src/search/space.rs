@@ -76,6 +76,24 @@ impl SearchSpace {
         outer
     }
 
+    /// Every tp x pp x dp product the space allows for `job`'s model and batch
+    /// on nodes of `node_size` GPUs, whatever the job's own GPU count.
+    pub fn degree_products(&self, job: &Job, node_size: u64) -> Vec<u64> {
+        let tps = self.tp.clone().unwrap_or_else(|| divisors(node_size));
+        let pps = self.pp.clone().unwrap_or_else(|| divisors(job.model.layers));
+        let dps = self
+            .dp
+            .clone()
+            .unwrap_or_else(|| divisors(job.global_batch));
+        let mut products = Vec::new();
+        for tp in &tps {
+            for pp in &pps {
+                products.extend(dps.iter().map(|dp| tp * pp * dp));
+            }
+        }
+        products
+    }
+
     /// Every combination of the remaining dimensions for one outer point.
     pub fn inner(&self, job: &Job, o: Outer) -> impl Iterator<Item = ParallelConfig> {
         let schedules: Vec<(ScheduleKind, u64)> = self

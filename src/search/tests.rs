@@ -1,1 +1,139 @@
+use super::*;
+use crate::cluster::builtin_node;
+use crate::config::{OptimizerSharding, Recompute, ScheduleKind};
+use crate::model::builtin_model;
 
+fn job(model: &str, nodes: u64, global_batch: u64) -> Job {
+    let group = builtin_node("a100-80gb", nodes).unwrap();
+    Job {
+        model: builtin_model(model).unwrap(),
+        global_batch,
+        gpus: nodes * group.gpus_per_node,
+        nodes: group,
+        memory_limit: None,
+    }
+}
+
+#[test]
+fn candidates_fit_are_ranked_and_the_counts_add_up() {
+    let job = job("gpt3-175b", 16, 256);
+    let cost = CostModel::datasheet();
+    let result = search(&job, &SearchSpace::default(), &cost);
+    assert!(!result.candidates.is_empty());
+    assert!(
+        result
+            .candidates
+            .windows(2)
+            .all(|w| w[0].prediction.iteration_s <= w[1].prediction.iteration_s)
+    );
+    assert!(result.candidates.iter().all(|c| c.prediction.fits));
+    let invalid: usize = result.invalid.values().sum();
+    assert_eq!(
+        result.considered,
+        result.candidates.len() + result.out_of_memory + invalid
+    );
+    // 175B does not fit one GPU's worth of states without model parallelism.
+    assert!(result.out_of_memory > 0);
+}
+
+#[test]
+fn restricted_dimensions_are_honoured() {
+    let job = job("gpt3-175b", 16, 256);
+    let space = SearchSpace {
+        tp: Some(vec![8]),
+        recompute: Some(vec![Recompute::Full]),
+        schedule: Some(vec![ScheduleKind::OneFOneB]),
+        optimizer_sharding: Some(vec![OptimizerSharding::None]),
+        bpipe: Some(vec![false]),
+        ..SearchSpace::default()
+    };
+    let result = search(&job, &space, &CostModel::datasheet());
+    assert!(!result.candidates.is_empty());
+    for c in &result.candidates {
+        assert_eq!(c.config.tp, 8);
+        assert_eq!(c.config.recompute, Recompute::Full);
+        assert_eq!(c.config.schedule, ScheduleKind::OneFOneB);
+        assert_eq!(c.config.optimizer_sharding, OptimizerSharding::None);
+        assert!(!c.config.bpipe);
+    }
+}
+
+#[test]
+fn a_restriction_that_breaks_a_rule_is_counted_not_hidden() {
+    let job = job("gpt3-175b", 16, 256);
+    let space = SearchSpace {
+        tp: Some(vec![1]),
+        sequence_parallel: Some(vec![true]),
+        ..SearchSpace::default()
+    };
+    let result = search(&job, &space, &CostModel::datasheet());
+    assert!(result.candidates.is_empty());
+    assert_eq!(result.out_of_memory, 0);
+    // Every combination broke a rule; most of them this one (the others
+    // broke an earlier rule first, e.g. interleaving's micro-batch count).
+    let invalid: usize = result.invalid.values().sum();
+    assert_eq!(invalid, result.considered);
+    let sp = result.invalid[&Rule::SequenceParallelWithoutTp];
+    assert!(sp * 2 > result.considered, "{sp} of {}", result.considered);
+}
+
+#[test]
+fn the_smallest_fitting_gpu_count_fits_and_the_job_size_does_not() {
+    let small = job("gpt-1t", 1, 64);
+    let cost = CostModel::datasheet();
+    let space = SearchSpace::default();
+    assert!(!anything_fits(&small, &space, &cost));
+    let gpus = smallest_fitting_gpus(&small, &space, &cost, 65536).expect("1T fits somewhere");
+    let mut bigger = small.clone();
+    bigger.gpus = gpus;
+    bigger.nodes.nodes = gpus / 8;
+    assert!(anything_fits(&bigger, &space, &cost));
+    // No usable count between the job's and the answer fits.
+    for g in space.degree_products(&small, 8) {
+        if g > small.gpus && g < gpus && g % 8 == 0 {
+            let mut between = small.clone();
+            between.gpus = g;
+            between.nodes.nodes = g / 8;
+            assert!(!anything_fits(&between, &space, &cost), "{g} GPUs fit");
+        }
+    }
+}
+
+#[test]
+fn explanations_say_why_a_configuration_lost_or_does_not_fit() {
+    let job = job("gpt3-175b", 16, 256);
+    let cost = CostModel::datasheet();
+    let result = search(&job, &SearchSpace::default(), &cost);
+    let winner = result.candidates[0].config;
+    match explain(&job, &cost, &result, &winner) {
+        Explanation::Ranked { rank, slower_by, .. } => {
+            assert_eq!(rank, 1);
+            assert_eq!(slower_by, 0.0);
+        }
+        other => panic!("{other:?}"),
+    }
+    let mut unsharded = winner;
+    unsharded.tp = 1;
+    unsharded.pp = 1;
+    unsharded.dp = 128;
+    unsharded.schedule = ScheduleKind::OneFOneB;
+    unsharded.virtual_stages = 1;
+    unsharded.sequence_parallel = false;
+    unsharded.bpipe = false;
+    unsharded.micro_batch = 1;
+    unsharded.optimizer_sharding = OptimizerSharding::None;
+    match explain(&job, &cost, &result, &unsharded) {
+        Explanation::DoesNotFit {
+            needs_gib,
+            usable_gib,
+            ..
+        } => assert!(needs_gib > usable_gib),
+        other => panic!("{other:?}"),
+    }
+    let mut broken = winner;
+    broken.tp = 3;
+    assert!(matches!(
+        explain(&job, &cost, &result, &broken),
+        Explanation::Invalid { .. }
+    ));
+}
