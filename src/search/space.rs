@@ -80,7 +80,10 @@ impl SearchSpace {
     /// on nodes of `node_size` GPUs, whatever the job's own GPU count.
     pub fn degree_products(&self, job: &Job, node_size: u64) -> Vec<u64> {
         let tps = self.tp.clone().unwrap_or_else(|| divisors(node_size));
-        let pps = self.pp.clone().unwrap_or_else(|| divisors(job.model.layers));
+        let pps = self
+            .pp
+            .clone()
+            .unwrap_or_else(|| divisors(job.model.layers));
         let dps = self
             .dp
             .clone()

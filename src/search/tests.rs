@@ -106,7 +106,9 @@ fn explanations_say_why_a_configuration_lost_or_does_not_fit() {
     let result = search(&job, &SearchSpace::default(), &cost);
     let winner = result.candidates[0].config;
     match explain(&job, &cost, &result, &winner) {
-        Explanation::Ranked { rank, slower_by, .. } => {
+        Explanation::Ranked {
+            rank, slower_by, ..
+        } => {
             assert_eq!(rank, 1);
             assert_eq!(slower_by, 0.0);
         }
