@@ -239,18 +239,12 @@ impl CostModel {
 
 #[derive(Debug, thiserror::Error)]
 pub enum CostModelFileError {
-    #[error("cannot read cost model {path}: {source}")]
-    Read {
-        path: String,
-        source: std::io::Error,
-    },
+    #[error("cannot read cost model {path}: {cause}")]
+    Read { path: String, cause: std::io::Error },
     #[error("cost model {path}: {message}")]
     Invalid { path: String, message: String },
-    #[error("cannot write cost model {path}: {source}")]
-    Write {
-        path: String,
-        source: std::io::Error,
-    },
+    #[error("cannot write cost model {path}: {cause}")]
+    Write { path: String, cause: std::io::Error },
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -319,16 +313,23 @@ fn one_line(message: &str) -> String {
     message
         .lines()
         .map(str::trim)
-        .filter(|l| !l.is_empty() && !l.starts_with('|') && !l.chars().all(|c| c == '^'))
+        .filter(|l| !l.is_empty() && !l.chars().all(|c| c == '^'))
+        // Source excerpts: "|", "16 | value = ..." and their carets.
+        .filter(|l| {
+            let rest = l
+                .trim_start_matches(|c: char| c.is_ascii_digit())
+                .trim_start();
+            !rest.starts_with('|')
+        })
         .collect::<Vec<_>>()
         .join(" ")
 }
 
 pub fn load_cost_model(path: &Path) -> Result<CostModel, CostModelFileError> {
     let shown = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|source| CostModelFileError::Read {
+    let text = std::fs::read_to_string(path).map_err(|cause| CostModelFileError::Read {
         path: shown.clone(),
-        source,
+        cause,
     })?;
     parse_cost_model(&text, &shown)
 }
@@ -362,7 +363,7 @@ pub fn save_cost_model(model: &CostModel, path: &Path) -> Result<(), CostModelFi
     crate::runs::write_atomically(path, render_cost_model(model).as_bytes()).map_err(|source| {
         CostModelFileError::Write {
             path: path.display().to_string(),
-            source,
+            cause: source,
         }
     })
 }

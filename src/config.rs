@@ -102,12 +102,12 @@ pub struct ParallelConfig {
 
 impl ParallelConfig {
     pub fn gpus(&self) -> u64 {
-        self.tp * self.pp * self.dp
+        self.tp.saturating_mul(self.pp).saturating_mul(self.dp)
     }
 
     /// Micro-batches each pipeline processes per iteration.
     pub fn micro_batches(&self, global_batch: u64) -> u64 {
-        global_batch / (self.micro_batch * self.dp)
+        global_batch / self.micro_batch.saturating_mul(self.dp).max(1)
     }
 
     /// The first rule this configuration breaks for `model` with
@@ -141,11 +141,13 @@ impl ParallelConfig {
             ),
             (
                 Rule::BatchNotDivisible,
-                !global_batch.is_multiple_of(c.micro_batch * c.dp),
+                !global_batch.is_multiple_of(c.micro_batch.saturating_mul(c.dp)),
             ),
             (
                 Rule::LayersNotDivisible,
-                !model.layers.is_multiple_of(c.pp * c.virtual_stages),
+                !model
+                    .layers
+                    .is_multiple_of(c.pp.saturating_mul(c.virtual_stages)),
             ),
             (
                 Rule::InterleavedShape,

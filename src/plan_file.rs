@@ -45,8 +45,11 @@ pub struct PlannedCandidate {
     /// Memory of every pipeline stage (given for the winner only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stages: Option<Vec<StageMemory>>,
-    /// Megatron-LM arguments, or why it cannot run this plan.
-    pub megatron_args: Result<Vec<String>, String>,
+    /// Megatron-LM arguments, when Megatron-LM can run this plan.
+    pub megatron_args: Option<Vec<String>>,
+    /// Why Megatron-LM cannot run this plan, when it cannot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub megatron_unsupported: Option<String>,
 }
 
 impl SearchCounts {

@@ -1,21 +1,31 @@
 //! "Did you mean" suggestions for mistyped names.
 
-/// Levenshtein distance between two strings, by characters.
+/// Edit distance between two strings, by characters: insertions, deletions,
+/// substitutions, and swaps of two neighbouring characters (`157` for `175`)
+/// each count one (optimal string alignment).
 pub fn edit_distance(a: &str, b: &str) -> usize {
+    let a: Vec<char> = a.chars().collect();
     let b: Vec<char> = b.chars().collect();
-    let mut row: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut diagonal = row[0];
-        row[0] = i + 1;
-        for (j, &cb) in b.iter().enumerate() {
-            let above = row[j + 1];
-            row[j + 1] = (above + 1)
-                .min(row[j] + 1)
-                .min(diagonal + usize::from(ca != cb));
-            diagonal = above;
+    let mut d = vec![vec![0usize; b.len() + 1]; a.len() + 1];
+    for (i, row) in d.iter_mut().enumerate() {
+        row[0] = i;
+    }
+    for (j, cell) in d[0].iter_mut().enumerate() {
+        *cell = j;
+    }
+    for i in 1..=a.len() {
+        for j in 1..=b.len() {
+            let cost = usize::from(a[i - 1] != b[j - 1]);
+            let mut best = (d[i - 1][j] + 1)
+                .min(d[i][j - 1] + 1)
+                .min(d[i - 1][j - 1] + cost);
+            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
+                best = best.min(d[i - 2][j - 2] + 1);
+            }
+            d[i][j] = best;
         }
     }
-    row[b.len()]
+    d[a.len()][b.len()]
 }
 
 /// The known name closest to `wanted`, if it is close enough to be a typo.
@@ -46,12 +56,18 @@ mod tests {
         assert_eq!(edit_distance("kitten", "sitting"), 3);
         assert_eq!(edit_distance("", "abc"), 3);
         assert_eq!(edit_distance("same", "same"), 0);
+        assert_eq!(edit_distance("gpt3-157b", "gpt3-175b"), 1);
     }
 
     #[test]
     fn typos_find_their_name_and_nonsense_lists_all() {
         let known = ["gpt3-175b", "llama3-70b", "llama2-70b"];
         assert_eq!(closest("gpt3-157b", &known), Some("gpt3-175b"));
+        // A swap beats a name two substitutions away (`gpt-1.7b`).
+        assert_eq!(
+            closest("gpt3-157b", &["gpt-1.7b", "gpt3-175b"]),
+            Some("gpt3-175b")
+        );
         assert_eq!(closest("LLAMA3-70B", &known), Some("llama3-70b"));
         assert!(did_you_mean("zzzzzzzzzzzz", &known).contains("known: gpt3-175b"));
     }

@@ -1,7 +1,8 @@
 //! Command-line arguments (clap). Values are kept as text where the library
 //! parses them, so every error names the flag and the accepted values.
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::error::ErrorKind;
+use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 use paratune::units::{Bandwidth, Bytes};
 use std::path::PathBuf;
 
@@ -14,9 +15,89 @@ use std::path::PathBuf;
                   tensor/pipeline/data-parallel training configurations, searches them all, \
                   and exports the winner as Megatron-LM arguments or a torchtitan TOML."
 )]
-pub struct Cli {
+struct CliSpec {
     #[command(subcommand)]
+    command: Command,
+}
+
+/// The parsed command line. Clap's own usage errors span several lines
+/// (message, usage, a hint); [`Parser::parse`] is overridden to print them as
+/// the one `error:` line every other error is, with exit code 2.
+#[derive(Debug)]
+pub struct Cli {
     pub command: Command,
+}
+
+impl CommandFactory for Cli {
+    fn command() -> clap::Command {
+        CliSpec::command()
+    }
+
+    fn command_for_update() -> clap::Command {
+        CliSpec::command_for_update()
+    }
+}
+
+impl FromArgMatches for Cli {
+    fn from_arg_matches(matches: &ArgMatches) -> Result<Self, clap::Error> {
+        CliSpec::from_arg_matches(matches).map(|spec| Cli {
+            command: spec.command,
+        })
+    }
+
+    fn update_from_arg_matches(&mut self, matches: &ArgMatches) -> Result<(), clap::Error> {
+        self.command.update_from_arg_matches(matches)
+    }
+}
+
+impl Parser for Cli {
+    fn parse() -> Self {
+        match Self::try_parse() {
+            Ok(cli) => cli,
+            Err(error) => match error.kind() {
+                ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => error.exit(),
+                _ => {
+                    eprintln!("{}", one_line_error(&error));
+                    std::process::exit(2);
+                }
+            },
+        }
+    }
+}
+
+/// Clap's message, hints and missing arguments on one line, without the
+/// usage block and the "try --help" line.
+fn one_line_error(error: &clap::Error) -> String {
+    if error.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+        let names: Vec<String> = CliSpec::command()
+            .get_subcommands()
+            .map(|c| c.get_name().to_string())
+            .filter(|n| n != "help")
+            .collect();
+        return format!(
+            "error: no command given; use one of {} (`paratune --help` describes them)",
+            names.join(", ")
+        );
+    }
+    let rendered = error.render().to_string();
+    let mut parts: Vec<&str> = Vec::new();
+    for line in rendered.lines().map(str::trim) {
+        if line.starts_with("Usage:") {
+            break;
+        }
+        if !line.is_empty() && !line.starts_with("For more information") {
+            parts.push(line);
+        }
+    }
+    let mut message = String::new();
+    for part in parts {
+        if !message.is_empty() {
+            message.push_str(if message.ends_with(':') { " " } else { "; " });
+        }
+        message.push_str(part);
+    }
+    let message = message.strip_prefix("error:").unwrap_or(&message).trim();
+    format!("error: {message}")
 }
 
 #[derive(Subcommand, Debug)]
@@ -49,20 +130,20 @@ pub struct ModelArgs {
     /// Built-in model name (see `paratune models`) or a model TOML file.
     #[arg(long)]
     pub model: Option<String>,
-    #[arg(long)]
+    #[arg(long, value_parser = count(1 << 20), allow_negative_numbers = true)]
     pub hidden: Option<u64>,
-    #[arg(long)]
+    #[arg(long, value_parser = count(1 << 16), allow_negative_numbers = true)]
     pub heads: Option<u64>,
     /// Key/value heads (grouped-query attention).
-    #[arg(long)]
+    #[arg(long, value_parser = count(1 << 16), allow_negative_numbers = true)]
     pub kv_heads: Option<u64>,
-    #[arg(long)]
+    #[arg(long, value_parser = count(1 << 22), allow_negative_numbers = true)]
     pub ffn_hidden: Option<u64>,
-    #[arg(long)]
+    #[arg(long, value_parser = count(1 << 16), allow_negative_numbers = true)]
     pub layers: Option<u64>,
-    #[arg(long)]
+    #[arg(long, value_parser = count(1 << 24), allow_negative_numbers = true)]
     pub vocab: Option<u64>,
-    #[arg(long)]
+    #[arg(long, value_parser = count(1 << 24), allow_negative_numbers = true)]
     pub seq_len: Option<u64>,
     /// Gated (SwiGLU) MLP: on/off.
     #[arg(long)]
@@ -82,12 +163,12 @@ pub struct ClusterArgs {
     #[arg(long)]
     pub gpu: Option<String>,
     /// Nodes in the cluster.
-    #[arg(long)]
+    #[arg(long, value_parser = count(1 << 17), allow_negative_numbers = true)]
     pub nodes: Option<u64>,
-    #[arg(long)]
+    #[arg(long, value_parser = count(1 << 10), allow_negative_numbers = true)]
     pub gpus_per_node: Option<u64>,
     /// GPUs the job uses, if fewer than the whole cluster (may be less than a node).
-    #[arg(long)]
+    #[arg(long, value_parser = count(1 << 20), allow_negative_numbers = true)]
     pub gpus: Option<u64>,
     /// Per-GPU intra-node bandwidth with its unit, e.g. 300GB/s.
     #[arg(long, value_parser = parse_bandwidth)]
@@ -108,26 +189,46 @@ fn parse_bytes(text: &str) -> Result<Bytes, String> {
     text.parse()
 }
 
+/// Counts and sizes: a whole number from 1 to `max`. The bound keeps
+/// the search finite and its arithmetic far from overflow; it is well above
+/// any machine or model that exists.
+fn count(max: u64) -> impl Fn(&str) -> Result<u64, String> + Clone + Send + Sync + 'static {
+    move |text: &str| match text.trim().parse::<u64>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) if n > max => Err(format!(
+            "{n} is more than paratune plans for (at most {max})"
+        )),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!(
+            "`{text}` is not a whole number; give one such as 8"
+        )),
+    }
+}
+
+fn at_least_one_row(text: &str) -> Result<usize, String> {
+    count(u64::MAX)(text).map(|n| n as usize)
+}
+
 /// Values of the search dimensions: lists for `plan`, one value each for `predict`.
 #[derive(Args, Debug, Clone, Default)]
 pub struct SpaceArgs {
     /// Tensor-parallel degree(s), e.g. 4,8.
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', value_parser = count(1 << 20), allow_negative_numbers = true)]
     pub tp: Option<Vec<u64>>,
     /// Pipeline-parallel degree(s).
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', value_parser = count(1 << 16), allow_negative_numbers = true)]
     pub pp: Option<Vec<u64>>,
     /// Data-parallel degree(s).
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', value_parser = count(1 << 20), allow_negative_numbers = true)]
     pub dp: Option<Vec<u64>>,
     /// Micro-batch size(s).
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', value_parser = count(1 << 20), allow_negative_numbers = true)]
     pub micro_batch: Option<Vec<u64>>,
     /// Pipeline schedule(s): gpipe, 1f1b, interleaved.
     #[arg(long, value_delimiter = ',')]
     pub schedule: Option<Vec<String>>,
     /// Model chunks per pipeline rank for the interleaved schedule.
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', value_parser = count(1 << 16), allow_negative_numbers = true)]
     pub virtual_stages: Option<Vec<u64>>,
     /// Activation recomputation: none, selective, full.
     #[arg(long, value_delimiter = ',')]
@@ -153,7 +254,7 @@ pub struct CommonArgs {
     #[command(flatten)]
     pub cluster: ClusterArgs,
     /// Sequences per iteration over all data-parallel ranks.
-    #[arg(long)]
+    #[arg(long, value_parser = count(1 << 20), allow_negative_numbers = true)]
     pub global_batch: Option<u64>,
     /// Cost model: a built-in name (datasheet, a100-megatron) or a cost-model TOML file.
     #[arg(long)]
@@ -169,7 +270,7 @@ pub struct PlanArgs {
     #[command(flatten)]
     pub space: SpaceArgs,
     /// Rows of the ranking to show.
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = 10, value_parser = at_least_one_row, allow_negative_numbers = true)]
     pub top: usize,
     /// Explain a configuration you had in mind, e.g. "tp=8,pp=8,mb=1,recompute=full";
     /// keys not given are taken from the winner.

@@ -2,6 +2,7 @@
 //! with its report beside it.
 
 use super::args::{CalibrateArgs, Format};
+use super::commands::{emit, emit_csv};
 use super::resolve;
 use anyhow::{Context, Result, anyhow, bail};
 use paratune::calibrate::{
@@ -196,14 +197,62 @@ pub fn run(args: &CalibrateArgs) -> Result<()> {
             .with_context(|| format!("cannot write the report {}", report_path.display()))?;
         eprintln!("wrote {} and {}", out.display(), report_path.display());
     }
+    let coefficients = calibration
+        .coefficients
+        .iter()
+        .map(|c| (c.name, c.unit, c.prior, c.value, c.ci95, c.status.name()));
     match args.common.format {
-        Format::Json | Format::Csv => println!(
-            "{}",
-            paratune::coefficients::render_cost_model(&calibration.model)
-        ),
-        Format::Table => print!("{report}"),
+        Format::Table => emit(&report),
+        Format::Json => {
+            let coefficients: Vec<_> = coefficients
+                .map(|(name, unit, prior, value, ci95, status)| {
+                    serde_json::json!({
+                        "name": name, "unit": unit, "prior": prior, "value": value,
+                        "ci95": ci95, "status": status,
+                    })
+                })
+                .collect();
+            let summary = serde_json::json!({
+                "name": calibration.model.name,
+                "coefficients": coefficients,
+                "in_sample": calibration.in_sample,
+                "cross_validated": calibration.cross_validated,
+                "holdout": calibration.holdout,
+                "prior_holdout": calibration.prior_holdout,
+                "data_hash": calibration.data_hash,
+            });
+            emit(&(serde_json::to_string_pretty(&summary)? + "\n"))
+        }
+        Format::Csv => {
+            let headers = [
+                "coefficient",
+                "unit",
+                "prior",
+                "value",
+                "ci95_low",
+                "ci95_high",
+                "status",
+            ]
+            .map(String::from);
+            let rows: Vec<Vec<String>> = coefficients
+                .map(|(name, unit, prior, value, ci95, status)| {
+                    let (low, high) = ci95.map_or((String::new(), String::new()), |(l, h)| {
+                        (l.to_string(), h.to_string())
+                    });
+                    vec![
+                        name.into(),
+                        unit.into(),
+                        prior.to_string(),
+                        value.to_string(),
+                        low,
+                        high,
+                        status.into(),
+                    ]
+                })
+                .collect();
+            emit_csv(&headers, &rows)
+        }
     }
-    Ok(())
 }
 
 /// `cost_models/x.toml` -> `cost_models/x.report.md`.

@@ -15,7 +15,32 @@ use paratune::plan_file::{PLAN_FORMAT, PLAN_VERSION, PlanFile, PlannedCandidate,
 use paratune::runs::{RunTable, runs_from_table, write_csv};
 use paratune::search::{Explanation, Job, SearchResult, explain, search, smallest_fitting_gpus};
 use std::fmt::Write;
+use std::io::Write as _;
 use std::time::Instant;
+
+/// Writes to standard output. A reader that stops early (`| head`) is not an
+/// error: the rest is dropped quietly instead of panicking like `print!`.
+pub fn emit(text: &str) -> Result<()> {
+    let mut stdout = std::io::stdout().lock();
+    match stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        Err(e) => Err(anyhow!("cannot write to standard output: {e}")),
+    }
+}
+
+pub fn emit_csv(headers: &[String], rows: &[Vec<String>]) -> Result<()> {
+    let mut buffer = Vec::new();
+    write_csv(&mut buffer, headers, rows)?;
+    emit(&String::from_utf8_lossy(&buffer))
+}
+
+fn json<T: serde::Serialize>(value: &T) -> Result<String> {
+    Ok(serde_json::to_string_pretty(value)? + "\n")
+}
 
 fn launch_job<'a>(job: &'a Job, config: &'a ParallelConfig) -> LaunchJob<'a> {
     LaunchJob {
@@ -60,6 +85,16 @@ fn job_line(job: &Job, cost: &CostModel) -> String {
 }
 
 pub fn plan(args: &PlanArgs) -> Result<()> {
+    if args.explain.is_some() && args.common.format != Format::Table {
+        bail!(
+            "--explain prints a text explanation and cannot go with --format {}; drop one of them",
+            if args.common.format == Format::Json {
+                "json"
+            } else {
+                "csv"
+            }
+        );
+    }
     let job = resolve::job(&args.common)?;
     let cost = resolve::cost_model(args.common.cost_model.as_deref(), &job.nodes.gpu.name)?;
     let space = resolve::space(&args.space)?;
@@ -72,7 +107,7 @@ pub fn plan(args: &PlanArgs) -> Result<()> {
     match args.common.format {
         Format::Json => {
             let file = plan_file(&job, &cost, &result, args.top);
-            println!("{}", serde_json::to_string_pretty(&file)?);
+            emit(&json(&file)?)?;
         }
         Format::Csv => plan_csv(&result, args.top)?,
         Format::Table => {
@@ -93,7 +128,7 @@ pub fn plan(args: &PlanArgs) -> Result<()> {
                 let config = resolve::config_spec(spec, &result.candidates[0].config)?;
                 explain_config(&mut out, &job, &cost, &result, &config);
             }
-            print!("{out}");
+            emit(&out)?;
         }
     }
     Ok(())
@@ -105,6 +140,29 @@ fn nothing_fits(
     cost: &CostModel,
     result: &SearchResult,
 ) -> anyhow::Error {
+    if result.considered == 0 {
+        let given: Vec<String> = [
+            ("--tp", &space.tp),
+            ("--pp", &space.pp),
+            ("--dp", &space.dp),
+        ]
+        .into_iter()
+        .filter_map(|(flag, values)| {
+            let list: Vec<String> = values.as_ref()?.iter().map(u64::to_string).collect();
+            Some(format!("{flag} {}", list.join(",")))
+        })
+        .collect();
+        return anyhow!(
+            "no configuration to consider: with {} no tp x pp x dp equals the job's {} GPUs (and pp must divide the {} layers); change those values or leave them out",
+            if given.is_empty() {
+                "these flags".to_string()
+            } else {
+                given.join(" ")
+            },
+            job.gpus,
+            job.model.layers
+        );
+    }
     if result.out_of_memory == 0 {
         let reasons: Vec<String> = result
             .invalid
@@ -125,8 +183,13 @@ fn nothing_fits(
         None => "none fits up to 65,536 GPUs".to_string(),
     };
     anyhow!(
-        "no configuration fits in {:.1} GiB per GPU ({} valid configurations considered); {hint}, or allow more recomputation/sharding",
+        "no configuration fits in {:.1} GiB per GPU{} ({} valid configurations considered); {hint}, or allow more recomputation/sharding",
         job.memory_limit.unwrap_or(job.nodes.gpu.memory_bytes) / GIB,
+        if job.memory_limit.is_some() {
+            " (--memory-limit)"
+        } else {
+            ""
+        },
         result.valid()
     )
 }
@@ -283,7 +346,10 @@ fn plan_file(job: &Job, cost: &CostModel, result: &SearchResult, top: usize) -> 
             config: c.config,
             prediction: c.prediction,
             stages: (i == 0).then(|| memory_per_stage(&scenario, &c.config)),
-            megatron_args: megatron_args(&launch_job(job, &c.config)).map_err(|e| e.to_string()),
+            megatron_args: megatron_args(&launch_job(job, &c.config)).ok(),
+            megatron_unsupported: megatron_args(&launch_job(job, &c.config))
+                .err()
+                .map(|e| e.to_string()),
         })
         .collect();
     PlanFile {
@@ -366,7 +432,7 @@ fn plan_csv(result: &SearchResult, top: usize) -> Result<()> {
             row
         })
         .collect();
-    write_csv(std::io::stdout().lock(), &headers, &rows)?;
+    emit_csv(&headers, &rows)?;
     Ok(())
 }
 
@@ -386,9 +452,10 @@ pub fn predict_command(args: &PredictArgs) -> Result<()> {
                 "config": config,
                 "prediction": prediction,
                 "stages": stages,
-                "megatron_args": megatron_args(&launch_job(&job, &config)).map_err(|e| e.to_string()),
+                "megatron_args": megatron_args(&launch_job(&job, &config)).ok(),
+                "megatron_unsupported": megatron_args(&launch_job(&job, &config)).err().map(|e| e.to_string()),
             });
-            println!("{}", serde_json::to_string_pretty(&value)?);
+            emit(&json(&value)?)?;
         }
         Format::Csv => {
             let mut headers: Vec<String> = CONFIG_COLUMNS.iter().map(|s| s.to_string()).collect();
@@ -414,7 +481,7 @@ pub fn predict_command(args: &PredictArgs) -> Result<()> {
                 prediction.peak_stage.to_string(),
                 prediction.fits.to_string(),
             ]);
-            write_csv(std::io::stdout().lock(), &headers, &[row])?;
+            emit_csv(&headers, &[row])?;
         }
         Format::Table => {
             let mut out = String::new();
@@ -443,7 +510,7 @@ pub fn predict_command(args: &PredictArgs) -> Result<()> {
                 prediction.usable_memory_bytes,
                 prediction.peak_stage,
             );
-            print!("{out}");
+            emit(&out)?;
         }
     }
     Ok(())
@@ -500,9 +567,9 @@ fn predict_runs(args: &PredictArgs, path: &std::path::Path) -> Result<()> {
                         .collect()
                 })
                 .collect();
-            println!("{}", serde_json::to_string_pretty(&objects)?);
+            emit(&json(&objects)?)?;
         }
-        _ => write_csv(std::io::stdout().lock(), &headers, &rows)?,
+        _ => emit_csv(&headers, &rows)?,
     }
     Ok(())
 }
@@ -522,12 +589,9 @@ pub fn evaluate_command(args: &EvaluateArgs) -> Result<()> {
     }
     let summary = evaluation.summary();
     match args.common.format {
-        Format::Json => println!(
-            "{}",
-            serde_json::to_string_pretty(&serde_json::json!({
-                "cost_model": cost.name, "summary": summary, "groups": evaluation.groups, "rows": evaluation.rows,
-            }))?
-        ),
+        Format::Json => emit(&json(&serde_json::json!({
+            "cost_model": cost.name, "summary": summary, "groups": evaluation.groups, "rows": evaluation.rows,
+        }))?)?,
         Format::Csv => {
             let headers =
                 ["line", "group", "measured_ms", "predicted_ms", "error"].map(String::from);
@@ -544,7 +608,7 @@ pub fn evaluate_command(args: &EvaluateArgs) -> Result<()> {
                     ]
                 })
                 .collect();
-            write_csv(std::io::stdout().lock(), &headers, &rows)?;
+            emit_csv(&headers, &rows)?;
         }
         Format::Table => {
             let mut out = String::new();
@@ -616,20 +680,23 @@ pub fn evaluate_command(args: &EvaluateArgs) -> Result<()> {
                     );
                 }
             }
-            print!("{out}");
+            emit(&out)?;
         }
     }
     Ok(())
 }
 
 pub fn models() -> Result<()> {
-    println!(
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
         "{:<14} {:>9} {:>7} {:>6} {:>4} {:>7} {:>7} {:>8} {:>6} {:<5} embeddings",
         "name", "params", "hidden", "heads", "kv", "ffn", "layers", "vocab", "seq", "mlp",
     );
     for name in builtin_model_names() {
         let m = builtin_model(name).context("catalogue")?;
-        println!(
+        let _ = writeln!(
+            out,
             "{:<14} {:>8.1}B {:>7} {:>6} {:>4} {:>7} {:>7} {:>8} {:>6} {:<5} {}",
             m.name,
             m.total_params() / 1e9,
@@ -644,18 +711,21 @@ pub fn models() -> Result<()> {
             if m.tied_embeddings { "tied" } else { "untied" }
         );
     }
-    Ok(())
+    emit(&out)
 }
 
 pub fn gpus() -> Result<()> {
-    println!(
-        "{:<11} {:>13} {:>9} {:>9} {:>10} {:>13} {:>15}",
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:<11} {:>14} {:>9} {:>9} {:>10} {:>13} {:>15}",
         "name", "16-bit TFLOP/s", "memory", "HBM", "GPUs/node", "intra-node", "inter-node"
     );
     for name in builtin_gpu_names() {
         let node = builtin_node(name, 1).context("catalogue")?;
-        println!(
-            "{:<11} {:>13.1} {:>6.1}GiB {:>6.2}TB/s {:>10} {:>13} {:>15}",
+        let _ = writeln!(
+            out,
+            "{:<11} {:>14.1} {:>6.1}GiB {:>6.2}TB/s {:>10} {:>13} {:>15}",
             node.gpu.name,
             node.gpu.peak_flops / 1e12,
             node.gpu.memory_bytes / GIB,
@@ -665,5 +735,5 @@ pub fn gpus() -> Result<()> {
             node.inter_node_bw.to_string()
         );
     }
-    Ok(())
+    emit(&out)
 }

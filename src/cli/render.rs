@@ -33,7 +33,7 @@ pub fn percent(x: f64) -> String {
 /// Header and cells of the ranking table.
 pub fn ranking_header(with_band: bool) -> String {
     let header = format!(
-        "{:>4} {:>3} {:>3} {:>5} {:>4} {:<14} {:<9} {:>3} {:<16} {:>5} {:>9} {:>11} {:>7} {:>6} {:>12}",
+        "{:>4} {:>3} {:>3} {:>5} {:>4} {:<16} {:<9} {:>3} {:<16} {:>5} {:>9} {:>11} {:>7} {:>6} {:>12}",
         "#",
         "tp",
         "pp",
@@ -69,7 +69,7 @@ pub fn schedule_name(c: &ParallelConfig) -> String {
 /// predictions in ten stay within, when the cost model has measured it.
 pub fn ranking_row(rank: usize, c: &ParallelConfig, p: &Prediction, band: Option<f64>) -> String {
     let row = format!(
-        "{:>4} {:>3} {:>3} {:>5} {:>4} {:<14} {:<9} {:>3} {:<16} {:>5} {:>9} {:>11} {:>7.1} {:>6} {:>12}",
+        "{:>4} {:>3} {:>3} {:>5} {:>4} {:<16} {:<9} {:>3} {:<16} {:>5} {:>9} {:>11} {:>7.1} {:>6} {:>12}",
         rank,
         c.tp,
         c.pp,

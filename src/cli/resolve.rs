@@ -6,7 +6,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use paratune::cluster::{NodeGroup, builtin_gpu_names, builtin_node, load_cluster_file};
 use paratune::coefficients::{
     CostModel, builtin_cost_model, builtin_cost_model_names, default_cost_model_name,
-    load_cost_model,
+    parse_cost_model,
 };
 use paratune::config::{OptimizerSharding, ParallelConfig, Recompute, ScheduleKind};
 use paratune::model::{
@@ -17,14 +17,19 @@ use paratune::search::{Job, SearchSpace};
 use paratune::suggest::did_you_mean;
 use std::path::Path;
 
+const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
+
+/// `--model` names a file rather than a catalogue model.
+fn looks_like_path(name: &str) -> bool {
+    name.ends_with(".toml") || name.contains('/') || name.contains('\\') || Path::new(name).exists()
+}
+
 pub fn model(args: &ModelArgs) -> Result<ModelSpec> {
     let mut model = match &args.model {
-        Some(name) if name.ends_with(".toml") || Path::new(name).is_file() => {
-            load_model_file(Path::new(name))?
-        }
+        Some(name) if looks_like_path(name) => load_model_file(Path::new(name))?,
         Some(name) => builtin_model(name).ok_or_else(|| {
             anyhow!(
-                "--model: unknown model `{name}`{}; or give a model TOML file",
+                "--model: unknown model `{name}`{} (`paratune models` lists them; a model TOML file also works)",
                 did_you_mean(name, &builtin_model_names())
             )
         })?,
@@ -85,7 +90,7 @@ pub fn nodes(args: &ClusterArgs) -> Result<(NodeGroup, u64)> {
         }
         (None, Some(gpu)) => builtin_node(gpu, 1).ok_or_else(|| {
             anyhow!(
-                "--gpu: unknown GPU `{gpu}`{}",
+                "--gpu: unknown GPU `{gpu}`{} (`paratune gpus` lists them; --cluster FILE describes others)",
                 did_you_mean(gpu, &builtin_gpu_names())
             )
         })?,
@@ -110,6 +115,14 @@ pub fn nodes(args: &ClusterArgs) -> Result<(NodeGroup, u64)> {
         group.inter_node_bw = bw;
     }
     let gpus = args.gpus.unwrap_or(group.nodes * group.gpus_per_node);
+    let node = group.gpus_per_node;
+    if gpus > node && !gpus.is_multiple_of(node) {
+        bail!(
+            "--gpus {gpus} is not a multiple of the node size {node} (--gpus-per-node); use whole nodes, e.g. --gpus {} or --gpus {}",
+            gpus / node * node,
+            gpus.div_ceil(node) * node
+        );
+    }
     if args.gpus.is_some() && args.nodes.is_none() {
         group.nodes = group.nodes.max(gpus.div_ceil(group.gpus_per_node));
     }
@@ -122,6 +135,17 @@ pub fn job(common: &CommonArgs) -> Result<Job> {
     let global_batch = common
         .global_batch
         .ok_or_else(|| anyhow!("--global-batch is required (sequences per iteration)"))?;
+    if let Some(limit) = common.cluster.memory_limit {
+        let capacity = nodes.gpu.memory_bytes;
+        if limit.0 > capacity {
+            bail!(
+                "--memory-limit ({:.1} GiB) is more than the {}'s {:.1} GiB; it can only lower the memory budget",
+                limit.0 / GIB,
+                nodes.gpu.name,
+                capacity / GIB
+            );
+        }
+    }
     let job = Job {
         model,
         global_batch,
@@ -147,7 +171,14 @@ pub fn cost_model(name: Option<&str>, gpu_name: &str) -> Result<CostModel> {
                     did_you_mean(name, &builtin_cost_model_names())
                 );
             }
-            Ok(load_cost_model(path)?)
+            // Read here rather than with `load_cost_model`, whose read error
+            // repeats its cause when printed as a chain.
+            let text = std::fs::read_to_string(path).map_err(|e| {
+                anyhow!(
+                    "--cost-model: cannot read cost model {name}: {e}; give a cost-model TOML file"
+                )
+            })?;
+            Ok(parse_cost_model(&text, name)?)
         }
     }
 }
@@ -236,7 +267,24 @@ pub fn single_config(args: &SpaceArgs, job: &Job) -> Result<ParallelConfig> {
     let space = space(args)?;
     let tp = single("--tp", &space.tp, 1)?;
     let pp = single("--pp", &space.pp, 1)?;
-    let dp = single("--dp", &space.dp, job.gpus / (tp * pp).max(1))?;
+    let gpus = job.gpus;
+    let dp = match single("--dp", &space.dp, 0)? {
+        0 if !gpus.is_multiple_of(tp * pp) => bail!(
+            "--tp {tp} x --pp {pp} = {} does not divide the job's {gpus} GPUs; pick --tp and --pp whose product divides {gpus}",
+            tp * pp
+        ),
+        0 => gpus / (tp * pp),
+        dp if tp * pp * dp != gpus => bail!(
+            "--tp {tp} x --pp {pp} x --dp {dp} = {} but the job has {gpus} GPUs; make the product {gpus}{}",
+            tp * pp * dp,
+            if gpus.is_multiple_of(tp * pp) {
+                format!(" (--dp {})", gpus / (tp * pp))
+            } else {
+                " (or change --nodes/--gpus)".to_string()
+            }
+        ),
+        dp => dp,
+    };
     let schedule = single("--schedule", &space.schedule, ScheduleKind::OneFOneB)?;
     let virtual_stages = single("--virtual-stages", &space.virtual_stages, 1)?;
     if schedule == ScheduleKind::Interleaved && space.virtual_stages.is_none() {
@@ -336,9 +384,18 @@ pub fn config_spec(spec: &str, base: &ParallelConfig) -> Result<ParallelConfig> 
             .ok_or_else(|| anyhow!("--explain: `{item}` is not key=value (e.g. tp=8,pp=4,mb=1)"))?;
         let (key, value) = (key.trim(), value.trim());
         let number = || -> Result<u64> {
-            value.parse().with_context(|| {
+            let n: u64 = value.parse().with_context(|| {
                 format!("--explain: {key} must be a whole number, found `{value}`")
-            })
+            })?;
+            let max = if matches!(key, "pp" | "v" | "virtual_stages") {
+                1 << 16
+            } else {
+                1 << 20
+            };
+            if n > max {
+                bail!("--explain: {key}={n} is more than paratune plans for (at most {max})");
+            }
+            Ok(n)
         };
         let e = |m: String| anyhow!("--explain: {m}");
         match key {

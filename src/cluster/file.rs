@@ -25,11 +25,10 @@ use toml::{Table, Value};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterFileError {
-    #[error("{path}: cannot read cluster file: {source}")]
-    Read {
-        path: String,
-        source: std::io::Error,
-    },
+    /// The I/O error is part of the message, not a `source`: callers print
+    /// the chain (`{:#}`), which would repeat it.
+    #[error("{path}: cannot read cluster file: {error}")]
+    Read { path: String, error: std::io::Error },
     #[error("{path}: {message}")]
     Invalid { path: String, message: String },
 }
@@ -54,9 +53,9 @@ pub fn parse_cluster_toml(text: &str, path: &str) -> Result<Cluster, ClusterFile
 
 pub fn load_cluster_file(path: &Path) -> Result<Cluster, ClusterFileError> {
     let shown = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|source| ClusterFileError::Read {
+    let text = std::fs::read_to_string(path).map_err(|error| ClusterFileError::Read {
         path: shown.clone(),
-        source,
+        error,
     })?;
     parse_cluster_toml(&text, &shown)
 }
@@ -224,7 +223,16 @@ fn inline_gpu(table: &Table, at: &str) -> Result<GpuSpec, String> {
 }
 
 fn positive(table: &Table, key: &str, at: &str, what: &str) -> Result<u64, String> {
+    // Far above any machine; keeps GPU counts clear of overflow.
+    let max: i64 = if key == "gpus_per_node" {
+        1 << 10
+    } else {
+        1 << 17
+    };
     match &table[key] {
+        Value::Integer(n) if *n > max => Err(format!(
+            "{at}: `{key} = {n}` is more than paratune plans for (at most {max})"
+        )),
         Value::Integer(n) if *n > 0 => Ok(*n as u64),
         other => Err(format!("{at}: `{key}` must be {what}, not `{other}`")),
     }

@@ -32,11 +32,10 @@ use toml::{Table, Value};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ModelFileError {
-    #[error("{path}: cannot read model file: {source}")]
-    Read {
-        path: String,
-        source: std::io::Error,
-    },
+    /// The I/O error is part of the message, not a `source`: callers print
+    /// the chain (`{:#}`), which would repeat it.
+    #[error("{path}: cannot read model file: {error}")]
+    Read { path: String, error: std::io::Error },
     #[error("{path}: {message}")]
     Invalid { path: String, message: String },
 }
@@ -72,9 +71,9 @@ pub fn parse_model_toml(text: &str, path: &str) -> Result<ModelSpec, ModelFileEr
 
 pub fn load_model_file(path: &Path) -> Result<ModelSpec, ModelFileError> {
     let shown = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|source| ModelFileError::Read {
+    let text = std::fs::read_to_string(path).map_err(|error| ModelFileError::Read {
         path: shown.clone(),
-        source,
+        error,
     })?;
     parse_model_toml(&text, &shown)
 }
@@ -216,8 +215,19 @@ fn attention(text: &str) -> Result<AttentionKind, String> {
 }
 
 fn positive(table: &Table, key: &str) -> Result<Option<u64>, String> {
+    // Far above any model; keeps the arithmetic clear of overflow and the
+    // search finite.
+    let max: i64 = match key {
+        "vocab" | "seq_len" => 1 << 24,
+        "ffn_hidden" => 1 << 22,
+        "hidden" => 1 << 20,
+        _ => 1 << 16,
+    };
     match table.get(key) {
         None => Ok(None),
+        Some(Value::Integer(n)) if *n > max => Err(format!(
+            "`{key} = {n}` is more than paratune plans for (at most {max})"
+        )),
         Some(Value::Integer(n)) if *n > 0 => Ok(Some(*n as u64)),
         Some(other) => Err(format!(
             "`{key}` must be a positive integer, not `{other}`; write e.g. `{key} = {}`",

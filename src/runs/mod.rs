@@ -76,9 +76,10 @@ pub fn runs_from_table(
     defaults: &RowDefaults,
     gpus_per_node: u64,
 ) -> Result<Vec<Run>, RunsError> {
+    check_column_names(table)?;
     let mut runs = Vec::with_capacity(table.rows.len());
     for (index, _) in table.rows.iter().enumerate() {
-        let line = index + 2;
+        let line = table.line(index);
         let row_error = |message: String| RunsError::Row {
             path: table.path.clone(),
             line,
@@ -100,10 +101,16 @@ fn parse_row(table: &RunTable, index: usize, defaults: &RowDefaults) -> Result<R
     let int = |name: &str| -> Result<Option<u64>, String> {
         match cell(name) {
             None => Ok(None),
-            Some(text) => text
-                .parse::<u64>()
-                .map(Some)
-                .map_err(|_| format!("column `{name}` must be a whole number, found `{text}`")),
+            Some(text) => match text.parse::<u64>() {
+                Ok(n) if n > column_limit(name) => Err(format!(
+                    "column `{name}` is {n}, more than paratune plans for (at most {})",
+                    column_limit(name)
+                )),
+                Ok(n) => Ok(Some(n)),
+                Err(_) => Err(format!(
+                    "column `{name}` must be a whole number, found `{text}`"
+                )),
+            },
         }
     };
     let real = |name: &str| -> Result<Option<f64>, String> {
@@ -239,6 +246,17 @@ fn parse_row(table: &RunTable, index: usize, defaults: &RowDefaults) -> Result<R
     })
 }
 
+/// The largest value a whole-number column may hold: far above any model
+/// or machine, and small enough that products of degrees cannot overflow.
+fn column_limit(name: &str) -> u64 {
+    match name {
+        "vocab" | "seq_len" => 1 << 24,
+        "ffn_hidden" => 1 << 22,
+        "hidden" | "gpus" | "global_batch" | "micro_batch" | "tp" | "dp" => 1 << 20,
+        _ => 1 << 16,
+    }
+}
+
 fn measured_flops(model: &ModelSpec, config: &ParallelConfig, global_batch: u64) -> f64 {
     let tokens = (global_batch * model.seq_len) as f64;
     let layers = model.layers as f64;
@@ -275,6 +293,58 @@ pub fn parse_switch(field: &str, text: &str) -> Result<bool, String> {
         "off" | "false" | "no" | "0" => Ok(false),
         _ => Err(format!("`{field}` must be on or off, found `{text}`")),
     }
+}
+
+/// Every column a run table may use; others are carried through untouched.
+pub const KNOWN_COLUMNS: [&str; 23] = [
+    "gpus",
+    "global_batch",
+    "micro_batch",
+    "hidden",
+    "heads",
+    "kv_heads",
+    "ffn_hidden",
+    "layers",
+    "seq_len",
+    "vocab",
+    "tp",
+    "dp",
+    "pp",
+    "recompute",
+    "sequence_parallel",
+    "schedule",
+    "virtual_stages",
+    "layers_per_virtual_stage",
+    "bpipe",
+    "attention",
+    "optimizer_sharding",
+    "iter_ms",
+    "tflops_per_gpu",
+];
+
+/// A column one or two letters away from a known one is a typo, not a
+/// column of the user's own: `recompte` would otherwise be ignored and the
+/// flag's value used instead.
+fn check_column_names(table: &RunTable) -> Result<(), RunsError> {
+    for header in &table.headers {
+        if KNOWN_COLUMNS.contains(&header.as_str()) {
+            continue;
+        }
+        let near = KNOWN_COLUMNS
+            .iter()
+            .map(|k| (crate::suggest::edit_distance(header, k), *k))
+            .filter(|(d, _)| *d <= 2)
+            .min_by_key(|(d, _)| *d);
+        if let Some((_, known)) = near {
+            return Err(RunsError::Table {
+                path: table.path.clone(),
+                message: format!(
+                    "unknown column `{header}`; did you mean `{known}`? (rename it, or give it a name further from paratune's columns)"
+                ),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Two rows with the same configuration whose times differ by more than a
@@ -317,4 +387,79 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     tmp.as_file().sync_all()?;
     tmp.persist(path).map_err(|e| e.error)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn defaults() -> RowDefaults {
+        RowDefaults {
+            model: ModelSpec::gpt("runs", 1024, 16, 24, 50257, 1024),
+            recompute: Recompute::Full,
+            sequence_parallel: false,
+            schedule: ScheduleKind::OneFOneB,
+            virtual_stages: 1,
+            bpipe: false,
+            optimizer_sharding: OptimizerSharding::None,
+        }
+    }
+
+    const HEADER: &str = "gpus,global_batch,micro_batch,hidden,heads,layers,seq_len,tp,dp,pp";
+
+    #[test]
+    fn rows_become_runs_with_defaults_for_absent_columns() {
+        let text = format!("{HEADER},iter_ms,note\n8,16,2,1024,16,24,1024,2,2,2,219.7,first\n");
+        let table = RunTable::parse(&text, "t.csv").unwrap();
+        let runs = runs_from_table(&table, &defaults(), 8).unwrap();
+        assert_eq!(runs[0].config.recompute, Recompute::Full);
+        assert_eq!(runs[0].config.micro_batches(16), 4);
+        assert!((runs[0].measured_s.unwrap() - 0.2197).abs() < 1e-12);
+    }
+
+    #[test]
+    fn a_mistyped_column_is_named_with_the_known_one() {
+        let text = format!("{HEADER},recompte\n8,16,2,1024,16,24,1024,2,2,2,none\n");
+        let table = RunTable::parse(&text, "t.csv").unwrap();
+        let err = runs_from_table(&table, &defaults(), 8)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("`recompte`") && err.contains("`recompute`"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn an_impossible_row_is_reported_by_its_line() {
+        let text = format!(
+            "{HEADER},iter_ms\n8,16,2,1024,16,24,1024,2,2,2,219.7\n8,16,2,1024,16,24,1024,2,2,4,219.7\n"
+        );
+        let table = RunTable::parse(&text, "t.csv").unwrap();
+        let err = runs_from_table(&table, &defaults(), 8)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("line 3") && err.contains("tp x pp x dp"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn contradicting_duplicates_are_refused_and_non_positive_times_too() {
+        let text = format!(
+            "{HEADER},iter_ms\n8,16,2,1024,16,24,1024,2,2,2,200\n8,16,2,1024,16,24,1024,2,2,2,400\n"
+        );
+        let table = RunTable::parse(&text, "t.csv").unwrap();
+        let err = runs_from_table(&table, &defaults(), 8)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("line 3") && err.contains("line 2"), "{err}");
+        let text = format!("{HEADER},iter_ms\n8,16,2,1024,16,24,1024,2,2,2,-5\n");
+        let table = RunTable::parse(&text, "t.csv").unwrap();
+        let err = runs_from_table(&table, &defaults(), 8)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("iter_ms") && err.contains("positive"), "{err}");
+    }
 }

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 /// Columns every row needs; `dp` may be derived and `seq_len` defaulted.
-const REQUIRED: [&str; 7] = [
+const REQUIRED: [&str; 8] = [
     "gpus",
     "global_batch",
     "micro_batch",
@@ -14,6 +14,7 @@ const REQUIRED: [&str; 7] = [
     "heads",
     "layers",
     "tp",
+    "pp",
 ];
 
 #[derive(Debug, Clone)]
@@ -22,6 +23,8 @@ pub struct RunTable {
     pub headers: Vec<String>,
     pub rows: Vec<Vec<String>>,
     index: HashMap<String, usize>,
+    /// 1-based line of each row in the file (blank lines are skipped).
+    lines: Vec<usize>,
 }
 
 impl RunTable {
@@ -39,6 +42,12 @@ impl RunTable {
             path: path.to_string(),
             message,
         };
+        if text.trim().is_empty() {
+            return Err(table_error(format!(
+                "the file is empty; it needs a header line with at least {} (and dp, seq_len, iter_ms as available), then one row per run",
+                REQUIRED.join(", ")
+            )));
+        }
         let mut reader = csv::ReaderBuilder::new()
             .trim(csv::Trim::All)
             .from_reader(text.as_bytes());
@@ -60,21 +69,27 @@ impl RunTable {
             .collect();
         if !missing.is_empty() {
             return Err(table_error(format!(
-                "missing column(s) {}; the header needs at least {}, pp (and dp, seq_len, iter_ms as available)",
+                "missing column(s) {}; the header needs at least {} (and dp, seq_len, iter_ms as available)",
                 missing.join(", "),
                 REQUIRED.join(", ")
             )));
         }
-        if !index.contains_key("pp") {
-            return Err(table_error("missing column pp".into()));
-        }
         let mut rows = Vec::new();
+        let mut lines = Vec::new();
         for (i, record) in reader.records().enumerate() {
             let record = record.map_err(|e| RunsError::Row {
                 path: path.to_string(),
-                line: i + 2,
-                message: format!("unreadable row ({e}); is the file truncated?"),
+                line: e.position().map_or(i + 2, |p| line_at(text, p.byte())),
+                message: match e.kind() {
+                    csv::ErrorKind::UnequalLengths {
+                        expected_len, len, ..
+                    } => format!(
+                        "{len} cell(s) where the header has {expected_len} columns; is the file truncated, or a comma missing or extra?"
+                    ),
+                    _ => format!("unreadable row ({e}); is the file truncated?"),
+                },
             })?;
+            lines.push(record.position().map_or(i + 2, |p| line_at(text, p.byte())));
             rows.push(record.iter().map(str::to_string).collect());
         }
         if rows.is_empty() {
@@ -85,7 +100,14 @@ impl RunTable {
             headers,
             rows,
             index,
+            lines,
         })
+    }
+
+    /// The 1-based line of row `row` in the file (the header is line 1 when
+    /// nothing precedes it).
+    pub fn line(&self, row: usize) -> usize {
+        self.lines.get(row).copied().unwrap_or(row + 2)
     }
 
     /// The cell of row `row` in column `name`, if the column exists and the
@@ -97,6 +119,18 @@ impl RunTable {
             .map(String::as_str)
             .filter(|s| !s.is_empty())
     }
+}
+
+/// The 1-based line where a record starting at byte `offset` begins. The
+/// csv crate's own line count leaves out blank lines, and its offset points
+/// before the blank lines it skipped.
+fn line_at(text: &str, offset: u64) -> usize {
+    let bytes = text.as_bytes();
+    let mut start = (offset as usize).min(bytes.len());
+    while start < bytes.len() && (bytes[start] == b'\n' || bytes[start] == b'\r') {
+        start += 1;
+    }
+    1 + bytes[..start].iter().filter(|&&b| b == b'\n').count()
 }
 
 /// Writes a table as CSV.

@@ -60,8 +60,14 @@ impl Job {
         let available = self.nodes.nodes * node;
         if self.gpus > available {
             return Err(format!(
-                "the job asks for {} GPUs but the cluster has {available} ({} nodes of {node}); raise --nodes",
-                self.gpus, self.nodes.nodes
+                "the job asks for {} GPUs but the cluster has {available} ({} {} of {node}); raise --nodes",
+                self.gpus,
+                self.nodes.nodes,
+                if self.nodes.nodes == 1 {
+                    "node"
+                } else {
+                    "nodes"
+                }
             ));
         }
         Ok(())

@@ -22,8 +22,22 @@ pub struct SearchSpace {
     pub attention: Option<Vec<AttentionKind>>,
 }
 
+/// Divisors of `n` in increasing order, found up to its square root.
 fn divisors(n: u64) -> Vec<u64> {
-    (1..=n).filter(|d| n.is_multiple_of(*d)).collect()
+    let mut small = Vec::new();
+    let mut large = Vec::new();
+    let mut d = 1;
+    while d <= n / d {
+        if n.is_multiple_of(d) {
+            small.push(d);
+            if d != n / d {
+                large.push(n / d);
+            }
+        }
+        d += 1;
+    }
+    small.extend(large.into_iter().rev());
+    small
 }
 
 /// The outer loop of the search: tensor, pipeline and data-parallel degrees
