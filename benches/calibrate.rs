@@ -8,8 +8,8 @@ use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use paratune::calibrate::{Dataset, FitOptions, calibrate, fit_collectives, read_nccl_table};
 use paratune::cluster::builtin_node;
 use paratune::coefficients::CostModel;
-use paratune::config::{OptimizerSharding, Recompute, ScheduleKind};
-use paratune::model::{AttentionKind, ModelSpec};
+use paratune::config::Recompute;
+use paratune::model::AttentionKind;
 use paratune::runs::{RowDefaults, RunTable, runs_from_table};
 use std::hint::black_box;
 use std::path::Path;
@@ -19,17 +19,7 @@ fn reference() -> &'static Path {
 }
 
 fn single_node_dataset() -> Dataset {
-    let mut model = ModelSpec::gpt("reference", 1024, 16, 24, 50257, 1024);
-    model.attention = AttentionKind::Standard;
-    let defaults = RowDefaults {
-        model,
-        recompute: Recompute::Full,
-        sequence_parallel: false,
-        schedule: ScheduleKind::OneFOneB,
-        virtual_stages: 1,
-        bpipe: false,
-        optimizer_sharding: OptimizerSharding::None,
-    };
+    let defaults = RowDefaults::gpt(50257, 1024, AttentionKind::Standard, Recompute::Full);
     let table = RunTable::read(&reference().join("a100_single_node_runs.csv")).expect("reads");
     Dataset {
         name: "a100_single_node_runs".into(),

@@ -277,7 +277,13 @@ pub fn parse_cost_model(text: &str, path: &str) -> Result<CostModel, CostModelFi
         path: path.to_string(),
         message,
     };
-    let layout: FileLayout = toml::from_str(text).map_err(|e| invalid(one_line(&e.to_string())))?;
+    let layout: FileLayout = toml::from_str(text).map_err(|e| {
+        invalid(crate::toml_error::one_line(
+            &e,
+            text,
+            "each coefficient is a `[coefficients.NAME]` table with `value = NUMBER`",
+        ))
+    })?;
     let mut coefficients = Coefficients::priors();
     for (name, entry) in &layout.coefficients {
         if !coefficients.set(name, entry.value) {
@@ -305,24 +311,6 @@ pub fn parse_cost_model(text: &str, path: &str) -> Result<CostModel, CostModelFi
         collective: layout.collective,
         provenance: layout.provenance,
     })
-}
-
-/// TOML parser messages span several lines with a caret; keep the first
-/// meaningful ones on one line.
-fn one_line(message: &str) -> String {
-    message
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty() && !l.chars().all(|c| c == '^'))
-        // Source excerpts: "|", "16 | value = ..." and their carets.
-        .filter(|l| {
-            let rest = l
-                .trim_start_matches(|c: char| c.is_ascii_digit())
-                .trim_start();
-            !rest.starts_with('|')
-        })
-        .collect::<Vec<_>>()
-        .join(" ")
 }
 
 pub fn load_cost_model(path: &Path) -> Result<CostModel, CostModelFileError> {

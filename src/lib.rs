@@ -19,4 +19,5 @@ pub mod plan_file;
 pub mod runs;
 pub mod search;
 pub mod suggest;
+pub mod toml_error;
 pub mod units;

@@ -3,26 +3,16 @@
 
 use paratune::cluster::builtin_node;
 use paratune::coefficients::{CostModel, builtin_cost_model};
-use paratune::config::{OptimizerSharding, Recompute, ScheduleKind};
+use paratune::config::{Recompute, ScheduleKind};
 use paratune::evaluate::{Summary, evaluate};
-use paratune::model::{AttentionKind, ModelSpec};
+use paratune::model::AttentionKind;
 use paratune::runs::{RowDefaults, Run, RunTable, runs_from_table};
 use std::path::Path;
 
 /// Loads a reference table with the settings its README states: full
 /// recomputation, 1F1B (interleaved where the table says), unfused attention.
 fn reference_runs(file: &str, vocab: u64, seq_len: u64) -> Vec<Run> {
-    let mut model = ModelSpec::gpt("reference", 1024, 16, 24, vocab, seq_len);
-    model.attention = AttentionKind::Standard;
-    let defaults = RowDefaults {
-        model,
-        recompute: Recompute::Full,
-        sequence_parallel: false,
-        schedule: ScheduleKind::OneFOneB,
-        virtual_stages: 1,
-        bpipe: false,
-        optimizer_sharding: OptimizerSharding::None,
-    };
+    let defaults = RowDefaults::gpt(vocab, seq_len, AttentionKind::Standard, Recompute::Full);
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/data/reference")
         .join(file);

@@ -1,27 +1,16 @@
 use super::*;
 use crate::cluster::builtin_node;
 use crate::coefficients::{parse_cost_model, render_cost_model};
-use crate::config::{Recompute, ScheduleKind};
-use crate::model::ModelSpec;
+use crate::config::Recompute;
 use crate::runs::{RowDefaults, RunTable, runs_from_table};
 use std::path::Path;
 
-const SINGLE: &str = "../shared/reference/a100_single_node_runs.csv";
-const SC21: &str = "../shared/reference/megatron_sc21_table1.csv";
+const SINGLE: &str = "tests/data/reference/a100_single_node_runs.csv";
+const SC21: &str = "tests/data/reference/megatron_sc21_table1.csv";
 
 fn load(file: &str, name: &str, vocab: u64, seq: u64) -> Dataset {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(file);
-    let mut model = ModelSpec::gpt("x", 1024, 16, 24, vocab, seq);
-    model.attention = AttentionKind::Standard;
-    let defaults = RowDefaults {
-        model,
-        recompute: Recompute::Full,
-        sequence_parallel: false,
-        schedule: ScheduleKind::OneFOneB,
-        virtual_stages: 1,
-        bpipe: false,
-        optimizer_sharding: OptimizerSharding::None,
-    };
+    let defaults = RowDefaults::gpt(vocab, seq, AttentionKind::Standard, Recompute::Full);
     let table = RunTable::read(&path).unwrap();
     let group = builtin_node("a100-80gb", 400).unwrap();
     let runs = runs_from_table(&table, &defaults, group.gpus_per_node).unwrap();
@@ -44,26 +33,6 @@ fn sc21() -> Dataset {
 fn every(mut d: Dataset, step: usize, offset: usize) -> Dataset {
     d.runs = d.runs.into_iter().skip(offset).step_by(step).collect();
     d
-}
-
-/// The whole default calibration on both reference datasets, timed.
-/// `cargo test --release --lib calibrate::tests::full_reference -- --ignored --nocapture`
-#[test]
-#[ignore]
-fn full_reference() {
-    let datasets = [single_node(), sc21()];
-    let started = std::time::Instant::now();
-    let c = calibrate(
-        &datasets,
-        &CostModel::datasheet(),
-        "a100-calibrated",
-        &FitOptions::default(),
-    )
-    .unwrap();
-    let wall = started.elapsed().as_secs_f64();
-    println!("{}", render_report(&c));
-    println!("wall time {wall:.1} s");
-    println!("{}", crate::coefficients::render_cost_model(&c.model));
 }
 
 /// Replaces every run's measured time with the prediction of `truth`.
@@ -395,75 +364,4 @@ fn folds_keep_the_rows_of_one_job_together() {
     used.dedup();
     assert_eq!(used, vec![0, 1, 2, 3, 4]);
     assert!(group_folds(&rows[..1], &[0], 1, 5, 3).is_none());
-}
-
-/// Diagnostic: mean log error of the default fit by configuration feature
-/// (`ROWS=1` also lists rows off by more than 20%).
-/// `cargo test --release --lib calibrate::tests::residual_probe -- --ignored --nocapture`
-#[test]
-#[ignore]
-fn residual_probe() {
-    let datasets = [single_node(), sc21()];
-    let opts = FitOptions {
-        folds: 0,
-        bootstrap: 0,
-        ..FitOptions::default()
-    };
-    let c = calibrate(&datasets, &CostModel::datasheet(), "x", &opts).unwrap();
-    for d in &datasets {
-        let mut by: BTreeMap<String, Vec<f64>> = BTreeMap::new();
-        for run in &d.runs {
-            let s = Scenario::new(&run.model, run.global_batch, &d.group, run.gpus, &c.model);
-            let p = predict(&s, &run.config);
-            let r = (p.iteration_s / run.measured_s.unwrap()).ln();
-            let cfg = &run.config;
-            let host = p.time.host / p.iteration_s;
-            for key in [
-                format!("tp{}", cfg.tp),
-                format!("pp{}", cfg.pp),
-                format!("dp{}", cfg.dp),
-                format!("mb{:02}", cfg.micro_batch),
-                format!("h{}", run.model.hidden),
-                format!("L{}", run.model.layers),
-                format!("gpus{}", run.gpus),
-                format!("B{:03}", run.global_batch),
-                format!("m{:03}", cfg.micro_batches(run.global_batch)),
-                format!("host{:.1}", (host * 5.0).floor() / 5.0),
-                format!("x tp{} mb{} h{}", cfg.tp, cfg.micro_batch, run.model.hidden),
-            ] {
-                by.entry(key).or_default().push(r);
-            }
-            if std::env::var("ROWS").is_ok() && (r.abs() > 0.2 || d.runs.len() < 20) {
-                println!(
-                    "{} line {} {:?} h{} L{} B{} gpus{} pred {:.1} ms meas {:.1} ms r {:+.3} parts {:?}",
-                    d.name,
-                    run.line,
-                    (cfg.tp, cfg.pp, cfg.dp, cfg.micro_batch),
-                    run.model.hidden,
-                    run.model.layers,
-                    run.global_batch,
-                    run.gpus,
-                    p.iteration_s * 1e3,
-                    run.measured_s.unwrap() * 1e3,
-                    r,
-                    p.time
-                        .parts()
-                        .iter()
-                        .map(|(n, x)| format!("{n}={:.0}", x * 1e3))
-                        .collect::<Vec<_>>()
-                );
-            }
-        }
-        println!("== {}", d.name);
-        for (k, v) in &by {
-            let mean = v.iter().sum::<f64>() / v.len() as f64;
-            let mad = v.iter().map(|x| x.abs()).sum::<f64>() / v.len() as f64;
-            println!(
-                "{k:10} n={:4} mean log err {:+.3} mean |err| {:.3}",
-                v.len(),
-                mean,
-                mad
-            );
-        }
-    }
 }

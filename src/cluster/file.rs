@@ -63,7 +63,7 @@ pub fn load_cluster_file(path: &Path) -> Result<Cluster, ClusterFileError> {
 const EXAMPLE: &str = "`[[nodes]]` with `gpu = \"h100-sxm\"` and `count = 4`";
 
 fn parse(text: &str) -> Result<Cluster, String> {
-    let table: Table = text.parse().map_err(|e| toml_error(&e, text))?;
+    let table: Table = text.parse().map_err(|e| crate::toml_error::one_line(&e, text, "fix the syntax (`[[nodes]]` headers, then `key = value` lines, strings in double quotes)"))?;
     for key in table.keys() {
         if key == "nodes" {
             continue;
@@ -261,30 +261,6 @@ fn with_units<T: std::str::FromStr<Err = String>>(
         };
         format!("{at}: `{key}`: {e}{hint}")
     })
-}
-
-/// A TOML syntax error on one line: where it is and what the parser said.
-fn toml_error(error: &toml::de::Error, text: &str) -> String {
-    let message = error
-        .message()
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .collect::<Vec<_>>()
-        .join("; ");
-    let place = match error.span() {
-        Some(span) => {
-            let before = &text[..span.start.min(text.len())];
-            let line = before.matches('\n').count() + 1;
-            let column = before.rsplit('\n').next().unwrap_or("").chars().count() + 1;
-            format!(" at line {line}, column {column}")
-        }
-        None => String::new(),
-    };
-    format!(
-        "invalid TOML{place}: {message}; fix the syntax (`[[nodes]]` headers, then \
-         `key = value` lines, strings in double quotes)"
-    )
 }
 
 #[cfg(test)]

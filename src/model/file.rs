@@ -84,7 +84,13 @@ pub fn render_model_toml(model: &ModelSpec) -> String {
 }
 
 fn parse(text: &str, path: &str) -> Result<ModelSpec, String> {
-    let table: Table = text.parse().map_err(|e| toml_error(&e, text))?;
+    let table: Table = text.parse().map_err(|e| {
+        crate::toml_error::one_line(
+            &e,
+            text,
+            "fix the syntax (each line `key = value`, strings in double quotes)",
+        )
+    })?;
     for (key, value) in &table {
         if !KEYS.contains(&key.as_str()) {
             return Err(match value {
@@ -266,30 +272,6 @@ fn string<'a>(table: &'a Table, key: &str) -> Result<Option<&'a str>, String> {
             "`{key}` must be a string in double quotes, not `{other}`"
         )),
     }
-}
-
-/// A TOML syntax error on one line: where it is and what the parser said.
-fn toml_error(error: &toml::de::Error, text: &str) -> String {
-    let message = error
-        .message()
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .collect::<Vec<_>>()
-        .join("; ");
-    let place = match error.span() {
-        Some(span) => {
-            let before = &text[..span.start.min(text.len())];
-            let line = before.matches('\n').count() + 1;
-            let column = before.rsplit('\n').next().unwrap_or("").chars().count() + 1;
-            format!(" at line {line}, column {column}")
-        }
-        None => String::new(),
-    };
-    format!(
-        "invalid TOML{place}: {message}; fix the syntax (each line `key = value`, strings in \
-         double quotes)"
-    )
 }
 
 #[cfg(test)]

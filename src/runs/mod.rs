@@ -30,6 +30,26 @@ pub struct RowDefaults {
     pub optimizer_sharding: OptimizerSharding,
 }
 
+impl RowDefaults {
+    /// GPT-style rows (MLP 4h, learned positions, tied embeddings) with the
+    /// given vocabulary, sequence length, attention kernel and recomputation,
+    /// on the 1F1B schedule without sharding: how Megatron's published runs
+    /// (and the reference measurements) are described.
+    pub fn gpt(vocab: u64, seq_len: u64, attention: AttentionKind, recompute: Recompute) -> Self {
+        let mut model = ModelSpec::gpt("runs", 1024, 16, 24, vocab, seq_len);
+        model.attention = attention;
+        RowDefaults {
+            model,
+            recompute,
+            sequence_parallel: false,
+            schedule: ScheduleKind::OneFOneB,
+            virtual_stages: 1,
+            bpipe: false,
+            optimizer_sharding: OptimizerSharding::None,
+        }
+    }
+}
+
 /// One row of a run table, understood.
 #[derive(Debug, Clone)]
 pub struct Run {
@@ -394,15 +414,7 @@ mod tests {
     use super::*;
 
     fn defaults() -> RowDefaults {
-        RowDefaults {
-            model: ModelSpec::gpt("runs", 1024, 16, 24, 50257, 1024),
-            recompute: Recompute::Full,
-            sequence_parallel: false,
-            schedule: ScheduleKind::OneFOneB,
-            virtual_stages: 1,
-            bpipe: false,
-            optimizer_sharding: OptimizerSharding::None,
-        }
+        RowDefaults::gpt(50257, 1024, AttentionKind::Flash, Recompute::Full)
     }
 
     const HEADER: &str = "gpus,global_batch,micro_batch,hidden,heads,layers,seq_len,tp,dp,pp";
