@@ -4,6 +4,7 @@
 use crate::cluster::NodeGroup;
 use crate::coefficients::CostModel;
 use crate::cost::{Scenario, predict};
+use crate::profile::Measurements;
 use crate::runs::Run;
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -43,11 +44,23 @@ pub struct Evaluation {
 /// Predicts every run that has a measured time. `gpus` per run come from the
 /// run; nodes are those of `group`.
 pub fn evaluate(runs: &[Run], group: &NodeGroup, cost: &CostModel) -> Evaluation {
+    evaluate_with_profile(runs, group, cost, None)
+}
+
+/// [`evaluate`] with the cost model using `profile`'s measurements where
+/// they cover the case.
+pub fn evaluate_with_profile(
+    runs: &[Run],
+    group: &NodeGroup,
+    cost: &CostModel,
+    profile: Option<&Measurements>,
+) -> Evaluation {
     let rows: Vec<RowError> = runs
         .iter()
         .filter_map(|run| {
             let measured_s = run.measured_s?;
-            let scenario = Scenario::new(&run.model, run.global_batch, group, run.gpus, cost);
+            let scenario = Scenario::new(&run.model, run.global_batch, group, run.gpus, cost)
+                .with_profile(profile);
             Some(RowError {
                 line: run.line,
                 group: run.group_key(),

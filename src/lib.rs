@@ -5,7 +5,9 @@
 //! cost model ([`cost`]), whose coefficients live in [`coefficients`]; the
 //! [`search`] enumerates and ranks configurations; [`export`] turns a winner
 //! into launch arguments; [`runs`] reads measured runs and [`evaluate`] scores
-//! the cost model against them. Only `src/main.rs` knows about the terminal.
+//! the cost model against them; [`profile`] holds measured collectives and
+//! layers that the cost model uses where they cover the case. Only
+//! `src/main.rs` knows about the terminal.
 
 pub mod calibrate;
 pub mod cluster;
@@ -16,6 +18,7 @@ pub mod evaluate;
 pub mod export;
 pub mod model;
 pub mod plan_file;
+pub mod profile;
 pub mod runs;
 pub mod search;
 pub mod suggest;

@@ -14,6 +14,7 @@ fn main() -> ExitCode {
         Command::Predict(args) => cli::commands::predict_command(args),
         Command::Evaluate(args) => cli::commands::evaluate_command(args),
         Command::Calibrate(args) => cli::calibrate::run(args),
+        Command::Profile(command) => cli::profile::run(command),
         Command::Models => cli::commands::models(),
         Command::Gpus => cli::commands::gpus(),
     };

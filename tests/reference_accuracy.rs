@@ -147,3 +147,34 @@ fn the_shipped_a100_model_is_reproducible_and_its_cross_validated_error_holds() 
     let prior_single = &fit.prior_cross_validated[0].1;
     assert!(single.mape < prior_single.mape / 2.0);
 }
+
+/// The shipped A100 profile (the reference NCCL curves and Korthikanti's
+/// layer rows) used by the cost model does no worse on the single-node runs
+/// than the formulas alone. Its effect is small by construction: the
+/// collective coefficients were fitted to the same curves, and no run has
+/// the measured layer shape (h 6144, tp 8), so only collectives change.
+#[test]
+fn the_shipped_a100_profile_does_not_worsen_the_single_node_error() {
+    use paratune::evaluate::evaluate_with_profile;
+    use paratune::profile::{Measurements, read_profile};
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("profiles/a100-sxm");
+    let measurements = Measurements::from_profile(&read_profile(&dir).unwrap());
+    let runs = reference_runs("a100_single_node_runs.csv", 50257, 1024);
+    let nodes = builtin_node("a100-80gb", 400).unwrap();
+    for name in ["datasheet", "a100-megatron"] {
+        let cost = builtin_cost_model(name).unwrap();
+        let without = evaluate(&runs, &nodes, &cost).summary();
+        let with = evaluate_with_profile(&runs, &nodes, &cost, Some(&measurements)).summary();
+        eprintln!(
+            "{name}: MAPE {:.4} without the profile, {:.4} with it",
+            without.mape, with.mape
+        );
+        assert_eq!(with.rows, 1440);
+        assert!(
+            with.mape <= without.mape + 1e-3,
+            "{name}: MAPE {} with the profile, {} without",
+            with.mape,
+            without.mape
+        );
+    }
+}

@@ -110,6 +110,9 @@ pub enum Command {
     Evaluate(EvaluateArgs),
     /// Fit the cost model's coefficients to measured runs (argmin) and write a cost model.
     Calibrate(CalibrateArgs),
+    /// Build and inspect measured profiles (nccl-tests curves, layer times) for --profile.
+    #[command(subcommand)]
+    Profile(ProfileCommand),
     /// List the built-in models.
     Models,
     /// List the built-in GPUs and their default nodes.
@@ -276,6 +279,10 @@ pub struct PlanArgs {
     /// keys not given are taken from the winner.
     #[arg(long)]
     pub explain: Option<String>,
+    /// Profile directory (see `paratune profile`): measured collectives and layers
+    /// replace the cost model's formulas where they cover the case.
+    #[arg(long)]
+    pub profile: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -287,6 +294,10 @@ pub struct PredictArgs {
     /// A runs CSV: predict every row (columns absent take the flags' values).
     #[arg(long)]
     pub runs: Option<PathBuf>,
+    /// Profile directory (see `paratune profile`): measured collectives and layers
+    /// replace the cost model's formulas where they cover the case.
+    #[arg(long)]
+    pub profile: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -301,6 +312,10 @@ pub struct EvaluateArgs {
     /// Also list every group's rank correlation and regret.
     #[arg(long)]
     pub groups: bool,
+    /// Profile directory (see `paratune profile`): measured collectives and layers
+    /// replace the cost model's formulas where they cover the case.
+    #[arg(long)]
+    pub profile: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -336,4 +351,75 @@ pub struct CalibrateArgs {
     /// Name of the fitted cost model.
     #[arg(long)]
     pub name: Option<String>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ProfileCommand {
+    /// Add nccl-tests results (the stdout of all_reduce_perf and its siblings) to a profile.
+    ImportNcclTests(ImportNcclTestsArgs),
+    /// Add an nccl-tests-style CSV (gpus,bytes,...,out_of_place_us,out_of_place_busbw_GBps,...).
+    ImportTable(ImportTableArgs),
+    /// Add measured layer times from a table like Korthikanti et al.'s
+    /// (experiment,hidden,heads,seq_len,micro_batch,tp,sequence_parallel,recompute,forward_ms,backward_ms,...).
+    ImportLayers(ImportLayersArgs),
+    /// Summarise a profile directory.
+    Show(ShowProfileArgs),
+}
+
+/// Where a profile's measurements come from, recorded in its environment.toml.
+#[derive(Args, Debug, Clone, Default)]
+pub struct ProvenanceArgs {
+    /// The profile directory to create or add to.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// GPU measured (e.g. a100-80gb); needed for a new profile unless the log names its device.
+    #[arg(long)]
+    pub gpu: Option<String>,
+    /// Where the measurements come from (tool, paper, data set).
+    #[arg(long)]
+    pub source: Option<String>,
+    /// A note for environment.toml (attribution, licence, caveats); give the flag once per note.
+    #[arg(long)]
+    pub note: Vec<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct ImportNcclTestsArgs {
+    /// nccl-tests output files.
+    #[arg(required = true)]
+    pub files: Vec<PathBuf>,
+    /// Collective: all_reduce, all_gather, reduce_scatter, sendrecv (default: from the log).
+    #[arg(long)]
+    pub op: Option<String>,
+    /// Ranks of the run (default: the log's `#  Rank N ... device` lines counted).
+    #[arg(long)]
+    pub ranks: Option<u64>,
+    #[command(flatten)]
+    pub provenance: ProvenanceArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct ImportTableArgs {
+    pub file: PathBuf,
+    /// Collective the table measured: all_reduce, all_gather, reduce_scatter, sendrecv.
+    #[arg(long)]
+    pub op: String,
+    #[command(flatten)]
+    pub provenance: ProvenanceArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct ImportLayersArgs {
+    pub file: PathBuf,
+    /// Training precision the layers ran in (free-form, e.g. bf16).
+    #[arg(long, default_value = "16-bit")]
+    pub dtype: String,
+    #[command(flatten)]
+    pub provenance: ProvenanceArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct ShowProfileArgs {
+    /// The profile directory.
+    pub dir: PathBuf,
 }

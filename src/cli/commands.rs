@@ -1,14 +1,15 @@
 //! The subcommands: call the library, print the result.
 
 use super::args::{EvaluateArgs, Format, PlanArgs, PredictArgs};
+use super::profile::{self as profile_cli, usage_line};
 use super::render::{self, GIB, percent, seconds};
 use super::resolve;
 use anyhow::{Context, Result, anyhow, bail};
 use paratune::cluster::{builtin_gpu_names, builtin_node};
 use paratune::coefficients::CostModel;
 use paratune::config::{ParallelConfig, on_off};
-use paratune::cost::{memory_per_stage, predict};
-use paratune::evaluate::evaluate;
+use paratune::cost::{ProfileUsage, Scenario, memory_per_stage, predict, predict_with_usage};
+use paratune::evaluate::evaluate_with_profile;
 use paratune::export::{LaunchJob, megatron_args, megatron_command_line, torchtitan_toml};
 use paratune::model::{builtin_model, builtin_model_names};
 use paratune::plan_file::{PLAN_FORMAT, PLAN_VERSION, PlanFile, PlannedCandidate, SearchCounts};
@@ -95,8 +96,10 @@ pub fn plan(args: &PlanArgs) -> Result<()> {
             }
         );
     }
-    let job = resolve::job(&args.common)?;
+    let mut job = resolve::job(&args.common)?;
     let cost = resolve::cost_model(args.common.cost_model.as_deref(), &job.nodes.gpu.name)?;
+    let profile = profile_cli::load(args.profile.as_deref(), &job.nodes.gpu.name)?;
+    job.profile = profile.as_ref().map(|p| p.measurements.clone());
     let space = resolve::space(&args.space)?;
     let started = Instant::now();
     let result = search(&job, &space, &cost);
@@ -114,6 +117,9 @@ pub fn plan(args: &PlanArgs) -> Result<()> {
             let mut out = String::new();
             let _ = writeln!(out, "paratune plan: {}", job_line(&job, &cost));
             search_counts(&mut out, &result, elapsed.as_secs_f64());
+            if let Some(profile) = &profile {
+                plan_profile_usage(&mut out, profile, &job, &cost, &result);
+            }
             let band = cost.uncertainty().map(|u| u.p90);
             let _ = writeln!(out, "\n{}", render::ranking_header(band.is_some()));
             for (i, c) in result.candidates.iter().take(args.top).enumerate() {
@@ -132,6 +138,31 @@ pub fn plan(args: &PlanArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// What the ranked configurations and the winner took from the profile
+/// (the lookups are re-run for them; the search itself does not count).
+fn plan_profile_usage(
+    out: &mut String,
+    profile: &profile_cli::Loaded,
+    job: &Job,
+    cost: &CostModel,
+    result: &SearchResult,
+) {
+    let scenario = job.scenario(cost);
+    let mut all = ProfileUsage::default();
+    for c in &result.candidates {
+        all.add(&predict_with_usage(&scenario, &c.config).1);
+    }
+    let winner = predict_with_usage(&scenario, &result.candidates[0].config).1;
+    let _ = writeln!(out, "{}:", profile.title());
+    let _ = writeln!(
+        out,
+        "  the {} ranked configurations: {}",
+        render::thousands(result.candidates.len() as f64),
+        usage_line(&all)
+    );
+    let _ = writeln!(out, "  the winner: {}", usage_line(&winner));
 }
 
 fn nothing_fits(
@@ -440,21 +471,29 @@ pub fn predict_command(args: &PredictArgs) -> Result<()> {
     if let Some(path) = &args.runs {
         return predict_runs(args, path);
     }
-    let job = resolve::job(&args.common)?;
+    let mut job = resolve::job(&args.common)?;
     let cost = resolve::cost_model(args.common.cost_model.as_deref(), &job.nodes.gpu.name)?;
+    let profile = profile_cli::load(args.profile.as_deref(), &job.nodes.gpu.name)?;
+    job.profile = profile.as_ref().map(|p| p.measurements.clone());
     let config = resolve::single_config(&args.space, &job)?;
     let scenario = job.scenario(&cost);
-    let prediction = predict(&scenario, &config);
+    let (prediction, usage) = predict_with_usage(&scenario, &config);
     let stages = memory_per_stage(&scenario, &config);
     match args.common.format {
         Format::Json => {
-            let value = serde_json::json!({
+            let mut value = serde_json::json!({
                 "config": config,
                 "prediction": prediction,
                 "stages": stages,
                 "megatron_args": megatron_args(&launch_job(&job, &config)).ok(),
                 "megatron_unsupported": megatron_args(&launch_job(&job, &config)).err().map(|e| e.to_string()),
             });
+            if let Some(profile) = &profile {
+                value["profile"] = serde_json::json!({
+                    "path": profile.path.display().to_string(),
+                    "usage": usage,
+                });
+            }
             emit(&json(&value)?)?;
         }
         Format::Csv => {
@@ -486,6 +525,9 @@ pub fn predict_command(args: &PredictArgs) -> Result<()> {
         Format::Table => {
             let mut out = String::new();
             let _ = writeln!(out, "paratune predict: {}", job_line(&job, &cost));
+            if let Some(profile) = &profile {
+                let _ = writeln!(out, "{}: {}", profile.title(), usage_line(&usage));
+            }
             let _ = writeln!(out, "configuration: {config}");
             let _ = writeln!(
                 out,
@@ -520,6 +562,8 @@ pub fn predict_command(args: &PredictArgs) -> Result<()> {
 fn predict_runs(args: &PredictArgs, path: &std::path::Path) -> Result<()> {
     let (nodes, _) = resolve::nodes(&args.common.cluster)?;
     let cost = resolve::cost_model(args.common.cost_model.as_deref(), &nodes.gpu.name)?;
+    let profile = profile_cli::load(args.profile.as_deref(), &nodes.gpu.name)?;
+    let measurements = profile.as_ref().map(|p| p.measurements.as_ref());
     let defaults = resolve::row_defaults(&args.space, resolve::row_model(&args.common.model)?)?;
     let table = RunTable::read(path)?;
     let runs = runs_from_table(&table, &defaults, nodes.gpus_per_node)?;
@@ -537,13 +581,8 @@ fn predict_runs(args: &PredictArgs, path: &std::path::Path) -> Result<()> {
         .iter()
         .zip(&table.rows)
         .map(|(run, cells)| {
-            let scenario = paratune::cost::Scenario::new(
-                &run.model,
-                run.global_batch,
-                &nodes,
-                run.gpus,
-                &cost,
-            );
+            let scenario = Scenario::new(&run.model, run.global_batch, &nodes, run.gpus, &cost)
+                .with_profile(measurements);
             let p = predict(&scenario, &run.config);
             let mut row = cells.clone();
             row.extend([
@@ -577,10 +616,21 @@ fn predict_runs(args: &PredictArgs, path: &std::path::Path) -> Result<()> {
 pub fn evaluate_command(args: &EvaluateArgs) -> Result<()> {
     let (nodes, _) = resolve::nodes(&args.common.cluster)?;
     let cost = resolve::cost_model(args.common.cost_model.as_deref(), &nodes.gpu.name)?;
+    let profile = profile_cli::load(args.profile.as_deref(), &nodes.gpu.name)?;
+    let measurements = profile.as_ref().map(|p| p.measurements.as_ref());
     let defaults = resolve::row_defaults(&args.space, resolve::row_model(&args.common.model)?)?;
     let table = RunTable::read(&args.runs)?;
     let runs = runs_from_table(&table, &defaults, nodes.gpus_per_node)?;
-    let evaluation = evaluate(&runs, &nodes, &cost);
+    let evaluation = evaluate_with_profile(&runs, &nodes, &cost, measurements);
+    // What the rows' predictions took from the profile (re-run to count).
+    let mut usage = ProfileUsage::default();
+    if measurements.is_some() {
+        for run in runs.iter().filter(|r| r.measured_s.is_some()) {
+            let scenario = Scenario::new(&run.model, run.global_batch, &nodes, run.gpus, &cost)
+                .with_profile(measurements);
+            usage.add(&predict_with_usage(&scenario, &run.config).1);
+        }
+    }
     if evaluation.rows.is_empty() {
         bail!(
             "{}: no row has a measured time; add an iter_ms column",
@@ -591,6 +641,9 @@ pub fn evaluate_command(args: &EvaluateArgs) -> Result<()> {
     match args.common.format {
         Format::Json => emit(&json(&serde_json::json!({
             "cost_model": cost.name, "summary": summary, "groups": evaluation.groups, "rows": evaluation.rows,
+            "profile": profile.as_ref().map(|p| serde_json::json!({
+                "path": p.path.display().to_string(), "usage": usage,
+            })),
         }))?)?,
         Format::Csv => {
             let headers =
@@ -618,6 +671,9 @@ pub fn evaluate_command(args: &EvaluateArgs) -> Result<()> {
                 args.runs.display(),
                 cost.name
             );
+            if let Some(profile) = &profile {
+                let _ = writeln!(out, "{}: {}", profile.title(), usage_line(&usage));
+            }
             let _ = writeln!(out, "  rows with a measured time   {}", summary.rows);
             let _ = writeln!(
                 out,

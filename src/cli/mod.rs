@@ -3,5 +3,6 @@
 pub mod args;
 pub mod calibrate;
 pub mod commands;
+pub mod profile;
 pub mod render;
 pub mod resolve;

@@ -152,6 +152,7 @@ pub fn job(common: &CommonArgs) -> Result<Job> {
         gpus,
         nodes,
         memory_limit: common.cluster.memory_limit.map(|b| b.0),
+        profile: None,
     };
     job.check().map_err(|e| anyhow!(e))?;
     Ok(job)

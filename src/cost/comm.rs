@@ -1,12 +1,22 @@
 //! Collectives and point-to-point messages, charged on the link that the
 //! rank placement gives them (Megatron order: tp fastest, then dp, then pp).
+//!
+//! With a profile, an intra-node collective whose (op, ranks) curve was
+//! measured takes the measured time (see [`Measurements::collective`] for
+//! the interpolation and extrapolation). An all-gather or reduce-scatter
+//! without a curve of its own is derived from the all-reduce curve at the
+//! same size: a ring all-reduce is a reduce-scatter followed by an
+//! all-gather over the same chunks, so each moves half the all-reduce's bus
+//! volume and takes half its time. Collectives that span nodes, and
+//! point-to-point transfers, keep the formulas.
 
-use super::Scenario;
 use super::kernels::HALF;
 use super::memory::{ParamGroup, SyncMethod};
+use super::{ProfileUsage, Scenario};
 use crate::cluster::GroupSpan;
 use crate::coefficients::CollectiveAlgorithm;
 use crate::config::{OptimizerSharding, ParallelConfig, Recompute};
+use crate::profile::{CollectiveLookup, CollectiveOp, Measurements};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Collective {
@@ -16,6 +26,14 @@ pub enum Collective {
 }
 
 impl Collective {
+    fn op(self) -> CollectiveOp {
+        match self {
+            Collective::AllReduce => CollectiveOp::AllReduce,
+            Collective::AllGather => CollectiveOp::AllGather,
+            Collective::ReduceScatter => CollectiveOp::ReduceScatter,
+        }
+    }
+
     /// Ring passes over the data: an all-reduce is a reduce-scatter plus an all-gather.
     fn passes(self) -> f64 {
         match self {
@@ -43,9 +61,49 @@ fn latency(s: &Scenario, kind: Collective, ranks: u64) -> f64 {
         * 1e-6
 }
 
+/// The measured time of an intra-node collective, if the profile has a
+/// curve for it (or, for an all-gather or reduce-scatter, an all-reduce
+/// curve to derive it from); counted in `usage`.
+fn measured_intra(
+    profile: &Measurements,
+    kind: Collective,
+    ranks: u64,
+    bytes: f64,
+    usage: &mut ProfileUsage,
+) -> Option<f64> {
+    let (lookup, derived) = match profile.collective(kind.op(), ranks, bytes) {
+        Some(own) => (Some(own), false),
+        None if kind != Collective::AllReduce => {
+            let half = profile
+                .collective(CollectiveOp::AllReduce, ranks, bytes)
+                .map(|all_reduce| CollectiveLookup {
+                    seconds: all_reduce.seconds / 2.0,
+                    ..all_reduce
+                });
+            (half, true)
+        }
+        None => (None, false),
+    };
+    let Some(lookup) = lookup else {
+        usage.collective_modelled += 1;
+        return None;
+    };
+    usage.collective_lookups += 1;
+    usage.collective_extrapolated += u64::from(lookup.extrapolated);
+    usage.collective_derived += u64::from(derived);
+    Some(lookup.seconds)
+}
+
 /// Time of a collective over `bytes` (the full buffer each rank holds) among
-/// ranks laid out as `span`.
-pub fn collective(s: &Scenario, kind: Collective, span: GroupSpan, bytes: f64) -> f64 {
+/// ranks laid out as `span`: measured when the scenario's profile has the
+/// intra-node curve, from the formulas otherwise.
+pub fn collective(
+    s: &Scenario,
+    kind: Collective,
+    span: GroupSpan,
+    bytes: f64,
+    usage: &mut ProfileUsage,
+) -> f64 {
     let ranks = span.nodes * span.per_node;
     if ranks <= 1 || bytes <= 0.0 {
         return 0.0;
@@ -53,7 +111,15 @@ pub fn collective(s: &Scenario, kind: Collective, span: GroupSpan, bytes: f64) -
     let n = ranks as f64;
     let passes = kind.passes();
     if span.nodes == 1 {
+        if let Some(profile) = s.profile
+            && let Some(seconds) = measured_intra(profile, kind, ranks, bytes, usage)
+        {
+            return seconds;
+        }
         return latency(s, kind, ranks) + passes * (n - 1.0) / n * bytes / intra_bw(s);
+    }
+    if s.profile.is_some() {
+        usage.collective_modelled += 1;
     }
     let k = span.per_node as f64;
     let nodes = span.nodes as f64;
@@ -80,16 +146,22 @@ fn within_node(ranks: u64) -> GroupSpan {
     }
 }
 
-pub fn all_reduce_intra(s: &Scenario, ranks: u64, bytes: f64) -> f64 {
-    collective(s, Collective::AllReduce, within_node(ranks), bytes)
+pub fn all_reduce_intra(s: &Scenario, ranks: u64, bytes: f64, usage: &mut ProfileUsage) -> f64 {
+    collective(s, Collective::AllReduce, within_node(ranks), bytes, usage)
 }
 
-pub fn all_gather_intra(s: &Scenario, ranks: u64, bytes: f64) -> f64 {
-    collective(s, Collective::AllGather, within_node(ranks), bytes)
+pub fn all_gather_intra(s: &Scenario, ranks: u64, bytes: f64, usage: &mut ProfileUsage) -> f64 {
+    collective(s, Collective::AllGather, within_node(ranks), bytes, usage)
 }
 
-pub fn reduce_scatter_intra(s: &Scenario, ranks: u64, bytes: f64) -> f64 {
-    collective(s, Collective::ReduceScatter, within_node(ranks), bytes)
+pub fn reduce_scatter_intra(s: &Scenario, ranks: u64, bytes: f64, usage: &mut ProfileUsage) -> f64 {
+    collective(
+        s,
+        Collective::ReduceScatter,
+        within_node(ranks),
+        bytes,
+        usage,
+    )
 }
 
 /// Point-to-point bandwidth between two ranks, depending on whether they share a node.
@@ -130,7 +202,12 @@ pub fn pipeline_p2p_per_microbatch(s: &Scenario, c: &ParallelConfig) -> f64 {
 
 /// Exposed time of synchronising one parameter group over the data-parallel
 /// ranks in one iteration.
-pub fn data_parallel_sync(s: &Scenario, c: &ParallelConfig, group: &ParamGroup) -> f64 {
+pub fn data_parallel_sync(
+    s: &Scenario,
+    c: &ParallelConfig,
+    group: &ParamGroup,
+    usage: &mut ProfileUsage,
+) -> f64 {
     if c.dp == 1 {
         return 0.0;
     }
@@ -140,11 +217,11 @@ pub fn data_parallel_sync(s: &Scenario, c: &ParallelConfig, group: &ParamGroup) 
     let weights = group.params * k.weight_bytes_per_param;
     match (group.sync, c.optimizer_sharding) {
         (SyncMethod::AllReduce, OptimizerSharding::None) => {
-            collective(s, Collective::AllReduce, span, grads) * (1.0 - k.dp_overlap)
+            collective(s, Collective::AllReduce, span, grads, usage) * (1.0 - k.dp_overlap)
         }
         (SyncMethod::AllReduce, OptimizerSharding::OptimizerStates) => {
-            (collective(s, Collective::ReduceScatter, span, grads)
-                + collective(s, Collective::AllGather, span, weights))
+            (collective(s, Collective::ReduceScatter, span, grads, usage)
+                + collective(s, Collective::AllGather, span, weights, usage))
                 * (1.0 - k.dp_overlap)
         }
         (SyncMethod::AllReduce, OptimizerSharding::Full) => {
@@ -156,8 +233,9 @@ pub fn data_parallel_sync(s: &Scenario, c: &ParallelConfig, group: &ParamGroup) 
                 2.0
             };
             let m = c.micro_batches(s.global_batch) as f64;
-            let per_microbatch = gathers * collective(s, Collective::AllGather, span, weights)
-                + collective(s, Collective::ReduceScatter, span, grads);
+            let per_microbatch = gathers
+                * collective(s, Collective::AllGather, span, weights, usage)
+                + collective(s, Collective::ReduceScatter, span, grads, usage);
             m * per_microbatch * (1.0 - k.zero3_prefetch_overlap)
         }
     }

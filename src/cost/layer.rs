@@ -1,10 +1,22 @@
 //! One transformer layer on one tensor-parallel shard, for one micro-batch:
 //! forward, backward and recomputation, and the host time to launch it.
+//!
+//! With a profile that measured the layer's shape (hidden, heads, sequence,
+//! tp, sequence parallelism, recomputation), the measured forward, backward
+//! and recomputation times for the micro-batch replace the GEMM, attention
+//! and element-wise estimate. A measured pass is wall-clock time on the
+//! device: it already holds the tensor-parallel collectives and any host
+//! launch gaps, so nothing is added to it. The host excess is zero, and the
+//! tensor-parallel share shown in the breakdown is the collective estimate
+//! carved out of the measured total (capped at it), the rest counting as
+//! compute: the layer's total is the measured total exactly, with no
+//! collective or launch time counted twice.
 
 use super::kernels::{self, HALF};
-use super::{Scenario, comm};
+use super::{ProfileUsage, Scenario, comm};
 use crate::config::{ParallelConfig, Recompute};
 use crate::model::AttentionKind;
+use crate::profile::LayerShape;
 
 /// Seconds per layer per micro-batch, forward + backward + recomputation.
 #[derive(Debug, Clone, Copy)]
@@ -134,15 +146,16 @@ fn elementwise_bytes(s: &Scenario, c: &ParallelConfig) -> Traffic {
 
 /// Forward-pass collectives of one layer: two all-reduces, or with sequence
 /// parallelism two all-gathers and two reduce-scatters.
-fn tensor_parallel_forward(s: &Scenario, c: &ParallelConfig) -> f64 {
+fn tensor_parallel_forward(s: &Scenario, c: &ParallelConfig, usage: &mut ProfileUsage) -> f64 {
     if c.tp == 1 {
         return 0.0;
     }
     let bytes = HALF * (c.micro_batch * s.model.seq_len * s.model.hidden) as f64;
     if c.sequence_parallel {
-        2.0 * (comm::all_gather_intra(s, c.tp, bytes) + comm::reduce_scatter_intra(s, c.tp, bytes))
+        2.0 * (comm::all_gather_intra(s, c.tp, bytes, usage)
+            + comm::reduce_scatter_intra(s, c.tp, bytes, usage))
     } else {
-        2.0 * comm::all_reduce_intra(s, c.tp, bytes)
+        2.0 * comm::all_reduce_intra(s, c.tp, bytes, usage)
     }
 }
 
@@ -172,20 +185,60 @@ fn soft_max(a: f64, b: f64, k: f64) -> f64 {
     top * ((a / top).powf(k) + (b / top).powf(k)).powf(1.0 / k)
 }
 
-pub fn layer_time(s: &Scenario, c: &ParallelConfig) -> LayerTime {
+/// The layer's key in a profile.
+fn shape(s: &Scenario, c: &ParallelConfig) -> LayerShape {
+    LayerShape {
+        hidden: s.model.hidden,
+        heads: s.model.heads,
+        seq_len: s.model.seq_len,
+        tp: c.tp,
+        sequence_parallel: c.sequence_parallel,
+        recompute: c.recompute,
+    }
+}
+
+/// Tensor-parallel collective time of a layer's passes: forward, backward,
+/// and the recomputed forward under full recomputation.
+fn tensor_parallel_total(tp_fwd: f64, recompute: Recompute) -> f64 {
+    let recomputed = if recompute == Recompute::Full {
+        tp_fwd
+    } else {
+        0.0
+    };
+    2.0 * tp_fwd + recomputed
+}
+
+pub fn layer_time(s: &Scenario, c: &ParallelConfig, usage: &mut ProfileUsage) -> LayerTime {
+    if let Some(profile) = s.profile {
+        match profile.layer(&shape(s, c), c.micro_batch) {
+            Some(measured) => {
+                usage.layer_lookups += 1;
+                usage.layer_extrapolated += u64::from(measured.extrapolated);
+                let total = measured.total();
+                let tp = tensor_parallel_total(tensor_parallel_forward(s, c, usage), c.recompute)
+                    .min(total);
+                return LayerTime {
+                    gpu_compute: total - tp,
+                    tensor_parallel: tp,
+                    host_excess: 0.0,
+                };
+            }
+            None => usage.layer_modelled += 1,
+        }
+    }
     let k = s.coef();
     let (fwd, bwd) = layer_passes(s, c);
-    let tp_fwd = tensor_parallel_forward(s, c);
+    let tp_fwd = tensor_parallel_forward(s, c, usage);
     // Forward-equivalent passes the host launches, and the recomputed work.
-    let (host_passes, recomputed_gpu, recomputed_tp) = match c.recompute {
-        Recompute::None => (3.0, 0.0, 0.0),
+    let (host_passes, recomputed_gpu) = match c.recompute {
+        Recompute::None => (3.0, 0.0),
         // Selective recomputation redoes the attention core: about a quarter
         // of a layer's operators.
-        Recompute::Selective => (3.25, fwd.attention + fwd.score_passes, 0.0),
-        Recompute::Full => (4.0, fwd.total(), tp_fwd),
+        Recompute::Selective => (3.25, fwd.attention + fwd.score_passes),
+        Recompute::Full => (4.0, fwd.total()),
     };
     let gpu_compute = fwd.total() + bwd.total() + recomputed_gpu;
-    let tensor_parallel = 2.0 * tp_fwd + recomputed_tp;
+    let tensor_parallel = tensor_parallel_total(tp_fwd, c.recompute);
     let host = (host_passes * k.host_us_per_layer_pass
         + tensor_parallel_calls(c) * (c.tp - 1) as f64 * k.host_sync_us_per_rank)
         * 1e-6;

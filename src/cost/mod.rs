@@ -12,6 +12,12 @@
 //! - [`memory`]: bytes per pipeline stage;
 //! - this file: stages, schedules, data-parallel synchronisation, optimizer
 //!   step, and the summary figures.
+//!
+//! A scenario may carry measurements ([`Scenario::with_profile`]): then an
+//! intra-node collective with a measured curve, and a layer whose shape was
+//! measured, take the measured time instead of the formula's (`comm.rs`,
+//! `layer.rs` say how). [`predict_with_usage`] says how many lookups a
+//! prediction made and how many were extrapolated.
 
 mod comm;
 mod kernels;
@@ -24,6 +30,7 @@ use crate::cluster::{GpuSpec, NodeGroup, Placement};
 use crate::coefficients::{Coefficients, CollectiveAlgorithm, CostModel};
 use crate::config::{OptimizerSharding, ParallelConfig, Recompute, ScheduleKind};
 use crate::model::ModelSpec;
+use crate::profile::Measurements;
 use serde::{Deserialize, Serialize};
 
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
@@ -43,6 +50,9 @@ pub struct Scenario<'a> {
     /// simulated smaller device), bytes.
     pub memory_limit: Option<f64>,
     pub cost: &'a CostModel,
+    /// Measured collectives and layers that replace the formulas where they
+    /// cover the case; `None` for the formulas alone.
+    pub profile: Option<&'a Measurements>,
 }
 
 impl<'a> Scenario<'a> {
@@ -63,7 +73,14 @@ impl<'a> Scenario<'a> {
             inter_node_bw: group.inter_node_bw.bytes_per_s(),
             memory_limit: None,
             cost,
+            profile: None,
         }
+    }
+
+    /// The same scenario using `profile`'s measurements where they apply.
+    pub fn with_profile(mut self, profile: Option<&'a Measurements>) -> Self {
+        self.profile = profile;
+        self
     }
 
     fn coef(&self) -> &Coefficients {
@@ -154,6 +171,42 @@ impl Prediction {
     }
 }
 
+/// How one prediction used the scenario's profile: lookups of measured
+/// times, and evaluations the profile did not cover (answered by the
+/// formulas). All zero without a profile. Counted per evaluation: a layer
+/// time or a collective evaluated once and multiplied counts once. A
+/// measured layer's tensor-parallel collectives are still looked up (and
+/// counted), to split its measured time in the breakdown.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProfileUsage {
+    /// Collectives timed from a measured curve.
+    pub collective_lookups: u64,
+    /// Of those, sizes outside the curve's measured range.
+    pub collective_extrapolated: u64,
+    /// Of those, all-gathers and reduce-scatters timed from the all-reduce curve.
+    pub collective_derived: u64,
+    /// Collectives without a curve (other ranks, or spanning nodes).
+    pub collective_modelled: u64,
+    /// Layers timed from measurements.
+    pub layer_lookups: u64,
+    /// Of those, micro-batches outside the measured ones.
+    pub layer_extrapolated: u64,
+    /// Layers whose shape was not measured.
+    pub layer_modelled: u64,
+}
+
+impl ProfileUsage {
+    pub fn add(&mut self, other: &ProfileUsage) {
+        self.collective_lookups += other.collective_lookups;
+        self.collective_extrapolated += other.collective_extrapolated;
+        self.collective_derived += other.collective_derived;
+        self.collective_modelled += other.collective_modelled;
+        self.layer_lookups += other.layer_lookups;
+        self.layer_extrapolated += other.layer_extrapolated;
+        self.layer_modelled += other.layer_modelled;
+    }
+}
+
 /// Per-micro-batch time of one stage, by kind of work (seconds).
 #[derive(Debug, Clone, Copy, Default)]
 struct StageTime {
@@ -173,10 +226,17 @@ impl StageTime {
 /// Predicts one configuration. The configuration must have passed
 /// [`ParallelConfig::check`]; the search and the CLI check it first.
 pub fn predict(s: &Scenario, c: &ParallelConfig) -> Prediction {
+    predict_with_usage(s, c).0
+}
+
+/// [`predict`], also saying how the prediction used the scenario's profile.
+/// As pure and allocation-free as `predict`: the counts are a local tally.
+pub fn predict_with_usage(s: &Scenario, c: &ParallelConfig) -> (Prediction, ProfileUsage) {
+    let mut usage = ProfileUsage::default();
     let m = c.micro_batches(s.global_batch) as f64;
     let v = c.virtual_stages as f64;
     let p = c.pp;
-    let layer = layer::layer_time(s, c);
+    let layer = layer::layer_time(s, c, &mut usage);
     let ends = layer::pipeline_ends_time(s, c);
     let p2p = comm::pipeline_p2p_per_microbatch(s, c);
 
@@ -213,7 +273,7 @@ pub fn predict(s: &Scenario, c: &ParallelConfig) -> Prediction {
     }
     let bubble = (sum - slowest.total()) / v;
 
-    let sync = data_parallel_and_optimizer(s, c);
+    let sync = data_parallel_and_optimizer(s, c, &mut usage);
     let time = TimeBreakdown {
         compute: m * slowest.compute,
         host: m * slowest.host,
@@ -230,7 +290,7 @@ pub fn predict(s: &Scenario, c: &ParallelConfig) -> Prediction {
     let memory = peak_memory(s, c);
     let gpus = c.gpus() as f64;
     let model_flops = s.model.model_flops_per_iteration(s.global_batch);
-    Prediction {
+    let prediction = Prediction {
         iteration_s,
         time,
         tokens_per_s: (s.global_batch * s.model.seq_len) as f64 / iteration_s,
@@ -240,7 +300,8 @@ pub fn predict(s: &Scenario, c: &ParallelConfig) -> Prediction {
         peak_stage: memory.stage,
         usable_memory_bytes: memory.usable,
         fits: memory.fits,
-    }
+    };
+    (prediction, usage)
 }
 
 /// The memory verdict alone, cheaper than a whole prediction: the search
@@ -277,7 +338,7 @@ pub fn intra_node_all_reduce(group: &NodeGroup, cost: &CostModel, ranks: u64, by
     // scenario's model is a placeholder.
     let placeholder = ModelSpec::gpt("collective", 64, 1, 1, 64, 64);
     let scenario = Scenario::new(&placeholder, 1, group, ranks, cost);
-    comm::all_reduce_intra(&scenario, ranks, bytes)
+    comm::all_reduce_intra(&scenario, ranks, bytes, &mut ProfileUsage::default())
 }
 
 /// FLOPs the GPUs execute in one iteration: model FLOPs plus recomputation.
@@ -302,7 +363,11 @@ struct SyncTime {
 
 /// Data-parallel synchronisation and the optimizer step, for the stage that
 /// takes longest (the first or last, which hold the embeddings).
-fn data_parallel_and_optimizer(s: &Scenario, c: &ParallelConfig) -> SyncTime {
+fn data_parallel_and_optimizer(
+    s: &Scenario,
+    c: &ParallelConfig,
+    usage: &mut ProfileUsage,
+) -> SyncTime {
     let k = s.coef();
     let d = c.dp;
     let stages: &[u64] = if c.pp == 1 { &[0] } else { &[0, c.pp - 1] };
@@ -313,7 +378,7 @@ fn data_parallel_and_optimizer(s: &Scenario, c: &ParallelConfig) -> SyncTime {
     for &stage in stages {
         let mut comm = 0.0;
         for group in memory::parameter_groups(s, c, stage) {
-            comm += comm::data_parallel_sync(s, c, &group);
+            comm += comm::data_parallel_sync(s, c, &group, usage);
         }
         comm += comm::tied_embedding_sync(s, c);
         let owned = memory::stage_params(s, c, stage)

@@ -694,7 +694,7 @@ fn measured_layers() -> Vec<MeasuredLayer> {
 fn predicted_layer_seconds(model: &ModelSpec, c: &ParallelConfig) -> f64 {
     let f = Fixture::new(model.clone(), c.tp, c.micro_batch);
     let c = f.checked(*c);
-    let t = layer::layer_time(&f.scenario(), &c);
+    let t = layer::layer_time(&f.scenario(), &c, &mut ProfileUsage::default());
     t.gpu_compute + t.tensor_parallel + t.host_excess
 }
 
@@ -748,4 +748,236 @@ fn recomputation_costs_time_in_the_measured_order() {
         selective - base < (full - base) / 3.0,
         "{base} {selective} {full}"
     );
+}
+
+// ---------------------------------------------------------------------------
+// (g) Measured profiles: where a profile covers a collective or a layer, the
+// measured time replaces the formula's, and nothing is counted twice.
+
+mod profiled {
+    use super::*;
+    use crate::cluster::GroupSpan;
+    use crate::profile::{
+        CollectiveOp, CollectivePoint, LayerPoint, LayerStatus, Measurements, Profile,
+    };
+
+    const MIB: f64 = 1024.0 * 1024.0;
+
+    fn measured_layer(
+        model: &ModelSpec,
+        c: &ParallelConfig,
+        forward_ms: f64,
+        backward_ms: f64,
+    ) -> LayerPoint {
+        LayerPoint {
+            hidden: model.hidden,
+            heads: model.heads,
+            seq_len: model.seq_len,
+            micro_batch: c.micro_batch,
+            tp: c.tp,
+            sequence_parallel: c.sequence_parallel,
+            recompute: c.recompute,
+            dtype: "bf16".into(),
+            forward_s: forward_ms * 1e-3,
+            backward_s: backward_ms * 1e-3,
+            recompute_s: None,
+            ci95_rel: None,
+            activation_bytes: None,
+            peak_bytes: None,
+            status: LayerStatus::Ok,
+        }
+    }
+
+    fn profile(collectives: Vec<CollectivePoint>, layers: Vec<LayerPoint>) -> Measurements {
+        let mut p = Profile::empty("a100-80gb");
+        p.collectives = collectives;
+        p.layers = layers;
+        Measurements::from_profile(&p)
+    }
+
+    fn all_reduce(ranks: u64, bytes: f64, us: f64) -> CollectivePoint {
+        CollectivePoint {
+            op: CollectiveOp::AllReduce,
+            ranks,
+            bytes,
+            seconds: us / 1e6,
+            busbw: 0.0,
+        }
+    }
+
+    #[test]
+    fn a_measured_layer_replaces_the_estimate_exactly() {
+        // GPT h=1024, 24 layers, seq 1024, one GPU, global batch 8 at
+        // micro-batch 2: 4 micro-batches of 24 layers. Measured layer:
+        // 10 ms forward + 20 ms backward.
+        let model = ModelSpec::gpt("gpt-350m", 1024, 16, 24, 51200, 1024);
+        let f = Fixture::new(model, 1, 8);
+        let c = f.checked(config(1, 1, 1, 2));
+        let measured = profile(vec![], vec![measured_layer(&f.model, &c, 10.0, 20.0)]);
+        let plain = f.scenario();
+        let s = plain.with_profile(Some(&measured));
+        let (p, usage) = predict_with_usage(&s, &c);
+        assert_eq!(usage.layer_lookups, 1);
+        assert_eq!(usage.layer_extrapolated, 0);
+        assert_eq!(usage.layer_modelled, 0);
+
+        // Hand check: 4 x (24 x 30 ms + embedding + head + per-micro-batch
+        // host work) + optimizer step + fixed per-iteration work.
+        let k = s.coef();
+        let ends = layer::pipeline_ends_time(&s, &c);
+        let optimizer = data_parallel_and_optimizer(&s, &c, &mut ProfileUsage::default()).optimizer;
+        let expected = 4.0
+            * (24.0 * 0.030 + ends.first + ends.last + k.microbatch_overhead_ms * 1e-3)
+            + optimizer
+            + k.iteration_overhead_ms * 1e-3;
+        assert_close(
+            p.iteration_s,
+            expected,
+            1e-12,
+            "iteration with the measured layer",
+        );
+        assert_close(
+            p.time.compute,
+            4.0 * (24.0 * 0.030 + ends.first + ends.last),
+            1e-12,
+            "compute",
+        );
+        assert_close(
+            p.time.host,
+            4.0 * k.microbatch_overhead_ms * 1e-3,
+            1e-12,
+            "no launch time added",
+        );
+
+        // Twice the measured time adds 4 x 24 x 30 ms, nothing else.
+        let slower = profile(vec![], vec![measured_layer(&f.model, &c, 20.0, 40.0)]);
+        let q = predict(&plain.with_profile(Some(&slower)), &c);
+        assert_close(
+            q.iteration_s - p.iteration_s,
+            4.0 * 24.0 * 0.030,
+            1e-9,
+            "difference",
+        );
+        // Memory does not depend on measured times.
+        assert_eq!(p.peak_memory_bytes, predict(&plain, &c).peak_memory_bytes);
+    }
+
+    #[test]
+    fn a_tensor_parallel_measured_layer_is_not_charged_its_collectives_twice() {
+        // Korthikanti's full-recomputation row: h 6144, a 64, s 2048, b 4,
+        // t 8: 7.7 ms forward, 19.5 ms backward with the recomputed forward.
+        let mut c = config(8, 1, 1, 4);
+        c.recompute = Recompute::Full;
+        let f = Fixture::new(gpt22b(), 8, 4);
+        let c = f.checked(c);
+        let mut point = measured_layer(&f.model, &c, 7.7, 11.8);
+        point.recompute_s = Some(7.7e-3);
+        let measured = profile(vec![], vec![point]);
+        let s = f.scenario().with_profile(Some(&measured));
+        let mut usage = ProfileUsage::default();
+        let t = layer::layer_time(&s, &c, &mut usage);
+        assert_close(
+            t.gpu_compute + t.tensor_parallel + t.host_excess,
+            27.2e-3,
+            1e-12,
+            "total",
+        );
+        assert_eq!(t.host_excess, 0.0);
+        assert!(
+            t.tensor_parallel > 0.0 && t.tensor_parallel < 27.2e-3,
+            "{t:?}"
+        );
+        // The estimate's share is the collective model's: 3 passes of 2 all-reduces.
+        let bytes = 2.0 * 4.0 * 2048.0 * 6144.0;
+        let one = comm::all_reduce_intra(&f.scenario(), 8, bytes, &mut ProfileUsage::default());
+        assert_close(t.tensor_parallel, 6.0 * one, 1e-12, "carved-out TP share");
+        assert_eq!(usage.layer_lookups, 1);
+        // Another recomputation setting has no measurement: the formulas.
+        let none = f.checked(config(8, 1, 1, 4));
+        let mut usage = ProfileUsage::default();
+        let estimate = layer::layer_time(&s, &none, &mut usage);
+        assert!(estimate.host_excess >= 0.0);
+        assert_eq!((usage.layer_lookups, usage.layer_modelled), (0, 1));
+    }
+
+    #[test]
+    fn intra_node_collectives_use_the_measured_curve() {
+        let f = Fixture::new(gpt22b(), 16, 16);
+        let measured = profile(
+            vec![
+                all_reduce(8, 2.0 * MIB, 100.0),
+                all_reduce(8, 8.0 * MIB, 200.0),
+            ],
+            vec![],
+        );
+        let plain = f.scenario();
+        let s = plain.with_profile(Some(&measured));
+        let mut usage = ProfileUsage::default();
+        // Interpolated half-way in log(bytes) between 2 and 8 MiB.
+        let t = comm::all_reduce_intra(&s, 8, 4.0 * MIB, &mut usage);
+        assert_close(t, 150e-6, 1e-12, "all-reduce 4 MiB");
+        // No all-gather curve: half the all-reduce's time at the same size.
+        let t = comm::all_gather_intra(&s, 8, 4.0 * MIB, &mut usage);
+        assert_close(t, 75e-6, 1e-12, "all-gather derived");
+        // Beyond the curve: extrapolated with the 2..8 MiB bandwidth, and counted.
+        let t = comm::reduce_scatter_intra(&s, 8, 16.0 * MIB, &mut usage);
+        let bandwidth = 6.0 * MIB / 100e-6;
+        assert_close(
+            t,
+            (200e-6 + 8.0 * MIB / bandwidth) / 2.0,
+            1e-12,
+            "extrapolated",
+        );
+        // Four ranks were not measured: the formula, as without a profile.
+        let t = comm::all_reduce_intra(&s, 4, 4.0 * MIB, &mut usage);
+        let formula = comm::all_reduce_intra(&plain, 4, 4.0 * MIB, &mut ProfileUsage::default());
+        assert_eq!(t, formula);
+        // Across nodes: the formula.
+        let span = GroupSpan {
+            nodes: 2,
+            per_node: 8,
+        };
+        let t = comm::collective(&s, comm::Collective::AllReduce, span, 4.0 * MIB, &mut usage);
+        let formula = comm::collective(
+            &plain,
+            comm::Collective::AllReduce,
+            span,
+            4.0 * MIB,
+            &mut ProfileUsage::default(),
+        );
+        assert_eq!(t, formula);
+        assert_eq!(
+            usage,
+            ProfileUsage {
+                collective_lookups: 3,
+                collective_extrapolated: 1,
+                collective_derived: 2,
+                collective_modelled: 2,
+                ..ProfileUsage::default()
+            }
+        );
+    }
+
+    #[test]
+    fn a_profile_that_covers_nothing_changes_nothing() {
+        let f = Fixture::new(gpt22b(), 16, 64);
+        let c = f.checked(config(8, 2, 1, 1));
+        let unrelated = profile(
+            vec![all_reduce(3, MIB, 50.0)],
+            vec![measured_layer(&f.model, &config(4, 1, 1, 1), 1.0, 2.0)],
+        );
+        let plain = predict_with_usage(&f.scenario(), &c);
+        assert_eq!(
+            plain.1,
+            ProfileUsage::default(),
+            "nothing counted without a profile"
+        );
+        let (p, usage) = predict_with_usage(&f.scenario().with_profile(Some(&unrelated)), &c);
+        assert_eq!(p, plain.0);
+        assert_eq!(usage.collective_lookups + usage.layer_lookups, 0);
+        assert!(
+            usage.collective_modelled > 0 && usage.layer_modelled == 1,
+            "{usage:?}"
+        );
+    }
 }

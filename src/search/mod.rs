@@ -13,8 +13,10 @@ use crate::coefficients::CostModel;
 use crate::config::{ParallelConfig, Rule};
 use crate::cost::{Prediction, Scenario, peak_memory, predict};
 use crate::model::ModelSpec;
+use crate::profile::Measurements;
 use rayon::prelude::*;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 /// A training job: what to train, how big a batch, on which GPUs.
 #[derive(Debug, Clone)]
@@ -25,11 +27,14 @@ pub struct Job {
     pub nodes: NodeGroup,
     /// Device memory to plan for instead of the datasheet capacity, bytes.
     pub memory_limit: Option<f64>,
+    /// Measurements the cost model uses where they cover the case.
+    pub profile: Option<Arc<Measurements>>,
 }
 
 impl Job {
     pub fn scenario<'a>(&'a self, cost: &'a CostModel) -> Scenario<'a> {
-        let mut s = Scenario::new(&self.model, self.global_batch, &self.nodes, self.gpus, cost);
+        let mut s = Scenario::new(&self.model, self.global_batch, &self.nodes, self.gpus, cost)
+            .with_profile(self.profile.as_deref());
         s.memory_limit = self.memory_limit;
         s
     }

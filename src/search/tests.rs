@@ -11,6 +11,7 @@ fn job(model: &str, nodes: u64, global_batch: u64) -> Job {
         gpus: nodes * group.gpus_per_node,
         nodes: group,
         memory_limit: None,
+        profile: None,
     }
 }
 

@@ -1,0 +1,374 @@
+//! `paratune profile ...` (importing measurements into a profile directory,
+//! showing one) and `--profile DIR` for plan, predict and evaluate.
+
+use super::args::{
+    ImportLayersArgs, ImportNcclTestsArgs, ImportTableArgs, ProfileCommand, ProvenanceArgs,
+    ShowProfileArgs,
+};
+use super::commands::emit;
+use super::render::thousands;
+use anyhow::{Result, anyhow, bail};
+use paratune::cluster::builtin_gpu_names;
+use paratune::cost::ProfileUsage;
+use paratune::profile::{
+    CollectiveOp, Environment, Measurements, Profile, merge_collectives, merge_layers,
+    parse_korthikanti_layers, parse_nccl_tests, parse_reference_collectives, read_profile,
+    read_text, today_utc, write_profile,
+};
+use paratune::suggest::did_you_mean;
+use std::collections::BTreeSet;
+use std::fmt::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+pub fn run(command: &ProfileCommand) -> Result<()> {
+    match command {
+        ProfileCommand::ImportNcclTests(args) => import_nccl_tests(args),
+        ProfileCommand::ImportTable(args) => import_table(args),
+        ProfileCommand::ImportLayers(args) => import_layers(args),
+        ProfileCommand::Show(args) => show(args),
+    }
+}
+
+fn parse_op(flag: &str, text: &str) -> Result<CollectiveOp> {
+    CollectiveOp::from_name(text).ok_or_else(|| {
+        let names = CollectiveOp::ALL.map(CollectiveOp::name);
+        anyhow!(
+            "{flag}: unknown collective `{text}`; one of {}{}",
+            names.join(", "),
+            did_you_mean(text, &names)
+        )
+    })
+}
+
+/// The command line as typed, with `paratune` for the program, quoted where
+/// a shell would need it.
+fn command_line() -> String {
+    let quoted = std::env::args().skip(1).map(|arg| {
+        let plain = !arg.is_empty()
+            && arg
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_./=,:+@%".contains(c));
+        if plain {
+            arg
+        } else {
+            format!("'{}'", arg.replace('\'', r"'\''"))
+        }
+    });
+    std::iter::once("paratune".to_string())
+        .chain(quoted)
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The catalogue GPU a device name such as `NVIDIA A100-SXM4-80GB` is, when
+/// every part of exactly one catalogue name appears in it; else the name.
+fn catalogue_gpu(device: &str) -> String {
+    let lower = device.to_lowercase();
+    let words: Vec<&str> = lower
+        .split(|c: char| !c.is_ascii_alphanumeric())
+        .filter(|w| !w.is_empty())
+        .collect();
+    let matches: Vec<&str> = builtin_gpu_names()
+        .into_iter()
+        .filter(|name| {
+            name.split('-')
+                .all(|part| words.iter().any(|w| w.starts_with(part)))
+        })
+        .collect();
+    match matches.as_slice() {
+        [one] => one.to_string(),
+        _ => lower,
+    }
+}
+
+/// The profile in `--out`, or a new one for `gpu` (`--gpu`, else what the
+/// input says). An existing profile that does not read stops the import
+/// before anything is written.
+fn open_profile(provenance: &ProvenanceArgs, detected_gpu: Option<&str>) -> Result<Profile> {
+    let out = &provenance.out;
+    if out.join(paratune::profile::ENVIRONMENT_FILE).is_file() {
+        let profile = read_profile(out)?;
+        if let Some(gpu) = &provenance.gpu
+            && !gpu.eq_ignore_ascii_case(&profile.environment.gpu)
+        {
+            bail!(
+                "--gpu {gpu}: {} holds a profile of {}; import into another --out",
+                out.display(),
+                profile.environment.gpu
+            );
+        }
+        return Ok(profile);
+    }
+    let Some(gpu) = provenance.gpu.as_deref().or(detected_gpu) else {
+        bail!(
+            "{} is a new profile: give --gpu NAME (the GPU measured, e.g. a100-80gb)",
+            out.display()
+        );
+    };
+    Ok(Profile::empty(&gpu.to_lowercase()))
+}
+
+/// Records the provenance and this command, writes the profile, and prints
+/// `report` with a summary of the directory.
+fn save(
+    mut profile: Profile,
+    provenance: &ProvenanceArgs,
+    extra_notes: &[String],
+    mut report: String,
+) -> Result<()> {
+    let env = &mut profile.environment;
+    env.date = today_utc();
+    env.paratune_version = env!("CARGO_PKG_VERSION").to_string();
+    if let Some(source) = &provenance.source {
+        if env.source.is_empty() {
+            env.source = source.clone();
+        } else if !env.source.split("; ").any(|s| s == source) {
+            env.source = format!("{}; {source}", env.source);
+        }
+    }
+    for note in provenance.note.iter().chain(extra_notes) {
+        if !env.notes.contains(note) {
+            env.notes.push(note.clone());
+        }
+    }
+    env.commands.push(command_line());
+    write_profile(&provenance.out, &profile)?;
+    let _ = writeln!(
+        report,
+        "{}: {} collective points in {} curves, {} layer points",
+        provenance.out.display(),
+        thousands(profile.collectives.len() as f64),
+        curve_count(&profile),
+        thousands(profile.layers.len() as f64)
+    );
+    emit(&report)
+}
+
+fn curve_count(profile: &Profile) -> usize {
+    profile
+        .collectives
+        .iter()
+        .map(|p| (p.op, p.ranks))
+        .collect::<BTreeSet<_>>()
+        .len()
+}
+
+fn import_nccl_tests(args: &ImportNcclTestsArgs) -> Result<()> {
+    let forced_op = args
+        .op
+        .as_deref()
+        .map(|t| parse_op("--op", t))
+        .transpose()?;
+    if args.ranks == Some(0) {
+        bail!("--ranks must be at least 1");
+    }
+    let mut logs = Vec::new();
+    for path in &args.files {
+        let shown = path.display().to_string();
+        let log = parse_nccl_tests(&read_text(path)?, &shown)?;
+        let op = forced_op.or(log.op).ok_or_else(|| {
+            anyhow!("{shown}: the log does not say which collective it ran; give --op")
+        })?;
+        let ranks = args.ranks.or(log.ranks).ok_or_else(|| {
+            anyhow!("{shown}: the log lists no `#  Rank N ... device` lines; give --ranks")
+        })?;
+        if log.truncated {
+            eprintln!(
+                "warning: {shown} ends early (no `# Avg bus bandwidth` line): kept its {} complete rows",
+                log.rows.len()
+            );
+        }
+        if log.wrong_rows > 0 {
+            eprintln!(
+                "warning: {shown}: left out {} rows that nccl-tests counted wrong results in",
+                log.wrong_rows
+            );
+        }
+        logs.push((shown, log, op, ranks));
+    }
+    let device = logs
+        .iter()
+        .find_map(|(_, log, _, _)| log.device.as_deref().map(catalogue_gpu));
+    let mut profile = open_profile(&args.provenance, device.as_deref())?;
+    let mut notes = Vec::new();
+    let mut report = String::new();
+    for (shown, log, op, ranks) in &logs {
+        merge_collectives(&mut profile.collectives, &log.points(*op, *ranks));
+        let _ = writeln!(
+            report,
+            "{shown}: {} {op} points over {ranks} ranks",
+            thousands(log.rows.len() as f64)
+        );
+        if let Some(device) = &log.device {
+            let note = format!("nccl-tests device: {device}");
+            if !notes.contains(&note) {
+                notes.push(note);
+            }
+        }
+    }
+    save(profile, &args.provenance, &notes, report)
+}
+
+fn import_table(args: &ImportTableArgs) -> Result<()> {
+    let op = parse_op("--op", &args.op)?;
+    let shown = args.file.display().to_string();
+    let points = parse_reference_collectives(&read_text(&args.file)?, &shown, op)?;
+    if points.is_empty() {
+        bail!("{shown}: the table has no rows");
+    }
+    let mut profile = open_profile(&args.provenance, None)?;
+    merge_collectives(&mut profile.collectives, &points);
+    let report = format!("{shown}: {} {op} points\n", thousands(points.len() as f64));
+    save(profile, &args.provenance, &[], report)
+}
+
+fn import_layers(args: &ImportLayersArgs) -> Result<()> {
+    let shown = args.file.display().to_string();
+    let points = parse_korthikanti_layers(&read_text(&args.file)?, &shown, &args.dtype)?;
+    if points.is_empty() {
+        bail!("{shown}: the table has no rows");
+    }
+    let mut profile = open_profile(&args.provenance, None)?;
+    merge_layers(&mut profile.layers, &points);
+    let report = format!("{shown}: {} layer points\n", points.len());
+    save(profile, &args.provenance, &[], report)
+}
+
+fn mib(bytes: f64) -> String {
+    let mib = bytes / (1024.0 * 1024.0);
+    if mib >= 1024.0 {
+        format!("{} GiB", mib / 1024.0)
+    } else if mib >= 1.0 {
+        format!("{mib} MiB")
+    } else {
+        format!("{bytes} B")
+    }
+}
+
+fn show(args: &ShowProfileArgs) -> Result<()> {
+    let profile = read_profile(&args.dir)?;
+    let mut out = String::new();
+    let env = &profile.environment;
+    let _ = writeln!(out, "profile {}", args.dir.display());
+    let _ = writeln!(out, "  gpu               {}", env.gpu);
+    if !env.source.is_empty() {
+        let _ = writeln!(out, "  source            {}", env.source);
+    }
+    let _ = writeln!(
+        out,
+        "  date              {} (paratune {})",
+        env.date, env.paratune_version
+    );
+    for note in &env.notes {
+        let _ = writeln!(out, "  note              {note}");
+    }
+    let measurements = Measurements::from_profile(&profile);
+    let _ = writeln!(
+        out,
+        "  collectives       {} points",
+        thousands(profile.collectives.len() as f64)
+    );
+    for (op, ranks, low, high) in measurements.curves() {
+        let points = profile
+            .collectives
+            .iter()
+            .filter(|p| p.op == op && p.ranks == ranks)
+            .count();
+        let _ = writeln!(
+            out,
+            "    {op:<15} {ranks:>3} ranks  {:>6} points  {} .. {}",
+            thousands(points as f64),
+            mib(low),
+            mib(high)
+        );
+    }
+    let _ = writeln!(out, "  layers            {} points", profile.layers.len());
+    for (shape, low, high) in measurements.layer_shapes() {
+        let _ = writeln!(
+            out,
+            "    h {} a {} s {} tp {} sp {:<3} recompute {:<9} micro-batch {low}..{high}",
+            shape.hidden,
+            shape.heads,
+            shape.seq_len,
+            shape.tp,
+            if shape.sequence_parallel { "on" } else { "off" },
+            shape.recompute.name()
+        );
+    }
+    for command in &env.commands {
+        let _ = writeln!(out, "  made by           {command}");
+    }
+    emit(&out)
+}
+
+/// A profile loaded for `--profile`.
+pub struct Loaded {
+    pub path: PathBuf,
+    pub environment: Environment,
+    pub measurements: Arc<Measurements>,
+}
+
+/// Reads `--profile DIR`, warning when it was measured on another GPU than
+/// the job's.
+pub fn load(path: Option<&Path>, job_gpu: &str) -> Result<Option<Loaded>> {
+    let Some(path) = path else { return Ok(None) };
+    let profile = read_profile(path).map_err(|e| anyhow!("--profile: {e}"))?;
+    let measurements = Measurements::from_profile(&profile);
+    if measurements.is_empty() {
+        bail!(
+            "--profile: {} holds no usable measurement; import some with `paratune profile`",
+            path.display()
+        );
+    }
+    if !profile.environment.gpu.eq_ignore_ascii_case(job_gpu) {
+        eprintln!(
+            "warning: profile {} was measured on {}; the job runs on {job_gpu}",
+            path.display(),
+            profile.environment.gpu
+        );
+    }
+    Ok(Some(Loaded {
+        path: path.to_path_buf(),
+        environment: profile.environment,
+        measurements: Arc::new(measurements),
+    }))
+}
+
+impl Loaded {
+    /// `profile DIR (gpu; N collective curves, M layer shapes)`.
+    pub fn title(&self) -> String {
+        format!(
+            "profile {} ({}; {} collective curves, {} layer shapes)",
+            self.path.display(),
+            self.environment.gpu,
+            self.measurements.curves().count(),
+            self.measurements.layer_shapes().count()
+        )
+    }
+}
+
+/// What the predictions took from the profile, in one line.
+pub fn usage_line(u: &ProfileUsage) -> String {
+    let n = |x: u64| thousands(x as f64);
+    let derived = if u.collective_derived > 0 {
+        format!(", {} derived from all-reduce", n(u.collective_derived))
+    } else {
+        String::new()
+    };
+    let mut line = format!(
+        "{} collective lookups ({} extrapolated beyond the measured sizes{derived}); {} layer lookups ({} extrapolated beyond the measured micro-batches)",
+        n(u.collective_lookups),
+        n(u.collective_extrapolated),
+        n(u.layer_lookups),
+        n(u.layer_extrapolated)
+    );
+    if u.collective_modelled + u.layer_modelled > 0 {
+        line += &format!(
+            "; not measured, from the formulas: collectives {}, layer times {}",
+            n(u.collective_modelled),
+            n(u.layer_modelled)
+        );
+    }
+    line
+}

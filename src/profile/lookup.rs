@@ -1,0 +1,362 @@
+//! The in-memory lookup the cost model reads measurements through: built
+//! once from a [`Profile`], then queried without allocating (binary search
+//! over pre-sorted vectors), so `cost::predict` stays pure and cheap.
+
+use super::{CollectiveOp, LayerStatus, Profile};
+use crate::config::Recompute;
+
+/// What a layer measurement is keyed by: the layer's shape on its shard and
+/// the switches that change its work. The micro-batch is the curve's axis.
+///
+/// Not in the key, and so assumed to match the model being planned: the MLP
+/// width and kind, key/value heads, attention kernel and precision. A
+/// profile describes the layers of the model it was measured for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct LayerShape {
+    pub hidden: u64,
+    pub heads: u64,
+    pub seq_len: u64,
+    pub tp: u64,
+    pub sequence_parallel: bool,
+    pub recompute: Recompute,
+}
+
+impl LayerShape {
+    fn key(&self) -> (u64, u64, u64, u64, bool, u8) {
+        let recompute = match self.recompute {
+            Recompute::None => 0,
+            Recompute::Selective => 1,
+            Recompute::Full => 2,
+        };
+        (
+            self.hidden,
+            self.heads,
+            self.seq_len,
+            self.tp,
+            self.sequence_parallel,
+            recompute,
+        )
+    }
+}
+
+/// A measured collective time.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CollectiveLookup {
+    pub seconds: f64,
+    /// The size lies outside the measured sizes: the time was extrapolated.
+    pub extrapolated: bool,
+}
+
+/// A measured layer time for one micro-batch, seconds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LayerLookup {
+    pub forward: f64,
+    pub backward: f64,
+    /// Recomputation (zero when none was measured apart from the backward).
+    pub recompute: f64,
+    /// The micro-batch lies outside the measured ones: the times were
+    /// scaled in proportion to it from the nearest measured micro-batch.
+    pub extrapolated: bool,
+}
+
+impl LayerLookup {
+    pub fn total(&self) -> f64 {
+        self.forward + self.backward + self.recompute
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Curve {
+    op: CollectiveOp,
+    ranks: u64,
+    /// Strictly increasing.
+    bytes: Vec<f64>,
+    seconds: Vec<f64>,
+}
+
+#[derive(Debug, Clone)]
+struct LayerCurve {
+    shape: LayerShape,
+    /// Strictly increasing.
+    micro_batch: Vec<u64>,
+    forward: Vec<f64>,
+    backward: Vec<f64>,
+    recompute: Vec<f64>,
+}
+
+/// Measured curves per (collective, ranks) and layer times per shape, ready
+/// for lookups.
+#[derive(Debug, Clone, Default)]
+pub struct Measurements {
+    curves: Vec<Curve>,
+    layers: Vec<LayerCurve>,
+}
+
+impl Measurements {
+    /// Sorts and indexes a profile's points. Points without a usable time
+    /// (non-positive or not finite sizes or times, `oom` layers) are left
+    /// out; of two points at the same place the later one wins.
+    pub fn from_profile(profile: &Profile) -> Self {
+        let mut points: Vec<_> = profile
+            .collectives
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| {
+                p.ranks >= 1
+                    && p.bytes.is_finite()
+                    && p.bytes > 0.0
+                    && p.seconds.is_finite()
+                    && p.seconds > 0.0
+            })
+            .collect();
+        // Later points win: sort by place, then by position, and keep the last.
+        points.sort_by(|(i, a), (j, b)| {
+            (a.op, a.ranks)
+                .cmp(&(b.op, b.ranks))
+                .then(a.bytes.total_cmp(&b.bytes))
+                .then(i.cmp(j))
+        });
+        let mut curves: Vec<Curve> = Vec::new();
+        for (_, p) in points {
+            match curves.last_mut() {
+                Some(c) if c.op == p.op && c.ranks == p.ranks => {
+                    if c.bytes.last() == Some(&p.bytes) {
+                        *c.seconds.last_mut().expect("same length") = p.seconds;
+                    } else {
+                        c.bytes.push(p.bytes);
+                        c.seconds.push(p.seconds);
+                    }
+                }
+                _ => curves.push(Curve {
+                    op: p.op,
+                    ranks: p.ranks,
+                    bytes: vec![p.bytes],
+                    seconds: vec![p.seconds],
+                }),
+            }
+        }
+
+        let mut layer_points: Vec<_> = profile
+            .layers
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| {
+                p.status == LayerStatus::Ok
+                    && p.micro_batch >= 1
+                    && p.forward_s.is_finite()
+                    && p.backward_s.is_finite()
+                    && p.forward_s >= 0.0
+                    && p.backward_s >= 0.0
+                    && p.total_s() > 0.0
+                    && p.recompute_s.is_none_or(|r| r.is_finite() && r >= 0.0)
+            })
+            .collect();
+        layer_points.sort_by(|(i, a), (j, b)| {
+            a.shape()
+                .key()
+                .cmp(&b.shape().key())
+                .then(a.micro_batch.cmp(&b.micro_batch))
+                .then(i.cmp(j))
+        });
+        let mut layers: Vec<LayerCurve> = Vec::new();
+        for (_, p) in layer_points {
+            let recompute = p.recompute_s.unwrap_or(0.0);
+            match layers.last_mut() {
+                Some(l) if l.shape == p.shape() => {
+                    if l.micro_batch.last() == Some(&p.micro_batch) {
+                        *l.forward.last_mut().expect("same length") = p.forward_s;
+                        *l.backward.last_mut().expect("same length") = p.backward_s;
+                        *l.recompute.last_mut().expect("same length") = recompute;
+                    } else {
+                        l.micro_batch.push(p.micro_batch);
+                        l.forward.push(p.forward_s);
+                        l.backward.push(p.backward_s);
+                        l.recompute.push(recompute);
+                    }
+                }
+                _ => layers.push(LayerCurve {
+                    shape: p.shape(),
+                    micro_batch: vec![p.micro_batch],
+                    forward: vec![p.forward_s],
+                    backward: vec![p.backward_s],
+                    recompute: vec![recompute],
+                }),
+            }
+        }
+        Measurements { curves, layers }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.curves.is_empty() && self.layers.is_empty()
+    }
+
+    /// Measured (collective, ranks) curves with their size ranges in bytes.
+    pub fn curves(&self) -> impl Iterator<Item = (CollectiveOp, u64, f64, f64)> + '_ {
+        self.curves.iter().map(|c| {
+            (
+                c.op,
+                c.ranks,
+                c.bytes[0],
+                *c.bytes.last().expect("curves are never empty"),
+            )
+        })
+    }
+
+    /// Measured layer shapes with their micro-batch ranges.
+    pub fn layer_shapes(&self) -> impl Iterator<Item = (LayerShape, u64, u64)> + '_ {
+        self.layers.iter().map(|l| {
+            (
+                l.shape,
+                l.micro_batch[0],
+                *l.micro_batch.last().expect("curves are never empty"),
+            )
+        })
+    }
+
+    /// Whether a curve for `op` over `ranks` was measured.
+    pub fn has_curve(&self, op: CollectiveOp, ranks: u64) -> bool {
+        self.curve(op, ranks).is_some()
+    }
+
+    fn curve(&self, op: CollectiveOp, ranks: u64) -> Option<&Curve> {
+        self.curves
+            .binary_search_by(|c| (c.op, c.ranks).cmp(&(op, ranks)))
+            .ok()
+            .map(|i| &self.curves[i])
+    }
+
+    /// Time of `op` over `bytes` among `ranks` GPUs, if that (op, ranks)
+    /// curve was measured.
+    ///
+    /// Inside the measured sizes the time is interpolated linearly in
+    /// log(bytes) between the two neighbouring points. Beyond them it is
+    /// extrapolated with the bandwidth of the nearest two points, taken a
+    /// factor of about two apart so that a finely sampled curve's noise does
+    /// not set the slope: above the range, the incremental bandwidth between
+    /// the largest point and the point nearest half its size carries the
+    /// time on (`t = t_n + (b - b_n) / bw`); below it, the same between the
+    /// smallest point and the point nearest twice its size carries it back
+    /// (`t = t_0 - (b_0 - b) / bw`, never below the smallest point's
+    /// algorithmic bandwidth would give, `t_0 b / b_0`). Where that
+    /// bandwidth is not positive (noise), the end point's algorithmic
+    /// bandwidth is used above the range and its time below it.
+    pub fn collective(&self, op: CollectiveOp, ranks: u64, bytes: f64) -> Option<CollectiveLookup> {
+        let curve = self.curve(op, ranks)?;
+        Some(curve.at(bytes))
+    }
+
+    /// Measured times of a layer of `shape` at `micro_batch`, if the shape
+    /// was measured. Between measured micro-batches the times are
+    /// interpolated linearly; beyond them they are scaled in proportion to
+    /// the micro-batch from the nearest measured one.
+    pub fn layer(&self, shape: &LayerShape, micro_batch: u64) -> Option<LayerLookup> {
+        let key = shape.key();
+        let i = self
+            .layers
+            .binary_search_by(|l| l.shape.key().cmp(&key))
+            .ok()?;
+        Some(self.layers[i].at(micro_batch))
+    }
+}
+
+impl Curve {
+    fn at(&self, b: f64) -> CollectiveLookup {
+        let (x, t) = (&self.bytes, &self.seconds);
+        let n = x.len();
+        let last = n - 1;
+        let inside = |seconds: f64| CollectiveLookup {
+            seconds,
+            extrapolated: false,
+        };
+        let outside = |seconds: f64| CollectiveLookup {
+            seconds,
+            extrapolated: true,
+        };
+        if b > x[last] {
+            let p = nearest_in_log(x, x[last] / 2.0);
+            let bw = incremental_bandwidth(x[p], t[p], x[last], t[last]);
+            return outside(match bw {
+                Some(bw) => t[last] + (b - x[last]) / bw,
+                None => t[last] * b / x[last],
+            });
+        }
+        if b < x[0] {
+            let p = nearest_in_log(x, x[0] * 2.0);
+            let floor = t[0] * b / x[0];
+            return outside(match incremental_bandwidth(x[0], t[0], x[p], t[p]) {
+                Some(bw) => (t[0] - (x[0] - b) / bw).max(floor),
+                None => t[0],
+            });
+        }
+        // x[0] <= b <= x[last]: the first point not below b.
+        let i = x.partition_point(|&v| v < b);
+        if x[i] == b {
+            return inside(t[i]);
+        }
+        let (x0, x1, t0, t1) = (x[i - 1], x[i], t[i - 1], t[i]);
+        let w = (b / x0).ln() / (x1 / x0).ln();
+        inside(t0 + w * (t1 - t0))
+    }
+}
+
+/// Index of the point whose size is nearest `target` in log scale.
+fn nearest_in_log(x: &[f64], target: f64) -> usize {
+    let i = x.partition_point(|&v| v < target);
+    if i == 0 {
+        return 0;
+    }
+    if i == x.len() {
+        return x.len() - 1;
+    }
+    if (target / x[i - 1]).ln() <= (x[i] / target).ln() {
+        i - 1
+    } else {
+        i
+    }
+}
+
+/// Bytes per second between two points, if positive and finite.
+fn incremental_bandwidth(x0: f64, t0: f64, x1: f64, t1: f64) -> Option<f64> {
+    let bw = (x1 - x0) / (t1 - t0);
+    (x1 > x0 && bw.is_finite() && bw > 0.0).then_some(bw)
+}
+
+impl LayerCurve {
+    fn at(&self, mb: u64) -> LayerLookup {
+        let m = &self.micro_batch;
+        let last = m.len() - 1;
+        let scaled = |i: usize| {
+            let factor = mb as f64 / m[i] as f64;
+            LayerLookup {
+                forward: self.forward[i] * factor,
+                backward: self.backward[i] * factor,
+                recompute: self.recompute[i] * factor,
+                extrapolated: true,
+            }
+        };
+        if mb > m[last] {
+            return scaled(last);
+        }
+        if mb < m[0] {
+            return scaled(0);
+        }
+        let i = m.partition_point(|&v| v < mb);
+        let exact = |i: usize| LayerLookup {
+            forward: self.forward[i],
+            backward: self.backward[i],
+            recompute: self.recompute[i],
+            extrapolated: false,
+        };
+        if m[i] == mb {
+            return exact(i);
+        }
+        let w = (mb - m[i - 1]) as f64 / (m[i] - m[i - 1]) as f64;
+        let lerp = |v: &[f64]| v[i - 1] + w * (v[i] - v[i - 1]);
+        LayerLookup {
+            forward: lerp(&self.forward),
+            backward: lerp(&self.backward),
+            recompute: lerp(&self.recompute),
+            extrapolated: false,
+        }
+    }
+}

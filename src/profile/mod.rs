@@ -1,0 +1,274 @@
+//! Measured profiles: collective curves (nccl-tests) and layer times, stored
+//! as tables in a profile directory, and the in-memory lookup the cost model
+//! reads them through.
+//!
+//! A profile directory `DIR` holds
+//! - `DIR/environment.toml`: where and when the measurements were taken, the
+//!   GPU, attribution notes and the commands that produced the directory;
+//! - `DIR/collectives.parquet` and `DIR/collectives.csv`: one row per
+//!   measured collective (op, ranks, bytes, seconds, bus bandwidth);
+//! - `DIR/layers.parquet` and `DIR/layers.csv`: one row per measured layer
+//!   (shape, micro-batch, tensor parallelism, switches, forward / backward /
+//!   recomputation seconds).
+//!
+//! Both table formats are written; Parquet is read when present, CSV
+//! otherwise. Reading and writing the tables is [`store`]'s job (the only
+//! code that knows about polars); the importers in [`import`] turn
+//! nccl-tests logs and published tables into points; [`Measurements`] is the
+//! pure, allocation-free lookup the cost model uses.
+
+mod import;
+mod lookup;
+mod store;
+
+pub use import::{
+    NcclLog, merge_collectives, merge_layers, parse_korthikanti_layers, parse_nccl_tests,
+    parse_reference_collectives, read_text,
+};
+pub use lookup::{CollectiveLookup, LayerLookup, LayerShape, Measurements};
+pub use store::{read_profile, write_profile};
+
+use crate::config::Recompute;
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// File names inside a profile directory.
+pub const ENVIRONMENT_FILE: &str = "environment.toml";
+pub const COLLECTIVES_TABLE: &str = "collectives";
+pub const LAYERS_TABLE: &str = "layers";
+
+/// Where, on what and by what the measurements of a profile were taken.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Environment {
+    /// The GPU measured (a catalogue name where one fits, e.g. `a100-80gb`).
+    pub gpu: String,
+    /// Where the measurements come from (a tool, a paper, a data set).
+    #[serde(default)]
+    pub source: String,
+    /// Date of the last change, UTC, `YYYY-MM-DD`.
+    #[serde(default)]
+    pub date: String,
+    /// paratune version that last wrote the directory.
+    #[serde(default)]
+    pub paratune_version: String,
+    /// Free-form notes: attribution, licences, caveats.
+    #[serde(default)]
+    pub notes: Vec<String>,
+    /// The commands that produced the directory, in order.
+    #[serde(default)]
+    pub commands: Vec<String>,
+}
+
+impl Environment {
+    pub fn new(gpu: &str) -> Self {
+        Environment {
+            gpu: gpu.to_string(),
+            source: String::new(),
+            date: String::new(),
+            paratune_version: env!("CARGO_PKG_VERSION").to_string(),
+            notes: Vec::new(),
+            commands: Vec::new(),
+        }
+    }
+}
+
+/// A collective that nccl-tests measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CollectiveOp {
+    AllReduce,
+    AllGather,
+    ReduceScatter,
+    SendRecv,
+}
+
+impl CollectiveOp {
+    pub const ALL: [CollectiveOp; 4] = [
+        CollectiveOp::AllReduce,
+        CollectiveOp::AllGather,
+        CollectiveOp::ReduceScatter,
+        CollectiveOp::SendRecv,
+    ];
+
+    /// The name used in tables and on the command line (nccl-tests' names
+    /// without `_perf`).
+    pub fn name(self) -> &'static str {
+        match self {
+            CollectiveOp::AllReduce => "all_reduce",
+            CollectiveOp::AllGather => "all_gather",
+            CollectiveOp::ReduceScatter => "reduce_scatter",
+            CollectiveOp::SendRecv => "sendrecv",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Self> {
+        let wanted = name.trim().to_lowercase().replace('-', "_");
+        Self::ALL.into_iter().find(|op| op.name() == wanted)
+    }
+}
+
+impl fmt::Display for CollectiveOp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// One measured collective: `bytes` is nccl-tests' `size` column (the
+/// buffer each rank holds for an all-reduce, the gathered buffer for an
+/// all-gather, the buffer before scattering for a reduce-scatter, the
+/// message for a send/receive), `seconds` the out-of-place time.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct CollectivePoint {
+    pub op: CollectiveOp,
+    pub ranks: u64,
+    pub bytes: f64,
+    pub seconds: f64,
+    /// nccl-tests' bus bandwidth, GB/s (10^9 bytes per second).
+    pub busbw: f64,
+}
+
+/// Whether a layer measurement ran or ran out of memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LayerStatus {
+    Ok,
+    Oom,
+}
+
+impl LayerStatus {
+    pub fn name(self) -> &'static str {
+        match self {
+            LayerStatus::Ok => "ok",
+            LayerStatus::Oom => "oom",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Self> {
+        match name.trim().to_lowercase().as_str() {
+            "ok" => Some(LayerStatus::Ok),
+            "oom" => Some(LayerStatus::Oom),
+            _ => None,
+        }
+    }
+}
+
+/// One measured transformer layer on one tensor-parallel shard, for one
+/// micro-batch. Times are wall-clock seconds of the pass as a training step
+/// runs it: host launch gaps and the tensor-parallel collectives included.
+/// `backward_s` excludes recomputation, which is `recompute_s` (absent when
+/// nothing is recomputed or it was not measured apart). An `oom` point has
+/// NaN times.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LayerPoint {
+    pub hidden: u64,
+    pub heads: u64,
+    pub seq_len: u64,
+    pub micro_batch: u64,
+    pub tp: u64,
+    pub sequence_parallel: bool,
+    pub recompute: Recompute,
+    /// Training precision, free-form (e.g. `bf16`, `fp16`, `16-bit`).
+    pub dtype: String,
+    pub forward_s: f64,
+    pub backward_s: f64,
+    pub recompute_s: Option<f64>,
+    /// Half-width of the 95% confidence interval of the total, relative.
+    pub ci95_rel: Option<f64>,
+    /// Activation bytes the layer keeps for the backward pass.
+    pub activation_bytes: Option<f64>,
+    /// Peak device memory during the measurement.
+    pub peak_bytes: Option<f64>,
+    pub status: LayerStatus,
+}
+
+impl LayerPoint {
+    /// Forward + backward + recomputation, seconds.
+    pub fn total_s(&self) -> f64 {
+        self.forward_s + self.backward_s + self.recompute_s.unwrap_or(0.0)
+    }
+
+    pub fn shape(&self) -> LayerShape {
+        LayerShape {
+            hidden: self.hidden,
+            heads: self.heads,
+            seq_len: self.seq_len,
+            tp: self.tp,
+            sequence_parallel: self.sequence_parallel,
+            recompute: self.recompute,
+        }
+    }
+}
+
+/// A whole profile in memory.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Profile {
+    pub environment: Environment,
+    pub collectives: Vec<CollectivePoint>,
+    pub layers: Vec<LayerPoint>,
+}
+
+impl Profile {
+    pub fn empty(gpu: &str) -> Self {
+        Profile {
+            environment: Environment::new(gpu),
+            collectives: Vec::new(),
+            layers: Vec::new(),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProfileError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("cannot write {path}: {message}")]
+    Write { path: String, message: String },
+    /// A table or environment file that does not parse: the directory is
+    /// left as it is.
+    #[error(
+        "{path} is not a readable profile file ({message}); it was left as it is, not overwritten"
+    )]
+    Corrupt { path: String, message: String },
+    #[error("{path}: not a profile directory ({message})")]
+    NotAProfile { path: String, message: String },
+    /// An input to import (an nccl-tests log, a reference table) that does not parse.
+    #[error("{path} line {line}: {message}")]
+    Line {
+        path: String,
+        line: usize,
+        message: String,
+    },
+    #[error("{path}: {message}")]
+    Input { path: String, message: String },
+}
+
+/// Today's date, UTC, `YYYY-MM-DD` (no time-zone database needed).
+pub fn today_utc() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let (y, m, d) = civil_from_days((secs / 86_400) as i64);
+    format!("{y:04}-{m:02}-{d:02}")
+}
+
+/// Days since 1970-01-01 to a proleptic Gregorian date (H. Hinnant's
+/// `civil_from_days`).
+fn civil_from_days(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    (y, m, d)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,428 @@
+//! Reading and writing profile directories. The only code in paratune that
+//! knows about polars: tables are polars data frames here and plain
+//! [`CollectivePoint`]/[`LayerPoint`] vectors everywhere else.
+//!
+//! Every file is written atomically (a temporary file in the directory, then
+//! a rename), so a reader never sees half a table and an interrupted write
+//! leaves the previous one in place. Reading a table that does not parse
+//! fails with one line naming the file; nothing is overwritten.
+
+use super::{
+    COLLECTIVES_TABLE, CollectiveOp, CollectivePoint, ENVIRONMENT_FILE, Environment, LAYERS_TABLE,
+    LayerPoint, LayerStatus, Profile, ProfileError,
+};
+use crate::config::Recompute;
+use polars::prelude::*;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+/// Reads the profile in `dir`: `environment.toml`, then each table from its
+/// Parquet file, or its CSV file when there is no Parquet file; a table with
+/// neither file is empty.
+pub fn read_profile(dir: &Path) -> Result<Profile, ProfileError> {
+    let env_path = dir.join(ENVIRONMENT_FILE);
+    if !dir.is_dir() {
+        return Err(ProfileError::NotAProfile {
+            path: dir.display().to_string(),
+            message: "no such directory".into(),
+        });
+    }
+    if !env_path.is_file() {
+        return Err(ProfileError::NotAProfile {
+            path: dir.display().to_string(),
+            message: format!("it has no {ENVIRONMENT_FILE}"),
+        });
+    }
+    let text = std::fs::read_to_string(&env_path).map_err(|source| ProfileError::Read {
+        path: env_path.display().to_string(),
+        source,
+    })?;
+    let environment: Environment = toml::from_str(&text).map_err(|e| ProfileError::Corrupt {
+        path: env_path.display().to_string(),
+        message: crate::toml_error::one_line(&e, &text, "it needs at least `gpu = \"NAME\"`"),
+    })?;
+    let collectives = match read_table(dir, COLLECTIVES_TABLE, &collectives_schema())? {
+        Some((path, df)) => collectives_from(&df).map_err(|message| corrupt(&path, message))?,
+        None => Vec::new(),
+    };
+    let layers = match read_table(dir, LAYERS_TABLE, &layers_schema())? {
+        Some((path, df)) => layers_from(&df).map_err(|message| corrupt(&path, message))?,
+        None => Vec::new(),
+    };
+    Ok(Profile {
+        environment,
+        collectives,
+        layers,
+    })
+}
+
+/// Writes `profile` into `dir` (created if missing): both tables as Parquet
+/// and CSV, then `environment.toml`, each file atomically.
+pub fn write_profile(dir: &Path, profile: &Profile) -> Result<(), ProfileError> {
+    std::fs::create_dir_all(dir).map_err(|e| ProfileError::Write {
+        path: dir.display().to_string(),
+        message: e.to_string(),
+    })?;
+    let mut collectives =
+        collectives_frame(&profile.collectives).map_err(|e| ProfileError::Write {
+            path: dir.join(COLLECTIVES_TABLE).display().to_string(),
+            message: first_line(&e.to_string()),
+        })?;
+    write_table(dir, COLLECTIVES_TABLE, &mut collectives)?;
+    let mut layers = layers_frame(&profile.layers).map_err(|e| ProfileError::Write {
+        path: dir.join(LAYERS_TABLE).display().to_string(),
+        message: first_line(&e.to_string()),
+    })?;
+    write_table(dir, LAYERS_TABLE, &mut layers)?;
+    let env_path = dir.join(ENVIRONMENT_FILE);
+    let text = toml::to_string_pretty(&profile.environment).map_err(|e| ProfileError::Write {
+        path: env_path.display().to_string(),
+        message: e.to_string(),
+    })?;
+    write_file_atomically(dir, &env_path, |file| {
+        Ok(std::io::Write::write_all(file, text.as_bytes())?)
+    })
+}
+
+fn corrupt(path: &Path, message: String) -> ProfileError {
+    ProfileError::Corrupt {
+        path: path.display().to_string(),
+        message,
+    }
+}
+
+fn first_line(message: &str) -> String {
+    message
+        .lines()
+        .map(str::trim)
+        .find(|l| !l.is_empty())
+        .unwrap_or("unknown error")
+        .to_string()
+}
+
+fn table_paths(dir: &Path, table: &str) -> (PathBuf, PathBuf) {
+    (
+        dir.join(format!("{table}.parquet")),
+        dir.join(format!("{table}.csv")),
+    )
+}
+
+/// The table's frame and the file it came from, or `None` when neither file exists.
+fn read_table(
+    dir: &Path,
+    table: &str,
+    schema: &Schema,
+) -> Result<Option<(PathBuf, DataFrame)>, ProfileError> {
+    let (parquet, csv) = table_paths(dir, table);
+    if parquet.is_file() {
+        let file = File::open(&parquet).map_err(|source| ProfileError::Read {
+            path: parquet.display().to_string(),
+            source,
+        })?;
+        let df = ParquetReader::new(file)
+            .finish()
+            .map_err(|e| corrupt(&parquet, first_line(&e.to_string())))?;
+        return Ok(Some((parquet, df)));
+    }
+    if csv.is_file() {
+        let df = CsvReadOptions::default()
+            .with_has_header(true)
+            .with_schema_overwrite(Some(Arc::new(schema.clone())))
+            .try_into_reader_with_file_path(Some(csv.clone()))
+            .and_then(|reader| reader.finish())
+            .map_err(|e| corrupt(&csv, first_line(&e.to_string())))?;
+        return Ok(Some((csv, df)));
+    }
+    Ok(None)
+}
+
+fn write_table(dir: &Path, table: &str, df: &mut DataFrame) -> Result<(), ProfileError> {
+    let (parquet, csv) = table_paths(dir, table);
+    write_file_atomically(dir, &parquet, |file| {
+        ParquetWriter::new(file).finish(df).map(|_| ())
+    })?;
+    write_file_atomically(dir, &csv, |file| {
+        CsvWriter::new(file).include_header(true).finish(df)
+    })
+}
+
+/// Writes through a temporary file in `dir`, synced, then renamed over
+/// `path`. On any error the temporary file is removed and `path` untouched.
+fn write_file_atomically(
+    dir: &Path,
+    path: &Path,
+    write: impl FnOnce(&mut File) -> PolarsResult<()>,
+) -> Result<(), ProfileError> {
+    let failed = |message: String| ProfileError::Write {
+        path: path.display().to_string(),
+        message,
+    };
+    let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(|e| failed(e.to_string()))?;
+    // Temporary files are private (0600); a profile is data to share.
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        tmp.as_file()
+            .set_permissions(std::fs::Permissions::from_mode(0o644))
+            .map_err(|e| failed(e.to_string()))?;
+    }
+    write(tmp.as_file_mut()).map_err(|e| failed(first_line(&e.to_string())))?;
+    tmp.as_file()
+        .sync_all()
+        .map_err(|e| failed(e.to_string()))?;
+    tmp.persist(path).map_err(|e| failed(e.error.to_string()))?;
+    Ok(())
+}
+
+fn name(text: &str) -> PlSmallStr {
+    PlSmallStr::from(text)
+}
+
+fn collectives_schema() -> Schema {
+    Schema::from_iter([
+        (name("op"), DataType::String),
+        (name("ranks"), DataType::UInt64),
+        (name("bytes"), DataType::Float64),
+        (name("seconds"), DataType::Float64),
+        (name("busbw_GBps"), DataType::Float64),
+    ])
+}
+
+fn layers_schema() -> Schema {
+    let mut fields = vec![];
+    for column in ["hidden", "heads", "seq_len", "micro_batch", "tp"] {
+        fields.push((name(column), DataType::UInt64));
+    }
+    fields.push((name("sequence_parallel"), DataType::Boolean));
+    fields.push((name("recompute"), DataType::String));
+    fields.push((name("dtype"), DataType::String));
+    for column in [
+        "forward_s",
+        "backward_s",
+        "recompute_s",
+        "ci95_rel",
+        "activation_bytes",
+        "peak_bytes",
+    ] {
+        fields.push((name(column), DataType::Float64));
+    }
+    fields.push((name("status"), DataType::String));
+    Schema::from_iter(fields)
+}
+
+fn collectives_frame(points: &[CollectivePoint]) -> PolarsResult<DataFrame> {
+    DataFrame::new_infer_height(vec![
+        Column::new(
+            name("op"),
+            points.iter().map(|p| p.op.name()).collect::<Vec<_>>(),
+        ),
+        Column::new(
+            name("ranks"),
+            points.iter().map(|p| p.ranks).collect::<Vec<_>>(),
+        ),
+        Column::new(
+            name("bytes"),
+            points.iter().map(|p| p.bytes).collect::<Vec<_>>(),
+        ),
+        Column::new(
+            name("seconds"),
+            points.iter().map(|p| p.seconds).collect::<Vec<_>>(),
+        ),
+        Column::new(
+            name("busbw_GBps"),
+            points.iter().map(|p| p.busbw).collect::<Vec<_>>(),
+        ),
+    ])
+}
+
+/// `None` for the NaN times of `oom` points, so the tables say null.
+fn time(value: f64) -> Option<f64> {
+    (!value.is_nan()).then_some(value)
+}
+
+fn layers_frame(points: &[LayerPoint]) -> PolarsResult<DataFrame> {
+    let ints = |column: &str, get: fn(&LayerPoint) -> u64| {
+        Column::new(name(column), points.iter().map(get).collect::<Vec<_>>())
+    };
+    let reals = |column: &str, get: fn(&LayerPoint) -> Option<f64>| {
+        Column::new(name(column), points.iter().map(get).collect::<Vec<_>>())
+    };
+    DataFrame::new_infer_height(vec![
+        ints("hidden", |p| p.hidden),
+        ints("heads", |p| p.heads),
+        ints("seq_len", |p| p.seq_len),
+        ints("micro_batch", |p| p.micro_batch),
+        ints("tp", |p| p.tp),
+        Column::new(
+            name("sequence_parallel"),
+            points
+                .iter()
+                .map(|p| p.sequence_parallel)
+                .collect::<Vec<_>>(),
+        ),
+        Column::new(
+            name("recompute"),
+            points
+                .iter()
+                .map(|p| p.recompute.name())
+                .collect::<Vec<_>>(),
+        ),
+        Column::new(
+            name("dtype"),
+            points.iter().map(|p| p.dtype.as_str()).collect::<Vec<_>>(),
+        ),
+        reals("forward_s", |p| time(p.forward_s)),
+        reals("backward_s", |p| time(p.backward_s)),
+        reals("recompute_s", |p| p.recompute_s),
+        reals("ci95_rel", |p| p.ci95_rel),
+        reals("activation_bytes", |p| p.activation_bytes),
+        reals("peak_bytes", |p| p.peak_bytes),
+        Column::new(
+            name("status"),
+            points.iter().map(|p| p.status.name()).collect::<Vec<_>>(),
+        ),
+    ])
+}
+
+/// A column as values of one type; `Err` names the column and the problem.
+fn column_of(df: &DataFrame, column: &str, dtype: &DataType) -> Result<Column, String> {
+    df.column(column)
+        .map_err(|_| format!("no `{column}` column"))?
+        .strict_cast(dtype)
+        .map_err(|_| format!("column `{column}` is not of type {dtype}"))
+}
+
+fn u64s(df: &DataFrame, column: &str) -> Result<Vec<u64>, String> {
+    let c = column_of(df, column, &DataType::UInt64)?;
+    let values = c.u64().map_err(|e| first_line(&e.to_string()))?;
+    values
+        .iter()
+        .enumerate()
+        .map(|(row, v)| v.ok_or_else(|| format!("row {}: `{column}` is empty", row + 1)))
+        .collect()
+}
+
+fn opt_f64s(df: &DataFrame, column: &str) -> Result<Vec<Option<f64>>, String> {
+    let c = column_of(df, column, &DataType::Float64)?;
+    let values = c.f64().map_err(|e| first_line(&e.to_string()))?;
+    Ok(values.iter().collect())
+}
+
+/// An optional column: all empty when the table does not have it.
+fn optional_f64s(df: &DataFrame, column: &str) -> Result<Vec<Option<f64>>, String> {
+    if df.column(column).is_err() {
+        return Ok(vec![None; df.height()]);
+    }
+    opt_f64s(df, column)
+}
+
+fn f64s(df: &DataFrame, column: &str) -> Result<Vec<f64>, String> {
+    opt_f64s(df, column)?
+        .into_iter()
+        .enumerate()
+        .map(|(row, v)| v.ok_or_else(|| format!("row {}: `{column}` is empty", row + 1)))
+        .collect()
+}
+
+fn strings(df: &DataFrame, column: &str) -> Result<Vec<String>, String> {
+    let c = column_of(df, column, &DataType::String)?;
+    let values = c.str().map_err(|e| first_line(&e.to_string()))?;
+    values
+        .iter()
+        .enumerate()
+        .map(|(row, v)| {
+            v.map(str::to_string)
+                .ok_or_else(|| format!("row {}: `{column}` is empty", row + 1))
+        })
+        .collect()
+}
+
+fn bools(df: &DataFrame, column: &str) -> Result<Vec<bool>, String> {
+    let c = column_of(df, column, &DataType::Boolean)?;
+    let values = c.bool().map_err(|e| first_line(&e.to_string()))?;
+    values
+        .iter()
+        .enumerate()
+        .map(|(row, v)| v.ok_or_else(|| format!("row {}: `{column}` is empty", row + 1)))
+        .collect()
+}
+
+fn collectives_from(df: &DataFrame) -> Result<Vec<CollectivePoint>, String> {
+    let ops = strings(df, "op")?;
+    let ranks = u64s(df, "ranks")?;
+    let bytes = f64s(df, "bytes")?;
+    let seconds = f64s(df, "seconds")?;
+    let busbw = f64s(df, "busbw_GBps")?;
+    ops.iter()
+        .enumerate()
+        .map(|(i, op)| {
+            let op = CollectiveOp::from_name(op).ok_or_else(|| {
+                format!(
+                    "row {}: unknown op `{op}` (all_reduce, all_gather, reduce_scatter, sendrecv)",
+                    i + 1
+                )
+            })?;
+            Ok(CollectivePoint {
+                op,
+                ranks: ranks[i],
+                bytes: bytes[i],
+                seconds: seconds[i],
+                busbw: busbw[i],
+            })
+        })
+        .collect()
+}
+
+fn layers_from(df: &DataFrame) -> Result<Vec<LayerPoint>, String> {
+    let hidden = u64s(df, "hidden")?;
+    let heads = u64s(df, "heads")?;
+    let seq_len = u64s(df, "seq_len")?;
+    let micro_batch = u64s(df, "micro_batch")?;
+    let tp = u64s(df, "tp")?;
+    let sequence_parallel = bools(df, "sequence_parallel")?;
+    let recompute = strings(df, "recompute")?;
+    let dtype = strings(df, "dtype")?;
+    let forward = opt_f64s(df, "forward_s")?;
+    let backward = opt_f64s(df, "backward_s")?;
+    let recompute_s = optional_f64s(df, "recompute_s")?;
+    let ci95 = optional_f64s(df, "ci95_rel")?;
+    let activation = optional_f64s(df, "activation_bytes")?;
+    let peak = optional_f64s(df, "peak_bytes")?;
+    let status = strings(df, "status")?;
+    (0..hidden.len())
+        .map(|i| {
+            let row = i + 1;
+            let recompute = crate::runs::parse_choice(
+                "recompute",
+                &recompute[i],
+                &Recompute::ALL.map(|k| (k.name(), k)),
+            )
+            .map_err(|e| format!("row {row}: {e}"))?;
+            let status = LayerStatus::from_name(&status[i]).ok_or_else(|| {
+                format!("row {row}: status must be ok or oom, found `{}`", status[i])
+            })?;
+            let time = |v: Option<f64>, column: &str| match (v, status) {
+                (Some(v), _) => Ok(v),
+                (None, LayerStatus::Oom) => Ok(f64::NAN),
+                (None, LayerStatus::Ok) => Err(format!("row {row}: `{column}` is empty")),
+            };
+            Ok(LayerPoint {
+                hidden: hidden[i],
+                heads: heads[i],
+                seq_len: seq_len[i],
+                micro_batch: micro_batch[i],
+                tp: tp[i],
+                sequence_parallel: sequence_parallel[i],
+                recompute,
+                dtype: dtype[i].clone(),
+                forward_s: time(forward[i], "forward_s")?,
+                backward_s: time(backward[i], "backward_s")?,
+                recompute_s: recompute_s[i],
+                ci95_rel: ci95[i],
+                activation_bytes: activation[i],
+                peak_bytes: peak[i],
+                status,
+            })
+        })
+        .collect()
+}
