@@ -14,6 +14,7 @@ pub mod cluster;
 pub mod coefficients;
 pub mod config;
 pub mod cost;
+pub mod date;
 pub mod evaluate;
 pub mod export;
 pub mod model;

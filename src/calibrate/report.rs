@@ -2,7 +2,7 @@
 //! fitted cost model.
 
 use super::figures::{ErrorFigures, OVERALL, overall};
-use super::{Calibration, Dataset, FitOptions, FitStatus, util};
+use super::{Calibration, Dataset, FitOptions, FitStatus};
 use crate::cluster::NodeGroup;
 use crate::coefficients::{Coefficients, CostModel};
 use std::collections::BTreeMap;
@@ -78,7 +78,7 @@ pub(super) fn provenance(
         }
         p.insert("cluster".into(), Value::Table(t));
     }
-    p.insert("date".into(), Value::String(util::today_utc()));
+    p.insert("date".into(), Value::String(crate::date::today_utc()));
     p.insert(
         "paratune_version".into(),
         Value::String(env!("CARGO_PKG_VERSION").into()),

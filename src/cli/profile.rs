@@ -13,7 +13,7 @@ use paratune::cost::ProfileUsage;
 use paratune::profile::{
     CollectiveOp, Environment, Measurements, Profile, merge_collectives, merge_layers,
     parse_korthikanti_layers, parse_nccl_tests, parse_reference_collectives, read_profile,
-    read_text, today_utc, write_profile,
+    read_text, write_profile,
 };
 use paratune::suggest::did_you_mean;
 use std::collections::BTreeSet;
@@ -118,7 +118,7 @@ fn save(
     mut report: String,
 ) -> Result<()> {
     let env = &mut profile.environment;
-    env.date = today_utc();
+    env.date = paratune::date::today_utc();
     env.paratune_version = env!("CARGO_PKG_VERSION").to_string();
     if let Some(source) = &provenance.source {
         if env.source.is_empty() {

@@ -465,11 +465,3 @@ fn layers_interpolate_in_micro_batch_and_scale_beyond() {
 }
 
 const MIB: f64 = 1024.0 * 1024.0;
-
-#[test]
-fn dates_are_proleptic_gregorian() {
-    assert_eq!(civil_from_days(0), (1970, 1, 1));
-    assert_eq!(civil_from_days(19_782), (2024, 2, 29));
-    assert_eq!(civil_from_days(20_454), (2026, 1, 1));
-    assert_eq!(today_utc().len(), 10);
-}
