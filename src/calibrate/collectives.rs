@@ -11,6 +11,7 @@ use super::fit::FreeParam;
 use crate::cluster::NodeGroup;
 use crate::coefficients::{Coefficients, CostModel};
 use crate::cost::intra_node_all_reduce;
+use crate::profile::{CollectiveOp, parse_reference_collectives, read_text};
 use argmin::core::{CostFunction, Error, Executor, State};
 use argmin::solver::neldermead::NelderMead;
 use std::path::Path;
@@ -40,48 +41,22 @@ pub struct CollectiveFit {
 }
 
 /// Reads an nccl-tests style table with columns `gpus, bytes` and
-/// `out_of_place_us` (or `in_place_us`), as in the reference A100 curves.
+/// `out_of_place_us`, as in the reference A100 curves (the profile importer's
+/// reader: one parser for the format).
 pub fn read_nccl_table(path: &Path) -> Result<Vec<CollectiveSample>, CalibrateError> {
-    let shown = path.display().to_string();
-    let invalid = |message: String| CalibrateError::InvalidOption(format!("{shown}: {message}"));
-    let mut reader = csv::ReaderBuilder::new()
-        .trim(csv::Trim::All)
-        .from_path(path)
-        .map_err(|e| invalid(format!("cannot read: {e}")))?;
-    let headers = reader
-        .headers()
-        .map_err(|e| invalid(format!("unreadable header: {e}")))?
-        .clone();
-    let column = |name: &str| headers.iter().position(|h| h == name);
-    let (Some(gpus), Some(bytes)) = (column("gpus"), column("bytes")) else {
-        return Err(invalid(
-            "needs columns gpus, bytes and out_of_place_us (or in_place_us)".into(),
-        ));
-    };
-    let time = column("out_of_place_us")
-        .or_else(|| column("in_place_us"))
-        .ok_or_else(|| invalid("needs a column out_of_place_us or in_place_us".into()))?;
-    let mut samples = Vec::new();
-    for (i, record) in reader.records().enumerate() {
-        let line = i + 2;
-        let record = record.map_err(|e| invalid(format!("line {line}: unreadable ({e})")))?;
-        let number = |index: usize, name: &str| -> Result<f64, CalibrateError> {
-            record
-                .get(index)
-                .and_then(|t| t.parse::<f64>().ok())
-                .filter(|v| v.is_finite() && *v > 0.0)
-                .ok_or_else(|| invalid(format!("line {line}: `{name}` must be a positive number")))
-        };
-        samples.push(CollectiveSample {
-            ranks: number(gpus, "gpus")? as u64,
-            bytes: number(bytes, "bytes")?,
-            seconds: number(time, "time")? * 1e-6,
-        });
-    }
-    if samples.is_empty() {
-        return Err(invalid("no rows after the header".into()));
-    }
-    Ok(samples)
+    let invalid = |e: crate::profile::ProfileError| CalibrateError::InvalidOption(e.to_string());
+    let text = read_text(path).map_err(invalid)?;
+    let points =
+        parse_reference_collectives(&text, &path.display().to_string(), CollectiveOp::AllReduce)
+            .map_err(invalid)?;
+    Ok(points
+        .into_iter()
+        .map(|p| CollectiveSample {
+            ranks: p.ranks,
+            bytes: p.bytes,
+            seconds: p.seconds,
+        })
+        .collect())
 }
 
 struct Problem<'a> {

@@ -8,9 +8,9 @@ use std::path::Path;
 
 /// Reads an input file to import, with a typed error naming it.
 pub fn read_text(path: &Path) -> Result<String, ProfileError> {
-    std::fs::read_to_string(path).map_err(|source| ProfileError::Read {
+    std::fs::read_to_string(path).map_err(|cause| ProfileError::Read {
         path: path.display().to_string(),
-        source,
+        cause,
     })
 }
 

@@ -219,11 +219,8 @@ impl Profile {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ProfileError {
-    #[error("cannot read {path}: {source}")]
-    Read {
-        path: String,
-        source: std::io::Error,
-    },
+    #[error("cannot read {path}: {cause}")]
+    Read { path: String, cause: std::io::Error },
     #[error("cannot write {path}: {message}")]
     Write { path: String, message: String },
     /// A table or environment file that does not parse: the directory is

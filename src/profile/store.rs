@@ -33,9 +33,9 @@ pub fn read_profile(dir: &Path) -> Result<Profile, ProfileError> {
             message: format!("it has no {ENVIRONMENT_FILE}"),
         });
     }
-    let text = std::fs::read_to_string(&env_path).map_err(|source| ProfileError::Read {
+    let text = std::fs::read_to_string(&env_path).map_err(|cause| ProfileError::Read {
         path: env_path.display().to_string(),
-        source,
+        cause,
     })?;
     let environment: Environment = toml::from_str(&text).map_err(|e| ProfileError::Corrupt {
         path: env_path.display().to_string(),
@@ -115,9 +115,9 @@ fn read_table(
 ) -> Result<Option<(PathBuf, DataFrame)>, ProfileError> {
     let (parquet, csv) = table_paths(dir, table);
     if parquet.is_file() {
-        let file = File::open(&parquet).map_err(|source| ProfileError::Read {
+        let file = File::open(&parquet).map_err(|cause| ProfileError::Read {
             path: parquet.display().to_string(),
-            source,
+            cause,
         })?;
         let df = ParquetReader::new(file)
             .finish()
