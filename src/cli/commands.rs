@@ -428,21 +428,30 @@ fn config_cells(c: &ParallelConfig) -> Vec<String> {
     ]
 }
 
+/// Prediction columns shared by the plan and predict tables.
+const PREDICTION_COLUMNS: [&str; 5] = [
+    "iter_ms",
+    "tokens_per_s",
+    "tflops_per_gpu",
+    "mfu",
+    "peak_memory_gib",
+];
+
+fn prediction_cells(p: &paratune::cost::Prediction) -> [String; 5] {
+    [
+        format!("{:.3}", p.iteration_s * 1e3),
+        format!("{:.1}", p.tokens_per_s),
+        format!("{:.2}", p.tflops_per_gpu),
+        format!("{:.4}", p.mfu),
+        format!("{:.2}", p.peak_memory_gib()),
+    ]
+}
+
 fn plan_csv(result: &SearchResult, top: usize) -> Result<()> {
     let mut headers: Vec<String> = vec!["rank".into()];
     headers.extend(CONFIG_COLUMNS.iter().map(|s| s.to_string()));
-    headers.extend(
-        [
-            "iter_ms",
-            "tokens_per_s",
-            "tflops_per_gpu",
-            "mfu",
-            "peak_memory_gib",
-            "fits",
-        ]
-        .iter()
-        .map(|s| s.to_string()),
-    );
+    headers.extend(PREDICTION_COLUMNS.map(String::from));
+    headers.push("fits".into());
     let rows: Vec<Vec<String>> = result
         .candidates
         .iter()
@@ -452,14 +461,8 @@ fn plan_csv(result: &SearchResult, top: usize) -> Result<()> {
             let p = &c.prediction;
             let mut row = vec![(i + 1).to_string()];
             row.extend(config_cells(&c.config));
-            row.extend([
-                format!("{:.3}", p.iteration_s * 1e3),
-                format!("{:.1}", p.tokens_per_s),
-                format!("{:.2}", p.tflops_per_gpu),
-                format!("{:.4}", p.mfu),
-                format!("{:.2}", p.peak_memory_gib()),
-                p.fits.to_string(),
-            ]);
+            row.extend(prediction_cells(p));
+            row.push(p.fits.to_string());
             row
         })
         .collect();
@@ -498,25 +501,11 @@ pub fn predict_command(args: &PredictArgs) -> Result<()> {
         }
         Format::Csv => {
             let mut headers: Vec<String> = CONFIG_COLUMNS.iter().map(|s| s.to_string()).collect();
-            headers.extend(
-                [
-                    "iter_ms",
-                    "tokens_per_s",
-                    "tflops_per_gpu",
-                    "mfu",
-                    "peak_memory_gib",
-                    "peak_stage",
-                    "fits",
-                ]
-                .map(String::from),
-            );
+            headers.extend(PREDICTION_COLUMNS.map(String::from));
+            headers.extend(["peak_stage", "fits"].map(String::from));
             let mut row = config_cells(&config);
+            row.extend(prediction_cells(&prediction));
             row.extend([
-                format!("{:.3}", prediction.iteration_s * 1e3),
-                format!("{:.1}", prediction.tokens_per_s),
-                format!("{:.2}", prediction.tflops_per_gpu),
-                format!("{:.4}", prediction.mfu),
-                format!("{:.2}", prediction.peak_memory_gib()),
                 prediction.peak_stage.to_string(),
                 prediction.fits.to_string(),
             ]);

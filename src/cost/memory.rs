@@ -22,15 +22,13 @@ pub enum SyncMethod {
 /// Parameters of one stage that are synchronised the same way.
 #[derive(Debug, Clone, Copy)]
 pub struct ParamGroup {
-    #[allow(dead_code)] // read by reports of per-group synchronisation
-    pub name: &'static str,
     /// Parameters on one GPU (its tensor-parallel shard).
     pub params: f64,
     pub sync: SyncMethod,
 }
 
-/// The parameter groups of stage `stage` on one GPU: the transformer layers,
-/// and the embeddings where the stage holds them.
+/// The parameter groups of stage `stage` on one GPU: the transformer layers
+/// first, then the embeddings where the stage holds them.
 pub fn parameter_groups(s: &Scenario, c: &ParallelConfig, stage: u64) -> [ParamGroup; 2] {
     let t = c.tp as f64;
     let model = s.model;
@@ -51,12 +49,10 @@ pub fn parameter_groups(s: &Scenario, c: &ParallelConfig, stage: u64) -> [ParamG
     }
     [
         ParamGroup {
-            name: "transformer layers",
             params: layers,
             sync: SyncMethod::AllReduce,
         },
         ParamGroup {
-            name: "embeddings",
             params: embeddings,
             sync: SyncMethod::AllReduce,
         },

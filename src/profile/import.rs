@@ -213,14 +213,13 @@ pub fn parse_nccl_tests(text: &str, path: &str) -> Result<NcclLog, ProfileError>
     Ok(log)
 }
 
-/// Reads the nccl-tests-style reference table
-/// (`gpus,bytes,elements,dtype,out_of_place_us,out_of_place_busbw_GBps,in_place_us,in_place_busbw_GBps`)
-/// as points of `op`; the out-of-place columns are kept.
-pub fn parse_reference_collectives(
-    text: &str,
+/// A CSV reader over `text` and the positions of the `names` columns, or an
+/// error naming the first missing one.
+fn csv_columns<'t, const N: usize>(
+    text: &'t str,
     path: &str,
-    op: CollectiveOp,
-) -> Result<Vec<CollectivePoint>, ProfileError> {
+    names: [&str; N],
+) -> Result<(csv::Reader<&'t [u8]>, [usize; N]), ProfileError> {
     let mut reader = csv::ReaderBuilder::new()
         .trim(csv::Trim::All)
         .from_reader(text.as_bytes());
@@ -229,18 +228,34 @@ pub fn parse_reference_collectives(
         message,
     };
     let headers = reader.headers().map_err(|e| input(e.to_string()))?.clone();
-    let column = |name: &str| {
-        headers
+    let mut at = [0usize; N];
+    for (slot, name) in at.iter_mut().zip(names) {
+        *slot = headers
             .iter()
             .position(|h| h == name)
-            .ok_or_else(|| input(format!("no `{name}` column")))
-    };
-    let (gpus, bytes, time, busbw) = (
-        column("gpus")?,
-        column("bytes")?,
-        column("out_of_place_us")?,
-        column("out_of_place_busbw_GBps")?,
-    );
+            .ok_or_else(|| input(format!("no `{name}` column")))?;
+    }
+    Ok((reader, at))
+}
+
+/// Reads the nccl-tests-style reference table
+/// (`gpus,bytes,elements,dtype,out_of_place_us,out_of_place_busbw_GBps,in_place_us,in_place_busbw_GBps`)
+/// as points of `op`; the out-of-place columns are kept.
+pub fn parse_reference_collectives(
+    text: &str,
+    path: &str,
+    op: CollectiveOp,
+) -> Result<Vec<CollectivePoint>, ProfileError> {
+    let (mut reader, [gpus, bytes, time, busbw]) = csv_columns(
+        text,
+        path,
+        [
+            "gpus",
+            "bytes",
+            "out_of_place_us",
+            "out_of_place_busbw_GBps",
+        ],
+    )?;
     let mut points = Vec::new();
     for (index, record) in reader.records().enumerate() {
         let line = index + 2;
@@ -298,20 +313,6 @@ pub fn parse_korthikanti_layers(
     path: &str,
     dtype: &str,
 ) -> Result<Vec<LayerPoint>, ProfileError> {
-    let mut reader = csv::ReaderBuilder::new()
-        .trim(csv::Trim::All)
-        .from_reader(text.as_bytes());
-    let input = |message: String| ProfileError::Input {
-        path: path.to_string(),
-        message,
-    };
-    let headers = reader.headers().map_err(|e| input(e.to_string()))?.clone();
-    let column = |name: &str| {
-        headers
-            .iter()
-            .position(|h| h == name)
-            .ok_or_else(|| input(format!("no `{name}` column")))
-    };
     let names = [
         "hidden",
         "heads",
@@ -323,10 +324,7 @@ pub fn parse_korthikanti_layers(
         "forward_ms",
         "backward_ms",
     ];
-    let mut at = [0usize; 9];
-    for (slot, name) in at.iter_mut().zip(names) {
-        *slot = column(name)?;
-    }
+    let (mut reader, at) = csv_columns(text, path, names)?;
     let mut rows: Vec<(LayerPoint, f64)> = Vec::new();
     for (index, record) in reader.records().enumerate() {
         let line = index + 2;
