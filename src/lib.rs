@@ -9,6 +9,7 @@
 //! layers that the cost model uses where they cover the case. Only
 //! `src/main.rs` knows about the terminal.
 
+pub mod bench;
 pub mod calibrate;
 pub mod cluster;
 pub mod coefficients;

@@ -362,3 +362,92 @@ fn plan_predict_and_evaluate_say_what_they_took_from_the_profile() {
     assert!(stdout.contains("profile profiles/a100-sxm"), "{stdout}");
     assert!(stdout.contains("MAPE"), "{stdout}");
 }
+
+/// A tiny GPT layer for `profile layer` (hidden 128, 4 heads, sequence 64).
+const TINY: [&str; 8] = [
+    "--hidden",
+    "128",
+    "--heads",
+    "4",
+    "--layers",
+    "2",
+    "--seq-len",
+    "64",
+];
+
+fn profile_layer(extra: &[&str]) -> Vec<String> {
+    let mut args: Vec<String> = ["profile", "layer"].map(String::from).to_vec();
+    args.extend(TINY.map(String::from));
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args
+}
+
+fn refs(args: &[String]) -> Vec<&str> {
+    args.iter().map(String::as_str).collect()
+}
+
+#[test]
+fn profile_layer_names_the_bad_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("p");
+    let cases: [(&[&str], &str); 6] = [
+        (&["--device", "tpu0"], "--device: unknown device `tpu0`"),
+        (&["--device", "cuda:x"], "cuda:N"),
+        (&["--micro-batch", "1,0,4"], "--micro-batch"),
+        (&["--micro-batch", "2,many"], "--micro-batch"),
+        (&["--dtype", "int8"], "--dtype: unknown dtype"),
+        (&["--tp", "3"], "--tp"),
+    ];
+    for (flags, expected) in cases {
+        let mut args = profile_layer(flags);
+        args.extend(["--device", "cpu", "--out", text(&out)].map(String::from));
+        // The flag under test comes first, so it wins over the --device cpu after it
+        // only where it is not --device: put it last for --device.
+        if flags[0] == "--device" {
+            args.truncate(args.len() - 4);
+            args.extend(["--out", text(&out)].map(String::from));
+        }
+        let err = fails(&refs(&args));
+        assert!(err.contains(expected), "{flags:?}: {err}");
+    }
+}
+
+#[test]
+fn profile_layer_refuses_an_unwritable_or_corrupted_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, "not a directory").unwrap();
+    let args = profile_layer(&["--device", "cpu", "--out", text(&file.join("p"))]);
+    let err = fails(&refs(&args));
+    assert!(
+        err.contains("--out") && err.contains("cannot write there"),
+        "{err}"
+    );
+
+    let out = dir.path().join("p");
+    std::fs::create_dir_all(&out).unwrap();
+    std::fs::write(out.join("environment.toml"), "gpu = \"cpu\"\n").unwrap();
+    std::fs::write(out.join("layers.csv"), "hidden,heads\nnot,numbers\n").unwrap();
+    let args = profile_layer(&["--device", "cpu", "--out", text(&out)]);
+    let err = fails(&refs(&args));
+    assert!(
+        err.contains("layers.csv") && err.contains("not overwritten"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(out.join("layers.csv")).unwrap(),
+        "hidden,heads\nnot,numbers\n"
+    );
+}
+
+#[cfg(not(feature = "torch"))]
+#[test]
+fn without_the_torch_feature_profile_layer_says_how_to_get_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = profile_layer(&["--device", "cpu", "--out", text(&dir.path().join("p"))]);
+    let err = fails(&refs(&args));
+    assert!(
+        err.contains("built without the `torch` feature") && err.contains("--features torch"),
+        "{err}"
+    );
+}

@@ -364,6 +364,101 @@ pub enum ProfileCommand {
     ImportLayers(ImportLayersArgs),
     /// Summarise a profile directory.
     Show(ShowProfileArgs),
+    /// Measure real transformer layers (one tensor-parallel shard each) with libtorch
+    /// (feature `torch`): forward, backward, recomputation, activation memory.
+    Layer(Box<ProfileLayerArgs>),
+    /// Record the GPU (name, memory, SMs, clocks; feature `cuda`) and measure achievable
+    /// matrix-multiply TFLOP/s and memory copy bandwidth (feature `torch`).
+    Device(ProfileDeviceArgs),
+    /// Sweep NCCL all-reduce, all-gather, reduce-scatter and send/recv over the local
+    /// GPUs (feature `cuda`).
+    Comm(ProfileCommArgs),
+    /// Internal: measure one point in a fresh process (the sweeps spawn it).
+    #[command(hide = true)]
+    Worker(WorkerArgs),
+}
+
+/// How long each measured point repeats.
+#[derive(Args, Debug, Clone)]
+pub struct RepetitionArgs {
+    /// Untimed repetitions before timing.
+    #[arg(long, default_value_t = 3)]
+    pub warmup: usize,
+    /// Stop when the 95% confidence interval of the mean is within this fraction of it.
+    #[arg(long, default_value_t = 0.02)]
+    pub target_ci: f64,
+    /// Timed repetitions at most per point.
+    #[arg(long, value_parser = at_least_one_row, default_value_t = 100)]
+    pub max_repetitions: usize,
+    /// Timed work at most per point, seconds.
+    #[arg(long, default_value_t = 60.0)]
+    pub max_seconds: f64,
+}
+
+#[derive(Args, Debug)]
+pub struct ProfileLayerArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Micro-batch sizes, comma-separated.
+    #[arg(long, value_delimiter = ',', value_parser = count(1 << 16), allow_negative_numbers = true, default_value = "1")]
+    pub micro_batch: Vec<u64>,
+    /// Tensor-parallel degrees, comma-separated: each point is one shard.
+    #[arg(long, value_delimiter = ',', value_parser = count(1 << 10), allow_negative_numbers = true, default_value = "1")]
+    pub tp: Vec<u64>,
+    /// Precision: fp32, fp16 or bf16.
+    #[arg(long, default_value = "bf16")]
+    pub dtype: String,
+    /// Where to run: cpu, cuda or cuda:N.
+    #[arg(long, default_value = "cuda:0")]
+    pub device: String,
+    /// Record a point as out of memory when its peak exceeds this (simulates a smaller device).
+    #[arg(long)]
+    pub memory_limit: Option<Bytes>,
+    #[command(flatten)]
+    pub repetitions: RepetitionArgs,
+    /// Seconds a point may take before its worker is killed and the point recorded as failed.
+    #[arg(long, default_value_t = 900.0)]
+    pub timeout: f64,
+    #[command(flatten)]
+    pub provenance: ProvenanceArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct ProfileDeviceArgs {
+    /// Where to run: cpu, cuda or cuda:N.
+    #[arg(long, default_value = "cuda:0")]
+    pub device: String,
+    /// Precision of the matrix multiplies: fp32, fp16 or bf16.
+    #[arg(long, default_value = "bf16")]
+    pub dtype: String,
+    /// Largest square matrix side in the sweep (sides double from 256).
+    #[arg(long, value_parser = count(1 << 16), default_value_t = 8192)]
+    pub max_side: u64,
+    #[command(flatten)]
+    pub repetitions: RepetitionArgs,
+    #[command(flatten)]
+    pub provenance: ProvenanceArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct ProfileCommArgs {
+    /// GPU indices to run the collectives over, comma-separated (at least 2).
+    #[arg(long, value_delimiter = ',', required = true)]
+    pub gpus: Vec<usize>,
+    /// Largest message, e.g. 1GiB (sizes double from 1 KiB).
+    #[arg(long, default_value = "1GiB")]
+    pub max_bytes: Bytes,
+    #[command(flatten)]
+    pub repetitions: RepetitionArgs,
+    #[command(flatten)]
+    pub provenance: ProvenanceArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct WorkerArgs {
+    /// The measurement, as JSON.
+    #[arg(long)]
+    pub job: String,
 }
 
 /// Where a profile's measurements come from, recorded in its environment.toml.

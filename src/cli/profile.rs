@@ -27,6 +27,10 @@ pub fn run(command: &ProfileCommand) -> Result<()> {
         ProfileCommand::ImportTable(args) => import_table(args),
         ProfileCommand::ImportLayers(args) => import_layers(args),
         ProfileCommand::Show(args) => show(args),
+        ProfileCommand::Layer(args) => super::measure::profile_layer(args),
+        ProfileCommand::Device(args) => super::measure::profile_device(args),
+        ProfileCommand::Comm(args) => super::measure::profile_comm(args),
+        ProfileCommand::Worker(args) => super::measure::worker(args),
     }
 }
 
@@ -63,7 +67,7 @@ fn command_line() -> String {
 
 /// The catalogue GPU a device name such as `NVIDIA A100-SXM4-80GB` is, when
 /// every part of exactly one catalogue name appears in it; else the name.
-fn catalogue_gpu(device: &str) -> String {
+pub(super) fn catalogue_gpu(device: &str) -> String {
     let lower = device.to_lowercase();
     let words: Vec<&str> = lower
         .split(|c: char| !c.is_ascii_alphanumeric())
@@ -85,7 +89,10 @@ fn catalogue_gpu(device: &str) -> String {
 /// The profile in `--out`, or a new one for `gpu` (`--gpu`, else what the
 /// input says). An existing profile that does not read stops the import
 /// before anything is written.
-fn open_profile(provenance: &ProvenanceArgs, detected_gpu: Option<&str>) -> Result<Profile> {
+pub(super) fn open_profile(
+    provenance: &ProvenanceArgs,
+    detected_gpu: Option<&str>,
+) -> Result<Profile> {
     let out = &provenance.out;
     if out.join(paratune::profile::ENVIRONMENT_FILE).is_file() {
         let profile = read_profile(out)?;
@@ -117,6 +124,26 @@ fn save(
     extra_notes: &[String],
     mut report: String,
 ) -> Result<()> {
+    record_provenance(&mut profile, provenance, extra_notes);
+    write_profile(&provenance.out, &profile)?;
+    let _ = writeln!(
+        report,
+        "{}: {} collective points in {} curves, {} layer points",
+        provenance.out.display(),
+        thousands(profile.collectives.len() as f64),
+        curve_count(&profile),
+        thousands(profile.layers.len() as f64)
+    );
+    emit(&report)
+}
+
+/// Stamps the profile's environment with today, this version, the
+/// provenance flags and this command line.
+pub(super) fn record_provenance(
+    profile: &mut Profile,
+    provenance: &ProvenanceArgs,
+    extra_notes: &[String],
+) {
     let env = &mut profile.environment;
     env.date = paratune::date::today_utc();
     env.paratune_version = env!("CARGO_PKG_VERSION").to_string();
@@ -133,16 +160,6 @@ fn save(
         }
     }
     env.commands.push(command_line());
-    write_profile(&provenance.out, &profile)?;
-    let _ = writeln!(
-        report,
-        "{}: {} collective points in {} curves, {} layer points",
-        provenance.out.display(),
-        thousands(profile.collectives.len() as f64),
-        curve_count(&profile),
-        thousands(profile.layers.len() as f64)
-    );
-    emit(&report)
 }
 
 fn curve_count(profile: &Profile) -> usize {

@@ -10,7 +10,9 @@
 //! tensor-parallel share shown in the breakdown is the collective estimate
 //! carved out of the measured total (capped at it), the rest counting as
 //! compute: the layer's total is the measured total exactly, with no
-//! collective or launch time counted twice.
+//! collective or launch time counted twice. A shard timed alone on one
+//! device (`paratune profile layer`, `includes_tp_comm = false`) lacks its
+//! collectives: the estimate is added to it.
 
 use super::kernels::{self, HALF};
 use super::{ProfileUsage, Scenario, comm};
@@ -215,8 +217,16 @@ pub fn layer_time(s: &Scenario, c: &ParallelConfig, usage: &mut ProfileUsage) ->
                 usage.layer_lookups += 1;
                 usage.layer_extrapolated += u64::from(measured.extrapolated);
                 let total = measured.total();
-                let tp = tensor_parallel_total(tensor_parallel_forward(s, c, usage), c.recompute)
-                    .min(total);
+                let tp = tensor_parallel_total(tensor_parallel_forward(s, c, usage), c.recompute);
+                // A shard timed alone lacks its collectives: add them.
+                if !measured.includes_tp_comm {
+                    return LayerTime {
+                        gpu_compute: total,
+                        tensor_parallel: tp,
+                        host_excess: 0.0,
+                    };
+                }
+                let tp = tp.min(total);
                 return LayerTime {
                     gpu_compute: total - tp,
                     tensor_parallel: tp,

@@ -785,6 +785,7 @@ mod profiled {
             activation_bytes: None,
             peak_bytes: None,
             status: LayerStatus::Ok,
+            includes_tp_comm: true,
         }
     }
 
@@ -898,6 +899,27 @@ mod profiled {
         let estimate = layer::layer_time(&s, &none, &mut usage);
         assert!(estimate.host_excess >= 0.0);
         assert_eq!((usage.layer_lookups, usage.layer_modelled), (0, 1));
+    }
+
+    #[test]
+    fn a_shard_timed_alone_gets_its_collectives_added() {
+        // The same row as a single-device shard (`profile layer`): the
+        // measured 27.2 ms is compute only, the collectives come on top.
+        let mut c = config(8, 1, 1, 4);
+        c.recompute = Recompute::Full;
+        let f = Fixture::new(gpt22b(), 8, 4);
+        let c = f.checked(c);
+        let mut point = measured_layer(&f.model, &c, 7.7, 11.8);
+        point.recompute_s = Some(7.7e-3);
+        point.includes_tp_comm = false;
+        let measured = profile(vec![], vec![point]);
+        let s = f.scenario().with_profile(Some(&measured));
+        let t = layer::layer_time(&s, &c, &mut ProfileUsage::default());
+        let bytes = 2.0 * 4.0 * 2048.0 * 6144.0;
+        let one = comm::all_reduce_intra(&f.scenario(), 8, bytes, &mut ProfileUsage::default());
+        assert_close(t.gpu_compute, 27.2e-3, 1e-12, "measured compute");
+        assert_close(t.tensor_parallel, 6.0 * one, 1e-12, "added collectives");
+        assert_eq!(t.host_excess, 0.0);
     }
 
     #[test]

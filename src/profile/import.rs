@@ -385,6 +385,8 @@ pub fn parse_korthikanti_layers(
                 activation_bytes: None,
                 peak_bytes: None,
                 status: LayerStatus::Ok,
+                // Korthikanti et al. timed layers inside tensor-parallel runs.
+                includes_tp_comm: true,
             },
             backward_with_recompute,
         ));

@@ -57,6 +57,8 @@ pub struct LayerLookup {
     /// The micro-batch lies outside the measured ones: the times were
     /// scaled in proportion to it from the nearest measured micro-batch.
     pub extrapolated: bool,
+    /// The times hold the tensor-parallel collectives (see `LayerPoint`).
+    pub includes_tp_comm: bool,
 }
 
 impl LayerLookup {
@@ -82,6 +84,8 @@ struct LayerCurve {
     forward: Vec<f64>,
     backward: Vec<f64>,
     recompute: Vec<f64>,
+    /// Of the curve's last point.
+    includes_tp_comm: bool,
 }
 
 /// Measured curves per (collective, ranks) and layer times per shape, ready
@@ -163,6 +167,7 @@ impl Measurements {
             let recompute = p.recompute_s.unwrap_or(0.0);
             match layers.last_mut() {
                 Some(l) if l.shape == p.shape() => {
+                    l.includes_tp_comm = p.includes_tp_comm;
                     if l.micro_batch.last() == Some(&p.micro_batch) {
                         *l.forward.last_mut().expect("same length") = p.forward_s;
                         *l.backward.last_mut().expect("same length") = p.backward_s;
@@ -180,6 +185,7 @@ impl Measurements {
                     forward: vec![p.forward_s],
                     backward: vec![p.backward_s],
                     recompute: vec![recompute],
+                    includes_tp_comm: p.includes_tp_comm,
                 }),
             }
         }
@@ -332,6 +338,7 @@ impl LayerCurve {
                 backward: self.backward[i] * factor,
                 recompute: self.recompute[i] * factor,
                 extrapolated: true,
+                includes_tp_comm: self.includes_tp_comm,
             }
         };
         if mb > m[last] {
@@ -346,6 +353,7 @@ impl LayerCurve {
             backward: self.backward[i],
             recompute: self.recompute[i],
             extrapolated: false,
+            includes_tp_comm: self.includes_tp_comm,
         };
         if m[i] == mb {
             return exact(i);
@@ -357,6 +365,7 @@ impl LayerCurve {
             backward: lerp(&self.backward),
             recompute: lerp(&self.recompute),
             extrapolated: false,
+            includes_tp_comm: self.includes_tp_comm,
         }
     }
 }

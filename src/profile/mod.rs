@@ -20,6 +20,7 @@
 mod import;
 mod lookup;
 mod store;
+mod sweep;
 
 pub use import::{
     NcclLog, merge_collectives, merge_layers, parse_korthikanti_layers, parse_nccl_tests,
@@ -27,6 +28,7 @@ pub use import::{
 };
 pub use lookup::{CollectiveLookup, LayerLookup, LayerShape, Measurements};
 pub use store::{read_profile, write_profile};
+pub use sweep::{SweepPoint, is_measured, layer_points, sweep_points};
 
 use crate::config::Recompute;
 use serde::{Deserialize, Serialize};
@@ -154,7 +156,8 @@ impl LayerStatus {
 
 /// One measured transformer layer on one tensor-parallel shard, for one
 /// micro-batch. Times are wall-clock seconds of the pass as a training step
-/// runs it: host launch gaps and the tensor-parallel collectives included.
+/// runs it: host launch gaps included, and the tensor-parallel collectives
+/// where `includes_tp_comm` says so.
 /// `backward_s` excludes recomputation, which is `recompute_s` (absent when
 /// nothing is recomputed or it was not measured apart). An `oom` point has
 /// NaN times.
@@ -179,6 +182,11 @@ pub struct LayerPoint {
     /// Peak device memory during the measurement.
     pub peak_bytes: Option<f64>,
     pub status: LayerStatus,
+    /// The times hold the layer's tensor-parallel collectives (a layer
+    /// timed inside a real tensor-parallel run). `false` for one shard
+    /// timed alone on one device (`paratune profile layer`): the cost model
+    /// adds the collectives to it.
+    pub includes_tp_comm: bool,
 }
 
 impl LayerPoint {

@@ -207,6 +207,7 @@ fn layers_schema() -> Schema {
         fields.push((name(column), DataType::Float64));
     }
     fields.push((name("status"), DataType::String));
+    fields.push((name("includes_tp_comm"), DataType::Boolean));
     Schema::from_iter(fields)
 }
 
@@ -280,6 +281,13 @@ fn layers_frame(points: &[LayerPoint]) -> PolarsResult<DataFrame> {
         Column::new(
             name("status"),
             points.iter().map(|p| p.status.name()).collect::<Vec<_>>(),
+        ),
+        Column::new(
+            name("includes_tp_comm"),
+            points
+                .iter()
+                .map(|p| p.includes_tp_comm)
+                .collect::<Vec<_>>(),
         ),
     ])
 }
@@ -389,6 +397,13 @@ fn layers_from(df: &DataFrame) -> Result<Vec<LayerPoint>, String> {
     let activation = optional_f64s(df, "activation_bytes")?;
     let peak = optional_f64s(df, "peak_bytes")?;
     let status = strings(df, "status")?;
+    // Tables written before the column existed hold layers timed inside
+    // tensor-parallel runs.
+    let includes_tp_comm = if df.column("includes_tp_comm").is_ok() {
+        bools(df, "includes_tp_comm")?
+    } else {
+        vec![true; df.height()]
+    };
     (0..hidden.len())
         .map(|i| {
             let row = i + 1;
@@ -422,6 +437,7 @@ fn layers_from(df: &DataFrame) -> Result<Vec<LayerPoint>, String> {
                 activation_bytes: activation[i],
                 peak_bytes: peak[i],
                 status,
+                includes_tp_comm: includes_tp_comm[i],
             })
         })
         .collect()

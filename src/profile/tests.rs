@@ -34,6 +34,7 @@ fn layer(micro_batch: u64, forward_ms: f64, backward_ms: f64) -> LayerPoint {
         activation_bytes: Some(3.0e8),
         peak_bytes: None,
         status: LayerStatus::Ok,
+        includes_tp_comm: true,
     }
 }
 
@@ -445,7 +446,8 @@ fn layers_interpolate_in_micro_batch_and_scale_beyond() {
             forward: 0.010,
             backward: 0.020,
             recompute: 0.0,
-            extrapolated: false
+            extrapolated: false,
+            includes_tp_comm: true,
         }
     );
     let three = at(3);

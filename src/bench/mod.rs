@@ -1,0 +1,352 @@
+//! Measuring real work on a real device: one transformer layer for the
+//! profiler (`paratune profile layer`), one pipeline stage for trial runs
+//! (`paratune validate`).
+//!
+//! The device work itself needs libtorch and sits behind the `torch` cargo
+//! feature (`torch_layer.rs`, `torch_stage.rs`); without it the same entry
+//! points return [`BenchError::NotCompiled`], so the CLI can say how to get
+//! them instead of failing to link. Everything else here is plain Rust that
+//! the default build compiles and tests: device and precision names, the
+//! specification of a measurement as it travels to the worker process
+//! (serde), the stopping rule (Student t, statrs) and the memory probe.
+//!
+//! Each measurement runs in a fresh worker process (the CLI spawns itself):
+//! its memory starts from nothing, so the process's resident memory (CPU)
+//! or the device's used memory (CUDA) rises by exactly what the measured
+//! work keeps, and a point that runs out of memory or crashes costs that
+//! point only.
+
+mod cuda;
+pub mod memory;
+mod sampler;
+#[cfg(feature = "torch")]
+mod torch_layer;
+#[cfg(feature = "torch")]
+mod torch_stage;
+
+pub use cuda::{DeviceFacts, cuda_presence, device_facts};
+pub use sampler::{Sampler, StoppingRule, Summary, summarise};
+
+use cuda::cuda_memory_probe;
+
+use crate::config::Recompute;
+use crate::model::ModelSpec;
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::str::FromStr;
+
+/// Where the measured work runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub enum Device {
+    Cpu,
+    Cuda(usize),
+}
+
+impl Device {
+    pub fn is_cuda(self) -> bool {
+        matches!(self, Device::Cuda(_))
+    }
+}
+
+impl fmt::Display for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Device::Cpu => f.write_str("cpu"),
+            Device::Cuda(index) => write!(f, "cuda:{index}"),
+        }
+    }
+}
+
+impl FromStr for Device {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        let lower = text.trim().to_lowercase();
+        match lower.as_str() {
+            "cpu" => return Ok(Device::Cpu),
+            "cuda" | "gpu" => return Ok(Device::Cuda(0)),
+            _ => {}
+        }
+        if let Some(index) = lower.strip_prefix("cuda:")
+            && let Ok(index) = index.parse::<usize>()
+        {
+            return Ok(Device::Cuda(index));
+        }
+        Err(format!(
+            "unknown device `{text}`; use cpu, cuda or cuda:N (N the GPU index, e.g. cuda:0)"
+        ))
+    }
+}
+
+impl TryFrom<String> for Device {
+    type Error = String;
+    fn try_from(text: String) -> Result<Self, String> {
+        text.parse()
+    }
+}
+
+impl From<Device> for String {
+    fn from(device: Device) -> String {
+        device.to_string()
+    }
+}
+
+/// Precision the measured layers compute in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Dtype {
+    Fp32,
+    Fp16,
+    Bf16,
+}
+
+impl Dtype {
+    pub const ALL: [Dtype; 3] = [Dtype::Fp32, Dtype::Fp16, Dtype::Bf16];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Dtype::Fp32 => "fp32",
+            Dtype::Fp16 => "fp16",
+            Dtype::Bf16 => "bf16",
+        }
+    }
+
+    pub fn bytes(self) -> u64 {
+        match self {
+            Dtype::Fp32 => 4,
+            Dtype::Fp16 | Dtype::Bf16 => 2,
+        }
+    }
+}
+
+impl FromStr for Dtype {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        let lower = text.trim().to_lowercase();
+        let alias = match lower.as_str() {
+            "float32" | "float" | "f32" => "fp32",
+            "float16" | "half" | "f16" => "fp16",
+            "bfloat16" => "bf16",
+            other => other,
+        };
+        Dtype::ALL
+            .into_iter()
+            .find(|d| d.name() == alias)
+            .ok_or_else(|| format!("unknown dtype `{text}`; one of fp32, fp16, bf16"))
+    }
+}
+
+/// One layer measurement, as the profiler's worker receives it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LayerJob {
+    /// The model whose layer is built (its `seq_len` is the one measured).
+    pub model: ModelSpec,
+    pub micro_batch: u64,
+    /// Tensor-parallel degree: the layer is one shard (heads / tp, MLP / tp).
+    pub tp: u64,
+    pub dtype: Dtype,
+    pub device: Device,
+    pub rule: StoppingRule,
+    /// Report `oom` when the measured peak exceeds this many bytes (a
+    /// smaller device, simulated).
+    pub memory_limit_bytes: Option<f64>,
+}
+
+/// What one layer measurement found. Times are means over the timed
+/// repetitions, seconds; zero when the point ran out of memory.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LayerMeasurement {
+    /// Forward with autograd recording (what training without
+    /// recomputation runs, and what full recomputation runs again).
+    pub forward_s: f64,
+    /// Forward without autograd (the first forward under full recomputation).
+    pub forward_no_grad_s: f64,
+    pub backward_s: f64,
+    /// Half-width of the 95% confidence interval of forward + backward,
+    /// relative to its mean (none below two repetitions).
+    pub ci95_rel: Option<f64>,
+    pub repetitions: usize,
+    /// Bytes the forward leaves allocated for the backward (the activations).
+    pub activation_bytes: Option<f64>,
+    /// Highest memory above the state before the forward, during forward
+    /// and backward.
+    pub peak_bytes: Option<f64>,
+    pub out_of_memory: bool,
+    /// What ran the work (torch version, threads, GPU name).
+    pub runtime: String,
+}
+
+/// A measurement for the worker process, as JSON on its command line.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum WorkerJob {
+    Layer(LayerJob),
+}
+
+/// The worker's answer, one JSON line on its standard output.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WorkerReply {
+    Layer(LayerMeasurement),
+    /// The measurement could not run (bad job, no device, libtorch error).
+    Error(String),
+}
+
+/// Runs a worker job in this process.
+pub fn run_worker_job(job: &WorkerJob) -> WorkerReply {
+    match job {
+        WorkerJob::Layer(job) => match measure_layer(job) {
+            Ok(m) => WorkerReply::Layer(m),
+            Err(e) => WorkerReply::Error(e.to_string()),
+        },
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    #[error(
+        "this paratune was built without the `torch` feature, which {what} needs: rebuild with `cargo build --release --features torch` (README → Profiling says how to get libtorch)"
+    )]
+    NotCompiled { what: &'static str },
+    #[error(
+        "this paratune was built without the `cuda` feature, which {what} needs: rebuild with `cargo build --release --features torch,cuda`"
+    )]
+    NotCompiledCuda { what: &'static str },
+    #[error("--device {device}: no CUDA device is present ({reason}); use --device cpu")]
+    NoCuda { device: Device, reason: String },
+    #[error("--device {device}: this machine has {count} CUDA device(s); use cuda:0..cuda:{}", count.saturating_sub(1))]
+    NoSuchGpu { device: Device, count: usize },
+    #[error("{field}: {message}")]
+    Invalid {
+        field: &'static str,
+        message: String,
+    },
+    #[error("the measurement failed: {0}")]
+    Failed(String),
+}
+
+/// Measures one transformer layer shard (see `torch_layer.rs`).
+#[cfg(feature = "torch")]
+pub fn measure_layer(job: &LayerJob) -> Result<LayerMeasurement, BenchError> {
+    torch_layer::measure(job)
+}
+
+#[cfg(not(feature = "torch"))]
+pub fn measure_layer(_job: &LayerJob) -> Result<LayerMeasurement, BenchError> {
+    Err(BenchError::NotCompiled {
+        what: "measuring layers",
+    })
+}
+
+/// Checks that `device` exists before any work is sent to it.
+pub fn check_device(device: Device) -> Result<(), BenchError> {
+    cuda_presence(device)?;
+    #[cfg(feature = "torch")]
+    torch_layer::torch_device(device)?;
+    Ok(())
+}
+
+/// Whether this build can run device work at all.
+pub const TORCH_COMPILED: bool = cfg!(feature = "torch");
+
+/// Checks a layer job before any device work: shapes that do not split.
+pub fn check_layer_job(job: &LayerJob) -> Result<(), BenchError> {
+    let m = &job.model;
+    let invalid = |field, message: String| Err(BenchError::Invalid { field, message });
+    if job.micro_batch == 0 {
+        return invalid(
+            "--micro-batch",
+            "micro-batch sizes must be 1 or more".into(),
+        );
+    }
+    if job.tp == 0 || !m.heads.is_multiple_of(job.tp) || !m.kv_heads.is_multiple_of(job.tp) {
+        return invalid(
+            "--tp",
+            format!(
+                "tensor parallelism {} must divide the {} attention heads and {} key/value heads",
+                job.tp, m.heads, m.kv_heads
+            ),
+        );
+    }
+    if !m.ffn_hidden.is_multiple_of(job.tp) {
+        return invalid(
+            "--tp",
+            format!(
+                "tensor parallelism {} must divide the MLP width {}",
+                job.tp, m.ffn_hidden
+            ),
+        );
+    }
+    if !m.hidden.is_multiple_of(m.heads) {
+        return invalid(
+            "--hidden",
+            format!(
+                "hidden {} must be a multiple of heads {}",
+                m.hidden, m.heads
+            ),
+        );
+    }
+    Ok(())
+}
+
+/// The recomputation policies one layer measurement yields rows for: the
+/// forward, backward and forward-again times give both.
+pub const MEASURED_RECOMPUTE: [Recompute; 2] = [Recompute::None, Recompute::Full];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn devices_parse_and_print() {
+        assert_eq!("cpu".parse::<Device>(), Ok(Device::Cpu));
+        assert_eq!("CUDA:3".parse::<Device>(), Ok(Device::Cuda(3)));
+        assert_eq!("cuda".parse::<Device>(), Ok(Device::Cuda(0)));
+        assert_eq!(Device::Cuda(1).to_string(), "cuda:1");
+        for bad in ["tpu", "cuda:", "cuda:x", "cuda:-1", ""] {
+            let err = bad.parse::<Device>().unwrap_err();
+            assert!(err.contains("cuda:N"), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn dtypes_parse() {
+        assert_eq!("bfloat16".parse::<Dtype>(), Ok(Dtype::Bf16));
+        assert_eq!("FP32".parse::<Dtype>(), Ok(Dtype::Fp32));
+        assert!(
+            "int8"
+                .parse::<Dtype>()
+                .unwrap_err()
+                .contains("fp32, fp16, bf16")
+        );
+    }
+
+    #[test]
+    fn jobs_that_do_not_split_are_refused() {
+        let mut job = LayerJob {
+            model: ModelSpec::gpt("t", 128, 4, 2, 1000, 64),
+            micro_batch: 2,
+            tp: 3,
+            dtype: Dtype::Fp32,
+            device: Device::Cpu,
+            rule: StoppingRule::default(),
+            memory_limit_bytes: None,
+        };
+        assert!(matches!(
+            check_layer_job(&job),
+            Err(BenchError::Invalid { field: "--tp", .. })
+        ));
+        job.tp = 2;
+        assert!(check_layer_job(&job).is_ok());
+        job.micro_batch = 0;
+        assert!(matches!(
+            check_layer_job(&job),
+            Err(BenchError::Invalid {
+                field: "--micro-batch",
+                ..
+            })
+        ));
+    }
+}

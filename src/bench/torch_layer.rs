@@ -1,0 +1,326 @@
+//! One real transformer layer, as one tensor-parallel shard, built and timed
+//! with libtorch (tch).
+//!
+//! The shard holds `heads / tp` query heads (and `kv_heads / tp` key/value
+//! heads), an MLP of width `ffn_hidden / tp`, gated (SwiGLU) or not, and
+//! both layer norms, in Megatron-LM's order: pre-norm attention through
+//! `scaled_dot_product_attention` (causal; PyTorch picks the fused kernel
+//! the device has), output projection, residual, pre-norm MLP, residual.
+//! The tensor-parallel collectives are not run (one device): a measured
+//! point says so (`includes_tp_comm = false`) and the cost model adds them.
+//! Dropout is left out.
+
+use super::memory::{self, MemoryProbe};
+use super::{
+    BenchError, Device, Dtype, LayerJob, LayerMeasurement, Sampler, check_layer_job, cuda_presence,
+};
+use crate::model::ModelSpec;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::time::Instant;
+use tch::{Kind, Tensor};
+
+/// The parameters of one layer shard.
+pub(super) struct LayerShard {
+    heads: i64,
+    kv_heads: i64,
+    head_dim: i64,
+    hidden: i64,
+    gated: bool,
+    params: Vec<Tensor>,
+}
+
+/// Indices into `LayerShard::params`.
+const LN1_W: usize = 0;
+const LN1_B: usize = 1;
+const QKV_W: usize = 2;
+const QKV_B: usize = 3;
+const PROJ_W: usize = 4;
+const PROJ_B: usize = 5;
+const LN2_W: usize = 6;
+const LN2_B: usize = 7;
+const FC1_W: usize = 8;
+const FC1_B: usize = 9;
+const FC2_W: usize = 10;
+const FC2_B: usize = 11;
+/// Only in gated MLPs: the gate projection.
+const GATE_W: usize = 12;
+
+pub(super) fn kind(dtype: Dtype) -> Kind {
+    match dtype {
+        Dtype::Fp32 => Kind::Float,
+        Dtype::Fp16 => Kind::Half,
+        Dtype::Bf16 => Kind::BFloat16,
+    }
+}
+
+impl LayerShard {
+    pub fn new(model: &ModelSpec, tp: u64, dtype: Dtype, device: tch::Device) -> Self {
+        let tp = tp as i64;
+        let hidden = model.hidden as i64;
+        let heads = model.heads as i64 / tp;
+        let kv_heads = model.kv_heads as i64 / tp;
+        let head_dim = model.head_dim() as i64;
+        let ffn = model.ffn_hidden as i64 / tp;
+        let qkv = (heads + 2 * kv_heads) * head_dim;
+        let options = (kind(dtype), device);
+        let weight = |rows: i64, cols: i64| Tensor::randn([rows, cols], options) * 0.02;
+        let ones = |n: i64| Tensor::ones([n], options);
+        let zeros = |n: i64| Tensor::zeros([n], options);
+        let mut params = vec![
+            ones(hidden),
+            zeros(hidden),
+            weight(hidden, qkv),
+            zeros(qkv),
+            weight(heads * head_dim, hidden),
+            zeros(hidden),
+            ones(hidden),
+            zeros(hidden),
+            weight(hidden, ffn),
+            zeros(ffn),
+            weight(ffn, hidden),
+            zeros(hidden),
+        ];
+        if model.gated_mlp {
+            params.push(weight(hidden, ffn));
+        }
+        let params = params
+            .into_iter()
+            .map(|p| p.set_requires_grad(true))
+            .collect();
+        LayerShard {
+            heads,
+            kv_heads,
+            head_dim,
+            hidden,
+            gated: model.gated_mlp,
+            params,
+        }
+    }
+
+    pub fn parameters(&self) -> &[Tensor] {
+        &self.params
+    }
+
+    /// `x`: `[micro_batch, seq, hidden]`, returns the same shape.
+    pub fn forward(&self, x: &Tensor) -> Tensor {
+        let p = &self.params;
+        let (b, s, h) = x.size3().expect("layer input is [batch, seq, hidden]");
+        let (nh, nkv, hd) = (self.heads, self.kv_heads, self.head_dim);
+        let a = x.layer_norm([h], Some(&p[LN1_W]), Some(&p[LN1_B]), 1e-5, true);
+        let qkv = a.matmul(&p[QKV_W]) + &p[QKV_B];
+        let split = |start: i64, n: i64| {
+            qkv.narrow(2, start * hd, n * hd)
+                .reshape([b, s, n, hd])
+                .transpose(1, 2)
+        };
+        let q = split(0, nh);
+        let k = split(nh, nkv);
+        let v = split(nh + nkv, nkv);
+        let context = Tensor::scaled_dot_product_attention(
+            &q,
+            &k,
+            &v,
+            None::<Tensor>,
+            0.0,
+            true,
+            None,
+            nkv != nh,
+        )
+        .transpose(1, 2)
+        .reshape([b, s, nh * hd]);
+        let x = x + context.matmul(&p[PROJ_W]) + &p[PROJ_B];
+        let m = x.layer_norm([self.hidden], Some(&p[LN2_W]), Some(&p[LN2_B]), 1e-5, true);
+        let inner = if self.gated {
+            m.matmul(&p[GATE_W]).silu() * (m.matmul(&p[FC1_W]) + &p[FC1_B])
+        } else {
+            (m.matmul(&p[FC1_W]) + &p[FC1_B]).gelu("tanh")
+        };
+        x + inner.matmul(&p[FC2_W]) + &p[FC2_B]
+    }
+}
+
+/// The torch device for `device`, after checking it exists.
+pub(super) fn torch_device(device: Device) -> Result<tch::Device, BenchError> {
+    match device {
+        Device::Cpu => Ok(tch::Device::Cpu),
+        Device::Cuda(index) => {
+            cuda_presence(device)?;
+            if !tch::Cuda::is_available() {
+                return Err(BenchError::NoCuda {
+                    device,
+                    reason: "libtorch sees no CUDA device (a CPU-only libtorch, or no driver)"
+                        .into(),
+                });
+            }
+            let count = tch::Cuda::device_count().max(0) as usize;
+            if index >= count {
+                return Err(BenchError::NoSuchGpu { device, count });
+            }
+            Ok(tch::Device::Cuda(index))
+        }
+    }
+}
+
+/// Waits for the device's queued work, so wall-clock time covers it.
+pub(super) fn sync(device: tch::Device) {
+    if let tch::Device::Cuda(index) = device {
+        tch::Cuda::synchronize(index as i64);
+    }
+}
+
+/// The backward pass from `y` with an incoming gradient of ones, through
+/// the parameters and the input: the weight- and input-gradient GEMMs a
+/// training step runs. The gradients are returned, not accumulated.
+pub(super) fn backward(y: &Tensor, inputs: &[&Tensor]) -> Vec<Tensor> {
+    Tensor::run_backward(&[y], inputs, false, false)
+}
+
+/// Whether a panic message from libtorch says memory ran out.
+pub(super) fn is_out_of_memory(message: &str) -> bool {
+    let lower = message.to_lowercase();
+    lower.contains("out of memory")
+        || lower.contains("can't allocate memory")
+        || lower.contains("not enough memory")
+}
+
+pub(super) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else if let Some(s) = payload.downcast_ref::<&str>() {
+        s.to_string()
+    } else {
+        "libtorch failed".to_string()
+    }
+}
+
+/// What ran the work: libtorch's threads, or the GPU.
+pub(super) fn runtime(device: tch::Device) -> String {
+    match device {
+        tch::Device::Cpu => format!("libtorch on CPU, {} threads", tch::get_num_threads()),
+        _ => format!("libtorch on {device:?}"),
+    }
+}
+
+pub(super) fn measure(job: &LayerJob) -> Result<LayerMeasurement, BenchError> {
+    check_layer_job(job)?;
+    let device = torch_device(job.device)?;
+    if job.device == Device::Cpu {
+        memory::prepare_process();
+    }
+    let probe = memory::probe(job.device);
+    tch::manual_seed(0);
+    match catch_unwind(AssertUnwindSafe(|| run(job, device, &*probe))) {
+        Ok(measurement) => Ok(measurement),
+        Err(payload) => {
+            let message = panic_message(&*payload);
+            if is_out_of_memory(&message) {
+                Ok(out_of_memory(device))
+            } else {
+                Err(BenchError::Failed(first_line(&message)))
+            }
+        }
+    }
+}
+
+pub(super) fn first_line(message: &str) -> String {
+    message
+        .lines()
+        .map(str::trim)
+        .find(|l| !l.is_empty())
+        .unwrap_or("libtorch failed")
+        .to_string()
+}
+
+fn out_of_memory(device: tch::Device) -> LayerMeasurement {
+    LayerMeasurement {
+        forward_s: 0.0,
+        forward_no_grad_s: 0.0,
+        backward_s: 0.0,
+        ci95_rel: None,
+        repetitions: 0,
+        activation_bytes: None,
+        peak_bytes: None,
+        out_of_memory: true,
+        runtime: runtime(device),
+    }
+}
+
+fn run(job: &LayerJob, device: tch::Device, probe: &dyn MemoryProbe) -> LayerMeasurement {
+    let model = &job.model;
+    let layer = LayerShard::new(model, job.tp, job.dtype, device);
+    let shape = [
+        job.micro_batch as i64,
+        model.seq_len as i64,
+        model.hidden as i64,
+    ];
+    let x = Tensor::randn(shape, (kind(job.dtype), device)).set_requires_grad(true);
+    let mut inputs: Vec<&Tensor> = layer.parameters().iter().collect();
+    inputs.push(&x);
+
+    // Memory first, in the fresh process: what the forward keeps, and the
+    // high-water mark of forward + backward, above the state before.
+    sync(device);
+    let before = probe.used();
+    probe.reset_peak();
+    let y = layer.forward(&x);
+    sync(device);
+    let after_forward = probe.used();
+    let grads = backward(&y, &inputs);
+    sync(device);
+    let peak = probe.peak();
+    drop((y, grads));
+    let activation_bytes = after_forward.zip(before).map(|(a, b)| (a - b).max(0.0));
+    let peak_bytes = peak.zip(before).map(|(p, b)| (p - b).max(0.0));
+    if let (Some(limit), Some(peak)) = (job.memory_limit_bytes, peak_bytes)
+        && peak > limit
+    {
+        return LayerMeasurement {
+            activation_bytes,
+            peak_bytes: Some(peak),
+            ..out_of_memory(device)
+        };
+    }
+
+    let step = || {
+        let t0 = Instant::now();
+        tch::no_grad(|| drop(layer.forward(&x)));
+        sync(device);
+        let t1 = Instant::now();
+        let y = layer.forward(&x);
+        sync(device);
+        let t2 = Instant::now();
+        drop(backward(&y, &inputs));
+        sync(device);
+        let t3 = Instant::now();
+        (
+            (t1 - t0).as_secs_f64(),
+            (t2 - t1).as_secs_f64(),
+            (t3 - t2).as_secs_f64(),
+        )
+    };
+    for _ in 0..job.rule.warmup {
+        step();
+    }
+    let mut sampler = Sampler::new(job.rule);
+    let (mut no_grad, mut forward, mut backward_s) = (0.0, 0.0, 0.0);
+    while !sampler.done() {
+        let (n, f, b) = step();
+        no_grad += n;
+        forward += f;
+        backward_s += b;
+        sampler.push(f + b);
+    }
+    let summary = sampler.summary();
+    let reps = summary.n as f64;
+    LayerMeasurement {
+        forward_s: forward / reps,
+        forward_no_grad_s: no_grad / reps,
+        backward_s: backward_s / reps,
+        ci95_rel: summary.ci95_rel.is_finite().then_some(summary.ci95_rel),
+        repetitions: summary.n,
+        activation_bytes,
+        peak_bytes,
+        out_of_memory: false,
+        runtime: runtime(device),
+    }
+}

@@ -1,0 +1,1 @@
+//! Trial runs of one pipeline stage (validate); see `validate`.

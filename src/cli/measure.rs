@@ -1,0 +1,316 @@
+//! `paratune profile layer` (and the other measuring sweeps): run each point
+//! in a fresh worker process (this binary, `profile worker --job JSON`),
+//! save the profile after every finished point, show progress.
+
+use super::args::{ProfileLayerArgs, RepetitionArgs, WorkerArgs};
+use super::commands::emit;
+use super::profile::{catalogue_gpu, open_profile, record_provenance};
+use super::resolve;
+use anyhow::{Context, Result, anyhow, bail};
+use indicatif::{ProgressBar, ProgressStyle};
+use paratune::bench::{
+    self, BenchError, Device, Dtype, LayerJob, StoppingRule, WorkerJob, WorkerReply,
+};
+use paratune::profile::{
+    LayerStatus, is_measured, layer_points, merge_layers, sweep_points, write_profile,
+};
+use std::fmt::Write as _;
+use std::io::Read;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const MIB: f64 = 1024.0 * 1024.0;
+
+/// The hidden `profile worker` command: one measurement, one JSON line.
+pub fn worker(args: &WorkerArgs) -> Result<()> {
+    // libtorch reports errors by panicking through tch; the measurement
+    // catches them and answers in JSON, so the default hook's backtrace
+    // would only be noise. Anything uncaught still says what it was.
+    std::panic::set_hook(Box::new(|info| {
+        let message = info
+            .payload()
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| info.payload().downcast_ref::<&str>().copied())
+            .unwrap_or("panic");
+        let first = message.lines().next().unwrap_or(message);
+        eprintln!("worker: {first}");
+    }));
+    let job: WorkerJob = serde_json::from_str(&args.job).context("--job is not a worker job")?;
+    let reply = bench::run_worker_job(&job);
+    println!("{}", serde_json::to_string(&reply)?);
+    Ok(())
+}
+
+/// Runs `job` in a fresh process of this binary; kills it after `timeout`.
+/// `Err` says why no reply came (crash, kill, timeout).
+pub fn spawn_worker(job: &WorkerJob, timeout: Duration) -> Result<WorkerReply, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find this program: {e}"))?;
+    let json = serde_json::to_string(job).map_err(|e| e.to_string())?;
+    let mut child = Command::new(exe)
+        .args(["profile", "worker", "--job", &json])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot start a worker process: {e}"))?;
+    let drain = |pipe: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut text = String::new();
+            if let Some(mut pipe) = pipe {
+                let _ = pipe.read_to_string(&mut text);
+            }
+            text
+        })
+    };
+    let stdout = drain(
+        child
+            .stdout
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let stderr = drain(
+        child
+            .stderr
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let start = Instant::now();
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) if start.elapsed() > timeout => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!(
+                    "killed after the {} s timeout (--timeout)",
+                    timeout.as_secs_f64()
+                ));
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+            Err(e) => return Err(format!("lost the worker process: {e}")),
+        }
+    };
+    let out = stdout.join().unwrap_or_default();
+    let err = stderr.join().unwrap_or_default();
+    let reply = out
+        .lines()
+        .rev()
+        .find(|l| l.trim_start().starts_with('{'))
+        .and_then(|l| serde_json::from_str::<WorkerReply>(l).ok());
+    reply.ok_or_else(|| {
+        let last = err
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("no message");
+        format!("the worker process ended ({status}) without a result: {last}")
+    })
+}
+
+pub fn stopping_rule(args: &RepetitionArgs) -> Result<StoppingRule> {
+    if !(args.target_ci > 0.0 && args.target_ci < 1.0) {
+        bail!(
+            "--target-ci {}: give a fraction between 0 and 1, e.g. 0.02 for 2%",
+            args.target_ci
+        );
+    }
+    if !(args.max_seconds > 0.0 && args.max_seconds.is_finite()) {
+        bail!("--max-seconds {}: give a positive number", args.max_seconds);
+    }
+    Ok(StoppingRule {
+        warmup: args.warmup,
+        min_repetitions: 5.min(args.max_repetitions),
+        max_repetitions: args.max_repetitions,
+        target_ci_rel: args.target_ci,
+        max_seconds: args.max_seconds,
+    })
+}
+
+pub fn parse_device(text: &str) -> Result<Device> {
+    text.parse().map_err(|e| anyhow!("--device: {e}"))
+}
+
+pub fn parse_dtype(text: &str) -> Result<Dtype> {
+    text.parse().map_err(|e| anyhow!("--dtype: {e}"))
+}
+
+/// Fails early, before any work, when `--out` cannot take files.
+pub fn check_writable(dir: &Path, flag: &str) -> Result<()> {
+    std::fs::create_dir_all(dir)
+        .and_then(|()| tempfile::NamedTempFile::new_in(dir).map(drop))
+        .map_err(|e| {
+            anyhow!(
+                "{flag} {}: cannot write there ({e}); choose a directory you can write to",
+                dir.display()
+            )
+        })
+}
+
+/// The GPU name a new profile records: the driver's name where the `cuda`
+/// feature can read it, `cpu` on the CPU.
+fn detected_gpu(device: Device) -> Option<String> {
+    match device {
+        Device::Cpu => Some("cpu".to_string()),
+        Device::Cuda(_) => bench::device_facts(device)
+            .ok()
+            .map(|f| catalogue_gpu(&f.name)),
+    }
+}
+
+fn progress(len: usize, what: &str) -> ProgressBar {
+    let bar = ProgressBar::new(len as u64);
+    if let Ok(style) = ProgressStyle::with_template(
+        "{prefix} [{bar:30}] {pos}/{len} points, {elapsed} elapsed, ~{eta} left  {msg}",
+    ) {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar.set_prefix(what.to_string());
+    bar
+}
+
+pub fn profile_layer(args: &ProfileLayerArgs) -> Result<()> {
+    let device = parse_device(&args.device)?;
+    let dtype = parse_dtype(&args.dtype)?;
+    let rule = stopping_rule(&args.repetitions)?;
+    let model = resolve::model(&args.model)?;
+    let jobs: Vec<_> = sweep_points(&args.micro_batch, &args.tp)
+        .into_iter()
+        .map(|point| {
+            let job = LayerJob {
+                model: model.clone(),
+                micro_batch: point.micro_batch,
+                tp: point.tp,
+                dtype,
+                device,
+                rule,
+                memory_limit_bytes: args.memory_limit.map(|b| b.0),
+            };
+            (point, job)
+        })
+        .collect();
+    for (_, job) in &jobs {
+        bench::check_layer_job(job)?;
+    }
+    let out = &args.provenance.out;
+    check_writable(out, "--out")?;
+    if out.join(paratune::profile::ENVIRONMENT_FILE).is_file() {
+        // A damaged profile stops the sweep before any work.
+        paratune::profile::read_profile(out)?;
+    }
+    if !bench::TORCH_COMPILED {
+        return Err(BenchError::NotCompiled {
+            what: "`profile layer`",
+        }
+        .into());
+    }
+    bench::check_device(device)?;
+    let mut profile = open_profile(&args.provenance, detected_gpu(device).as_deref())?;
+    let note = format!(
+        "layer points with includes_tp_comm = false: one tensor-parallel shard timed alone on {device} by `paratune profile layer` (libtorch, no collectives, no dropout)"
+    );
+    record_provenance(&mut profile, &args.provenance, &[note]);
+
+    let pending: Vec<_> = jobs
+        .iter()
+        .filter(|(point, _)| !is_measured(&profile, &model, dtype, *point))
+        .collect();
+    let resumed = jobs.len() - pending.len();
+    let mut report = String::new();
+    if resumed > 0 {
+        let _ = writeln!(
+            report,
+            "resumed: {resumed} of {} points are already in {} and were not measured again",
+            jobs.len(),
+            out.display()
+        );
+    }
+    let timeout = Duration::from_secs_f64(args.timeout.max(1.0));
+    let bar = progress(pending.len(), "profile layer");
+    let mut measured = Vec::new();
+    let mut failures = Vec::new();
+    for (point, job) in pending {
+        bar.set_message(format!("tp {} micro-batch {}", point.tp, point.micro_batch));
+        match spawn_worker(&WorkerJob::Layer(job.clone()), timeout) {
+            Ok(WorkerReply::Layer(m)) => {
+                merge_layers(
+                    &mut profile.layers,
+                    &layer_points(&model, dtype, *point, &m),
+                );
+                // Saved after every point: an interrupted sweep loses nothing finished.
+                write_profile(out, &profile)?;
+                measured.push((*point, m));
+            }
+            Ok(WorkerReply::Error(message)) => failures.push((*point, message)),
+            Err(message) => failures.push((*point, message)),
+        }
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    if measured.is_empty() && failures.is_empty() {
+        write_profile(out, &profile)?;
+    }
+    report.push_str(&layer_table(&measured));
+    let _ = writeln!(
+        report,
+        "{}: {} layer points in all",
+        out.display(),
+        profile.layers.len()
+    );
+    emit(&report)?;
+    if !failures.is_empty() {
+        let list: Vec<String> = failures
+            .iter()
+            .map(|(p, why)| format!("tp {} micro-batch {}: {why}", p.tp, p.micro_batch))
+            .collect();
+        bail!(
+            "{} of the points failed ({}); the finished points are saved in {}: rerun the same command to retry the rest",
+            failures.len(),
+            list.join("; "),
+            out.display()
+        );
+    }
+    Ok(())
+}
+
+fn layer_table(rows: &[(paratune::profile::SweepPoint, bench::LayerMeasurement)]) -> String {
+    if rows.is_empty() {
+        return String::new();
+    }
+    let mut text = String::from(
+        "  tp  micro-batch  forward ms  backward ms  fwd (no grad) ms  ±95%  reps  activations MiB  peak MiB  status\n",
+    );
+    let mib = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{:.1}", v / MIB));
+    for (p, m) in rows {
+        let status = if m.out_of_memory {
+            LayerStatus::Oom
+        } else {
+            LayerStatus::Ok
+        };
+        let _ = writeln!(
+            text,
+            "{:>4}  {:>11}  {:>10.3}  {:>11.3}  {:>16.3}  {:>4}  {:>4}  {:>15}  {:>8}  {}",
+            p.tp,
+            p.micro_batch,
+            m.forward_s * 1e3,
+            m.backward_s * 1e3,
+            m.forward_no_grad_s * 1e3,
+            m.ci95_rel
+                .map_or("-".to_string(), |c| format!("{:.1}%", c * 100.0)),
+            m.repetitions,
+            mib(m.activation_bytes),
+            mib(m.peak_bytes),
+            status.name()
+        );
+    }
+    text
+}
+
+pub fn profile_device(_args: &super::args::ProfileDeviceArgs) -> Result<()> {
+    bail!("profile device: not built yet")
+}
+
+pub fn profile_comm(_args: &super::args::ProfileCommArgs) -> Result<()> {
+    bail!("profile comm: not built yet")
+}

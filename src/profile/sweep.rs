@@ -1,0 +1,147 @@
+//! A layer sweep (`paratune profile layer`): the points to measure, which of
+//! them a profile already holds (so an interrupted sweep resumes where it
+//! stopped), and the profile rows one measurement becomes.
+
+use super::{LayerPoint, LayerStatus, Profile};
+use crate::bench::{Dtype, LayerMeasurement, MEASURED_RECOMPUTE};
+use crate::config::Recompute;
+use crate::model::ModelSpec;
+
+/// One point of a sweep: a micro-batch on a tensor-parallel shard.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SweepPoint {
+    pub micro_batch: u64,
+    pub tp: u64,
+}
+
+/// Every (tp, micro-batch) pair, tensor parallelism outermost, in the
+/// order given.
+pub fn sweep_points(micro_batches: &[u64], tps: &[u64]) -> Vec<SweepPoint> {
+    tps.iter()
+        .flat_map(|&tp| {
+            micro_batches
+                .iter()
+                .map(move |&micro_batch| SweepPoint { micro_batch, tp })
+        })
+        .collect()
+}
+
+/// Whether `profile` already holds a measurement of this point (measured or
+/// out of memory) for this model and precision, from `profile layer`.
+pub fn is_measured(profile: &Profile, model: &ModelSpec, dtype: Dtype, point: SweepPoint) -> bool {
+    profile.layers.iter().any(|p| {
+        !p.includes_tp_comm
+            && p.hidden == model.hidden
+            && p.heads == model.heads
+            && p.seq_len == model.seq_len
+            && p.tp == point.tp
+            && p.micro_batch == point.micro_batch
+            && !p.sequence_parallel
+            && p.recompute == Recompute::None
+            && p.dtype == dtype.name()
+    })
+}
+
+/// The profile rows of one measurement: one without recomputation (forward
+/// with autograd, backward) and one with full recomputation (forward without
+/// autograd, the recomputed forward, backward).
+pub fn layer_points(
+    model: &ModelSpec,
+    dtype: Dtype,
+    point: SweepPoint,
+    m: &LayerMeasurement,
+) -> Vec<LayerPoint> {
+    MEASURED_RECOMPUTE
+        .into_iter()
+        .map(|recompute| {
+            let full = recompute == Recompute::Full;
+            let time = |t: f64| if m.out_of_memory { f64::NAN } else { t };
+            LayerPoint {
+                hidden: model.hidden,
+                heads: model.heads,
+                seq_len: model.seq_len,
+                micro_batch: point.micro_batch,
+                tp: point.tp,
+                sequence_parallel: false,
+                recompute,
+                dtype: dtype.name().to_string(),
+                forward_s: time(if full {
+                    m.forward_no_grad_s
+                } else {
+                    m.forward_s
+                }),
+                backward_s: time(m.backward_s),
+                recompute_s: (full && !m.out_of_memory).then_some(m.forward_s),
+                ci95_rel: m.ci95_rel,
+                // Under full recomputation only the layer's input is kept.
+                activation_bytes: if full {
+                    Some((point.micro_batch * model.seq_len * model.hidden * dtype.bytes()) as f64)
+                        .filter(|_| m.activation_bytes.is_some())
+                } else {
+                    m.activation_bytes
+                },
+                peak_bytes: m.peak_bytes,
+                status: if m.out_of_memory {
+                    LayerStatus::Oom
+                } else {
+                    LayerStatus::Ok
+                },
+                includes_tp_comm: false,
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn measurement() -> LayerMeasurement {
+        LayerMeasurement {
+            forward_s: 0.010,
+            forward_no_grad_s: 0.009,
+            backward_s: 0.020,
+            ci95_rel: Some(0.01),
+            repetitions: 7,
+            activation_bytes: Some(1e6),
+            peak_bytes: Some(2e6),
+            out_of_memory: false,
+            runtime: "test".into(),
+        }
+    }
+
+    #[test]
+    fn a_measurement_gives_a_row_per_recomputation_policy() {
+        let model = ModelSpec::gpt("t", 128, 4, 2, 1000, 64);
+        let point = SweepPoint {
+            micro_batch: 2,
+            tp: 1,
+        };
+        let rows = layer_points(&model, Dtype::Fp32, point, &measurement());
+        assert_eq!(rows.len(), 2);
+        let (none, full) = (&rows[0], &rows[1]);
+        assert_eq!(none.recompute, Recompute::None);
+        assert_eq!(none.total_s(), 0.030);
+        assert_eq!(full.recompute, Recompute::Full);
+        assert!((full.total_s() - 0.039).abs() < 1e-12);
+        assert_eq!(full.activation_bytes, Some((2 * 64 * 128 * 4) as f64));
+
+        let mut profile = Profile::empty("cpu");
+        assert!(!is_measured(&profile, &model, Dtype::Fp32, point));
+        profile.layers = rows;
+        assert!(is_measured(&profile, &model, Dtype::Fp32, point));
+        assert!(!is_measured(&profile, &model, Dtype::Bf16, point));
+        let other = SweepPoint {
+            micro_batch: 4,
+            tp: 1,
+        };
+        assert!(!is_measured(&profile, &model, Dtype::Fp32, other));
+    }
+
+    #[test]
+    fn points_run_tp_outermost() {
+        let points = sweep_points(&[1, 2], &[1, 2]);
+        let pairs: Vec<_> = points.iter().map(|p| (p.tp, p.micro_batch)).collect();
+        assert_eq!(pairs, [(1, 1), (1, 2), (2, 1), (2, 2)]);
+    }
+}

@@ -1,0 +1,166 @@
+//! `paratune profile layer` measuring for real, on the CPU, through
+//! libtorch: built only with the `torch` feature (CI builds it; see
+//! README → Profiling). The layer is a tiny GPT shard so that the test
+//! takes seconds, but every number comes from a real forward and backward.
+
+#![cfg(feature = "torch")]
+
+use paratune::config::Recompute;
+use paratune::profile::{LayerPoint, LayerStatus, read_profile};
+use std::path::Path;
+use std::process::{Command, Output};
+
+const BIN: &str = env!("CARGO_BIN_EXE_paratune");
+
+fn run(args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .output()
+        .expect("the binary runs")
+}
+
+fn ok(args: &[&str]) -> String {
+    let out = run(args);
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "paratune {}\nstdout: {stdout}\nstderr: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+fn sweep(out: &Path, micro_batches: &str, extra: &[&str]) -> String {
+    let mut args = vec![
+        "profile",
+        "layer",
+        "--hidden",
+        "256",
+        "--heads",
+        "4",
+        "--layers",
+        "2",
+        "--seq-len",
+        "128",
+        "--dtype",
+        "fp32",
+        "--device",
+        "cpu",
+        "--micro-batch",
+        micro_batches,
+        "--max-seconds",
+        "4",
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    ok(&args)
+}
+
+fn no_recompute(points: &[LayerPoint]) -> Vec<&LayerPoint> {
+    let mut rows: Vec<_> = points
+        .iter()
+        .filter(|p| p.recompute == Recompute::None)
+        .collect();
+    rows.sort_by_key(|p| p.micro_batch);
+    rows
+}
+
+#[test]
+fn a_cpu_sweep_measures_real_layers_and_resumes() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("cpu");
+    sweep(&out, "1,4", &[]);
+    assert!(out.join("layers.parquet").is_file() && out.join("layers.csv").is_file());
+    // Read back from Parquet (read_profile prefers it).
+    let first = read_profile(&out).expect("the written profile reads back");
+    assert_eq!(first.environment.gpu, "cpu");
+    let rows = no_recompute(&first.layers);
+    assert_eq!(rows.len(), 2);
+    for p in &rows {
+        assert_eq!(p.status, LayerStatus::Ok);
+        assert!(!p.includes_tp_comm);
+        assert!(p.forward_s > 0.0 && p.backward_s > 0.0, "{p:?}");
+        // A backward pass does about twice a forward's work.
+        assert!(p.backward_s > p.forward_s, "{p:?}");
+        assert!(p.ci95_rel.is_some());
+    }
+    // Activations: 4 sequences keep more than 1 does (by at least 2 more
+    // sequences' worth of the layer input, 128 x 256 x 4 bytes each).
+    let act = |p: &LayerPoint| p.activation_bytes.expect("CPU memory is measured");
+    assert!(
+        act(rows[1]) - act(rows[0]) > 2.0 * 128.0 * 256.0 * 4.0,
+        "{} -> {}",
+        act(rows[0]),
+        act(rows[1])
+    );
+    assert!(rows[1].peak_bytes.unwrap() >= act(rows[1]));
+    // Full recomputation rows come from the same measurement.
+    let full: Vec<_> = first
+        .layers
+        .iter()
+        .filter(|p| p.recompute == Recompute::Full)
+        .collect();
+    assert_eq!(full.len(), 2);
+    assert!(full.iter().all(|p| p.recompute_s.unwrap() > 0.0));
+
+    // Resume: the two finished points are kept as they are, only the new one runs.
+    let stdout = sweep(&out, "1,2,4", &[]);
+    assert!(
+        stdout.contains("resumed: 2 of 3 points are already in"),
+        "{stdout}"
+    );
+    let second = read_profile(&out).unwrap();
+    let again = no_recompute(&second.layers);
+    assert_eq!(again.len(), 3);
+    assert_eq!(again[0], rows[0]);
+    assert_eq!(again[2], rows[1]);
+    assert_eq!(second.environment.commands.len(), 2);
+}
+
+#[test]
+fn a_point_over_the_memory_limit_is_recorded_as_out_of_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("small");
+    let stdout = sweep(&out, "8", &["--memory-limit", "1MiB"]);
+    assert!(stdout.contains("oom"), "{stdout}");
+    let profile = read_profile(&out).unwrap();
+    assert!(!profile.layers.is_empty());
+    assert!(profile.layers.iter().all(|p| p.status == LayerStatus::Oom));
+}
+
+#[test]
+fn no_cuda_device_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = run(&[
+        "profile",
+        "layer",
+        "--hidden",
+        "128",
+        "--heads",
+        "4",
+        "--layers",
+        "2",
+        "--device",
+        "cuda:0",
+        "--out",
+        dir.path().join("gpu").to_str().unwrap(),
+    ]);
+    if paratune_sees_a_gpu() {
+        return;
+    }
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--device cuda:0: no CUDA device is present"),
+        "{stderr}"
+    );
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+}
+
+/// This test machine has an NVIDIA driver and GPU (then the error case
+/// cannot be shown).
+fn paratune_sees_a_gpu() -> bool {
+    Path::new("/proc/driver/nvidia/gpus").is_dir()
+}
