@@ -178,11 +178,80 @@ pub struct LayerMeasurement {
     pub runtime: String,
 }
 
+/// A trial run of one pipeline stage (`paratune validate`; see
+/// `torch_stage.rs` for what runs and what one device cannot).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StageJob {
+    pub model: ModelSpec,
+    pub tp: u64,
+    pub micro_batch: u64,
+    /// Transformer layers in the stage.
+    pub layers: u64,
+    /// Holds the embedding (pipeline stage 0).
+    pub first: bool,
+    /// Holds the output head and the loss (the last stage).
+    pub last: bool,
+    pub recompute: Recompute,
+    /// Micro-batches the schedule keeps in flight on this stage, BPipe aside.
+    pub schedule_in_flight: u64,
+    /// Of those, how many a BPipe evictor moves off the device.
+    pub evicted: u64,
+    /// Micro-batches' worth of its partner's activations a BPipe acceptor holds.
+    pub accepted: u64,
+    /// Bytes of one accepted micro-batch's activations.
+    pub accepted_bytes_per_microbatch: f64,
+    /// Micro-batches run per trial iteration.
+    pub micro_batches: u64,
+    /// Ranks the fp32 gradient buffers are sharded over (ZeRO-3: dp).
+    pub grad_shards: u64,
+    /// Ranks the optimizer states are sharded over (distributed optimizer: dp).
+    pub optimizer_shards: u64,
+    pub dtype: Dtype,
+    pub device: Device,
+    /// Timed iterations after one warm-up iteration.
+    pub iterations: usize,
+    pub memory_limit_bytes: Option<f64>,
+}
+
+/// What a stage trial found.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StageMeasurement {
+    /// Wall-clock time of the schedule's forwards and backwards per
+    /// micro-batch, mean over the timed iterations (zero when out of memory).
+    pub time_per_microbatch_s: f64,
+    pub ci95_rel: Option<f64>,
+    pub optimizer_step_s: f64,
+    pub iterations: usize,
+    /// Parameters, gradient buffers and optimizer states, bytes.
+    pub static_bytes: Option<f64>,
+    /// Highest memory during an iteration above the state before the stage
+    /// was built, bytes.
+    pub peak_bytes: Option<f64>,
+    pub out_of_memory: bool,
+    pub runtime: String,
+}
+
+impl StageMeasurement {
+    pub fn out_of_memory(runtime: String, peak_bytes: Option<f64>) -> Self {
+        StageMeasurement {
+            time_per_microbatch_s: 0.0,
+            ci95_rel: None,
+            optimizer_step_s: 0.0,
+            iterations: 0,
+            static_bytes: None,
+            peak_bytes,
+            out_of_memory: true,
+            runtime,
+        }
+    }
+}
+
 /// A measurement for the worker process, as JSON on its command line.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum WorkerJob {
     Layer(LayerJob),
+    Stage(StageJob),
 }
 
 /// The worker's answer, one JSON line on its standard output.
@@ -190,6 +259,7 @@ pub enum WorkerJob {
 #[serde(rename_all = "snake_case")]
 pub enum WorkerReply {
     Layer(LayerMeasurement),
+    Stage(StageMeasurement),
     /// The measurement could not run (bad job, no device, libtorch error).
     Error(String),
 }
@@ -199,6 +269,10 @@ pub fn run_worker_job(job: &WorkerJob) -> WorkerReply {
     match job {
         WorkerJob::Layer(job) => match measure_layer(job) {
             Ok(m) => WorkerReply::Layer(m),
+            Err(e) => WorkerReply::Error(e.to_string()),
+        },
+        WorkerJob::Stage(job) => match measure_stage(job) {
+            Ok(m) => WorkerReply::Stage(m),
             Err(e) => WorkerReply::Error(e.to_string()),
         },
     }
@@ -238,6 +312,51 @@ pub fn measure_layer(_job: &LayerJob) -> Result<LayerMeasurement, BenchError> {
     Err(BenchError::NotCompiled {
         what: "measuring layers",
     })
+}
+
+/// Runs a trial of one pipeline stage (see `torch_stage.rs`).
+#[cfg(feature = "torch")]
+pub fn measure_stage(job: &StageJob) -> Result<StageMeasurement, BenchError> {
+    torch_stage::measure(job)
+}
+
+#[cfg(not(feature = "torch"))]
+pub fn measure_stage(_job: &StageJob) -> Result<StageMeasurement, BenchError> {
+    Err(BenchError::NotCompiled {
+        what: "local trial runs",
+    })
+}
+
+/// Checks a stage job before any device work.
+pub fn check_stage_job(job: &StageJob) -> Result<(), BenchError> {
+    check_layer_job(&LayerJob {
+        model: job.model.clone(),
+        micro_batch: job.micro_batch,
+        tp: job.tp,
+        dtype: job.dtype,
+        device: job.device,
+        rule: StoppingRule::default(),
+        memory_limit_bytes: None,
+    })?;
+    let invalid = |message: String| {
+        Err(BenchError::Invalid {
+            field: "plan",
+            message,
+        })
+    };
+    if job.micro_batches == 0 || job.iterations == 0 {
+        return invalid("a trial needs at least one micro-batch and one iteration".into());
+    }
+    if job.grad_shards == 0 || job.optimizer_shards == 0 {
+        return invalid("shard counts must be at least 1".into());
+    }
+    if job.evicted > job.schedule_in_flight {
+        return invalid(format!(
+            "{} evicted micro-batches but only {} in flight",
+            job.evicted, job.schedule_in_flight
+        ));
+    }
+    Ok(())
 }
 
 /// Checks that `device` exists before any work is sent to it.

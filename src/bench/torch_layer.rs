@@ -228,7 +228,9 @@ pub(super) fn first_line(message: &str) -> String {
         .map(str::trim)
         .find(|l| !l.is_empty())
         .unwrap_or("libtorch failed")
-        .to_string()
+        .chars()
+        .take(300)
+        .collect()
 }
 
 fn out_of_memory(device: tch::Device) -> LayerMeasurement {

@@ -1,1 +1,466 @@
-//! Trial runs of one pipeline stage (validate); see `validate`.
+//! A trial run of one pipeline stage on the local device (`paratune
+//! validate`): the stage's layers as one tensor-parallel shard, its
+//! embedding or output head and loss, its parameters, fp32 gradient buffers
+//! and Adam states as the plan's sharding leaves them on one GPU, and the
+//! schedule's forward/backward order with as many micro-batches in flight as
+//! the schedule keeps on this stage.
+//!
+//! What one GPU cannot run is left out and said so: tensor-parallel and
+//! data-parallel collectives, pipeline sends and receives (the stage's input
+//! is a tensor made locally, its incoming gradient all ones).
+//!
+//! **BPipe.** An evictor stage moves the activations of `evicted` in-flight
+//! micro-batches off the device: their forward runs without autograd, each
+//! layer's input goes to host memory (to a file when the device is the CPU,
+//! whose memory is the host's) and comes back before the backward, which
+//! recomputes the layer from it. The device therefore holds fewer
+//! activations, as under BPipe; the time is an upper bound on BPipe's, which
+//! keeps the activations themselves rather than recomputing them. An
+//! acceptor stage holds `accepted` micro-batches' worth of its partner's
+//! activations in buffers of the size its own micro-batches keep.
+
+use super::memory::{self, MemoryProbe};
+use super::torch_layer::{
+    LayerShard, backward, first_line, is_out_of_memory, kind, panic_message, runtime, sync,
+    torch_device,
+};
+use super::{BenchError, Device, Sampler, StageJob, StageMeasurement};
+use crate::config::Recompute;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::time::Instant;
+use tch::{Kind, Tensor};
+
+pub(super) fn measure(job: &StageJob) -> Result<StageMeasurement, BenchError> {
+    super::check_stage_job(job)?;
+    let device = torch_device(job.device)?;
+    if job.device == Device::Cpu {
+        memory::prepare_process();
+    }
+    let probe = memory::probe(job.device);
+    tch::manual_seed(0);
+    match catch_unwind(AssertUnwindSafe(|| run(job, device, &*probe))) {
+        Ok(m) => Ok(m),
+        Err(payload) => {
+            let message = panic_message(&*payload);
+            if is_out_of_memory(&message) {
+                Ok(StageMeasurement::out_of_memory(runtime(device), None))
+            } else {
+                Err(BenchError::Failed(first_line(&message)))
+            }
+        }
+    }
+}
+
+/// A parameter's fp32 gradient buffer and Adam states, each holding this
+/// rank's shard.
+struct Shard {
+    main_grad: Tensor,
+    master: Tensor,
+    exp_avg: Tensor,
+    exp_avg_sq: Tensor,
+}
+
+struct Stage {
+    layers: Vec<LayerShard>,
+    embedding: Option<Tensor>,
+    head: Option<Tensor>,
+    shards: Vec<Shard>,
+    device: tch::Device,
+    kind: Kind,
+    job: StageJob,
+}
+
+/// Elements of a `numel` tensor one of `shards` ranks holds.
+fn shard_len(numel: i64, shards: u64) -> i64 {
+    (numel + shards as i64 - 1) / shards as i64
+}
+
+impl Stage {
+    fn new(job: &StageJob, device: tch::Device) -> Stage {
+        let kind = kind(job.dtype);
+        let m = &job.model;
+        let layers = (0..job.layers)
+            .map(|_| LayerShard::new(m, job.tp, job.dtype, device))
+            .collect();
+        let vocab_shard = (m.vocab / job.tp) as i64;
+        let table = || {
+            (Tensor::randn([vocab_shard, m.hidden as i64], (kind, device)) * 0.02)
+                .set_requires_grad(true)
+        };
+        let embedding = job.first.then(table);
+        let head = job.last.then(table);
+        let mut stage = Stage {
+            layers,
+            embedding,
+            head,
+            shards: Vec::new(),
+            device,
+            kind,
+            job: job.clone(),
+        };
+        let f32s = (Kind::Float, device);
+        stage.shards = stage
+            .parameters()
+            .iter()
+            .map(|p| {
+                let grad = shard_len(p.numel() as i64, job.grad_shards);
+                let state = shard_len(p.numel() as i64, job.optimizer_shards);
+                Shard {
+                    main_grad: Tensor::zeros([grad], f32s),
+                    master: Tensor::zeros([state], f32s),
+                    exp_avg: Tensor::zeros([state], f32s),
+                    exp_avg_sq: Tensor::zeros([state], f32s),
+                }
+            })
+            .collect();
+        stage
+    }
+
+    fn parameters(&self) -> Vec<&Tensor> {
+        let mut params: Vec<&Tensor> = self.embedding.iter().collect();
+        params.extend(self.layers.iter().flat_map(|l| l.parameters()));
+        params.extend(self.head.iter());
+        params
+    }
+
+    /// The stage's input for one micro-batch: embedded tokens on the first
+    /// stage, a received activation elsewhere.
+    fn input(&self) -> Tensor {
+        let m = &self.job.model;
+        let (b, s, h) = (
+            self.job.micro_batch as i64,
+            m.seq_len as i64,
+            m.hidden as i64,
+        );
+        match &self.embedding {
+            Some(table) => {
+                let tokens = Tensor::randint(table.size()[0], [b, s], (Kind::Int64, self.device));
+                Tensor::embedding(table, &tokens, -1, false, false)
+            }
+            None => Tensor::randn([b, s, h], (self.kind, self.device)).set_requires_grad(true),
+        }
+    }
+
+    /// The loss on the last stage (output head, cross-entropy over this
+    /// rank's vocabulary shard), else the stage output itself.
+    fn finish(&self, y: Tensor) -> Tensor {
+        match &self.head {
+            Some(head) => {
+                let logits = y.matmul(&head.tr()).to_kind(Kind::Float);
+                let (b, s, v) = logits.size3().expect("logits are [batch, seq, vocab]");
+                let targets = Tensor::randint(v, [b * s], (Kind::Int64, self.device));
+                logits.view([b * s, v]).cross_entropy_for_logits(&targets)
+            }
+            None => y,
+        }
+    }
+
+    /// Backward from `root` into the fp32 gradient buffers.
+    fn backward_into_buffers(&self, root: &Tensor, inputs: &[&Tensor], owners: &[usize]) {
+        let grads = backward(root, inputs);
+        tch::no_grad(|| {
+            for (grad, &owner) in grads.iter().zip(owners) {
+                if owner == usize::MAX || !grad.defined() {
+                    continue;
+                }
+                let buffer = &self.shards[owner].main_grad;
+                let n = buffer.numel() as i64;
+                let flat = grad.flatten(0, -1).narrow(0, 0, n.min(grad.numel() as i64));
+                let _ = buffer
+                    .narrow(0, 0, flat.numel() as i64)
+                    .g_add_(&flat.to_kind(Kind::Float));
+            }
+        });
+    }
+
+    /// Adam on this rank's optimizer shard, written back into the weights.
+    fn optimizer_step(&self) {
+        let (b1, b2, lr, eps) = (0.9, 0.95, 1e-4, 1e-8);
+        tch::no_grad(|| {
+            for (param, shard) in self.parameters().into_iter().zip(&self.shards) {
+                let n = shard.master.numel() as i64;
+                let g = shard
+                    .main_grad
+                    .narrow(0, 0, n.min(shard.main_grad.numel() as i64));
+                let n = g.numel() as i64;
+                let mut m = shard.exp_avg.narrow(0, 0, n);
+                let mut v = shard.exp_avg_sq.narrow(0, 0, n);
+                let _ = m.g_mul_scalar_(b1).g_add_(&(&g * (1.0 - b1)));
+                let _ = v.g_mul_scalar_(b2).g_add_(&(&g * &g * (1.0 - b2)));
+                let update = &m / (v.sqrt() + eps) * lr;
+                let mut master = shard.master.narrow(0, 0, n);
+                let _ = master.g_sub_(&update);
+                let flat = param.detach().flatten(0, -1);
+                let n = n.min(flat.numel() as i64);
+                flat.narrow(0, 0, n)
+                    .copy_(&master.narrow(0, 0, n).to_kind(self.kind));
+                let _ = shard.main_grad.shallow_clone().zero_();
+            }
+        });
+    }
+}
+
+/// One micro-batch between its forward and its backward.
+enum InFlight {
+    /// The autograd graph is on the device.
+    Graph { input: Tensor, output: Tensor },
+    /// Only each layer's input is kept (full recomputation), on the device.
+    Checkpoints {
+        input: Tensor,
+        layer_inputs: Vec<Tensor>,
+        output: Tensor,
+    },
+    /// Each layer's input was moved off the device (BPipe eviction).
+    Evicted {
+        input: Tensor,
+        layer_inputs: Vec<Offloaded>,
+        output: Tensor,
+    },
+}
+
+/// A tensor held off the device: in host memory for a GPU, in a file for
+/// the CPU (whose memory is the host's).
+enum Offloaded {
+    Host(Tensor),
+    File(tempfile::TempPath),
+}
+
+impl Offloaded {
+    fn put(t: &Tensor, device: tch::Device) -> Offloaded {
+        match device {
+            tch::Device::Cpu => {
+                // libtorch's writer wants a file name with an extension.
+                let file = tempfile::Builder::new()
+                    .suffix(".pt")
+                    .tempfile()
+                    .expect("a temporary file for BPipe");
+                let path = file.into_temp_path();
+                t.save(&path).expect("BPipe eviction writes the activation");
+                Offloaded::File(path)
+            }
+            _ => Offloaded::Host(t.to_device(tch::Device::Cpu)),
+        }
+    }
+
+    fn take(self, device: tch::Device) -> Tensor {
+        match self {
+            Offloaded::Host(t) => t.to_device(device),
+            Offloaded::File(path) => Tensor::load(&path).expect("BPipe reads the activation back"),
+        }
+    }
+}
+
+impl Stage {
+    fn forward(&self, evict: bool) -> InFlight {
+        let input = self.input();
+        let checkpointed = evict || self.job.recompute == Recompute::Full;
+        if !checkpointed {
+            let y = self
+                .layers
+                .iter()
+                .fold(input.shallow_clone(), |x, l| l.forward(&x));
+            let output = self.finish(y);
+            return InFlight::Graph { input, output };
+        }
+        let mut layer_inputs = Vec::with_capacity(self.layers.len());
+        let y = tch::no_grad(|| {
+            self.layers.iter().fold(input.detach(), |x, l| {
+                let next = l.forward(&x);
+                layer_inputs.push(x);
+                next
+            })
+        });
+        let output = y;
+        if evict {
+            let layer_inputs = layer_inputs
+                .iter()
+                .map(|t| Offloaded::put(t, self.device))
+                .collect();
+            InFlight::Evicted {
+                input,
+                layer_inputs,
+                output,
+            }
+        } else {
+            InFlight::Checkpoints {
+                input,
+                layer_inputs,
+                output,
+            }
+        }
+    }
+
+    fn backward(&self, in_flight: InFlight) {
+        let params = self.parameters();
+        let owners_for = |layer: Option<usize>| -> (Vec<&Tensor>, Vec<usize>) {
+            match layer {
+                None => (params.clone(), (0..params.len()).collect()),
+                Some(i) => {
+                    let offset = usize::from(self.embedding.is_some())
+                        + self.layers[..i]
+                            .iter()
+                            .map(|l| l.parameters().len())
+                            .sum::<usize>();
+                    let own: Vec<&Tensor> = self.layers[i].parameters().iter().collect();
+                    let owners = (offset..offset + own.len()).collect();
+                    (own, owners)
+                }
+            }
+        };
+        match in_flight {
+            InFlight::Graph { input, output } => {
+                let (mut inputs, mut owners) = owners_for(None);
+                if self.embedding.is_none() {
+                    inputs.push(&input);
+                    owners.push(usize::MAX);
+                }
+                self.backward_into_buffers(&output, &inputs, &owners);
+            }
+            InFlight::Checkpoints {
+                input,
+                layer_inputs,
+                output,
+            } => self.recompute_backward(input, layer_inputs, output, &owners_for),
+            InFlight::Evicted {
+                input,
+                layer_inputs,
+                output,
+            } => {
+                let restored = layer_inputs
+                    .into_iter()
+                    .map(|o| o.take(self.device))
+                    .collect();
+                self.recompute_backward(input, restored, output, &owners_for)
+            }
+        }
+    }
+
+    /// Layer by layer from the last: rebuild its graph from its input,
+    /// then its backward (with the head's loss first on the last stage).
+    fn recompute_backward<'a>(
+        &'a self,
+        input: Tensor,
+        layer_inputs: Vec<Tensor>,
+        output: Tensor,
+        owners_for: &dyn Fn(Option<usize>) -> (Vec<&'a Tensor>, Vec<usize>),
+    ) {
+        if let Some(head) = &self.head {
+            let y = output.detach().set_requires_grad(true);
+            let loss = self.finish(y.shallow_clone());
+            let owner = self.shards.len() - 1;
+            self.backward_into_buffers(&loss, &[head, &y], &[owner, usize::MAX]);
+        }
+        for (i, x) in layer_inputs.into_iter().enumerate().rev() {
+            let x = x.detach().set_requires_grad(true);
+            let y = self.layers[i].forward(&x);
+            let (mut inputs, mut owners) = owners_for(Some(i));
+            inputs.push(&x);
+            owners.push(usize::MAX);
+            self.backward_into_buffers(&y, &inputs, &owners);
+        }
+        if let Some(table) = &self.embedding {
+            // The embedding's backward: a scatter-add into its table.
+            let rows = table.size()[0];
+            let m = &self.job.model;
+            let tokens = Tensor::randint(
+                rows,
+                [self.job.micro_batch as i64, m.seq_len as i64],
+                (Kind::Int64, self.device),
+            );
+            let y = Tensor::embedding(table, &tokens, -1, false, false);
+            self.backward_into_buffers(&y, &[table], &[0]);
+        }
+        drop(input);
+    }
+
+    /// One iteration: the schedule's forwards and backwards, then the
+    /// optimizer step. Returns (schedule seconds, optimizer seconds).
+    fn iteration(&self) -> (f64, f64) {
+        let job = &self.job;
+        let start = Instant::now();
+        let mut queue: std::collections::VecDeque<InFlight> = Default::default();
+        let warmup = job
+            .schedule_in_flight
+            .saturating_sub(1)
+            .min(job.micro_batches);
+        let mut next = 0;
+        // The oldest micro-batches wait longest for their backward: those
+        // are the ones an evictor sends away.
+        let forward = |next: &mut u64, queue: &mut std::collections::VecDeque<InFlight>| {
+            let evict = *next < job.evicted;
+            queue.push_back(self.forward(evict));
+            *next += 1;
+        };
+        while next < warmup {
+            forward(&mut next, &mut queue);
+        }
+        // The partner's activations an acceptor holds through the steady state.
+        let accepted = self.accepted_buffers();
+        while next < job.micro_batches {
+            forward(&mut next, &mut queue);
+            if let Some(oldest) = queue.pop_front() {
+                self.backward(oldest);
+            }
+        }
+        while let Some(oldest) = queue.pop_front() {
+            self.backward(oldest);
+        }
+        drop(accepted);
+        sync(self.device);
+        let scheduled = start.elapsed().as_secs_f64();
+        let start = Instant::now();
+        self.optimizer_step();
+        sync(self.device);
+        (scheduled, start.elapsed().as_secs_f64())
+    }
+
+    fn accepted_buffers(&self) -> Vec<Tensor> {
+        let bytes = self.job.accepted_bytes_per_microbatch;
+        let elements = (bytes / 4.0).ceil() as i64;
+        (0..self.job.accepted)
+            .filter(|_| elements > 0)
+            .map(|_| Tensor::ones([elements], (Kind::Float, self.device)))
+            .collect()
+    }
+}
+
+fn run(job: &StageJob, device: tch::Device, probe: &dyn MemoryProbe) -> StageMeasurement {
+    sync(device);
+    let before = probe.used();
+    probe.reset_peak();
+    let stage = Stage::new(job, device);
+    sync(device);
+    let static_bytes = probe.used().zip(before).map(|(a, b)| (a - b).max(0.0));
+    // The first iteration is the warm-up and the memory measurement.
+    let _ = stage.iteration();
+    let peak_bytes = probe.peak().zip(before).map(|(p, b)| (p - b).max(0.0));
+    if let (Some(limit), Some(peak)) = (job.memory_limit_bytes, peak_bytes)
+        && peak > limit
+    {
+        return StageMeasurement::out_of_memory(runtime(device), Some(peak));
+    }
+    let mut sampler = Sampler::new(super::StoppingRule {
+        warmup: 0,
+        min_repetitions: job.iterations,
+        max_repetitions: job.iterations,
+        target_ci_rel: 0.0,
+        max_seconds: f64::INFINITY,
+    });
+    let mut optimizer = 0.0;
+    while !sampler.done() {
+        let (scheduled, step) = stage.iteration();
+        sampler.push(scheduled / job.micro_batches as f64);
+        optimizer += step;
+    }
+    let summary = sampler.summary();
+    StageMeasurement {
+        time_per_microbatch_s: summary.mean,
+        ci95_rel: summary.ci95_rel.is_finite().then_some(summary.ci95_rel),
+        optimizer_step_s: optimizer / summary.n as f64,
+        iterations: summary.n,
+        static_bytes,
+        peak_bytes,
+        out_of_memory: false,
+        runtime: runtime(device),
+    }
+}

@@ -113,6 +113,9 @@ pub enum Command {
     /// Build and inspect measured profiles (nccl-tests curves, layer times) for --profile.
     #[command(subcommand)]
     Profile(ProfileCommand),
+    /// Check a plan by trial runs (local stage trials with libtorch, or Megatron-LM launch
+    /// scripts), compare with the prediction, feed the measurements back and re-rank.
+    Validate(Box<ValidateArgs>),
     /// List the built-in models.
     Models,
     /// List the built-in GPUs and their default nodes.
@@ -517,4 +520,60 @@ pub struct ImportLayersArgs {
 pub struct ShowProfileArgs {
     /// The profile directory.
     pub dir: PathBuf,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LaunchEngine {
+    Megatron,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Launcher {
+    Torchrun,
+    Srun,
+}
+
+#[derive(Args, Debug)]
+pub struct ValidateArgs {
+    /// A plan written by `paratune plan ... --format json`.
+    pub plan: PathBuf,
+    /// Candidates to trial, from the top of the plan.
+    #[arg(long, value_parser = at_least_one_row, default_value_t = 3)]
+    pub top: usize,
+    /// Local trials: where to run them (cpu, cuda or cuda:N).
+    #[arg(long, default_value = "cuda:0")]
+    pub device: String,
+    /// Local trials: precision (fp32, fp16, bf16).
+    #[arg(long, default_value = "bf16")]
+    pub dtype: String,
+    /// Timed iterations per trial (after one warm-up iteration).
+    #[arg(long, value_parser = at_least_one_row, default_value_t = 20)]
+    pub iterations: usize,
+    /// Local trials: simulate a device with this much memory (e.g. 40GiB).
+    #[arg(long)]
+    pub memory_limit: Option<Bytes>,
+    /// Seconds a trial may run before it is killed and recorded as failed.
+    #[arg(long, default_value_t = 1800.0)]
+    pub timeout: f64,
+    /// Repeat plan -> trial -> refit until the winner is stable or this many rounds ran.
+    #[arg(long = "loop", value_parser = at_least_one_row, default_value_t = 1)]
+    pub rounds: usize,
+    /// Where scripts, logs, measurements and the report go (default reports/<plan name>).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Cost model to predict with (default: the plan's).
+    #[arg(long)]
+    pub cost_model: Option<String>,
+    /// Cluster trials: write (and unless --dry-run, run) launch scripts for this engine.
+    #[arg(long)]
+    pub launch: Option<LaunchEngine>,
+    /// Cluster trials: a Megatron-LM checkout (holding pretrain_gpt.py).
+    #[arg(long)]
+    pub megatron_path: Option<PathBuf>,
+    /// Cluster trials: how the scripts start the ranks.
+    #[arg(long, value_enum, default_value_t = Launcher::Torchrun)]
+    pub launcher: Launcher,
+    /// Cluster trials: write the scripts without running them.
+    #[arg(long)]
+    pub dry_run: bool,
 }

@@ -242,8 +242,8 @@ pub fn profile_layer(args: &ProfileLayerArgs) -> Result<()> {
                 write_profile(out, &profile)?;
                 measured.push((*point, m));
             }
-            Ok(WorkerReply::Error(message)) => failures.push((*point, message)),
-            Err(message) => failures.push((*point, message)),
+            Ok(WorkerReply::Error(message)) | Err(message) => failures.push((*point, message)),
+            Ok(other) => failures.push((*point, format!("unexpected worker reply {other:?}"))),
         }
         bar.inc(1);
     }

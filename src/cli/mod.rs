@@ -7,3 +7,5 @@ pub mod measure;
 pub mod profile;
 pub mod render;
 pub mod resolve;
+pub mod validate;
+pub mod validate_cluster;

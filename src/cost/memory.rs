@@ -129,7 +129,7 @@ pub fn layer_activation_bytes(s: &Scenario, c: &ParallelConfig) -> f64 {
 
 /// Micro-batches (in units of a whole stage's layers) whose activations
 /// stage `stage` holds at its peak, without BPipe.
-fn schedule_in_flight(c: &ParallelConfig, m: u64, stage: u64) -> f64 {
+pub fn schedule_in_flight(c: &ParallelConfig, m: u64, stage: u64) -> f64 {
     let p = c.pp;
     match c.schedule {
         ScheduleKind::Gpipe => m as f64,

@@ -22,9 +22,12 @@
 mod comm;
 mod kernels;
 mod layer;
+pub use layer::EndsTime;
 mod memory;
 
-pub use memory::StageMemory;
+pub use memory::{
+    StageMemory, in_flight, layer_activation_bytes, schedule_in_flight, stage_memory,
+};
 
 use crate::cluster::{GpuSpec, NodeGroup, Placement};
 use crate::coefficients::{Coefficients, CollectiveAlgorithm, CostModel};
@@ -208,19 +211,68 @@ impl ProfileUsage {
 }
 
 /// Per-micro-batch time of one stage, by kind of work (seconds).
-#[derive(Debug, Clone, Copy, Default)]
-struct StageTime {
-    compute: f64,
-    host: f64,
-    tensor_parallel: f64,
-    p2p: f64,
-    bpipe: f64,
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct StageTime {
+    /// Layers' forward, backward and recomputation, and the embedding or
+    /// output head where the stage has them.
+    pub compute: f64,
+    pub host: f64,
+    pub tensor_parallel: f64,
+    pub p2p: f64,
+    pub bpipe: f64,
 }
 
 impl StageTime {
-    fn total(&self) -> f64 {
+    pub fn total(&self) -> f64 {
         self.compute + self.host + self.tensor_parallel + self.p2p + self.bpipe
     }
+}
+
+/// Per-micro-batch GPU time of the work only the first stage (embedding)
+/// and only the last stage (output head, loss) do.
+pub fn pipeline_ends(s: &Scenario, c: &ParallelConfig) -> layer::EndsTime {
+    layer::pipeline_ends_time(s, c)
+}
+
+/// The per-micro-batch time of every pipeline stage (for explanations and
+/// trial runs; `predict` computes the same without allocating).
+pub fn stage_times(s: &Scenario, c: &ParallelConfig) -> Vec<StageTime> {
+    let mut usage = ProfileUsage::default();
+    let layer = layer::layer_time(s, c, &mut usage);
+    let ends = layer::pipeline_ends_time(s, c);
+    let p2p = comm::pipeline_p2p_per_microbatch(s, c);
+    (0..c.pp)
+        .map(|i| stage_time(s, c, &layer, &ends, p2p, i))
+        .collect()
+}
+
+fn stage_time(
+    s: &Scenario,
+    c: &ParallelConfig,
+    layer: &layer::LayerTime,
+    ends: &layer::EndsTime,
+    p2p: f64,
+    i: u64,
+) -> StageTime {
+    let p = c.pp;
+    let layers_per_stage = (s.model.layers / p) as f64;
+    let mut t = StageTime {
+        compute: layers_per_stage * layer.gpu_compute,
+        host: layers_per_stage * layer.host_excess + s.coef().microbatch_overhead_ms * 1e-3,
+        tensor_parallel: layers_per_stage * layer.tensor_parallel,
+        p2p: if p > 1 { p2p } else { 0.0 },
+        bpipe: 0.0,
+    };
+    if i == 0 {
+        t.compute += ends.first;
+    }
+    if i == p - 1 {
+        t.compute += ends.last;
+    }
+    if c.bpipe {
+        t.bpipe = memory::bpipe_transfer_per_microbatch(s, c, i);
+    }
+    t
 }
 
 /// Predicts one configuration. The configuration must have passed
@@ -242,26 +294,7 @@ pub fn predict_with_usage(s: &Scenario, c: &ParallelConfig) -> (Prediction, Prof
 
     // Per-micro-batch time of every stage; the slowest sets the pace and the
     // sum sets the fill/drain (generalises (m + p - 1) t to unequal stages).
-    let layers_per_stage = (s.model.layers / p) as f64;
-    let stage_time = |i: u64| {
-        let mut t = StageTime {
-            compute: layers_per_stage * layer.gpu_compute,
-            host: layers_per_stage * layer.host_excess + s.coef().microbatch_overhead_ms * 1e-3,
-            tensor_parallel: layers_per_stage * layer.tensor_parallel,
-            p2p: if p > 1 { p2p } else { 0.0 },
-            bpipe: 0.0,
-        };
-        if i == 0 {
-            t.compute += ends.first;
-        }
-        if i == p - 1 {
-            t.compute += ends.last;
-        }
-        if c.bpipe {
-            t.bpipe = memory::bpipe_transfer_per_microbatch(s, c, i);
-        }
-        t
-    };
+    let stage_time = |i: u64| stage_time(s, c, &layer, &ends, p2p, i);
     let mut slowest = stage_time(0);
     let mut sum = 0.0;
     for i in 0..p {

@@ -7,8 +7,10 @@
 //! (`tflops_per_gpu` instead of `iter_ms`, `layers_per_virtual_stage`, no
 //! `dp` or `seq_len`). Columns that are absent take the defaults given.
 
+mod history;
 mod table;
 
+pub use history::{HistoryError, RunHistory, TailRepair};
 pub use table::{RunTable, write_csv};
 
 use crate::config::{OptimizerSharding, ParallelConfig, Recompute, ScheduleKind};

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 /// Columns every row needs; `dp` may be derived and `seq_len` defaulted.
-const REQUIRED: [&str; 8] = [
+pub(super) const REQUIRED: [&str; 8] = [
     "gpus",
     "global_batch",
     "micro_batch",

@@ -1,0 +1,365 @@
+//! `paratune validate`: trial runs of a plan's top candidates, predicted
+//! against measured, fed back, re-ranked; the report under `--out`.
+
+use super::args::{LaunchEngine, ValidateArgs};
+use super::commands::emit;
+use super::measure::{check_writable, parse_device, parse_dtype, spawn_worker};
+use super::resolve;
+use anyhow::{Context, Result, anyhow, bail};
+use paratune::bench::{self, BenchError, StageMeasurement, WorkerJob, WorkerReply};
+use paratune::coefficients::CostModel;
+use paratune::config::ParallelConfig;
+use paratune::plan_file::PlanFile;
+use paratune::profile::{Measurements, Profile, merge_layers, write_profile};
+use paratune::report::{
+    CandidateTime, StageMemoryBar, TrialRow, Verdict, markdown_table, memory_chart, ranking_change,
+    render_markdown, time_chart, verdict, write_report,
+};
+use paratune::runs::RunHistory;
+use paratune::search::{SearchSpace, search};
+use paratune::validate::local::{
+    self, TrialSettings, implied_layer_point, stage_job, stage_prediction, times_comparable,
+    trial_stages,
+};
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
+
+/// Columns of the trial history (`OUT/trials-history.csv`, append-only).
+const HISTORY_COLUMNS: [&str; 17] = [
+    "round",
+    "candidate",
+    "config",
+    "stage",
+    "device",
+    "dtype",
+    "micro_batches_run",
+    "in_flight",
+    "evicted",
+    "predicted_ms_per_microbatch",
+    "measured_ms_per_microbatch",
+    "ci95_rel",
+    "predicted_trial_bytes",
+    "measured_peak_bytes",
+    "capacity_bytes",
+    "verdict",
+    "runtime",
+];
+
+pub fn run(args: &ValidateArgs) -> Result<()> {
+    let shown = args.plan.display().to_string();
+    let text = std::fs::read_to_string(&args.plan)
+        .map_err(|e| anyhow!("cannot read plan {shown}: {e}"))?;
+    let plan: PlanFile = serde_json::from_str(&text).map_err(|e| {
+        anyhow!("{shown}: not a readable paratune plan ({e}); write one with `paratune plan ... --format json > plan.json`")
+    })?;
+    local::check_plan(&plan, &shown)?;
+    let cost = resolve::cost_model(
+        Some(args.cost_model.as_deref().unwrap_or(&plan.cost_model)),
+        &plan.nodes.gpu.name,
+    )
+    .with_context(|| "the plan's cost model; give --cost-model NAME or FILE")?;
+    let out = args.out.clone().unwrap_or_else(|| default_out(&args.plan));
+    match args.launch {
+        Some(LaunchEngine::Megatron) => super::validate_cluster::run(args, &plan, &out),
+        None => local_trials(args, &plan, &cost, &out),
+    }
+}
+
+/// `reports/<plan file name without extension>`.
+fn default_out(plan: &Path) -> PathBuf {
+    let name = plan
+        .file_stem()
+        .map(|s| s.to_string_lossy().to_string())
+        .unwrap_or_else(|| "plan".into());
+    PathBuf::from("reports").join(name)
+}
+
+/// One stage trial and what it is compared with.
+struct Trial {
+    round: usize,
+    rank: usize,
+    config: ParallelConfig,
+    stage: u64,
+    predicted: local::StagePrediction,
+    job: bench::StageJob,
+    outcome: Result<StageMeasurement, String>,
+}
+
+fn local_trials(args: &ValidateArgs, plan: &PlanFile, cost: &CostModel, out: &Path) -> Result<()> {
+    let device = parse_device(&args.device)?;
+    let dtype = parse_dtype(&args.dtype)?;
+    check_writable(out, "--out")?;
+    if !bench::TORCH_COMPILED {
+        return Err(BenchError::NotCompiled {
+            what: "local trial runs (`validate --device`; `--launch megatron` writes cluster scripts without it)",
+        }
+        .into());
+    }
+    bench::check_device(device)?;
+    let settings = TrialSettings {
+        device,
+        dtype,
+        iterations: args.iterations,
+        memory_limit_bytes: args.memory_limit.map(|b| b.0),
+    };
+    let device_gpu = bench::device_facts(device)
+        .ok()
+        .map(|f| super::profile::catalogue_gpu(&f.name));
+    let comparable = times_comparable(&plan.nodes.gpu.name, device, device_gpu.as_deref());
+    let band = local::band(cost);
+    let (mut history, repaired) =
+        RunHistory::open_table(&out.join("trials-history.csv"), &HISTORY_COLUMNS)?;
+    let mut report = String::new();
+    if let Some(repair) = repaired {
+        let _ = writeln!(report, "note: {repair}");
+    }
+    if !comparable {
+        let _ = writeln!(
+            report,
+            "note: the trials run on {device}{}, the plan is for {}: memory is compared, times are shown but not judged or fed back",
+            device_gpu.map(|g| format!(" ({g})")).unwrap_or_default(),
+            plan.nodes.gpu.name
+        );
+    }
+
+    let mut job = local::job_of(plan);
+    let mut ranking: Vec<(ParallelConfig, f64)> = plan
+        .candidates
+        .iter()
+        .map(|c| (c.config, c.prediction.iteration_s))
+        .collect();
+    let mut profile = Profile::empty(&plan.nodes.gpu.name);
+    let mut trials: Vec<Trial> = Vec::new();
+    let timeout = Duration::from_secs_f64(args.timeout.max(1.0));
+    for round in 1..=args.rounds {
+        let top: Vec<(usize, ParallelConfig)> = ranking
+            .iter()
+            .take(args.top)
+            .enumerate()
+            .map(|(i, (c, _))| (i + 1, *c))
+            .collect();
+        let scenario = job.scenario(cost);
+        let mut ran = 0;
+        for (rank, config) in &top {
+            if trials.iter().any(|t| t.config == *config) {
+                continue;
+            }
+            for stage in trial_stages(config) {
+                let stage_job = stage_job(&scenario, config, stage, &settings);
+                let predicted = stage_prediction(&scenario, config, stage);
+                eprintln!("round {round}: trial of #{rank} {config}, stage {stage} on {device}...");
+                let outcome = match spawn_worker(&WorkerJob::Stage(stage_job.clone()), timeout) {
+                    Ok(WorkerReply::Stage(m)) => Ok(m),
+                    Ok(WorkerReply::Error(e)) | Err(e) => Err(e),
+                    Ok(other) => Err(format!("unexpected worker reply {other:?}")),
+                };
+                let trial = Trial {
+                    round,
+                    rank: *rank,
+                    config: *config,
+                    stage,
+                    predicted,
+                    job: stage_job,
+                    outcome,
+                };
+                // Kept before anything else happens: an interrupted
+                // validation loses no finished trial.
+                history.append(&history_row(&trial, &trial_row(&trial, comparable, band)))?;
+                trials.push(trial);
+                ran += 1;
+            }
+        }
+        if ran > 0 {
+            let _ = writeln!(
+                report,
+                "\nround {round}: predicted against measured, per stage and micro-batch"
+            );
+            let rows: Vec<TrialRow> = trials
+                .iter()
+                .filter(|t| t.round == round)
+                .map(|t| trial_row(t, comparable, band))
+                .collect();
+            report.push_str(&markdown_table(&rows));
+        }
+        if !comparable {
+            break;
+        }
+        // Feed back: the layer times the trials imply become a profile, and
+        // the whole space is searched again with it.
+        for t in trials.iter().filter(|t| t.round == round) {
+            if let Ok(m) = &t.outcome
+                && let Some(point) = implied_layer_point(&scenario, &t.config, t.stage, dtype, m)
+            {
+                merge_layers(&mut profile.layers, &[point]);
+            }
+        }
+        if profile.layers.is_empty() {
+            break;
+        }
+        job.profile = Some(Arc::new(Measurements::from_profile(&profile)));
+        let result = search(&job, &SearchSpace::default(), cost);
+        let before = labelled(&ranking, args.top.max(5));
+        ranking = result
+            .candidates
+            .iter()
+            .map(|c| (c.config, c.prediction.iteration_s))
+            .collect();
+        let after = labelled(&ranking, args.top.max(5));
+        let change = ranking_change(&before, &after)?;
+        let _ = writeln!(
+            report,
+            "\nround {round}: the ranking with the trials' layer times"
+        );
+        report.push_str(&render_markdown(&change));
+        if !change.winner_changed {
+            break;
+        }
+    }
+
+    if !profile.layers.is_empty() {
+        profile.environment.source = format!("paratune validate {}", args.plan.display());
+        profile.environment.date = paratune::date::today_utc();
+        profile.environment.notes.push(
+            "layer times implied by local stage trials (measured stage time less the predicted embedding/head share, per layer)".into(),
+        );
+        write_profile(&out.join("profile"), &profile)?;
+        let _ = writeln!(
+            report,
+            "\nthe measured layer times are in {}: use them with `paratune plan ... --profile {}`",
+            out.join("profile").display(),
+            out.join("profile").display()
+        );
+    }
+    let rows: Vec<TrialRow> = trials
+        .iter()
+        .map(|t| trial_row(t, comparable, band))
+        .collect();
+    let paths = write_charts_and_report(out, &args.plan, &rows, &trials, plan, &report)?;
+    let _ = writeln!(
+        report,
+        "\nreport: {} (trials.csv, memory.svg, time.svg beside it); history: {}",
+        paths.display(),
+        history.path().display()
+    );
+    emit(&report)
+}
+
+fn labelled(ranking: &[(ParallelConfig, f64)], n: usize) -> Vec<(String, f64)> {
+    ranking
+        .iter()
+        .take(n)
+        .map(|(c, t)| (c.to_string(), *t))
+        .collect()
+}
+
+fn trial_row(t: &Trial, comparable: bool, band: (f64, f64)) -> TrialRow {
+    let p = &t.predicted;
+    let capacity = p.usable_bytes - p.other_bytes;
+    let (measured_s, peak, v) = match &t.outcome {
+        Ok(m) => {
+            let time = (!m.out_of_memory).then_some(m.time_per_microbatch_s);
+            let v = verdict(
+                p.time_per_microbatch_s,
+                time,
+                comparable.then_some(band),
+                m.peak_bytes,
+                capacity,
+                m.out_of_memory,
+            );
+            (time, m.peak_bytes, v)
+        }
+        Err(e) => (None, None, Verdict::Failed(e.clone())),
+    };
+    TrialRow {
+        candidate: t.rank,
+        config: t.config.to_string(),
+        stage: Some(t.stage),
+        predicted_s: p.time_per_microbatch_s,
+        measured_s,
+        band_rel: comparable.then_some(band),
+        predicted_peak_bytes: p.trial_bytes,
+        measured_peak_bytes: peak,
+        capacity_bytes: capacity,
+        verdict: v,
+    }
+}
+
+fn history_row(t: &Trial, row: &TrialRow) -> Vec<String> {
+    let opt = |v: Option<f64>| v.map_or(String::new(), |v| format!("{v}"));
+    let m = t.outcome.as_ref().ok();
+    vec![
+        t.round.to_string(),
+        t.rank.to_string(),
+        t.config.to_string(),
+        t.stage.to_string(),
+        t.job.device.to_string(),
+        t.job.dtype.name().to_string(),
+        t.job.micro_batches.to_string(),
+        t.job.schedule_in_flight.to_string(),
+        t.job.evicted.to_string(),
+        format!("{}", t.predicted.time_per_microbatch_s * 1e3),
+        opt(row.measured_s.map(|s| s * 1e3)),
+        opt(m.and_then(|m| m.ci95_rel)),
+        format!("{}", t.predicted.trial_bytes),
+        opt(row.measured_peak_bytes),
+        format!("{}", row.capacity_bytes),
+        row.verdict.to_string(),
+        m.map_or(String::new(), |m| m.runtime.clone()),
+    ]
+}
+
+fn write_charts_and_report(
+    out: &Path,
+    plan_path: &Path,
+    rows: &[TrialRow],
+    trials: &[Trial],
+    plan: &PlanFile,
+    summary: &str,
+) -> Result<PathBuf> {
+    if rows.is_empty() {
+        bail!("no trial ran");
+    }
+    let bars: Vec<StageMemoryBar> = rows
+        .iter()
+        .map(|r| StageMemoryBar {
+            label: format!("#{} stage {}", r.candidate, r.stage.unwrap_or(0)),
+            predicted_bytes: r.predicted_peak_bytes,
+            measured_bytes: r.measured_peak_bytes,
+        })
+        .collect();
+    let capacity = rows
+        .iter()
+        .map(|r| r.capacity_bytes)
+        .fold(f64::MAX, f64::min);
+    let memory = memory_chart("Per-stage memory: predicted vs measured", &bars, capacity)?;
+    let times: Vec<CandidateTime> = rows
+        .iter()
+        .zip(trials)
+        .map(|(r, t)| CandidateTime {
+            label: format!("#{} stage {}", r.candidate, t.stage),
+            predicted_s: r.predicted_s,
+            band_s: r
+                .band_rel
+                .map(|(a, b)| (r.predicted_s * (1.0 + a), r.predicted_s * (1.0 + b))),
+            measured_s: r.measured_s,
+        })
+        .collect();
+    let time = time_chart("Time per micro-batch: predicted vs measured", &times)?;
+    let name = format!(
+        "Validation of {} ({} on {} x {})",
+        plan_path.display(),
+        plan.model.name,
+        plan.gpus,
+        plan.nodes.gpu.name
+    );
+    let summary = format!(
+        "Memory capacity per stage: {:.2} GiB usable less the pipeline buffers and runtime memory the trial does not allocate.\n\n```\n{summary}```\n",
+        capacity / GIB
+    );
+    let paths = write_report(out, &name, rows, &memory, &time, &summary)?;
+    Ok(paths.report)
+}

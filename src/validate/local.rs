@@ -1,0 +1,271 @@
+//! Local trial runs of a plan's candidates (`paratune validate --device`):
+//! which stages to run, the trial job for each, the prediction to compare it
+//! with, and what the measurements feed back (layer points for the cost
+//! model's profile, so the candidates can be re-ranked). Pure: the CLI runs
+//! the jobs in worker processes and writes the results.
+
+use crate::bench::{Device, Dtype, StageJob, StageMeasurement};
+use crate::coefficients::CostModel;
+use crate::config::{OptimizerSharding, ParallelConfig, Recompute};
+use crate::cost::{self, Scenario};
+use crate::plan_file::{PLAN_FORMAT, PLAN_VERSION, PlanFile};
+use crate::profile::{LayerPoint, LayerStatus};
+use crate::search::Job;
+
+/// How the trials run.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TrialSettings {
+    pub device: Device,
+    pub dtype: Dtype,
+    pub iterations: usize,
+    /// Simulates a device with this much memory, bytes.
+    pub memory_limit_bytes: Option<f64>,
+}
+
+/// The plan file does not describe a job this paratune can trial.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    #[error(
+        "{path}: not a paratune plan (format `{found}`); write one with `paratune plan ... --format json > plan.json`"
+    )]
+    Format { path: String, found: String },
+    #[error(
+        "{path}: plan format version {found}, this paratune ({ours}) reads version {PLAN_VERSION}; re-run `paratune plan ... --format json` with this paratune"
+    , ours = env!("CARGO_PKG_VERSION"))]
+    Version { path: String, found: u32 },
+    #[error(
+        "{path}: candidate #{rank} does not match the plan's job ({message}); the file was edited by hand: re-run `paratune plan`"
+    )]
+    Inconsistent {
+        path: String,
+        rank: usize,
+        message: String,
+    },
+    #[error("{path}: the plan has no candidates to trial")]
+    Empty { path: String },
+}
+
+/// Checks the plan's format, version and that every candidate is a valid
+/// configuration of its job.
+pub fn check_plan(plan: &PlanFile, path: &str) -> Result<(), PlanError> {
+    if plan.format != PLAN_FORMAT {
+        return Err(PlanError::Format {
+            path: path.into(),
+            found: plan.format.clone(),
+        });
+    }
+    if plan.version != PLAN_VERSION {
+        return Err(PlanError::Version {
+            path: path.into(),
+            found: plan.version,
+        });
+    }
+    if plan.candidates.is_empty() {
+        return Err(PlanError::Empty { path: path.into() });
+    }
+    let job = job_of(plan);
+    for (i, candidate) in plan.candidates.iter().enumerate() {
+        let inconsistent = |message: String| PlanError::Inconsistent {
+            path: path.into(),
+            rank: candidate.rank,
+            message,
+        };
+        if candidate.rank != i + 1 {
+            return Err(inconsistent(format!(
+                "ranks must run 1, 2, 3...; found {} in place {}",
+                candidate.rank,
+                i + 1
+            )));
+        }
+        candidate
+            .config
+            .check(
+                &plan.model,
+                plan.global_batch,
+                plan.gpus,
+                job.gpus_per_node(),
+            )
+            .map_err(inconsistent)?;
+    }
+    Ok(())
+}
+
+/// The job a plan was made for.
+pub fn job_of(plan: &PlanFile) -> Job {
+    Job {
+        model: plan.model.clone(),
+        global_batch: plan.global_batch,
+        gpus: plan.gpus,
+        nodes: plan.nodes.clone(),
+        memory_limit: plan.memory_limit_bytes,
+        profile: None,
+    }
+}
+
+/// The stages worth a trial: the first and the last, where memory peaks
+/// and where the embedding and the output head sit; stages between run the
+/// same layers with fewer micro-batches in flight.
+pub fn trial_stages(c: &ParallelConfig) -> Vec<u64> {
+    if c.pp == 1 {
+        vec![0]
+    } else {
+        vec![0, c.pp - 1]
+    }
+}
+
+/// What the cost model says about one stage, in the terms a trial measures.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StagePrediction {
+    /// Compute and host time per micro-batch: the stage's work without the
+    /// collectives, sends and BPipe transfers one device cannot run.
+    pub time_per_microbatch_s: f64,
+    /// Weights, gradients, optimizer states and activations, bytes: what the
+    /// trial allocates.
+    pub trial_bytes: f64,
+    /// Pipeline buffers and the runtime's own memory, bytes, which the trial
+    /// does not allocate but the real run will.
+    pub other_bytes: f64,
+    /// Memory the stage may use (capacity less the reserve), bytes.
+    pub usable_bytes: f64,
+}
+
+pub fn stage_prediction(s: &Scenario, c: &ParallelConfig, stage: u64) -> StagePrediction {
+    let time = cost::stage_times(s, c)[stage as usize];
+    let memory = cost::stage_memory(s, c, stage);
+    StagePrediction {
+        time_per_microbatch_s: time.compute + time.host,
+        trial_bytes: memory.weights
+            + memory.gradients
+            + memory.optimizer_states
+            + memory.activations,
+        other_bytes: memory.buffers + memory.runtime_overhead,
+        usable_bytes: s.usable_memory(),
+    }
+}
+
+/// The trial job of stage `stage` of configuration `c`.
+pub fn stage_job(
+    s: &Scenario,
+    c: &ParallelConfig,
+    stage: u64,
+    settings: &TrialSettings,
+) -> StageJob {
+    let m = c.micro_batches(s.global_batch);
+    let partner = c.pp - 1 - stage;
+    let schedule = cost::schedule_in_flight(c, m, stage).ceil() as u64;
+    let held = cost::in_flight(c, m, stage).ceil() as u64;
+    let (evicted, accepted) = if !c.bpipe || partner == stage {
+        (0, 0)
+    } else if stage < partner {
+        (schedule.saturating_sub(held), 0)
+    } else {
+        (0, held.saturating_sub(schedule))
+    };
+    let layers = s.model.layers / c.pp;
+    let shards = |sharded: bool| if sharded { c.dp } else { 1 };
+    StageJob {
+        model: s.model.clone(),
+        tp: c.tp,
+        micro_batch: c.micro_batch,
+        layers,
+        first: stage == 0,
+        last: stage == c.pp - 1,
+        recompute: c.recompute,
+        schedule_in_flight: schedule.max(1),
+        evicted,
+        accepted,
+        accepted_bytes_per_microbatch: layers as f64 * cost::layer_activation_bytes(s, c),
+        // Enough micro-batches to reach the steady state, at most the
+        // iteration's.
+        micro_batches: m.min(schedule.max(1) + 2).max(1),
+        grad_shards: shards(c.optimizer_sharding == OptimizerSharding::Full),
+        optimizer_shards: shards(c.optimizer_sharding != OptimizerSharding::None),
+        dtype: settings.dtype,
+        device: settings.device,
+        iterations: settings.iterations,
+        memory_limit_bytes: settings.memory_limit_bytes,
+    }
+}
+
+/// A measured stage turned into the layer time it implies: the measured
+/// time per micro-batch, less the predicted embedding/head share, spread
+/// over the stage's layers, split into forward and backward in the
+/// proportion of the model's FLOPs (one forward to two backward, plus a
+/// recomputed forward under full recomputation). `None` when the trial
+/// ran out of memory or left no time for the layers.
+pub fn implied_layer_point(
+    s: &Scenario,
+    c: &ParallelConfig,
+    stage: u64,
+    dtype: Dtype,
+    measured: &StageMeasurement,
+) -> Option<LayerPoint> {
+    if measured.out_of_memory || measured.time_per_microbatch_s <= 0.0 {
+        return None;
+    }
+    let predicted = cost::stage_times(s, c)[stage as usize];
+    let layers = (s.model.layers / c.pp) as f64;
+    // The predicted time of the layers alone: the stage's compute less its ends.
+    let ends = cost::pipeline_ends(s, c);
+    let end_time =
+        if stage == 0 { ends.first } else { 0.0 } + if stage == c.pp - 1 { ends.last } else { 0.0 };
+    let layer_share = if predicted.compute > 0.0 {
+        ((predicted.compute - end_time) / predicted.compute).clamp(0.0, 1.0)
+    } else {
+        1.0
+    };
+    let per_layer = measured.time_per_microbatch_s * layer_share / layers;
+    if per_layer <= 0.0 {
+        return None;
+    }
+    let recomputed = c.recompute == Recompute::Full;
+    let parts = if recomputed { 4.0 } else { 3.0 };
+    let forward = per_layer / parts;
+    Some(LayerPoint {
+        hidden: s.model.hidden,
+        heads: s.model.heads,
+        seq_len: s.model.seq_len,
+        micro_batch: c.micro_batch,
+        tp: c.tp,
+        sequence_parallel: c.sequence_parallel,
+        recompute: c.recompute,
+        dtype: dtype.name().to_string(),
+        forward_s: forward,
+        backward_s: 2.0 * forward,
+        recompute_s: recomputed.then_some(forward),
+        ci95_rel: measured.ci95_rel,
+        activation_bytes: None,
+        peak_bytes: measured.peak_bytes,
+        status: LayerStatus::Ok,
+        includes_tp_comm: false,
+    })
+}
+
+/// The candidates of a search, as (label, predicted iteration seconds) in
+/// rank order, for the before/after comparison.
+pub fn ranking(candidates: &[crate::search::Candidate], top: usize) -> Vec<(String, f64)> {
+    candidates
+        .iter()
+        .take(top)
+        .map(|c| (c.config.to_string(), c.prediction.iteration_s))
+        .collect()
+}
+
+/// Whether trial times on `device` can stand for the plan's GPU: the CPU
+/// only for a plan made for a GPU named `cpu` (a cluster file with an
+/// inline GPU), a CUDA device when its name is the plan's GPU (`gpu_name`
+/// from the driver, when known).
+pub fn times_comparable(plan_gpu: &str, device: Device, device_gpu: Option<&str>) -> bool {
+    match device {
+        Device::Cpu => plan_gpu.eq_ignore_ascii_case("cpu"),
+        Device::Cuda(_) => device_gpu.is_none_or(|g| g.eq_ignore_ascii_case(plan_gpu)),
+    }
+}
+
+/// The cost model's uncertainty band for one prediction, relative: the
+/// cross-validated 90th-percentile error where the model has one, else
+/// ±25% (an uncalibrated model's typical error on the reference data).
+pub fn band(cost: &CostModel) -> (f64, f64) {
+    let p90 = cost.uncertainty().map_or(0.25, |u| u.p90);
+    (-p90, p90)
+}

@@ -1,0 +1,4 @@
+//! Validating a plan by trial runs (`paratune validate`) and feeding what
+//! they measure back into the cost model.
+
+pub mod local;

@@ -1,0 +1,224 @@
+//! `paratune validate` running local stage trials for real, on the CPU,
+//! through libtorch (feature `torch`): plan -> trial -> refit end to end,
+//! and the memory effects the trials must show.
+
+#![cfg(feature = "torch")]
+
+use paratune::bench::{Device, Dtype, StageJob, StageMeasurement, WorkerJob, WorkerReply};
+use paratune::config::Recompute;
+use paratune::model::ModelSpec;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const BIN: &str = env!("CARGO_BIN_EXE_paratune");
+
+fn cluster() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/validate/cpu-cluster.toml")
+}
+
+fn run(dir: &Path, args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("the binary runs")
+}
+
+fn ok(dir: &Path, args: &[&str]) -> String {
+    let out = run(dir, args);
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "paratune {}\nstdout: {stdout}\nstderr: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// A plan for a tiny GPT on the two-"GPU" CPU cluster, written to DIR/plan.json.
+fn plan(dir: &Path) -> PathBuf {
+    let json = ok(
+        dir,
+        &[
+            "plan",
+            "--cluster",
+            cluster().to_str().unwrap(),
+            "--hidden",
+            "256",
+            "--heads",
+            "4",
+            "--layers",
+            "4",
+            "--seq-len",
+            "128",
+            "--vocab",
+            "1000",
+            "--global-batch",
+            "8",
+            "--top",
+            "5",
+            "--format",
+            "json",
+        ],
+    );
+    let path = dir.join("plan.json");
+    std::fs::write(&path, json).unwrap();
+    path
+}
+
+#[test]
+fn plan_validate_refit_end_to_end_on_the_cpu() {
+    let dir = tempfile::tempdir().unwrap();
+    let plan = plan(dir.path());
+    let stdout = ok(
+        dir.path(),
+        &[
+            "validate",
+            plan.to_str().unwrap(),
+            "--top",
+            "2",
+            "--device",
+            "cpu",
+            "--dtype",
+            "fp32",
+            "--iterations",
+            "2",
+            "--loop",
+            "2",
+        ],
+    );
+    assert!(
+        stdout.contains("round 1: predicted against measured"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("the ranking with the trials' layer times"),
+        "{stdout}"
+    );
+    let out = dir.path().join("reports/plan");
+    for file in [
+        "report.md",
+        "trials.csv",
+        "memory.svg",
+        "time.svg",
+        "trials-history.csv",
+    ] {
+        assert!(out.join(file).is_file(), "{file} missing");
+    }
+    let svg = std::fs::read_to_string(out.join("memory.svg")).unwrap();
+    assert!(svg.starts_with("<svg") && svg.contains("stage 0"));
+    // Every trial is in the history, with a measured time.
+    let history = std::fs::read_to_string(out.join("trials-history.csv")).unwrap();
+    let rows: Vec<&str> = history.lines().skip(1).collect();
+    assert!(rows.len() >= 2, "{history}");
+    assert!(rows.iter().all(|r| r.contains(",cpu,fp32,")), "{history}");
+    // The measured layer times were kept as a profile the planner reads.
+    let profile = paratune::profile::read_profile(&out.join("profile")).unwrap();
+    assert!(!profile.layers.is_empty());
+    let replanned = ok(
+        dir.path(),
+        &[
+            "plan",
+            "--cluster",
+            cluster().to_str().unwrap(),
+            "--hidden",
+            "256",
+            "--heads",
+            "4",
+            "--layers",
+            "4",
+            "--seq-len",
+            "128",
+            "--vocab",
+            "1000",
+            "--global-batch",
+            "8",
+            "--profile",
+            out.join("profile").to_str().unwrap(),
+        ],
+    );
+    assert!(replanned.contains("layer lookups"), "{replanned}");
+}
+
+#[test]
+fn a_candidate_over_the_memory_limit_does_not_fit() {
+    let dir = tempfile::tempdir().unwrap();
+    let plan = plan(dir.path());
+    let stdout = ok(
+        dir.path(),
+        &[
+            "validate",
+            plan.to_str().unwrap(),
+            "--top",
+            "1",
+            "--device",
+            "cpu",
+            "--dtype",
+            "fp32",
+            "--iterations",
+            "1",
+            "--memory-limit",
+            "4MiB",
+        ],
+    );
+    assert!(stdout.contains("does not fit"), "{stdout}");
+}
+
+fn stage(in_flight: u64, evicted: u64) -> StageJob {
+    StageJob {
+        model: ModelSpec::gpt("tiny", 256, 4, 4, 1000, 256),
+        tp: 1,
+        micro_batch: 4,
+        layers: 2,
+        first: false,
+        last: false,
+        recompute: Recompute::None,
+        schedule_in_flight: in_flight,
+        evicted,
+        accepted: 0,
+        accepted_bytes_per_microbatch: 0.0,
+        micro_batches: in_flight + 1,
+        grad_shards: 1,
+        optimizer_shards: 1,
+        dtype: Dtype::Fp32,
+        device: Device::Cpu,
+        iterations: 1,
+        memory_limit_bytes: None,
+    }
+}
+
+/// Runs a stage trial in a fresh worker process, as `validate` does.
+fn trial(job: StageJob) -> StageMeasurement {
+    let json = serde_json::to_string(&WorkerJob::Stage(job)).unwrap();
+    let out = Command::new(BIN)
+        .args(["profile", "worker", "--job", &json])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    match serde_json::from_str::<WorkerReply>(stdout.trim()) {
+        Ok(WorkerReply::Stage(m)) => m,
+        other => panic!(
+            "{other:?}: {stdout} {}",
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    }
+}
+
+#[test]
+fn peak_memory_grows_with_micro_batches_in_flight() {
+    let one = trial(stage(1, 0)).peak_bytes.unwrap();
+    let four = trial(stage(4, 0)).peak_bytes.unwrap();
+    // Each extra micro-batch in flight keeps two layers' activations:
+    // well over 4 x 256 x 256 x 4 bytes (the layer input alone) each.
+    let input = 4.0 * 256.0 * 256.0 * 4.0;
+    assert!(four - one > 3.0 * 2.0 * input, "{one} -> {four}");
+}
+
+#[test]
+fn a_bpipe_evictor_holds_fewer_activations() {
+    let kept = trial(stage(4, 0)).peak_bytes.unwrap();
+    let evicted = trial(stage(4, 2)).peak_bytes.unwrap();
+    let input = 4.0 * 256.0 * 256.0 * 4.0;
+    assert!(kept - evicted > 2.0 * input, "{kept} -> {evicted}");
+}
