@@ -15,6 +15,7 @@ fn main() -> ExitCode {
         Command::Evaluate(args) => cli::commands::evaluate_command(args),
         Command::Calibrate(args) => cli::calibrate::run(args),
         Command::Profile(command) => cli::profile::run(command),
+        Command::Ingest(command) => cli::ingest::run(command),
         Command::Validate(args) => cli::validate::run(args),
         Command::Models => cli::commands::models(),
         Command::Gpus => cli::commands::gpus(),

@@ -164,3 +164,37 @@ fn no_cuda_device_is_a_clear_error() {
 fn paratune_sees_a_gpu() -> bool {
     Path::new("/proc/driver/nvidia/gpus").is_dir()
 }
+
+#[test]
+fn profile_device_measures_matrix_multiplies_and_a_copy() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("cpu");
+    let stdout = ok(&[
+        "profile",
+        "device",
+        "--device",
+        "cpu",
+        "--dtype",
+        "fp32",
+        "--max-side",
+        "512",
+        "--max-seconds",
+        "2",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(stdout.contains("GB/s"), "{stdout}");
+    let device = read_profile(&out).unwrap().device.expect("device.toml");
+    assert_eq!(device.device, "cpu");
+    assert_eq!(
+        device.matmul.iter().map(|p| p.m).collect::<Vec<_>>(),
+        [256, 512]
+    );
+    assert!(
+        device
+            .matmul
+            .iter()
+            .all(|p| p.tflops > 0.0 && p.seconds > 0.0)
+    );
+    assert!(device.copy.unwrap().gbps > 0.0);
+}

@@ -113,3 +113,114 @@ fn without_the_torch_feature_local_trials_say_how_to_get_them() {
         "{err}"
     );
 }
+
+/// A stand-in Megatron-LM checkout and a `torchrun` on PATH that prints a
+/// real-format Megatron-LM log (tests/data/megatron) instead of training;
+/// its first call fails part-way, like a killed run.
+fn fake_cluster(dir: &Path) -> (PathBuf, String) {
+    let megatron = dir.join("Megatron-LM");
+    std::fs::create_dir_all(&megatron).unwrap();
+    std::fs::write(megatron.join("pretrain_gpt.py"), "").unwrap();
+    let bin = dir.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let log = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/megatron/gpt345m-tp2-pp2-dp2-complete.log");
+    let calls = dir.join("calls");
+    let script = format!(
+        "#!/usr/bin/env bash\necho x >> '{calls}'\nif [[ $(wc -l < '{calls}') -eq 1 ]]; then head -n 40 '{log}'; exit 1; fi\ncat '{log}'\n",
+        calls = calls.display(),
+        log = log.display()
+    );
+    let torchrun = bin.join("torchrun");
+    std::fs::write(&torchrun, script).unwrap();
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&torchrun, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    (megatron, path)
+}
+
+#[test]
+fn cluster_trials_write_checked_scripts_on_a_dry_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let path = write(d, "plan.json", &plan_json(d));
+    let err = fails(
+        d,
+        &["validate", path.to_str().unwrap(), "--launch", "megatron"],
+    );
+    assert!(err.contains("--megatron-path"), "{err}");
+    let (megatron, _) = fake_cluster(d);
+    let out = run(
+        d,
+        &[
+            "validate",
+            path.to_str().unwrap(),
+            "--launch",
+            "megatron",
+            "--megatron-path",
+            megatron.to_str().unwrap(),
+            "--top",
+            "2",
+            "--dry-run",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for rank in [1, 2] {
+        let script = d.join(format!("reports/plan/candidate-{rank}/run.sh"));
+        let check = Command::new("bash")
+            .arg("-n")
+            .arg(&script)
+            .status()
+            .unwrap();
+        assert!(check.success(), "bash -n {}", script.display());
+    }
+    assert!(!d.join("reports/plan/runs-history.csv").exists());
+}
+
+#[test]
+fn cluster_trials_run_read_their_logs_keep_them_and_refit() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let plan = write(d, "plan.json", &plan_json(d));
+    let (megatron, path) = fake_cluster(d);
+    let out = Command::new(BIN)
+        .args([
+            "validate",
+            plan.to_str().unwrap(),
+            "--launch",
+            "megatron",
+            "--megatron-path",
+            megatron.to_str().unwrap(),
+            "--top",
+            "3",
+        ])
+        .current_dir(d)
+        .env("PATH", path)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The first run failed: said so, its log kept, the loop went on.
+    assert!(stdout.contains("candidate #1: the run failed"), "{stdout}");
+    assert!(d.join("reports/plan/candidate-1/run.log").is_file());
+    // The other two were read into the append-only history and refitted on.
+    let history = std::fs::read_to_string(d.join("reports/plan/runs-history.csv")).unwrap();
+    assert_eq!(history.lines().count(), 3, "{history}");
+    assert!(stdout.contains("310.8 ms per iteration"), "{stdout}");
+    assert!(stdout.contains("refit on 2 measured run(s)"), "{stdout}");
+}

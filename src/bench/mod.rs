@@ -18,13 +18,17 @@
 
 mod cuda;
 pub mod memory;
+mod nccl;
 mod sampler;
+#[cfg(feature = "torch")]
+mod torch_device;
 #[cfg(feature = "torch")]
 mod torch_layer;
 #[cfg(feature = "torch")]
 mod torch_stage;
 
 pub use cuda::{DeviceFacts, cuda_presence, device_facts};
+pub use nccl::{CommJob, bus_factor, check_comm_job, measure_comm, sweep_sizes};
 pub use sampler::{Sampler, StoppingRule, Summary, summarise};
 
 use cuda::cuda_memory_probe;
@@ -246,12 +250,68 @@ impl StageMeasurement {
     }
 }
 
+/// What `paratune profile device` measures with libtorch: square matrix
+/// multiplies of growing side, and a large device-to-device copy.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeviceJob {
+    pub device: Device,
+    pub dtype: Dtype,
+    /// Sides double from 256 up to this.
+    pub max_side: u64,
+    /// Bytes of the copied buffer.
+    pub copy_bytes: u64,
+    pub rule: StoppingRule,
+}
+
+/// One timed matrix multiply `[m, k] x [k, n]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MatmulPoint {
+    pub m: u64,
+    pub n: u64,
+    pub k: u64,
+    pub dtype: Dtype,
+    pub seconds: f64,
+    pub tflops: f64,
+    pub ci95_rel: Option<f64>,
+}
+
+/// A timed copy: `bytes` read and `bytes` written.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CopyPoint {
+    pub bytes: u64,
+    pub seconds: f64,
+    /// (read + written) / seconds, GB/s (10^9 bytes per second).
+    pub gbps: f64,
+    pub ci95_rel: Option<f64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeviceMeasurement {
+    pub matmul: Vec<MatmulPoint>,
+    pub copy: CopyPoint,
+    pub runtime: String,
+}
+
+/// Measures achievable matrix-multiply and copy throughput (`torch_device.rs`).
+#[cfg(feature = "torch")]
+pub fn measure_device(job: &DeviceJob) -> Result<DeviceMeasurement, BenchError> {
+    torch_device::measure(job)
+}
+
+#[cfg(not(feature = "torch"))]
+pub fn measure_device(_job: &DeviceJob) -> Result<DeviceMeasurement, BenchError> {
+    Err(BenchError::NotCompiled {
+        what: "measuring matrix multiplies and copies",
+    })
+}
+
 /// A measurement for the worker process, as JSON on its command line.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum WorkerJob {
     Layer(LayerJob),
     Stage(StageJob),
+    Device(DeviceJob),
 }
 
 /// The worker's answer, one JSON line on its standard output.
@@ -260,6 +320,7 @@ pub enum WorkerJob {
 pub enum WorkerReply {
     Layer(LayerMeasurement),
     Stage(StageMeasurement),
+    Device(DeviceMeasurement),
     /// The measurement could not run (bad job, no device, libtorch error).
     Error(String),
 }
@@ -273,6 +334,10 @@ pub fn run_worker_job(job: &WorkerJob) -> WorkerReply {
         },
         WorkerJob::Stage(job) => match measure_stage(job) {
             Ok(m) => WorkerReply::Stage(m),
+            Err(e) => WorkerReply::Error(e.to_string()),
+        },
+        WorkerJob::Device(job) => match measure_device(job) {
+            Ok(m) => WorkerReply::Device(m),
             Err(e) => WorkerReply::Error(e.to_string()),
         },
     }

@@ -113,6 +113,9 @@ pub enum Command {
     /// Build and inspect measured profiles (nccl-tests curves, layer times) for --profile.
     #[command(subcommand)]
     Profile(ProfileCommand),
+    /// Turn training logs into rows of a runs CSV (Megatron-LM logs).
+    #[command(subcommand)]
+    Ingest(super::ingest::IngestCommand),
     /// Check a plan by trial runs (local stage trials with libtorch, or Megatron-LM launch
     /// scripts), compare with the prediction, feed the measurements back and re-rank.
     Validate(Box<ValidateArgs>),

@@ -2,17 +2,21 @@
 //! in a fresh worker process (this binary, `profile worker --job JSON`),
 //! save the profile after every finished point, show progress.
 
-use super::args::{ProfileLayerArgs, RepetitionArgs, WorkerArgs};
+use super::args::{
+    ProfileCommArgs, ProfileDeviceArgs, ProfileLayerArgs, RepetitionArgs, WorkerArgs,
+};
 use super::commands::emit;
 use super::profile::{catalogue_gpu, open_profile, record_provenance};
 use super::resolve;
 use anyhow::{Context, Result, anyhow, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use paratune::bench::{
-    self, BenchError, Device, Dtype, LayerJob, StoppingRule, WorkerJob, WorkerReply,
+    self, BenchError, CommJob, Device, DeviceJob, Dtype, LayerJob, StoppingRule, WorkerJob,
+    WorkerReply,
 };
 use paratune::profile::{
-    LayerStatus, is_measured, layer_points, merge_layers, sweep_points, write_profile,
+    DeviceProfile, LayerStatus, is_measured, layer_points, merge_collectives, merge_layers,
+    sweep_points, write_profile,
 };
 use std::fmt::Write as _;
 use std::io::Read;
@@ -307,10 +311,160 @@ fn layer_table(rows: &[(paratune::profile::SweepPoint, bench::LayerMeasurement)]
     text
 }
 
-pub fn profile_device(_args: &super::args::ProfileDeviceArgs) -> Result<()> {
-    bail!("profile device: not built yet")
+pub fn profile_device(args: &ProfileDeviceArgs) -> Result<()> {
+    let device = parse_device(&args.device)?;
+    let dtype = parse_dtype(&args.dtype)?;
+    let rule = stopping_rule(&args.repetitions)?;
+    let out = &args.provenance.out;
+    check_writable(out, "--out")?;
+    if out.join(paratune::profile::ENVIRONMENT_FILE).is_file() {
+        paratune::profile::read_profile(out)?;
+    }
+    bench::check_device(device)?;
+    let facts = match device {
+        Device::Cpu => None,
+        Device::Cuda(_) => match bench::device_facts(device) {
+            Ok(facts) => Some(facts),
+            Err(BenchError::NotCompiledCuda { .. }) => None,
+            Err(e) => return Err(e.into()),
+        },
+    };
+    if !bench::TORCH_COMPILED {
+        return Err(BenchError::NotCompiled {
+            what: "`profile device` (matrix multiplies and copies)",
+        }
+        .into());
+    }
+    let mut profile = open_profile(&args.provenance, detected_gpu(device).as_deref())?;
+    let job = DeviceJob {
+        device,
+        dtype,
+        max_side: args.max_side,
+        copy_bytes: if device.is_cuda() { 1 << 30 } else { 64 << 20 },
+        rule,
+    };
+    let spinner = ProgressBar::new_spinner();
+    spinner.set_message(format!(
+        "profile device: matrix multiplies and a copy on {device}"
+    ));
+    spinner.enable_steady_tick(Duration::from_millis(200));
+    let reply = spawn_worker(&WorkerJob::Device(job), Duration::from_secs(3600));
+    spinner.finish_and_clear();
+    let measured = match reply {
+        Ok(WorkerReply::Device(m)) => m,
+        Ok(WorkerReply::Error(e)) | Err(e) => bail!("profile device on {device}: {e}"),
+        Ok(other) => bail!("unexpected worker reply {other:?}"),
+    };
+    let mut report = String::new();
+    if let Some(f) = &facts {
+        let _ = writeln!(
+            report,
+            "{} (cuda:{}): {:.1} GiB, {} SMs at {:.0} MHz, compute capability {}, memory {:.0} MHz x {} bits, driver {}",
+            f.name,
+            f.index,
+            f.memory_bytes / 1024f64.powi(3),
+            f.multiprocessors,
+            f.sm_clock_mhz,
+            f.compute_capability,
+            f.memory_clock_mhz,
+            f.memory_bus_bits,
+            f.driver_version
+        );
+    }
+    let _ = writeln!(
+        report,
+        "{}; {} matrix multiplies:",
+        measured.runtime,
+        dtype.name()
+    );
+    let _ = writeln!(report, "  side        ms   TFLOP/s   ±95%");
+    for p in &measured.matmul {
+        let _ = writeln!(
+            report,
+            "{:>6}  {:>8.3}  {:>8.2}  {:>5}",
+            p.m,
+            p.seconds * 1e3,
+            p.tflops,
+            p.ci95_rel
+                .map_or("-".into(), |c| format!("{:.1}%", c * 100.0))
+        );
+    }
+    let _ = writeln!(
+        report,
+        "copy of {:.0} MiB: {:.1} GB/s (read + write)",
+        measured.copy.bytes as f64 / MIB,
+        measured.copy.gbps
+    );
+    profile.device = Some(DeviceProfile {
+        device: device.to_string(),
+        facts,
+        matmul: measured.matmul,
+        copy: Some(measured.copy),
+        runtime: measured.runtime,
+    });
+    record_provenance(&mut profile, &args.provenance, &[]);
+    write_profile(out, &profile)?;
+    let _ = writeln!(report, "{}: device.toml written", out.display());
+    emit(&report)
 }
 
-pub fn profile_comm(_args: &super::args::ProfileCommArgs) -> Result<()> {
-    bail!("profile comm: not built yet")
+pub fn profile_comm(args: &ProfileCommArgs) -> Result<()> {
+    let job = CommJob {
+        gpus: args.gpus.clone(),
+        max_bytes: args.max_bytes.0 as u64,
+        rule: stopping_rule(&args.repetitions)?,
+    };
+    bench::check_comm_job(&job)?;
+    let out = &args.provenance.out;
+    check_writable(out, "--out")?;
+    if out.join(paratune::profile::ENVIRONMENT_FILE).is_file() {
+        paratune::profile::read_profile(out)?;
+    }
+    for &gpu in &job.gpus {
+        bench::check_device(Device::Cuda(gpu))?;
+    }
+    let detected = detected_gpu(Device::Cuda(job.gpus[0]));
+    let mut profile = open_profile(&args.provenance, detected.as_deref())?;
+    let steps =
+        bench::sweep_sizes(job.max_bytes).len() * paratune::profile::CollectiveOp::ALL.len();
+    let bar = progress(steps, "profile comm");
+    let points = bench::measure_comm(&job, |op, bytes| {
+        bar.set_message(format!("{op} {} KiB", bytes / 1024));
+        bar.inc(1);
+    });
+    bar.finish_and_clear();
+    let points = points?;
+    merge_collectives(&mut profile.collectives, &points);
+    record_provenance(
+        &mut profile,
+        &args.provenance,
+        &[format!(
+            "collectives: NCCL over GPUs {:?} in one process (`paratune profile comm`), out-of-place fp32, nccl-tests' size and bus-bandwidth conventions",
+            job.gpus
+        )],
+    );
+    write_profile(out, &profile)?;
+    let mut report = String::new();
+    for op in paratune::profile::CollectiveOp::ALL {
+        if let Some(best) = points
+            .iter()
+            .filter(|p| p.op == op)
+            .max_by(|a, b| a.busbw.total_cmp(&b.busbw))
+        {
+            let _ = writeln!(
+                report,
+                "{op} over {} GPUs: peak bus bandwidth {:.1} GB/s at {:.0} MiB",
+                best.ranks,
+                best.busbw,
+                best.bytes / MIB
+            );
+        }
+    }
+    let _ = writeln!(
+        report,
+        "{}: {} collective points",
+        out.display(),
+        profile.collectives.len()
+    );
+    emit(&report)
 }

@@ -3,6 +3,7 @@
 pub mod args;
 pub mod calibrate;
 pub mod commands;
+pub mod ingest;
 pub mod measure;
 pub mod profile;
 pub mod render;

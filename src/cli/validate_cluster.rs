@@ -1,10 +1,231 @@
 //! `paratune validate --launch megatron`: cluster trials through Megatron-LM.
+//! Writes one launch script per candidate; unless `--dry-run`, runs each
+//! (killed after `--timeout`), reads its log into a run row (append-only,
+//! fsync per row), refits the cost model on every row measured so far and
+//! re-ranks the plan's candidates.
 
-use super::args::ValidateArgs;
-use anyhow::{Result, bail};
+use super::args::{Launcher as LauncherArg, ValidateArgs};
+use super::commands::emit;
+use super::measure::check_writable;
+use super::resolve;
+use anyhow::{Result, anyhow};
+use paratune::calibrate::{CalibrateError, Dataset, FitOptions, calibrate};
+use paratune::coefficients::CostModel;
+use paratune::config::Recompute;
+use paratune::cost::predict;
 use paratune::plan_file::PlanFile;
+use paratune::report::{ranking_change, render_markdown};
+use paratune::runs::{RowDefaults, RunHistory, RunTable, runs_from_table};
+use paratune::validate::launch::{LaunchSettings, Launcher, ScriptOutcome, write_launch_scripts};
+use paratune::validate::local::job_of;
+use paratune::validate::megatron_log::{self, DEFAULT_WARMUP, ROW_COLUMNS};
+use std::fmt::Write as _;
 use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
-pub fn run(_args: &ValidateArgs, _plan: &PlanFile, _out: &Path) -> Result<()> {
-    bail!("cluster trials: being wired")
+pub fn run(args: &ValidateArgs, plan: &PlanFile, out: &Path) -> Result<()> {
+    check_writable(out, "--out")?;
+    let launcher = match args.launcher {
+        LauncherArg::Torchrun => Launcher::Torchrun,
+        LauncherArg::Srun => Launcher::Srun,
+    };
+    let mut settings = LaunchSettings::new(args.megatron_path.clone(), launcher);
+    settings.train_iters = args.iterations as u64;
+    let mut top = plan.clone();
+    top.candidates.truncate(args.top);
+    let outcomes = write_launch_scripts(&top, &settings, out)?;
+    let mut report = String::new();
+    let mut scripts = Vec::new();
+    for outcome in &outcomes {
+        match outcome {
+            ScriptOutcome::Written { rank, path } => {
+                let _ = writeln!(report, "candidate #{rank}: {}", path.display());
+                scripts.push((*rank, path.clone()));
+            }
+            ScriptOutcome::Skipped { rank, reason } => {
+                let _ = writeln!(report, "candidate #{rank}: no script ({reason})");
+            }
+        }
+    }
+    if args.dry_run {
+        let _ = writeln!(
+            report,
+            "dry run: nothing was started. Run a script on the cluster, then `paratune ingest megatron-log {}/candidate-N/run.log --out runs.csv` (or rerun without --dry-run to let validate run them, read their logs and refit)",
+            out.display()
+        );
+        return emit(&report);
+    }
+
+    let history_path = out.join("runs-history.csv");
+    let (mut history, repaired) = RunHistory::open(&history_path, &ROW_COLUMNS)?;
+    if let Some(repair) = repaired {
+        let _ = writeln!(report, "note: {repair}");
+    }
+    let timeout = Duration::from_secs_f64(args.timeout.max(1.0));
+    for (rank, script) in &scripts {
+        let log = script.with_file_name("run.log");
+        eprintln!("candidate #{rank}: running {} ...", script.display());
+        match run_script(script, timeout) {
+            Ok(()) => match megatron_log::read(&log, DEFAULT_WARMUP) {
+                Ok(run) => {
+                    let row = run.row(&log.display().to_string(), "paratune validate")?;
+                    history.append(&row)?;
+                    let _ = writeln!(
+                        report,
+                        "candidate #{rank}: {}: {:.1} ms per iteration (steady state, {} iterations){}",
+                        run.config.summary(),
+                        run.steady_mean_ms,
+                        run.steady_iterations,
+                        run.peak_allocated_bytes
+                            .map(|b| format!(", peak {:.1} GiB allocated", b / 1024f64.powi(3)))
+                            .unwrap_or_default()
+                    );
+                }
+                Err(e) => {
+                    let _ = writeln!(report, "candidate #{rank}: its log does not read: {e}");
+                }
+            },
+            Err(why) => {
+                let _ = writeln!(
+                    report,
+                    "candidate #{rank}: {why}; its log is {} (kept)",
+                    log.display()
+                );
+            }
+        }
+    }
+    refit_and_rerank(args, plan, &history_path, &mut report)?;
+    emit(&report)
+}
+
+/// The coefficients a refit on a handful of trial runs frees first: those
+/// that move every configuration's time the most.
+const REFIT_ORDER: [&str; 6] = [
+    "gemm_efficiency",
+    "microbatch_overhead_ms",
+    "iteration_overhead_ms",
+    "host_us_per_layer_pass",
+    "hbm_efficiency",
+    "inter_node_efficiency",
+];
+
+/// Runs `bash SCRIPT`, killed after `timeout`.
+fn run_script(script: &Path, timeout: Duration) -> Result<(), String> {
+    let mut child = Command::new("bash")
+        .arg(script)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("could not start bash: {e}"))?;
+    let start = Instant::now();
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) if status.success() => return Ok(()),
+            Ok(Some(status)) => return Err(format!("the run failed ({status})")),
+            Ok(None) if start.elapsed() > timeout => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!(
+                    "killed after the {} s timeout (--timeout)",
+                    timeout.as_secs_f64()
+                ));
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(500)),
+            Err(e) => return Err(format!("lost the run: {e}")),
+        }
+    }
+}
+
+/// Refits the plan's cost model on every run measured so far and prints how
+/// the ranking of the plan's candidates moved.
+fn refit_and_rerank(
+    args: &ValidateArgs,
+    plan: &PlanFile,
+    history: &Path,
+    report: &mut String,
+) -> Result<()> {
+    let Ok(table) = RunTable::read(history) else {
+        let _ = writeln!(report, "no run was measured: nothing to refit");
+        return Ok(());
+    };
+    let job = job_of(plan);
+    let defaults = RowDefaults {
+        model: plan.model.clone(),
+        ..RowDefaults::gpt(
+            plan.model.vocab,
+            plan.model.seq_len,
+            plan.model.attention,
+            Recompute::None,
+        )
+    };
+    let runs = runs_from_table(&table, &defaults, job.gpus_per_node())?;
+    let prior: CostModel = resolve::cost_model(
+        Some(args.cost_model.as_deref().unwrap_or(&plan.cost_model)),
+        &plan.nodes.gpu.name,
+    )?;
+    let dataset = Dataset {
+        name: history.display().to_string(),
+        runs,
+        group: plan.nodes.clone(),
+    };
+    // A few trial runs cannot inform every coefficient: fit as many of the
+    // most influential ones as the rows allow, the rest keep the plan's.
+    let mut free = REFIT_ORDER.len().min(table.rows.len());
+    let fitted = loop {
+        let options = FitOptions {
+            free: Some(REFIT_ORDER[..free].iter().map(|s| s.to_string()).collect()),
+            folds: 0,
+            bootstrap: 0,
+            ..FitOptions::default()
+        };
+        match calibrate(
+            std::slice::from_ref(&dataset),
+            &prior,
+            &format!("{}-refit", prior.name),
+            &options,
+        ) {
+            Err(CalibrateError::TooFewRuns { .. }) if free > 1 => free -= 1,
+            Err(CalibrateError::TooFewRuns { .. }) => {
+                let _ = writeln!(
+                    report,
+                    "\n{} measured run(s): too few to refit any coefficient yet; trial more candidates (--top) or ingest more runs",
+                    table.rows.len()
+                );
+                return Ok(());
+            }
+            other => break other.map_err(|e| anyhow!("refit on {}: {e}", history.display()))?,
+        }
+    };
+    let _ = writeln!(
+        report,
+        "\nrefitted {}",
+        fitted
+            .coefficients
+            .iter()
+            .filter(|c| REFIT_ORDER[..free].contains(&c.name))
+            .map(|c| format!("{} {:.4} -> {:.4}", c.name, c.prior, c.value))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let rank = |cost: &CostModel| -> Vec<(String, f64)> {
+        let s = job.scenario(cost);
+        let mut ranked: Vec<(String, f64)> = plan
+            .candidates
+            .iter()
+            .map(|c| (c.config.to_string(), predict(&s, &c.config).iteration_s))
+            .collect();
+        ranked.sort_by(|a, b| a.1.total_cmp(&b.1));
+        ranked
+    };
+    let change = ranking_change(&rank(&prior), &rank(&fitted.model))?;
+    let _ = writeln!(
+        report,
+        "\nrefit on {} measured run(s) of {}:",
+        table.rows.len(),
+        history.display()
+    );
+    report.push_str(&render_markdown(&change));
+    Ok(())
 }

@@ -22,6 +22,7 @@ mod lookup;
 mod store;
 mod sweep;
 
+pub use crate::bench::{CopyPoint, DeviceFacts, MatmulPoint};
 pub use import::{
     NcclLog, merge_collectives, merge_layers, parse_korthikanti_layers, parse_nccl_tests,
     parse_reference_collectives, read_text,
@@ -38,6 +39,7 @@ use std::fmt;
 pub const ENVIRONMENT_FILE: &str = "environment.toml";
 pub const COLLECTIVES_TABLE: &str = "collectives";
 pub const LAYERS_TABLE: &str = "layers";
+pub const DEVICE_FILE: &str = "device.toml";
 
 /// Where, on what and by what the measurements of a profile were taken.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -207,12 +209,37 @@ impl LayerPoint {
     }
 }
 
+/// What `paratune profile device` found: the driver's facts about the GPU
+/// (with the `cuda` feature) and achievable matrix-multiply and copy rates.
+/// Kept in `DIR/device.toml`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeviceProfile {
+    /// The device measured (`cpu`, `cuda:0`).
+    pub device: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub facts: Option<crate::bench::DeviceFacts>,
+    #[serde(default)]
+    pub matmul: Vec<crate::bench::MatmulPoint>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub copy: Option<crate::bench::CopyPoint>,
+    #[serde(default)]
+    pub runtime: String,
+}
+
+impl DeviceProfile {
+    /// The highest matrix-multiply rate measured, TFLOP/s.
+    pub fn best_tflops(&self) -> Option<f64> {
+        self.matmul.iter().map(|p| p.tflops).reduce(f64::max)
+    }
+}
+
 /// A whole profile in memory.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Profile {
     pub environment: Environment,
     pub collectives: Vec<CollectivePoint>,
     pub layers: Vec<LayerPoint>,
+    pub device: Option<DeviceProfile>,
 }
 
 impl Profile {
@@ -221,6 +248,7 @@ impl Profile {
             environment: Environment::new(gpu),
             collectives: Vec::new(),
             layers: Vec::new(),
+            device: None,
         }
     }
 }

@@ -8,8 +8,8 @@
 //! fails with one line naming the file; nothing is overwritten.
 
 use super::{
-    COLLECTIVES_TABLE, CollectiveOp, CollectivePoint, ENVIRONMENT_FILE, Environment, LAYERS_TABLE,
-    LayerPoint, LayerStatus, Profile, ProfileError,
+    COLLECTIVES_TABLE, CollectiveOp, CollectivePoint, DEVICE_FILE, ENVIRONMENT_FILE, Environment,
+    LAYERS_TABLE, LayerPoint, LayerStatus, Profile, ProfileError,
 };
 use crate::config::Recompute;
 use polars::prelude::*;
@@ -49,10 +49,24 @@ pub fn read_profile(dir: &Path) -> Result<Profile, ProfileError> {
         Some((path, df)) => layers_from(&df).map_err(|message| corrupt(&path, message))?,
         None => Vec::new(),
     };
+    let device_path = dir.join(DEVICE_FILE);
+    let device = if device_path.is_file() {
+        let text = std::fs::read_to_string(&device_path).map_err(|cause| ProfileError::Read {
+            path: device_path.display().to_string(),
+            cause,
+        })?;
+        Some(toml::from_str(&text).map_err(|e| ProfileError::Corrupt {
+            path: device_path.display().to_string(),
+            message: crate::toml_error::one_line(&e, &text, "rerun `paratune profile device`"),
+        })?)
+    } else {
+        None
+    };
     Ok(Profile {
         environment,
         collectives,
         layers,
+        device,
     })
 }
 
@@ -74,6 +88,16 @@ pub fn write_profile(dir: &Path, profile: &Profile) -> Result<(), ProfileError> 
         message: first_line(&e.to_string()),
     })?;
     write_table(dir, LAYERS_TABLE, &mut layers)?;
+    if let Some(device) = &profile.device {
+        let path = dir.join(DEVICE_FILE);
+        let text = toml::to_string_pretty(device).map_err(|e| ProfileError::Write {
+            path: path.display().to_string(),
+            message: e.to_string(),
+        })?;
+        write_file_atomically(dir, &path, |file| {
+            Ok(std::io::Write::write_all(file, text.as_bytes())?)
+        })?;
+    }
     let env_path = dir.join(ENVIRONMENT_FILE);
     let text = toml::to_string_pretty(&profile.environment).map_err(|e| ProfileError::Write {
         path: env_path.display().to_string(),

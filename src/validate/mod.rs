@@ -1,4 +1,6 @@
 //! Validating a plan by trial runs (`paratune validate`) and feeding what
 //! they measure back into the cost model.
 
+pub mod launch;
 pub mod local;
+pub mod megatron_log;

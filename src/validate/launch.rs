@@ -1,0 +1,877 @@
+//! Launch scripts for trial runs of a plan: for each candidate of a plan
+//! file, a bash script that runs Megatron-LM's `pretrain_gpt.py` with the
+//! candidate's arguments for a few iterations on synthetic data, logging
+//! every iteration, so that `paratune ingest megatron-log` can read back what
+//! the candidate really takes.
+//!
+//! The flags the scripts add are those of Megatron-LM's
+//! `megatron/training/arguments.py` (NVIDIA/Megatron-LM main, commit
+//! 000c4ac, the commit `export/megatron.rs` was checked against):
+//! `group.add_argument('--train-iters', type=int, ...)` and
+//! `group.add_argument('--log-interval', type=int, default=100, ...)`
+//! (`_add_training_args`), `group.add_argument('--log-throughput',
+//! action='store_true', ...)` (`_add_logging_args`),
+//! `group.add_argument('--eval-iters', type=int, default=100, ...)`
+//! (`_add_validation_args`), `group.add_argument('--mock-data',
+//! action='store_true', ...)` (`_add_data_args`), `--tokenizer-type` with the
+//! choice `'NullTokenizer'` and `--vocab-size` (`_add_tokenizer_args`), and
+//! `--lr` (`_add_learning_rate_args`, default `None`, which the optimizer
+//! cannot use).
+//!
+//! [`launch_script`] is pure; [`write_launch_scripts`] checks the Megatron-LM
+//! checkout and writes the scripts atomically.
+
+use crate::plan_file::{PlanFile, PlannedCandidate};
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+/// Iterations a trial runs by default: enough for a steady state after the
+/// warm-up that `ingest` leaves out.
+pub const DEFAULT_TRAIN_ITERS: u64 = 20;
+/// Fewer iterations leave nothing after the default warm-up of
+/// [`crate::validate::megatron_log::DEFAULT_WARMUP`] logged iterations.
+pub const MIN_TRAIN_ITERS: u64 = crate::validate::megatron_log::DEFAULT_WARMUP as u64 + 1;
+/// The learning rate of the trial: any positive value times the same.
+const TRIAL_LR: &str = "1.0e-4";
+
+/// How the processes of a trial are started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Launcher {
+    /// PyTorch's `torchrun`, one call per node (`NNODES`, `NODE_RANK`,
+    /// `MASTER_ADDR` from the environment, defaults for one node).
+    Torchrun,
+    /// Slurm's `srun`, one task per GPU, inside an allocation.
+    Srun,
+}
+
+impl Launcher {
+    pub const ALL: [Launcher; 2] = [Launcher::Torchrun, Launcher::Srun];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Launcher::Torchrun => "torchrun",
+            Launcher::Srun => "srun",
+        }
+    }
+}
+
+/// What every script of a plan shares.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LaunchSettings {
+    /// The Megatron-LM checkout (the folder holding `pretrain_gpt.py`). The
+    /// script's default for `MEGATRON_PATH`; without it the script needs
+    /// `MEGATRON_PATH` set when it runs.
+    pub megatron_path: Option<PathBuf>,
+    pub launcher: Launcher,
+    pub train_iters: u64,
+}
+
+impl LaunchSettings {
+    pub fn new(megatron_path: Option<PathBuf>, launcher: Launcher) -> Self {
+        LaunchSettings {
+            megatron_path,
+            launcher,
+            train_iters: DEFAULT_TRAIN_ITERS,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    #[error(
+        "no Megatron-LM checkout given; pass --megatron-path DIR, the folder of a Megatron-LM clone (git clone https://github.com/NVIDIA/Megatron-LM) that holds pretrain_gpt.py"
+    )]
+    NoMegatronPath,
+    #[error(
+        "--megatron-path {path}: {problem}; pass the folder of a Megatron-LM clone (git clone https://github.com/NVIDIA/Megatron-LM) that holds pretrain_gpt.py"
+    )]
+    BadMegatronPath { path: String, problem: String },
+    #[error("candidate {rank}: Megatron-LM cannot run it as planned: {reason}")]
+    Unsupported { rank: usize, reason: String },
+    #[error(
+        "--train-iters {0} leaves no iteration after the warm-up; give at least {MIN_TRAIN_ITERS} (default {DEFAULT_TRAIN_ITERS})"
+    )]
+    TooFewIterations(u64),
+    #[error(
+        "the plan's {gpus} GPUs do not fill whole nodes of {gpus_per_node}; {launcher} starts the same number of processes on every node, so plan for a multiple of {gpus_per_node} GPUs (or fewer than one node)"
+    )]
+    UnevenNodes {
+        gpus: u64,
+        gpus_per_node: u64,
+        launcher: &'static str,
+    },
+    #[error("cannot write {path}: {message}")]
+    Write { path: String, message: String },
+}
+
+/// What happened to one candidate of a plan.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ScriptOutcome {
+    Written {
+        rank: usize,
+        path: PathBuf,
+    },
+    /// No script: Megatron-LM cannot run the candidate (its `megatron_unsupported`).
+    Skipped {
+        rank: usize,
+        reason: String,
+    },
+}
+
+/// The checkout at `path` as an absolute folder, if it holds `pretrain_gpt.py`.
+pub fn check_megatron_path(path: Option<&Path>) -> Result<PathBuf, LaunchError> {
+    let path = path.ok_or(LaunchError::NoMegatronPath)?;
+    let bad = |problem: String| LaunchError::BadMegatronPath {
+        path: path.display().to_string(),
+        problem,
+    };
+    let absolute = std::fs::canonicalize(path).map_err(|e| bad(format!("not found ({e})")))?;
+    if !absolute.is_dir() {
+        return Err(bad("is not a folder".into()));
+    }
+    if !absolute.join("pretrain_gpt.py").is_file() {
+        return Err(bad("has no pretrain_gpt.py".into()));
+    }
+    Ok(absolute)
+}
+
+/// Processes per node and nodes for `gpus` GPUs on nodes of `gpus_per_node`.
+fn node_shape(
+    gpus: u64,
+    gpus_per_node: u64,
+    launcher: Launcher,
+) -> Result<(u64, u64), LaunchError> {
+    let per_node = gpus_per_node.max(1);
+    if gpus <= per_node {
+        Ok((gpus.max(1), 1))
+    } else if gpus.is_multiple_of(per_node) {
+        Ok((per_node, gpus / per_node))
+    } else {
+        Err(LaunchError::UnevenNodes {
+            gpus,
+            gpus_per_node: per_node,
+            launcher: launcher.name(),
+        })
+    }
+}
+
+/// Quotes `word` for bash when it holds anything beyond the characters that
+/// never need quoting.
+fn quote(word: &str) -> String {
+    let plain = !word.is_empty()
+        && word
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c));
+    if plain {
+        word.to_string()
+    } else {
+        format!("'{}'", word.replace('\'', r"'\''"))
+    }
+}
+
+/// A bash array `NAME=(...)` with one flag and its values per line.
+fn bash_array(out: &mut String, name: &str, args: &[String]) {
+    let mut groups: Vec<Vec<String>> = Vec::new();
+    for arg in args {
+        match groups.last_mut() {
+            Some(group) if !arg.starts_with("--") => group.push(quote(arg)),
+            _ => groups.push(vec![quote(arg)]),
+        }
+    }
+    let _ = writeln!(out, "{name}=(");
+    for group in groups {
+        let _ = writeln!(out, "    {}", group.join(" "));
+    }
+    let _ = writeln!(out, ")");
+}
+
+/// The launch script of `candidate`, a candidate of `plan`. Pure: nothing
+/// is checked on disk.
+pub fn launch_script(
+    plan: &PlanFile,
+    candidate: &PlannedCandidate,
+    settings: &LaunchSettings,
+) -> Result<String, LaunchError> {
+    let Some(megatron_args) = &candidate.megatron_args else {
+        return Err(LaunchError::Unsupported {
+            rank: candidate.rank,
+            reason: candidate
+                .megatron_unsupported
+                .clone()
+                .unwrap_or_else(|| "the plan file gives no Megatron-LM arguments".into()),
+        });
+    };
+    if settings.train_iters < MIN_TRAIN_ITERS {
+        return Err(LaunchError::TooFewIterations(settings.train_iters));
+    }
+    let launcher = settings.launcher;
+    let (gpus_per_node, nodes) = node_shape(plan.gpus, plan.nodes.gpus_per_node, launcher)?;
+    let model = &plan.model;
+    let p = &candidate.prediction;
+    let gpus = plan.gpus;
+
+    let mut s = String::new();
+    let _ = writeln!(s, "#!/usr/bin/env bash");
+    let _ = writeln!(
+        s,
+        "# Trial run of candidate {} of a paratune plan: {}",
+        candidate.rank, candidate.config
+    );
+    let _ = writeln!(
+        s,
+        "#   model {}: {} layers, hidden {}, {} heads, sequence {}; global batch {}; {gpus} GPUs ({} x {gpus_per_node})",
+        model.name,
+        model.layers,
+        model.hidden,
+        model.heads,
+        model.seq_len,
+        plan.global_batch,
+        nodes
+    );
+    let _ = writeln!(
+        s,
+        "#   predicted by cost model {}: {:.1} ms per iteration, {:.1} TFLOP/s per GPU, peak memory {:.2} GiB",
+        plan.cost_model,
+        p.iteration_s * 1e3,
+        p.tflops_per_gpu,
+        p.peak_memory_gib()
+    );
+    let _ = writeln!(
+        s,
+        "# Written by paratune {}. Runs Megatron-LM's pretrain_gpt.py for {} iterations on",
+        env!("CARGO_PKG_VERSION"),
+        settings.train_iters
+    );
+    let _ = writeln!(
+        s,
+        "# synthetic data, logging every iteration, into a log file beside this script; then"
+    );
+    let _ = writeln!(
+        s,
+        "#   paratune ingest megatron-log <that log> --out runs.csv"
+    );
+    let _ = writeln!(
+        s,
+        "# turns the log into a measured row to compare with the plan."
+    );
+    if launcher == Launcher::Torchrun && nodes > 1 {
+        let _ = writeln!(
+            s,
+            "# On {nodes} nodes: run it on every node with NODE_RANK=0..{} and MASTER_ADDR set to node 0,",
+            nodes - 1
+        );
+        let _ = writeln!(
+            s,
+            "# then join the logs (cat run-node*.log > run.log) before ingesting: rank 0 prints"
+        );
+        let _ = writeln!(s, "# the arguments, the last rank the iteration lines.");
+    }
+    let _ = writeln!(s, "set -euo pipefail");
+    let _ = writeln!(s);
+    let _ = writeln!(
+        s,
+        "SCRIPT_DIR=\"$(cd \"$(dirname \"${{BASH_SOURCE[0]}}\")\" && pwd)\""
+    );
+    match &settings.megatron_path {
+        Some(path) => {
+            let _ = writeln!(
+                s,
+                "MEGATRON_PATH=\"${{MEGATRON_PATH:-{}}}\"",
+                quote(&path.display().to_string())
+            );
+        }
+        None => {
+            let _ = writeln!(
+                s,
+                "MEGATRON_PATH=\"${{MEGATRON_PATH:?set MEGATRON_PATH to a Megatron-LM checkout}}\""
+            );
+        }
+    }
+    let _ = writeln!(
+        s,
+        "if [[ ! -f \"${{MEGATRON_PATH}}/pretrain_gpt.py\" ]]; then"
+    );
+    let _ = writeln!(
+        s,
+        "    echo \"error: ${{MEGATRON_PATH}}/pretrain_gpt.py not found; set MEGATRON_PATH to a Megatron-LM checkout (git clone https://github.com/NVIDIA/Megatron-LM)\" >&2"
+    );
+    let _ = writeln!(s, "    exit 2");
+    let _ = writeln!(s, "fi");
+    let _ = writeln!(s);
+
+    let _ = writeln!(s, "# Where the {gpus} GPUs are.");
+    match launcher {
+        Launcher::Torchrun => {
+            let _ = writeln!(s, "GPUS_PER_NODE=\"${{GPUS_PER_NODE:-{gpus_per_node}}}\"");
+            let _ = writeln!(s, "NNODES=\"${{NNODES:-{nodes}}}\"");
+            let _ = writeln!(s, "NODE_RANK=\"${{NODE_RANK:-0}}\"");
+            let _ = writeln!(s, "MASTER_ADDR=\"${{MASTER_ADDR:-localhost}}\"");
+            let _ = writeln!(s, "MASTER_PORT=\"${{MASTER_PORT:-6000}}\"");
+        }
+        Launcher::Srun => {
+            let _ = writeln!(s, "if [[ -z \"${{SLURM_JOB_ID:-}}\" ]]; then");
+            let _ = writeln!(
+                s,
+                "    echo \"error: run this script inside a Slurm allocation of {nodes} node(s) with {gpus_per_node} GPUs each (sbatch or salloc)\" >&2"
+            );
+            let _ = writeln!(s, "    exit 2");
+            let _ = writeln!(s, "fi");
+            let _ = writeln!(s, "GPUS_PER_NODE=\"${{GPUS_PER_NODE:-{gpus_per_node}}}\"");
+            let _ = writeln!(s, "NNODES=\"${{NNODES:-${{SLURM_NNODES:-{nodes}}}}}\"");
+            let _ = writeln!(
+                s,
+                "MASTER_ADDR=\"${{MASTER_ADDR:-$(scontrol show hostnames \"${{SLURM_JOB_NODELIST}}\" | head -n 1)}}\""
+            );
+            let _ = writeln!(s, "MASTER_PORT=\"${{MASTER_PORT:-6000}}\"");
+        }
+    }
+    let _ = writeln!(s, "if (( GPUS_PER_NODE * NNODES != {gpus} )); then");
+    let _ = writeln!(
+        s,
+        "    echo \"error: GPUS_PER_NODE x NNODES = $(( GPUS_PER_NODE * NNODES )) GPUs, but the plan is for {gpus}\" >&2"
+    );
+    let _ = writeln!(s, "    exit 2");
+    let _ = writeln!(s, "fi");
+    match launcher {
+        Launcher::Torchrun => {
+            let _ = writeln!(s, "if (( NNODES > 1 )); then");
+            let _ = writeln!(
+                s,
+                "    LOG_FILE=\"${{SCRIPT_DIR}}/run-node${{NODE_RANK}}.log\""
+            );
+            let _ = writeln!(s, "else");
+            let _ = writeln!(s, "    LOG_FILE=\"${{SCRIPT_DIR}}/run.log\"");
+            let _ = writeln!(s, "fi");
+        }
+        Launcher::Srun => {
+            let _ = writeln!(s, "LOG_FILE=\"${{SCRIPT_DIR}}/run.log\"");
+        }
+    }
+    let _ = writeln!(s);
+
+    let _ = writeln!(
+        s,
+        "# The candidate's Megatron-LM arguments, as `paratune plan` exported them."
+    );
+    bash_array(&mut s, "MEGATRON_ARGS", megatron_args);
+    let _ = writeln!(
+        s,
+        "# The trial: every iteration logged with its throughput, no evaluation."
+    );
+    let trial: Vec<String> = [
+        "--train-iters",
+        &settings.train_iters.to_string(),
+        "--log-interval",
+        "1",
+        "--log-throughput",
+        "--eval-iters",
+        "0",
+        "--lr",
+        TRIAL_LR,
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    bash_array(&mut s, "TRIAL_ARGS", &trial);
+    let _ = writeln!(
+        s,
+        "# DATA: synthetic tokens, so no data set is needed. NullTokenizer adds one"
+    );
+    let _ = writeln!(
+        s,
+        "# token to the vocabulary size it is given, so the model gets the plan's {}.",
+        model.vocab
+    );
+    let _ = writeln!(
+        s,
+        "# To time real data instead, replace these with a data path and a tokenizer."
+    );
+    let data: Vec<String> = [
+        "--mock-data",
+        "--tokenizer-type",
+        "NullTokenizer",
+        "--vocab-size",
+        &model.vocab.saturating_sub(1).max(1).to_string(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    bash_array(&mut s, "DATA_ARGS", &data);
+    let _ = writeln!(s);
+    let _ = writeln!(
+        s,
+        "export CUDA_DEVICE_MAX_CONNECTIONS=\"${{CUDA_DEVICE_MAX_CONNECTIONS:-1}}\""
+    );
+    let _ = writeln!(s, "cd \"${{MEGATRON_PATH}}\"");
+    match launcher {
+        Launcher::Torchrun => {
+            let _ = writeln!(
+                s,
+                "torchrun --nproc_per_node \"${{GPUS_PER_NODE}}\" --nnodes \"${{NNODES}}\" --node_rank \"${{NODE_RANK}}\" \\"
+            );
+            let _ = writeln!(
+                s,
+                "    --master_addr \"${{MASTER_ADDR}}\" --master_port \"${{MASTER_PORT}}\" \\"
+            );
+            let _ = writeln!(
+                s,
+                "    pretrain_gpt.py \"${{MEGATRON_ARGS[@]}}\" \"${{TRIAL_ARGS[@]}}\" \"${{DATA_ARGS[@]}}\" 2>&1 | tee \"${{LOG_FILE}}\""
+            );
+        }
+        Launcher::Srun => {
+            let _ = writeln!(
+                s,
+                "# Megatron-LM reads its rank and the world size from RANK, LOCAL_RANK and WORLD_SIZE."
+            );
+            let _ = writeln!(s, "export MASTER_ADDR MASTER_PORT MEGATRON_PATH");
+            let _ = writeln!(
+                s,
+                "srun --nodes=\"${{NNODES}}\" --ntasks-per-node=\"${{GPUS_PER_NODE}}\" --kill-on-bad-exit=1 \\"
+            );
+            let _ = writeln!(
+                s,
+                "    bash -c 'export RANK=\"${{SLURM_PROCID}}\" LOCAL_RANK=\"${{SLURM_LOCALID}}\" WORLD_SIZE=\"${{SLURM_NTASKS}}\"; exec python \"${{MEGATRON_PATH}}/pretrain_gpt.py\" \"$@\"' \\"
+            );
+            let _ = writeln!(
+                s,
+                "    pretrain_gpt \"${{MEGATRON_ARGS[@]}}\" \"${{TRIAL_ARGS[@]}}\" \"${{DATA_ARGS[@]}}\" 2>&1 | tee \"${{LOG_FILE}}\""
+            );
+        }
+    }
+    Ok(s)
+}
+
+/// Writes one script per candidate of `plan` to `out_dir/candidate-<rank>/run.sh`
+/// (made executable), atomically. Candidates Megatron-LM cannot run get no
+/// script and are returned as [`ScriptOutcome::Skipped`] with the reason.
+/// The Megatron-LM checkout must exist and hold `pretrain_gpt.py`.
+pub fn write_launch_scripts(
+    plan: &PlanFile,
+    settings: &LaunchSettings,
+    out_dir: &Path,
+) -> Result<Vec<ScriptOutcome>, LaunchError> {
+    let megatron_path = check_megatron_path(settings.megatron_path.as_deref())?;
+    let settings = LaunchSettings {
+        megatron_path: Some(megatron_path),
+        ..settings.clone()
+    };
+    let write_error = |path: &Path, e: std::io::Error| LaunchError::Write {
+        path: path.display().to_string(),
+        message: e.to_string(),
+    };
+    let mut outcomes = Vec::with_capacity(plan.candidates.len());
+    for candidate in &plan.candidates {
+        let text = match launch_script(plan, candidate, &settings) {
+            Ok(text) => text,
+            Err(LaunchError::Unsupported { rank, reason }) => {
+                outcomes.push(ScriptOutcome::Skipped { rank, reason });
+                continue;
+            }
+            Err(other) => return Err(other),
+        };
+        let dir = out_dir.join(format!("candidate-{}", candidate.rank));
+        std::fs::create_dir_all(&dir).map_err(|e| write_error(&dir, e))?;
+        let path = dir.join("run.sh");
+        crate::runs::write_atomically(&path, text.as_bytes()).map_err(|e| write_error(&path, e))?;
+        make_executable(&path).map_err(|e| write_error(&path, e))?;
+        outcomes.push(ScriptOutcome::Written {
+            rank: candidate.rank,
+            path,
+        });
+    }
+    Ok(outcomes)
+}
+
+#[cfg(unix)]
+fn make_executable(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))
+}
+
+#[cfg(not(unix))]
+fn make_executable(_path: &Path) -> std::io::Result<()> {
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::builtin_node;
+    use crate::coefficients::CostModel;
+    use crate::config::{OptimizerSharding, Recompute, ScheduleKind};
+    use crate::export::{LaunchJob, megatron_args};
+    use crate::model::builtin_model;
+    use crate::plan_file::{PLAN_FORMAT, PLAN_VERSION, SearchCounts};
+    use crate::search::{Job, SearchSpace, search};
+
+    /// Every argument name of `pretrain_gpt.py` a script may use, copied
+    /// from `megatron/training/arguments.py` of NVIDIA/Megatron-LM (commit
+    /// 000c4ac): `_add_distributed_args` (`--tensor-model-parallel-size`,
+    /// `--pipeline-model-parallel-size`,
+    /// `--num-layers-per-virtual-pipeline-stage`,
+    /// `--use-distributed-optimizer`), `_add_training_args`
+    /// (`--micro-batch-size`, `--global-batch-size`,
+    /// `--recompute-granularity`, `--recompute-method`,
+    /// `--recompute-num-layers`, `--sequence-parallel`, `--train-iters`,
+    /// `--log-interval`), `_add_network_size_args` (`--num-layers`,
+    /// `--hidden-size`, `--ffn-hidden-size`, `--num-attention-heads`,
+    /// `--attention-backend`, `--group-query-attention`,
+    /// `--num-query-groups`, `--max-position-embeddings`,
+    /// `--position-embedding-type`, `--swiglu`,
+    /// `--untie-embeddings-and-output-weights`), `_add_mixed_precision_args`
+    /// (`--bf16`), `_add_logging_args` (`--log-throughput`),
+    /// `_add_validation_args` (`--eval-iters`), `_add_data_args`
+    /// (`--mock-data`, `--seq-length`), `_add_tokenizer_args`
+    /// (`--tokenizer-type`, `--vocab-size`), `_add_learning_rate_args` (`--lr`).
+    const MEGATRON_FLAGS: [&str; 32] = [
+        "--tensor-model-parallel-size",
+        "--pipeline-model-parallel-size",
+        "--num-layers-per-virtual-pipeline-stage",
+        "--use-distributed-optimizer",
+        "--micro-batch-size",
+        "--global-batch-size",
+        "--recompute-granularity",
+        "--recompute-method",
+        "--recompute-num-layers",
+        "--sequence-parallel",
+        "--train-iters",
+        "--log-interval",
+        "--num-layers",
+        "--hidden-size",
+        "--ffn-hidden-size",
+        "--num-attention-heads",
+        "--attention-backend",
+        "--group-query-attention",
+        "--num-query-groups",
+        "--max-position-embeddings",
+        "--position-embedding-type",
+        "--swiglu",
+        "--untie-embeddings-and-output-weights",
+        "--bf16",
+        "--log-throughput",
+        "--eval-iters",
+        "--mock-data",
+        "--seq-length",
+        "--tokenizer-type",
+        "--vocab-size",
+        "--lr",
+        // `_add_distributed_args`; not emitted today, listed so that a
+        // future export of context parallelism passes.
+        "--context-parallel-size",
+    ];
+
+    /// Launcher options the scripts use: torchrun's (`torch.distributed.run`)
+    /// and srun's.
+    const TORCHRUN_FLAGS: [&str; 5] = [
+        "--nproc_per_node",
+        "--nnodes",
+        "--node_rank",
+        "--master_addr",
+        "--master_port",
+    ];
+    const SRUN_FLAGS: [&str; 3] = ["--nodes", "--ntasks-per-node", "--kill-on-bad-exit"];
+
+    fn plan(model: &str, nodes: u64, global_batch: u64, space: SearchSpace) -> PlanFile {
+        let group = builtin_node("a100-80gb", nodes).unwrap();
+        let job = Job {
+            model: builtin_model(model).unwrap(),
+            global_batch,
+            gpus: nodes * group.gpus_per_node,
+            nodes: group,
+            memory_limit: None,
+            profile: None,
+        };
+        let cost = CostModel::datasheet();
+        let result = search(&job, &space, &cost);
+        assert!(!result.candidates.is_empty(), "{model}: nothing fits");
+        let candidates = result
+            .candidates
+            .iter()
+            .take(3)
+            .enumerate()
+            .map(|(i, c)| {
+                let launch = LaunchJob {
+                    model: &job.model,
+                    config: &c.config,
+                    global_batch,
+                    gpus: job.gpus,
+                    gpus_per_node: job.nodes.gpus_per_node,
+                };
+                PlannedCandidate {
+                    rank: i + 1,
+                    config: c.config,
+                    prediction: c.prediction,
+                    stages: None,
+                    megatron_args: megatron_args(&launch).ok(),
+                    megatron_unsupported: megatron_args(&launch).err().map(|e| e.to_string()),
+                }
+            })
+            .collect();
+        PlanFile {
+            format: PLAN_FORMAT.into(),
+            version: PLAN_VERSION,
+            paratune_version: "test".into(),
+            model: job.model.clone(),
+            global_batch,
+            gpus: job.gpus,
+            nodes: job.nodes.clone(),
+            memory_limit_bytes: None,
+            cost_model: cost.name.clone(),
+            search: SearchCounts::of(&result),
+            candidates,
+        }
+    }
+
+    fn plans() -> Vec<PlanFile> {
+        vec![
+            plan("gpt3-13b", 1, 64, SearchSpace::default()),
+            plan(
+                "llama3-70b",
+                4,
+                128,
+                SearchSpace {
+                    schedule: Some(vec![ScheduleKind::Interleaved]),
+                    recompute: Some(vec![Recompute::Selective]),
+                    optimizer_sharding: Some(vec![OptimizerSharding::OptimizerStates]),
+                    ..SearchSpace::default()
+                },
+            ),
+            plan(
+                "gpt3-175b",
+                16,
+                256,
+                SearchSpace {
+                    recompute: Some(vec![Recompute::Full]),
+                    ..SearchSpace::default()
+                },
+            ),
+        ]
+    }
+
+    fn settings(launcher: Launcher) -> LaunchSettings {
+        LaunchSettings::new(Some(PathBuf::from("/opt/Megatron-LM")), launcher)
+    }
+
+    /// Every `--flag` outside comments, without `=value`.
+    fn flags(script: &str) -> Vec<String> {
+        script
+            .lines()
+            .filter(|l| !l.trim_start().starts_with('#'))
+            .flat_map(str::split_whitespace)
+            .filter(|w| w.starts_with("--"))
+            .map(|w| w.split('=').next().unwrap_or(w).to_string())
+            .collect()
+    }
+
+    /// The words inside the bash array `name=( ... )`.
+    fn array<'a>(script: &'a str, name: &str) -> Vec<&'a str> {
+        let start = script
+            .find(&format!("{name}=(\n"))
+            .expect("the array is there");
+        let body = &script[start..];
+        let end = body.find("\n)").expect("the array is closed");
+        body[..end]
+            .lines()
+            .skip(1)
+            .flat_map(str::split_whitespace)
+            .collect()
+    }
+
+    fn bash_accepts(script: &str) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("run.sh");
+        std::fs::write(&path, script).unwrap();
+        let out = std::process::Command::new("bash")
+            .arg("-n")
+            .arg(&path)
+            .output()
+            .expect("bash runs");
+        assert!(
+            out.status.success(),
+            "bash -n refuses the script:\n{}\n{script}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    #[test]
+    fn every_script_is_valid_bash_and_uses_only_megatron_and_launcher_flags() {
+        for plan in plans() {
+            for launcher in Launcher::ALL {
+                for candidate in &plan.candidates {
+                    let Ok(script) = launch_script(&plan, candidate, &settings(launcher)) else {
+                        assert!(candidate.megatron_args.is_none());
+                        continue;
+                    };
+                    assert!(script.starts_with("#!/usr/bin/env bash\n"));
+                    assert!(script.contains("\nset -euo pipefail\n"));
+                    assert!(script.contains("pretrain_gpt.py"));
+                    assert!(script.contains("| tee \"${LOG_FILE}\""));
+                    bash_accepts(&script);
+                    let launcher_flags: &[&str] = match launcher {
+                        Launcher::Torchrun => &TORCHRUN_FLAGS,
+                        Launcher::Srun => &SRUN_FLAGS,
+                    };
+                    for flag in flags(&script) {
+                        assert!(
+                            MEGATRON_FLAGS.contains(&flag.as_str())
+                                || launcher_flags.contains(&flag.as_str()),
+                            "{flag} is neither a Megatron-LM nor a {} option:\n{script}",
+                            launcher.name()
+                        );
+                    }
+                    for name in ["MEGATRON_ARGS", "TRIAL_ARGS", "DATA_ARGS"] {
+                        for word in array(&script, name) {
+                            if word.starts_with("--") {
+                                assert!(MEGATRON_FLAGS.contains(&word), "{word} in {name}");
+                            }
+                        }
+                    }
+                    for needed in [
+                        "--train-iters",
+                        "--log-interval",
+                        "--log-throughput",
+                        "--eval-iters",
+                        "--mock-data",
+                    ] {
+                        assert!(
+                            array(&script, "TRIAL_ARGS")
+                                .iter()
+                                .chain(array(&script, "DATA_ARGS").iter())
+                                .any(|w| *w == needed)
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_flag_list_covers_everything_the_megatron_export_emits() {
+        let mut seen = std::collections::BTreeSet::new();
+        for plan in plans() {
+            for candidate in &plan.candidates {
+                for arg in candidate.megatron_args.iter().flatten() {
+                    if arg.starts_with("--") {
+                        seen.insert(arg.clone());
+                        assert!(
+                            MEGATRON_FLAGS.contains(&arg.as_str()),
+                            "export/megatron.rs emits {arg}, which the list lacks"
+                        );
+                    }
+                }
+            }
+        }
+        for wanted in [
+            "--num-layers-per-virtual-pipeline-stage",
+            "--group-query-attention",
+            "--swiglu",
+            "--recompute-granularity",
+            "--use-distributed-optimizer",
+        ] {
+            assert!(
+                seen.contains(wanted),
+                "the test plans never exercise {wanted}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_script_carries_the_candidate_and_the_trial_settings() {
+        let plan = &plans()[0];
+        let candidate = &plan.candidates[0];
+        let mut settings = settings(Launcher::Torchrun);
+        settings.train_iters = 7;
+        let script = launch_script(plan, candidate, &settings).unwrap();
+        let trial = array(&script, "TRIAL_ARGS");
+        assert!(trial.windows(2).any(|w| w == ["--train-iters", "7"]));
+        assert!(trial.windows(2).any(|w| w == ["--log-interval", "1"]));
+        let model_args = array(&script, "MEGATRON_ARGS");
+        let tp = candidate.config.tp.to_string();
+        assert!(
+            model_args
+                .windows(2)
+                .any(|w| w == ["--tensor-model-parallel-size", tp.as_str()])
+        );
+        assert!(script.contains("MEGATRON_PATH=\"${MEGATRON_PATH:-/opt/Megatron-LM}\""));
+        assert!(script.contains("GPUS_PER_NODE=\"${GPUS_PER_NODE:-8}\""));
+        let vocab = (plan.model.vocab - 1).to_string();
+        assert!(array(&script, "DATA_ARGS").contains(&vocab.as_str()));
+        settings.train_iters = 2;
+        assert!(matches!(
+            launch_script(plan, candidate, &settings),
+            Err(LaunchError::TooFewIterations(2))
+        ));
+    }
+
+    #[test]
+    fn a_candidate_without_megatron_arguments_gets_no_script_but_its_reason() {
+        let mut plan = plans().remove(0);
+        plan.candidates[1].megatron_args = None;
+        plan.candidates[1].megatron_unsupported = Some("BPipe is not upstream".into());
+        let err = launch_script(&plan, &plan.candidates[1], &settings(Launcher::Srun)).unwrap_err();
+        assert!(err.to_string().contains("BPipe is not upstream"), "{err}");
+
+        let megatron = tempfile::tempdir().unwrap();
+        std::fs::write(megatron.path().join("pretrain_gpt.py"), "# stub\n").unwrap();
+        let out = tempfile::tempdir().unwrap();
+        let settings = LaunchSettings::new(Some(megatron.path().to_path_buf()), Launcher::Torchrun);
+        let outcomes = write_launch_scripts(&plan, &settings, out.path()).unwrap();
+        assert_eq!(outcomes.len(), plan.candidates.len());
+        assert!(matches!(
+            &outcomes[1],
+            ScriptOutcome::Skipped { rank: 2, reason } if reason.contains("BPipe")
+        ));
+        assert!(!out.path().join("candidate-2").exists());
+        let ScriptOutcome::Written { path, .. } = &outcomes[0] else {
+            panic!("candidate 1 has a script: {outcomes:?}");
+        };
+        assert_eq!(path, &out.path().join("candidate-1").join("run.sh"));
+        let text = std::fs::read_to_string(path).unwrap();
+        bash_accepts(&text);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(path).unwrap().permissions().mode();
+            assert_eq!(mode & 0o777, 0o755);
+        }
+    }
+
+    #[test]
+    fn a_missing_or_wrong_megatron_path_names_the_flag_and_the_fix() {
+        let plan = plans().remove(0);
+        let out = tempfile::tempdir().unwrap();
+        for path in [
+            None,
+            Some(out.path().join("nowhere")),
+            Some(out.path().to_path_buf()),
+        ] {
+            let settings = LaunchSettings::new(path, Launcher::Torchrun);
+            let err = write_launch_scripts(&plan, &settings, out.path())
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("--megatron-path") && err.contains("pretrain_gpt.py"),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_plan_that_does_not_fill_whole_nodes_is_refused() {
+        let mut plan = plans().remove(0);
+        plan.gpus = 12;
+        let err = launch_script(&plan, &plan.candidates[0], &settings(Launcher::Torchrun))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("12 GPUs") && err.contains("whole nodes"),
+            "{err}"
+        );
+        // Less than a node is fine: one node with that many processes.
+        let mut small = plans().remove(0);
+        small.gpus = 4;
+        let script =
+            launch_script(&small, &small.candidates[0], &settings(Launcher::Torchrun)).unwrap();
+        assert!(script.contains("GPUS_PER_NODE=\"${GPUS_PER_NODE:-4}\""));
+    }
+}

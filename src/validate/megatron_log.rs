@@ -1,0 +1,1359 @@
+//! Megatron-LM training logs: the stdout/stderr of a `pretrain_gpt.py` run,
+//! read into the configuration it ran, its per-iteration times and its peak
+//! memory, and turned into a row of paratune's run table.
+//!
+//! The formats are Megatron-LM's current ones (NVIDIA/Megatron-LM main,
+//! checked against `megatron/training/arguments.py` at commit 000c4ac,
+//! `megatron/training/training.py` at 001b00c and `megatron/training/utils.py`
+//! at 00caa53):
+//!
+//! * the argument dump of `_print_args` (arguments.py), printed by rank 0:
+//!   `'------------------------ {title} ------------------------'` with the
+//!   title `arguments`, then one `'  {} {} {}'.format(arg, dots, value)` line
+//!   per argument where `dots = '.' * (48 - len(arg))`, sorted, then
+//!   `'-------------------- end of {title} ---------------------'`;
+//! * the iteration line of `training_log` (training.py), printed by the last
+//!   rank every `--log-interval` iterations and after the first:
+//!   `f" [{datetime.now().strftime('%Y-%m-%d %H:%M:%S.%f')}]"`,
+//!   `' iteration {:8d}/{:8d} |'`, `' consumed samples: {:12d} |'`,
+//!   `' elapsed time per iteration (ms): {:.1f} |'`, with `--log-throughput`
+//!   `f' throughput per GPU (TFLOP/s/GPU): {throughput:.1f} |'`,
+//!   `f' learning rate: {learning_rate:.6E} |'`,
+//!   `f' global batch size: {batch_size:5d} |'`, each loss as
+//!   `' {}: {:.6E} |'` (`lm loss`), `f' loss scale: {loss_scale:.1f} |'`,
+//!   `f' grad norm: {grad_norm:.3f} |'`,
+//!   `' number of skipped iterations: {:3d} |'` and
+//!   `' number of nan iterations: {:3d} |'` (counts since the previous line);
+//! * the memory report of `report_memory` (utils.py), printed by every rank
+//!   of data-parallel rank 0 after the first two iterations:
+//!   `"[Rank {}] {}".format(rank, string)` where `string` is
+//!   `name + ' memory (MB)'`, `f" | allocated: {...:.2f}"`,
+//!   `f" | max allocated: {...:.2f}"`, `f" | reserved: {...:.2f}"`,
+//!   `f" | max reserved: {...:.2f}"` and the name is
+//!   `f'(after {iteration} iterations)'`; a megabyte is `1024.0 * 1024.0`
+//!   bytes there;
+//! * the vocabulary padding line of `_vocab_size_with_padding` (tokenizer.py,
+//!   printed by rank 0): `' > padded vocab (size: {}) with {} dummy tokens
+//!   (new size: {})'`.
+//!
+//! Lines may carry prefixes (timestamps, torchrun's `[default0]:`, PyTorch's
+//! `[rank0]:`, `srun -l`'s `0:`); every pattern is looked for anywhere in a
+//! line. A log cut off mid-way, or with lines of other programs mixed in,
+//! gives what it holds; what is missing for a row is an error that names it.
+
+use crate::config::{OptimizerSharding, ParallelConfig, Recompute, ScheduleKind};
+use crate::model::AttentionKind;
+use std::collections::{BTreeMap, HashSet};
+use std::path::Path;
+
+/// How many logged iterations are left out of the steady state by default.
+pub const DEFAULT_WARMUP: usize = 2;
+
+/// `_print_args("arguments", args)` in `megatron/training/arguments.py`.
+const ARGS_BEGIN: &str = "------------------------ arguments ------------------------";
+const ARGS_END: &str = "-------------------- end of arguments ---------------------";
+/// `dots = '.' * (48 - len(arg))` in `_print_args`.
+const ARG_COLUMNS: usize = 48;
+/// `' elapsed time per iteration (ms): {:.1f} |'` in `training_log`.
+const ELAPSED_KEY: &str = "elapsed time per iteration (ms)";
+/// `f' throughput per GPU (TFLOP/s/GPU): {throughput:.1f} |'` in `training_log`.
+const THROUGHPUT_KEY: &str = "throughput per GPU (TFLOP/s/GPU)";
+const GLOBAL_BATCH_KEY: &str = "global batch size";
+const CONSUMED_KEY: &str = "consumed samples";
+const LOSS_KEY: &str = "lm loss";
+const SKIPPED_KEY: &str = "number of skipped iterations";
+const NAN_KEY: &str = "number of nan iterations";
+/// `name + ' memory (MB)'` in `report_memory`.
+const MEMORY_MARK: &str = " memory (MB)";
+/// `' > padded vocab (size: {}) with {} dummy tokens (new size: {})'`.
+const PADDED_VOCAB_MARK: &str = "padded vocab (size: ";
+const NEW_SIZE_MARK: &str = "(new size: ";
+/// `mega_bytes = 1024.0 * 1024.0` in `report_memory`.
+const MEGABYTE: f64 = 1024.0 * 1024.0;
+const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
+
+#[derive(Debug, thiserror::Error)]
+pub enum MegatronLogError {
+    #[error("{path}: cannot read the log: {message}")]
+    Read { path: String, message: String },
+    #[error(
+        "{path}: the file is empty; give the stdout/stderr of a Megatron-LM pretrain_gpt.py run"
+    )]
+    Empty { path: String },
+    #[error(
+        "{path}: no Megatron-LM argument dump (the `{ARGS_BEGIN}` block pretrain_gpt.py prints at start-up); give the whole log from its first line, including rank 0's output (with torchrun, do not --redirect rank 0 away)"
+    )]
+    NoArguments { path: String },
+    #[error(
+        "{path}: the argument dump lacks {}; {hint}",
+        names.join(", ")
+    )]
+    MissingArguments {
+        path: String,
+        names: Vec<String>,
+        hint: &'static str,
+    },
+    #[error("{path} line {line}: argument `{name}` is `{value}`, expected {expected}")]
+    BadArgument {
+        path: String,
+        line: usize,
+        name: String,
+        value: String,
+        expected: &'static str,
+    },
+    #[error(
+        "{path}: no readable iteration lines (` iteration N/ M | ... | elapsed time per iteration (ms): T |`); the run stopped before its first logged iteration, or this is not the last rank's output (rank {last_rank} prints them)"
+    )]
+    NoIterations { path: String, last_rank: String },
+    #[error(
+        "{path}: no iteration lines after the {warmup} warm-up iterations ({logged} logged); run more --train-iters or lower --warmup"
+    )]
+    NoSteadyIterations {
+        path: String,
+        warmup: usize,
+        logged: usize,
+    },
+    #[error("{path}: {message}")]
+    Inconsistent { path: String, message: String },
+    #[error("{path}: the run uses {feature}, which paratune's run table cannot describe; {hint}")]
+    Unsupported {
+        path: String,
+        feature: String,
+        hint: &'static str,
+    },
+}
+
+/// The configuration a run used, read from its argument dump.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MegatronConfig {
+    pub num_layers: u64,
+    pub hidden_size: u64,
+    pub num_attention_heads: u64,
+    /// `--num-query-groups`; Megatron-LM reads it only with `--group-query-attention`.
+    pub num_query_groups: Option<u64>,
+    pub group_query_attention: bool,
+    /// Megatron-LM fills it in (4h, or about 8h/3 with SwiGLU) when not given.
+    pub ffn_hidden_size: Option<u64>,
+    pub seq_length: u64,
+    pub vocab_size: Option<u64>,
+    /// The embedding's real size: the dump's `padded_vocab_size`, else the
+    /// `padded vocab (... new size: N)` line.
+    pub padded_vocab_size: Option<u64>,
+    pub micro_batch_size: u64,
+    pub global_batch_size: u64,
+    pub tensor_model_parallel_size: u64,
+    pub pipeline_model_parallel_size: u64,
+    pub context_parallel_size: u64,
+    pub data_parallel_size: u64,
+    pub world_size: u64,
+    /// Model chunks per pipeline rank (interleaved schedule), from
+    /// `virtual_pipeline_model_parallel_size` or
+    /// `num_layers_per_virtual_pipeline_stage`.
+    pub virtual_pipeline_model_parallel_size: Option<u64>,
+    pub num_layers_per_virtual_pipeline_stage: Option<u64>,
+    /// `full`, `selective` or absent.
+    pub recompute_granularity: Option<String>,
+    /// `uniform`, `block` or absent.
+    pub recompute_method: Option<String>,
+    pub recompute_num_layers: Option<u64>,
+    pub sequence_parallel: bool,
+    pub use_distributed_optimizer: bool,
+    /// Megatron FSDP or PyTorch FSDP2 (weights, gradients and optimizer
+    /// states sharded).
+    pub fully_sharded: bool,
+    pub swiglu: bool,
+    pub untie_embeddings_and_output_weights: bool,
+    pub position_embedding_type: Option<String>,
+    pub use_flash_attn: bool,
+    /// `--attention-backend` as printed (`AttnBackend.flash`), without the enum name.
+    pub attention_backend: Option<String>,
+    pub transformer_impl: Option<String>,
+    pub num_experts: Option<u64>,
+    /// Every argument of the dump as printed, for what the fields above leave out.
+    pub all: BTreeMap<String, String>,
+}
+
+/// One logged iteration line.
+#[derive(Debug, Clone, PartialEq)]
+pub struct IterationLine {
+    /// 1-based line in the log.
+    pub line: usize,
+    pub iteration: u64,
+    pub train_iters: u64,
+    /// `elapsed time per iteration (ms)`: the mean over the iterations since
+    /// the previous logged line. `None` when the field is missing or unreadable.
+    pub elapsed_ms: Option<f64>,
+    /// `throughput per GPU (TFLOP/s/GPU)`, with `--log-throughput`.
+    pub tflops_per_gpu: Option<f64>,
+    pub global_batch_size: Option<u64>,
+    pub consumed_samples: Option<u64>,
+    pub lm_loss: Option<f64>,
+    pub skipped_iterations: Option<u64>,
+    pub nan_iterations: Option<u64>,
+}
+
+/// One `report_memory` line.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MemoryLine {
+    pub line: usize,
+    pub rank: u64,
+    pub max_allocated_bytes: Option<f64>,
+    pub max_reserved_bytes: Option<f64>,
+}
+
+/// A Megatron-LM run as its log tells it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MegatronRun {
+    pub config: MegatronConfig,
+    /// Every iteration line, in log order, the first of each iteration
+    /// number (`elapsed_ms` is `None` where the time is unreadable).
+    pub iterations: Vec<IterationLine>,
+    pub memory: Vec<MemoryLine>,
+    /// Logged iterations left out as warm-up.
+    pub warmup: usize,
+    /// Iteration lines in the steady state (after warm-up, never iteration 1).
+    pub steady_iterations: usize,
+    /// Mean and median of `elapsed time per iteration (ms)` over the steady state.
+    pub steady_mean_ms: f64,
+    pub steady_median_ms: f64,
+    /// Mean `throughput per GPU (TFLOP/s/GPU)` over the steady state, when logged.
+    pub tflops_per_gpu: Option<f64>,
+    /// The largest `max allocated` / `max reserved` over all memory lines and ranks.
+    pub peak_allocated_bytes: Option<f64>,
+    pub peak_reserved_bytes: Option<f64>,
+    /// Sums of the `number of skipped iterations` / `number of nan iterations` fields.
+    pub skipped_iterations: u64,
+    pub nan_iterations: u64,
+    /// Whether the argument dump was complete (its end line seen).
+    pub arguments_complete: bool,
+    /// The largest iteration logged and the run's `--train-iters`.
+    pub last_iteration: u64,
+    pub train_iters: u64,
+    /// What was odd about the log but did not stop it being read (cut-off
+    /// lines, unreadable fields, repeated iterations), one sentence each.
+    pub notes: Vec<String>,
+}
+
+/// Reads and parses a log file; see [`parse`].
+pub fn read(path: &Path, warmup: usize) -> Result<MegatronRun, MegatronLogError> {
+    let shown = path.display().to_string();
+    let bytes = std::fs::read(path).map_err(|e| MegatronLogError::Read {
+        path: shown.clone(),
+        message: e.to_string(),
+    })?;
+    // Logs of killed jobs can end inside a multi-byte character, and
+    // progress bars of other tools write odd bytes; neither matters here.
+    let text = String::from_utf8_lossy(&bytes);
+    parse(&text, &shown, warmup)
+}
+
+/// Parses the text of a Megatron-LM log. `path` names the log in errors;
+/// `warmup` logged iterations are left out of the steady state (and
+/// iteration 1 always is).
+pub fn parse(text: &str, path: &str, warmup: usize) -> Result<MegatronRun, MegatronLogError> {
+    if text.trim().is_empty() {
+        return Err(MegatronLogError::Empty { path: path.into() });
+    }
+    let mut args: BTreeMap<String, (String, usize)> = BTreeMap::new();
+    let mut state = DumpState::Before;
+    let mut notes = Vec::new();
+    let mut iterations: Vec<IterationLine> = Vec::new();
+    let mut memory = Vec::new();
+    let mut padded_vocab_line: Option<u64> = None;
+    let mut unreadable_times: Vec<usize> = Vec::new();
+    let mut repeated: Vec<u64> = Vec::new();
+    let mut seen_iterations: HashSet<u64> = HashSet::new();
+    let mut cut_off_last_line = false;
+
+    for (index, raw) in text.split_inclusive('\n').enumerate() {
+        let number = index + 1;
+        let complete = raw.ends_with('\n');
+        let line = raw.trim_end_matches(['\n', '\r']);
+        if line.contains(ARGS_BEGIN) {
+            match state {
+                DumpState::Before => {
+                    state = DumpState::Inside;
+                    continue;
+                }
+                _ => {
+                    notes.push(format!(
+                        "line {number} starts a second argument dump (a restarted run appended to the same log?); only the first run is read"
+                    ));
+                    state = DumpState::Second;
+                    break;
+                }
+            }
+        }
+        if line.contains(ARGS_END) {
+            if state == DumpState::Inside {
+                state = DumpState::After;
+            }
+            continue;
+        }
+        if state == DumpState::Inside {
+            if let Some((name, value)) = argument_line(line)
+                && complete
+            {
+                args.entry(name.to_string())
+                    .or_insert((value.to_string(), number));
+            }
+            continue;
+        }
+        if let Some(parsed) = iteration_line(line, number) {
+            let seen = !seen_iterations.insert(parsed.iteration);
+            if !complete && parsed.elapsed_ms.is_none() {
+                cut_off_last_line = true;
+            } else if seen {
+                repeated.push(parsed.iteration);
+            } else if parsed.elapsed_ms.is_none() {
+                unreadable_times.push(number);
+            }
+            if !seen {
+                iterations.push(parsed);
+            }
+            continue;
+        }
+        if let Some(parsed) = memory_line(line, number, complete) {
+            memory.push(parsed);
+            continue;
+        }
+        if let Some(size) = padded_vocab(line) {
+            padded_vocab_line.get_or_insert(size);
+            continue;
+        }
+        if !complete && !line.trim().is_empty() {
+            cut_off_last_line = true;
+        }
+    }
+
+    if state == DumpState::Before {
+        return Err(MegatronLogError::NoArguments { path: path.into() });
+    }
+    let arguments_complete = matches!(state, DumpState::After | DumpState::Second);
+    if !arguments_complete {
+        notes.push(
+            "the argument dump has no end line (the log was cut inside it); the arguments before the cut are used".into(),
+        );
+    }
+    let mut config = config_from_arguments(&args, path, arguments_complete)?;
+    if config.padded_vocab_size.is_none() {
+        config.padded_vocab_size = padded_vocab_line;
+    }
+    if cut_off_last_line {
+        notes.push("the last line is cut off (the run was killed?); it is left out".into());
+    }
+    if !unreadable_times.is_empty() {
+        notes.push(format!(
+            "{} iteration line(s) without a readable `{ELAPSED_KEY}` (line {}); left out of the steady state",
+            unreadable_times.len(),
+            list(&unreadable_times)
+        ));
+    }
+    if !repeated.is_empty() {
+        notes.push(format!(
+            "iteration(s) {} logged more than once; the first line of each is used",
+            list(&repeated)
+        ));
+    }
+
+    let timed = iterations.iter().filter(|i| i.elapsed_ms.is_some()).count();
+    if timed == 0 {
+        let last_rank = config
+            .world_size
+            .checked_sub(1)
+            .map_or("the last".to_string(), |r| r.to_string());
+        return Err(MegatronLogError::NoIterations {
+            path: path.into(),
+            last_rank,
+        });
+    }
+    let steady: Vec<&IterationLine> = iterations
+        .iter()
+        .skip(warmup)
+        .filter(|i| i.iteration != 1 && i.elapsed_ms.is_some())
+        .collect();
+    if steady.is_empty() {
+        return Err(MegatronLogError::NoSteadyIterations {
+            path: path.into(),
+            warmup,
+            logged: iterations.len(),
+        });
+    }
+    let mut times: Vec<f64> = steady.iter().filter_map(|i| i.elapsed_ms).collect();
+    let steady_mean_ms = times.iter().sum::<f64>() / times.len() as f64;
+    times.sort_by(f64::total_cmp);
+    let mid = times.len() / 2;
+    let steady_median_ms = if times.len().is_multiple_of(2) {
+        (times[mid - 1] + times[mid]) / 2.0
+    } else {
+        times[mid]
+    };
+    let throughputs: Vec<f64> = steady.iter().filter_map(|i| i.tflops_per_gpu).collect();
+    let tflops_per_gpu = (!throughputs.is_empty())
+        .then(|| throughputs.iter().sum::<f64>() / throughputs.len() as f64);
+
+    if let Some(logged) = iterations.iter().find_map(|i| i.global_batch_size)
+        && logged != config.global_batch_size
+    {
+        notes.push(format!(
+            "the iteration lines report a global batch size of {logged}, the arguments {} (batch-size ramp-up?); the arguments are used",
+            config.global_batch_size
+        ));
+    }
+    let peak_allocated_bytes = memory
+        .iter()
+        .filter_map(|m| m.max_allocated_bytes)
+        .reduce(f64::max);
+    let peak_reserved_bytes = memory
+        .iter()
+        .filter_map(|m| m.max_reserved_bytes)
+        .reduce(f64::max);
+    if memory.is_empty() {
+        notes.push(
+            "no `[Rank N] (after K iterations) memory (MB) | ...` lines; the peak memory is unknown"
+                .into(),
+        );
+    }
+    let train_iters = iterations.iter().map(|i| i.train_iters).max().unwrap_or(0);
+    let last_iteration = iterations.iter().map(|i| i.iteration).max().unwrap_or(0);
+    if last_iteration < train_iters {
+        notes.push(format!(
+            "the log stops at iteration {last_iteration} of {train_iters} (the run was cut short?)"
+        ));
+    }
+    Ok(MegatronRun {
+        config,
+        skipped_iterations: iterations.iter().filter_map(|i| i.skipped_iterations).sum(),
+        nan_iterations: iterations.iter().filter_map(|i| i.nan_iterations).sum(),
+        steady_iterations: steady.len(),
+        iterations,
+        memory,
+        warmup,
+        steady_mean_ms,
+        steady_median_ms,
+        tflops_per_gpu,
+        peak_allocated_bytes,
+        peak_reserved_bytes,
+        arguments_complete,
+        last_iteration,
+        train_iters,
+        notes,
+    })
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum DumpState {
+    Before,
+    Inside,
+    After,
+    Second,
+}
+
+fn list<T: ToString>(items: &[T]) -> String {
+    const SHOWN: usize = 5;
+    let mut text: Vec<String> = items.iter().take(SHOWN).map(T::to_string).collect();
+    if items.len() > SHOWN {
+        text.push(format!("and {} more", items.len() - SHOWN));
+    }
+    text.join(", ")
+}
+
+/// `  name ........ value` (with whatever prefix the launcher added):
+/// the name and the value as printed.
+fn argument_line(line: &str) -> Option<(&str, &str)> {
+    let dots = line.find(" .")?;
+    let name = line[..dots].split_whitespace().last()?;
+    if name.is_empty()
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+    {
+        return None;
+    }
+    let after = line[dots + 1..].trim_start_matches('.');
+    // `dots = '.' * (48 - len(arg))`: a name and its dots fill 48 columns,
+    // which tells an argument from other output with dots in it.
+    let dot_count = line.len() - (dots + 1) - after.len();
+    if name.len() + dot_count != ARG_COLUMNS {
+        return None;
+    }
+    let value = after.strip_prefix(' ')?;
+    Some((name, value.trim()))
+}
+
+/// Position just past `iteration <N>/ <M> |` in `line`, with N and M.
+fn iteration_header(line: &str) -> Option<(usize, u64, u64)> {
+    let mut from = 0;
+    while let Some(found) = line[from..].find("iteration ") {
+        let start = from + found;
+        from = start + "iteration ".len();
+        let rest = &line[from..];
+        let rest_trimmed = rest.trim_start();
+        let digits = rest_trimmed
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(rest_trimmed.len());
+        if digits == 0 {
+            continue;
+        }
+        let Ok(iteration) = rest_trimmed[..digits].parse::<u64>() else {
+            continue;
+        };
+        let Some(after_slash) = rest_trimmed[digits..].strip_prefix('/') else {
+            continue;
+        };
+        let total_text = after_slash.trim_start();
+        let total_digits = total_text
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(total_text.len());
+        if total_digits == 0 {
+            continue;
+        }
+        let Ok(total) = total_text[..total_digits].parse::<u64>() else {
+            continue;
+        };
+        let Some(after_bar) = total_text[total_digits..].trim_start().strip_prefix('|') else {
+            continue;
+        };
+        let end = line.len() - after_bar.len();
+        return Some((end, iteration, total));
+    }
+    None
+}
+
+/// The `key: value` fields of an iteration line after its header. Every
+/// field of `training_log` ends with ` |`, so only fields closed by a bar
+/// are taken: a line cut off mid-number must not give a wrong number.
+fn closed_fields(text: &str) -> Vec<(&str, &str)> {
+    let mut pieces: Vec<&str> = text.split('|').collect();
+    pieces.pop();
+    pieces
+        .into_iter()
+        .filter_map(|piece| {
+            let (key, value) = piece.split_once(": ")?;
+            Some((key.trim(), value.trim()))
+        })
+        .collect()
+}
+
+fn iteration_line(line: &str, number: usize) -> Option<IterationLine> {
+    let (end, iteration, train_iters) = iteration_header(line)?;
+    let mut parsed = IterationLine {
+        line: number,
+        iteration,
+        train_iters,
+        elapsed_ms: None,
+        tflops_per_gpu: None,
+        global_batch_size: None,
+        consumed_samples: None,
+        lm_loss: None,
+        skipped_iterations: None,
+        nan_iterations: None,
+    };
+    for (key, value) in closed_fields(&line[end..]) {
+        let real = || value.parse::<f64>().ok().filter(|v| v.is_finite());
+        let whole = || value.parse::<u64>().ok();
+        match key {
+            ELAPSED_KEY => parsed.elapsed_ms = real().filter(|v| *v > 0.0),
+            THROUGHPUT_KEY => parsed.tflops_per_gpu = real().filter(|v| *v >= 0.0),
+            GLOBAL_BATCH_KEY => parsed.global_batch_size = whole(),
+            CONSUMED_KEY => parsed.consumed_samples = whole(),
+            LOSS_KEY => parsed.lm_loss = real(),
+            SKIPPED_KEY => parsed.skipped_iterations = whole(),
+            NAN_KEY => parsed.nan_iterations = whole(),
+            _ => {}
+        }
+    }
+    Some(parsed)
+}
+
+fn memory_line(line: &str, number: usize, complete: bool) -> Option<MemoryLine> {
+    let start = line.find("[Rank ")?;
+    let after = &line[start + "[Rank ".len()..];
+    let close = after.find(']')?;
+    let rank = after[..close].trim().parse::<u64>().ok()?;
+    let rest = &after[close + 1..];
+    let mark = rest.find(MEMORY_MARK)?;
+    let mut parsed = MemoryLine {
+        line: number,
+        rank,
+        max_allocated_bytes: None,
+        max_reserved_bytes: None,
+    };
+    let body = &rest[mark + MEMORY_MARK.len()..];
+    // `string += f" | allocated: ..."`: each field starts with a bar, so the
+    // text after the last bar is a field, closed by the end of the line.
+    let body = body.trim_start().strip_prefix('|').unwrap_or(body);
+    let mut pieces: Vec<&str> = body.split('|').collect();
+    if !complete {
+        pieces.pop();
+    }
+    for piece in pieces {
+        let Some((key, value)) = piece.split_once(": ") else {
+            continue;
+        };
+        let megabytes = value
+            .trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|v| v.is_finite() && *v >= 0.0);
+        match key.trim() {
+            "max allocated" => parsed.max_allocated_bytes = megabytes.map(|mb| mb * MEGABYTE),
+            "max reserved" => parsed.max_reserved_bytes = megabytes.map(|mb| mb * MEGABYTE),
+            _ => {}
+        }
+    }
+    Some(parsed)
+}
+
+fn padded_vocab(line: &str) -> Option<u64> {
+    let start = line.find(PADDED_VOCAB_MARK)?;
+    let rest = &line[start..];
+    let new = rest.find(NEW_SIZE_MARK)?;
+    let digits = &rest[new + NEW_SIZE_MARK.len()..];
+    let end = digits.find(')')?;
+    digits[..end].trim().parse().ok()
+}
+
+/// The printed value of a Python `None`, `True` or `False`.
+fn is_none(value: &str) -> bool {
+    value == "None"
+}
+
+fn config_from_arguments(
+    args: &BTreeMap<String, (String, usize)>,
+    path: &str,
+    complete: bool,
+) -> Result<MegatronConfig, MegatronLogError> {
+    let bad = |name: &str, expected: &'static str| {
+        let (value, line) = &args[name];
+        MegatronLogError::BadArgument {
+            path: path.into(),
+            line: *line,
+            name: name.into(),
+            value: value.clone(),
+            expected,
+        }
+    };
+    let text = |name: &str| -> Option<String> {
+        args.get(name)
+            .map(|(v, _)| v.clone())
+            .filter(|v| !is_none(v))
+    };
+    let int = |name: &str| -> Result<Option<u64>, MegatronLogError> {
+        match args.get(name) {
+            None => Ok(None),
+            Some((v, _)) if is_none(v) => Ok(None),
+            Some((v, _)) => v
+                .parse::<u64>()
+                .map(Some)
+                .map_err(|_| bad(name, "a whole number or None")),
+        }
+    };
+    let flag = |name: &str| -> Result<bool, MegatronLogError> {
+        match args.get(name).map(|(v, _)| v.as_str()) {
+            None | Some("False") | Some("None") => Ok(false),
+            Some("True") => Ok(true),
+            Some(_) => Err(bad(name, "True or False")),
+        }
+    };
+
+    const REQUIRED: [&str; 8] = [
+        "num_layers",
+        "hidden_size",
+        "num_attention_heads",
+        "seq_length",
+        "micro_batch_size",
+        "tensor_model_parallel_size",
+        "pipeline_model_parallel_size",
+        "world_size",
+    ];
+    let mut values = BTreeMap::new();
+    let mut missing = Vec::new();
+    for name in REQUIRED {
+        match int(name)? {
+            Some(0) => return Err(bad(name, "at least 1")),
+            Some(v) => {
+                values.insert(name, v);
+            }
+            None => missing.push(name.to_string()),
+        }
+    }
+    if !missing.is_empty() {
+        return Err(MegatronLogError::MissingArguments {
+            path: path.into(),
+            names: missing,
+            hint: if complete {
+                "pretrain_gpt.py needs them all; is this a log of another script?"
+            } else {
+                "the log is cut inside the dump; give the whole log"
+            },
+        });
+    }
+    let tp = values["tensor_model_parallel_size"];
+    let pp = values["pipeline_model_parallel_size"];
+    let world_size = values["world_size"];
+    let context_parallel_size = int("context_parallel_size")?.unwrap_or(1).max(1);
+    let model_parallel = tp * pp * context_parallel_size;
+    let data_parallel_size = match int("data_parallel_size")? {
+        Some(dp) if dp >= 1 => dp,
+        _ => {
+            if !world_size.is_multiple_of(model_parallel) {
+                return Err(MegatronLogError::Inconsistent {
+                    path: path.into(),
+                    message: format!(
+                        "world_size {world_size} is not a multiple of tensor x pipeline x context parallel sizes {tp} x {pp} x {context_parallel_size}; is the dump from this run?"
+                    ),
+                });
+            }
+            world_size / model_parallel
+        }
+    };
+    let micro_batch_size = values["micro_batch_size"];
+    let global_batch_size =
+        int("global_batch_size")?.unwrap_or(micro_batch_size * data_parallel_size);
+    let num_layers = values["num_layers"];
+    let layers_per_chunk = int("num_layers_per_virtual_pipeline_stage")?;
+    let chunks = match int("virtual_pipeline_model_parallel_size")? {
+        Some(v) => Some(v),
+        None => match layers_per_chunk {
+            Some(0) => return Err(bad("num_layers_per_virtual_pipeline_stage", "at least 1")),
+            Some(per) => Some(num_layers / (pp * per).max(1)),
+            None => int("num_virtual_stages_per_pipeline_rank")?,
+        },
+    };
+    let attention_backend = text("attention_backend").map(|v| {
+        v.strip_prefix("AttnBackend.")
+            .map(str::to_string)
+            .unwrap_or(v)
+    });
+    Ok(MegatronConfig {
+        num_layers,
+        hidden_size: values["hidden_size"],
+        num_attention_heads: values["num_attention_heads"],
+        num_query_groups: int("num_query_groups")?,
+        group_query_attention: flag("group_query_attention")?,
+        ffn_hidden_size: int("ffn_hidden_size")?,
+        seq_length: values["seq_length"],
+        vocab_size: int("vocab_size")?,
+        padded_vocab_size: int("padded_vocab_size")?,
+        micro_batch_size,
+        global_batch_size,
+        tensor_model_parallel_size: tp,
+        pipeline_model_parallel_size: pp,
+        context_parallel_size,
+        data_parallel_size,
+        world_size,
+        virtual_pipeline_model_parallel_size: chunks,
+        num_layers_per_virtual_pipeline_stage: layers_per_chunk,
+        recompute_granularity: text("recompute_granularity"),
+        recompute_method: text("recompute_method"),
+        recompute_num_layers: int("recompute_num_layers")?,
+        sequence_parallel: flag("sequence_parallel")?,
+        use_distributed_optimizer: flag("use_distributed_optimizer")?,
+        fully_sharded: flag("use_megatron_fsdp")? || flag("use_torch_fsdp2")?,
+        swiglu: flag("swiglu")?,
+        untie_embeddings_and_output_weights: flag("untie_embeddings_and_output_weights")?,
+        position_embedding_type: text("position_embedding_type"),
+        use_flash_attn: flag("use_flash_attn")?,
+        attention_backend,
+        transformer_impl: text("transformer_impl"),
+        num_experts: int("num_experts")?,
+        all: args
+            .iter()
+            .map(|(k, (v, _))| (k.clone(), v.clone()))
+            .collect(),
+    })
+}
+
+impl MegatronConfig {
+    /// Key/value heads: `num_query_groups` with `--group-query-attention`,
+    /// else one per attention head.
+    pub fn kv_heads(&self) -> u64 {
+        match (self.group_query_attention, self.num_query_groups) {
+            (true, Some(groups)) => groups,
+            _ => self.num_attention_heads,
+        }
+    }
+
+    /// The vocabulary the model was built with (padded when known).
+    pub fn vocab(&self) -> Option<u64> {
+        self.padded_vocab_size.or(self.vocab_size)
+    }
+
+    /// Model chunks per pipeline rank; 1 without interleaving.
+    pub fn virtual_stages(&self) -> u64 {
+        self.virtual_pipeline_model_parallel_size
+            .unwrap_or(1)
+            .max(1)
+    }
+
+    pub fn recompute(&self) -> Recompute {
+        match self.recompute_granularity.as_deref() {
+            Some("full") => Recompute::Full,
+            Some("selective") => Recompute::Selective,
+            _ => Recompute::None,
+        }
+    }
+
+    /// The attention kernel in paratune's terms. `flash`, `fused` (cuDNN)
+    /// and `auto` (Transformer Engine picks flash or fused) keep no `s^2`
+    /// scores; `unfused` and `local` do. Without `--attention-backend`
+    /// (releases before core_r0.10), `--use-flash-attn` or the Transformer
+    /// Engine implementation mean a fused kernel.
+    pub fn attention(&self) -> AttentionKind {
+        match self.attention_backend.as_deref() {
+            Some("flash" | "fused" | "auto") => AttentionKind::Flash,
+            Some(_) => AttentionKind::Standard,
+            None if self.use_flash_attn => AttentionKind::Flash,
+            None if self.transformer_impl.as_deref() == Some("transformer_engine") => {
+                AttentionKind::Flash
+            }
+            None => AttentionKind::Standard,
+        }
+    }
+
+    /// The parallel configuration in paratune's terms. Megatron-LM ignores
+    /// sequence parallelism without tensor parallelism, and its distributed
+    /// optimizer shards nothing on one data-parallel rank; both are off then.
+    pub fn parallel_config(&self) -> ParallelConfig {
+        let v = self.virtual_stages();
+        let dp = self.data_parallel_size;
+        ParallelConfig {
+            tp: self.tensor_model_parallel_size,
+            pp: self.pipeline_model_parallel_size,
+            dp,
+            micro_batch: self.micro_batch_size,
+            schedule: if v > 1 {
+                ScheduleKind::Interleaved
+            } else {
+                ScheduleKind::OneFOneB
+            },
+            virtual_stages: v,
+            recompute: self.recompute(),
+            sequence_parallel: self.sequence_parallel && self.tensor_model_parallel_size > 1,
+            optimizer_sharding: if dp < 2 {
+                OptimizerSharding::None
+            } else if self.fully_sharded {
+                OptimizerSharding::Full
+            } else if self.use_distributed_optimizer {
+                OptimizerSharding::OptimizerStates
+            } else {
+                OptimizerSharding::None
+            },
+            bpipe: false,
+            attention: self.attention(),
+        }
+    }
+
+    /// `tp2 pp2 dp2 mb1 gb16 L24 h1024 a16 s1024 8 GPUs` and the switches that are on.
+    pub fn summary(&self) -> String {
+        let c = self.parallel_config();
+        let mut text = format!(
+            "tp{} pp{} dp{} mb{} gb{}",
+            c.tp, c.pp, c.dp, c.micro_batch, self.global_batch_size
+        );
+        if c.virtual_stages > 1 {
+            text.push_str(&format!(" v{}", c.virtual_stages));
+        }
+        if c.recompute != Recompute::None {
+            text.push_str(&format!(" recompute={}", c.recompute.name()));
+        }
+        if c.sequence_parallel {
+            text.push_str(" sp");
+        }
+        if c.optimizer_sharding != OptimizerSharding::None {
+            text.push_str(&format!(" shard={}", c.optimizer_sharding.name()));
+        }
+        text.push_str(&format!(
+            ", L{} h{} a{} s{}, {} GPUs",
+            self.num_layers,
+            self.hidden_size,
+            self.num_attention_heads,
+            self.seq_length,
+            self.world_size
+        ));
+        text
+    }
+}
+
+/// The columns of the run-table row [`MegatronRun::row`] gives: paratune's
+/// run-table schema (see `runs::KNOWN_COLUMNS`), then measurements the
+/// schema does not read, carried through as the user's own columns.
+pub const ROW_COLUMNS: [&str; 29] = [
+    "gpus",
+    "global_batch",
+    "micro_batch",
+    "hidden",
+    "heads",
+    "kv_heads",
+    "ffn_hidden",
+    "layers",
+    "seq_len",
+    "vocab",
+    "tp",
+    "dp",
+    "pp",
+    "recompute",
+    "sequence_parallel",
+    "schedule",
+    "virtual_stages",
+    "bpipe",
+    "attention",
+    "optimizer_sharding",
+    "iter_ms",
+    "iter_ms_median",
+    "tflops_per_gpu_measured",
+    "peak_memory_bytes",
+    "peak_reserved_bytes",
+    "steady_iterations",
+    "skipped_iterations",
+    "nan_iterations",
+    "source_log",
+];
+
+impl MegatronRun {
+    /// Peak `max allocated` in GiB, when the log has memory lines.
+    pub fn peak_allocated_gib(&self) -> Option<f64> {
+        self.peak_allocated_bytes.map(|b| b / GIB)
+    }
+
+    pub fn peak_reserved_gib(&self) -> Option<f64> {
+        self.peak_reserved_bytes.map(|b| b / GIB)
+    }
+
+    /// This run as a row of [`ROW_COLUMNS`], `source` in the last column.
+    /// Refuses what the run table cannot describe (context parallelism,
+    /// mixture of experts) and a run whose vocabulary the log does not give.
+    pub fn row(&self, path: &str, source: &str) -> Result<Vec<String>, MegatronLogError> {
+        let m = &self.config;
+        let unsupported = |feature: String, hint: &'static str| MegatronLogError::Unsupported {
+            path: path.into(),
+            feature,
+            hint,
+        };
+        if m.context_parallel_size > 1 {
+            return Err(unsupported(
+                format!(
+                    "context parallelism (context_parallel_size {})",
+                    m.context_parallel_size
+                ),
+                "paratune plans tensor, pipeline and data parallelism only; measure with --context-parallel-size 1",
+            ));
+        }
+        if let Some(experts) = m.num_experts {
+            return Err(unsupported(
+                format!("a mixture of experts (num_experts {experts})"),
+                "paratune models dense transformers only",
+            ));
+        }
+        let vocab = m.vocab().ok_or_else(|| MegatronLogError::MissingArguments {
+            path: path.into(),
+            names: vec!["padded_vocab_size".into(), "vocab_size".into()],
+            hint: "and the log has no `padded vocab (... new size: N)` line; give the log from its first line",
+        })?;
+        let ffn = m.ffn_hidden_size.unwrap_or(4 * m.hidden_size);
+        let c = m.parallel_config();
+        let optional =
+            |v: Option<f64>, digits: usize| v.map(|v| format!("{v:.digits$}")).unwrap_or_default();
+        Ok(vec![
+            m.world_size.to_string(),
+            m.global_batch_size.to_string(),
+            c.micro_batch.to_string(),
+            m.hidden_size.to_string(),
+            m.num_attention_heads.to_string(),
+            m.kv_heads().to_string(),
+            ffn.to_string(),
+            m.num_layers.to_string(),
+            m.seq_length.to_string(),
+            vocab.to_string(),
+            c.tp.to_string(),
+            c.dp.to_string(),
+            c.pp.to_string(),
+            c.recompute.name().to_string(),
+            crate::config::on_off(c.sequence_parallel).to_string(),
+            c.schedule.name().to_string(),
+            c.virtual_stages.to_string(),
+            crate::config::on_off(c.bpipe).to_string(),
+            c.attention.name().to_string(),
+            c.optimizer_sharding.name().to_string(),
+            format!("{:.3}", self.steady_mean_ms),
+            format!("{:.3}", self.steady_median_ms),
+            optional(self.tflops_per_gpu, 2),
+            optional(self.peak_allocated_bytes.map(f64::round), 0),
+            optional(self.peak_reserved_bytes.map(f64::round), 0),
+            self.steady_iterations.to_string(),
+            self.skipped_iterations.to_string(),
+            self.nan_iterations.to_string(),
+            source.to_string(),
+        ])
+    }
+}
+
+/// Rows of `new` that `existing` does not already hold, for appending to a
+/// run table: the headers are united (the existing ones first, then the new
+/// ones), and a new row is already there when an existing row has the same
+/// value in every column the new row gives. Returns the merged headers, the
+/// merged rows and how many new rows were added.
+pub fn merge_rows(
+    existing_headers: &[String],
+    existing_rows: &[Vec<String>],
+    new_headers: &[String],
+    new_rows: &[Vec<String>],
+) -> (Vec<String>, Vec<Vec<String>>, usize) {
+    let mut headers = existing_headers.to_vec();
+    for h in new_headers {
+        if !headers.contains(h) {
+            headers.push(h.clone());
+        }
+    }
+    let widen = |source_headers: &[String], row: &[String]| -> Vec<String> {
+        headers
+            .iter()
+            .map(|h| {
+                source_headers
+                    .iter()
+                    .position(|s| s == h)
+                    .and_then(|i| row.get(i).cloned())
+                    .unwrap_or_default()
+            })
+            .collect()
+    };
+    let mut rows: Vec<Vec<String>> = existing_rows
+        .iter()
+        .map(|r| widen(existing_headers, r))
+        .collect();
+    let mut added = 0;
+    for row in new_rows {
+        let wide = widen(new_headers, row);
+        let given: Vec<usize> = new_headers
+            .iter()
+            .filter_map(|h| headers.iter().position(|x| x == h))
+            .collect();
+        let present = rows
+            .iter()
+            .any(|old| given.iter().all(|&i| old[i].trim() == wide[i].trim()));
+        if !present {
+            rows.push(wide);
+            added += 1;
+        }
+    }
+    (headers, rows, added)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::ModelSpec;
+    use crate::runs::{RowDefaults, RunTable, runs_from_table, write_csv};
+
+    fn dump(args: &[(&str, &str)]) -> String {
+        let mut lines: Vec<String> = args
+            .iter()
+            .map(|(name, value)| format!("  {name} {} {value}", ".".repeat(48 - name.len())))
+            .collect();
+        lines.sort_by_key(|l| l.to_lowercase());
+        format!("{ARGS_BEGIN}\n{}\n{ARGS_END}\n", lines.join("\n"))
+    }
+
+    const BASE: [(&str, &str); 16] = [
+        ("num_layers", "24"),
+        ("hidden_size", "1024"),
+        ("num_attention_heads", "16"),
+        ("ffn_hidden_size", "4096"),
+        ("seq_length", "1024"),
+        ("padded_vocab_size", "None"),
+        ("vocab_size", "50257"),
+        ("micro_batch_size", "2"),
+        ("global_batch_size", "16"),
+        ("tensor_model_parallel_size", "2"),
+        ("pipeline_model_parallel_size", "2"),
+        ("data_parallel_size", "2"),
+        ("world_size", "8"),
+        ("recompute_granularity", "None"),
+        ("attention_backend", "AttnBackend.flash"),
+        ("use_distributed_optimizer", "True"),
+    ];
+
+    fn iteration(n: u64, ms: f64) -> String {
+        format!(
+            " [2025-11-28 18:48:17.123456] iteration {n:8}/{:8} | consumed samples: {:12} | elapsed time per iteration (ms): {ms:.1} | throughput per GPU (TFLOP/s/GPU): 101.5 | learning rate: 1.000000E-04 | global batch size:    16 | lm loss: 1.045E+01 | loss scale: 1.0 | grad norm: 2.345 | number of skipped iterations:   0 | number of nan iterations:   0 |\n",
+            10,
+            n * 16
+        )
+    }
+
+    fn log(extra: &[(&str, &str)], times: &[f64]) -> String {
+        let mut args: Vec<(&str, &str)> = BASE.to_vec();
+        for (k, v) in extra {
+            args.retain(|(name, _)| name != k);
+            args.push((k, v));
+        }
+        let mut text = String::from("using world size: 8\n");
+        text.push_str(&dump(&args));
+        text.push_str(" > padded vocab (size: 50257) with 47 dummy tokens (new size: 50304)\n");
+        for (i, ms) in times.iter().enumerate() {
+            text.push_str(&iteration(i as u64 + 1, *ms));
+            if i == 1 {
+                text.push_str("[Rank 0] (after 2 iterations) memory (MB) | allocated: 4000.00 | max allocated: 9000.50 | reserved: 10000.00 | max reserved: 10240.00\n");
+                text.push_str("[Rank 2] (after 2 iterations) memory (MB) | allocated: 4000.00 | max allocated: 9500.00 | reserved: 10000.00 | max reserved: 10100.00\n");
+            }
+        }
+        text
+    }
+
+    #[test]
+    fn a_complete_log_gives_config_steady_time_and_peak_memory() {
+        let run = parse(&log(&[], &[900.0, 300.0, 200.0, 210.0, 190.0]), "a.log", 2).unwrap();
+        let c = &run.config;
+        assert_eq!(
+            (c.tensor_model_parallel_size, c.pipeline_model_parallel_size),
+            (2, 2)
+        );
+        assert_eq!(c.data_parallel_size, 2);
+        assert_eq!(c.padded_vocab_size, Some(50304));
+        assert_eq!(c.attention_backend.as_deref(), Some("flash"));
+        assert_eq!(run.steady_iterations, 3);
+        assert!((run.steady_mean_ms - 200.0).abs() < 1e-9);
+        assert!((run.steady_median_ms - 200.0).abs() < 1e-9);
+        assert_eq!(run.tflops_per_gpu, Some(101.5));
+        assert_eq!(run.peak_allocated_bytes, Some(9500.0 * MEGABYTE));
+        assert_eq!(run.peak_reserved_bytes, Some(10240.0 * MEGABYTE));
+        assert!(run.arguments_complete);
+        let config = c.parallel_config();
+        assert_eq!(
+            config.optimizer_sharding,
+            OptimizerSharding::OptimizerStates
+        );
+        assert_eq!(config.schedule, ScheduleKind::OneFOneB);
+    }
+
+    #[test]
+    fn warm_up_is_a_parameter_and_iteration_one_never_counts() {
+        let text = log(&[], &[900.0, 300.0, 200.0]);
+        let run = parse(&text, "a.log", 0).unwrap();
+        assert_eq!(
+            run.steady_iterations, 2,
+            "iteration 1 is left out even without warm-up"
+        );
+        assert!((run.steady_mean_ms - 250.0).abs() < 1e-9);
+        let err = parse(&text, "a.log", 3).unwrap_err().to_string();
+        assert!(
+            err.contains("no iteration lines after the 3 warm-up iterations")
+                && err.contains("--train-iters")
+                && err.contains("--warmup"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn prefixes_of_launchers_are_tolerated() {
+        let text = log(&[], &[900.0, 300.0, 200.0, 220.0]);
+        for prefix in [
+            "[default0]:",
+            "[rank0]: ",
+            "0: ",
+            "2025-01-01 10:00:00,123 INFO ",
+        ] {
+            let prefixed: String = text.lines().map(|l| format!("{prefix}{l}\n")).collect();
+            let run = parse(&prefixed, "p.log", 2).unwrap();
+            assert_eq!(run.config.num_layers, 24, "{prefix}");
+            assert!((run.steady_mean_ms - 210.0).abs() < 1e-9, "{prefix}");
+            assert_eq!(run.memory.len(), 2, "{prefix}");
+        }
+    }
+
+    #[test]
+    fn a_killed_log_keeps_what_it_has_and_never_reads_a_cut_number() {
+        let mut text = log(&[], &[900.0, 300.0, 200.0, 220.0]);
+        text.push_str(" [2025-11-28 18:48:17.123456] iteration        5/      10 | consumed samples:           80 | elapsed time per iteration (ms): 99");
+        let run = parse(&text, "k.log", 2).unwrap();
+        assert_eq!(run.steady_iterations, 2);
+        assert!((run.steady_mean_ms - 210.0).abs() < 1e-9);
+        assert!(
+            run.notes.iter().any(|n| n.contains("cut off")),
+            "{:?}",
+            run.notes
+        );
+        assert!(
+            run.notes
+                .iter()
+                .any(|n| n.contains("stops at iteration 5 of 10"))
+        );
+    }
+
+    #[test]
+    fn missing_parts_are_errors_that_say_what_is_missing() {
+        let err = parse("", "e.log", 2).unwrap_err().to_string();
+        assert!(err.contains("e.log") && err.contains("empty"), "{err}");
+        let err = parse(&iteration(1, 5.0), "n.log", 2)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("n.log") && err.contains("no Megatron-LM argument dump"),
+            "{err}"
+        );
+        let err = parse(&dump(&BASE), "i.log", 2).unwrap_err().to_string();
+        assert!(err.contains("no readable iteration lines"), "{err}");
+        let cut = format!("{ARGS_BEGIN}\n  num_layers {} 24\n", ".".repeat(38));
+        let err = parse(&cut, "c.log", 2).unwrap_err().to_string();
+        assert!(
+            err.contains("hidden_size") && err.contains("cut inside"),
+            "{err}"
+        );
+        let err = parse(&log(&[("num_layers", "many")], &[1.0]), "b.log", 2)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("num_layers") && err.contains("`many`"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn garbage_lines_and_unreadable_fields_are_skipped_with_a_note() {
+        let mut text = log(&[], &[900.0, 300.0, 200.0]);
+        text.push_str("garbage \u{fffd}\u{fffd} | iteration x/y |\n");
+        text.push_str(" iteration        4/      10 | elapsed time per iteration (ms): nan |\n");
+        text.push_str(&iteration(5, 220.0));
+        text.push_str(
+            "[Rank 1] (after 5 iterations) memory (MB) | allocated: oops | max allocated: | \n",
+        );
+        let run = parse(&text, "g.log", 2).unwrap();
+        assert_eq!(run.steady_iterations, 2);
+        assert!((run.steady_mean_ms - 210.0).abs() < 1e-9);
+        assert!(run.notes.iter().any(|n| n.contains("without a readable")));
+    }
+
+    #[test]
+    fn the_shipped_synthetic_logs_parse() {
+        let garbage = include_str!("../../tests/data/megatron/gpt345m-tp2-pp1-dp4-garbage.log");
+        let run = parse(garbage, "garbage.log", 2).unwrap();
+        // A warning printed by another rank inside the dump is not an argument.
+        assert_eq!(run.config.all.len(), BASE_ARGUMENTS_IN_SHIPPED_LOGS);
+        assert_eq!(run.config.attention(), AttentionKind::Standard);
+        assert_eq!(run.steady_iterations, 9);
+        assert!(
+            run.notes.iter().any(|n| n.contains("more than once")),
+            "{:?}",
+            run.notes
+        );
+
+        let killed = include_str!("../../tests/data/megatron/gpt1.3b-tp4-pp1-dp2-killed.log");
+        let run = parse(killed, "killed.log", 2).unwrap();
+        assert_eq!(run.last_iteration, 9);
+        assert_eq!(run.steady_iterations, 6);
+        assert_eq!(run.config.padded_vocab_size, Some(50688));
+
+        let interleaved =
+            include_str!("../../tests/data/megatron/llama-1b-tp1-pp4-dp2-interleaved.log");
+        let run = parse(interleaved, "interleaved.log", 2).unwrap();
+        assert_eq!(run.config.virtual_stages(), 2);
+        assert!(run.config.swiglu && run.config.untie_embeddings_and_output_weights);
+        assert_eq!(run.memory.len(), 8);
+        assert!(run.notes.is_empty(), "{:?}", run.notes);
+    }
+
+    /// Arguments in the dumps of `tests/data/megatron/` (the generator's list).
+    const BASE_ARGUMENTS_IN_SHIPPED_LOGS: usize = 122;
+
+    #[test]
+    fn skipped_and_nan_iterations_are_summed() {
+        let text = log(&[], &[900.0, 300.0, 200.0]).replace(
+            "number of skipped iterations:   0 |",
+            "number of skipped iterations:   1 |",
+        );
+        let run = parse(&text, "s.log", 2).unwrap();
+        assert_eq!(run.skipped_iterations, 3);
+        assert_eq!(run.nan_iterations, 0);
+    }
+
+    #[test]
+    fn interleaving_recomputation_and_gqa_are_read() {
+        let text = log(
+            &[
+                ("num_layers_per_virtual_pipeline_stage", "6"),
+                ("virtual_pipeline_model_parallel_size", "2"),
+                ("recompute_granularity", "full"),
+                ("recompute_method", "uniform"),
+                ("group_query_attention", "True"),
+                ("num_query_groups", "4"),
+                ("sequence_parallel", "True"),
+                ("swiglu", "True"),
+            ],
+            &[900.0, 300.0, 200.0],
+        );
+        let run = parse(&text, "v.log", 2).unwrap();
+        let config = run.config.parallel_config();
+        assert_eq!(config.schedule, ScheduleKind::Interleaved);
+        assert_eq!(config.virtual_stages, 2);
+        assert_eq!(config.recompute, Recompute::Full);
+        assert!(config.sequence_parallel);
+        assert_eq!(run.config.kv_heads(), 4);
+    }
+
+    #[test]
+    fn a_row_reads_back_with_runs_from_table_into_the_same_configuration() {
+        for extra in [
+            vec![],
+            vec![
+                ("virtual_pipeline_model_parallel_size", "2"),
+                ("recompute_granularity", "selective"),
+                ("sequence_parallel", "True"),
+                ("attention_backend", "AttnBackend.unfused"),
+                ("global_batch_size", "32"),
+            ],
+        ] {
+            let run = parse(&log(&extra, &[900.0, 300.0, 200.0]), "r.log", 2).unwrap();
+            let headers: Vec<String> = ROW_COLUMNS.iter().map(|s| s.to_string()).collect();
+            let row = run.row("r.log", "logs/r,1.log").unwrap();
+            let mut buffer = Vec::new();
+            write_csv(&mut buffer, &headers, &[row]).unwrap();
+            let text = String::from_utf8(buffer).unwrap();
+            let table = RunTable::parse(&text, "runs.csv").unwrap();
+            let defaults = RowDefaults::gpt(1000, 128, AttentionKind::Standard, Recompute::Full);
+            let runs = runs_from_table(&table, &defaults, 8).unwrap();
+            assert_eq!(runs[0].config, run.config.parallel_config());
+            assert_eq!(runs[0].gpus, 8);
+            assert_eq!(runs[0].global_batch, run.config.global_batch_size);
+            let model: &ModelSpec = &runs[0].model;
+            assert_eq!(
+                (model.hidden, model.heads, model.kv_heads, model.ffn_hidden),
+                (1024, 16, 16, 4096)
+            );
+            assert_eq!(
+                (model.layers, model.seq_len, model.vocab),
+                (24, 1024, 50304)
+            );
+            assert!((runs[0].measured_s.unwrap() - 0.2).abs() < 1e-9);
+            assert_eq!(table.cell(0, "source_log"), Some("logs/r,1.log"));
+        }
+    }
+
+    #[test]
+    fn context_parallel_and_moe_runs_are_refused_as_rows() {
+        let run = parse(
+            &log(
+                &[("context_parallel_size", "2"), ("data_parallel_size", "1")],
+                &[9.0, 3.0, 2.0],
+            ),
+            "cp.log",
+            2,
+        )
+        .unwrap();
+        let err = run.row("cp.log", "cp.log").unwrap_err().to_string();
+        assert!(err.contains("context parallelism"), "{err}");
+    }
+
+    #[test]
+    fn merging_skips_rows_already_there_and_unites_headers() {
+        let h = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let existing = h(&["gpus", "tp", "note"]);
+        let rows = vec![h(&["8", "2", "mine"])];
+        let new_headers = h(&["gpus", "tp", "iter_ms"]);
+        let new_rows = vec![h(&["8", "2", ""]), h(&["8", "4", "100"])];
+        let (headers, merged, added) = merge_rows(&existing, &rows, &new_headers, &new_rows);
+        assert_eq!(headers, h(&["gpus", "tp", "note", "iter_ms"]));
+        assert_eq!(added, 1);
+        assert_eq!(merged[1], h(&["8", "4", "", "100"]));
+    }
+}
