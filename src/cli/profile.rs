@@ -355,8 +355,13 @@ pub fn load(path: Option<&Path>, job_gpu: &str) -> Result<Option<Loaded>> {
 impl Loaded {
     /// `profile DIR (gpu; N collective curves, M layer shapes)`.
     pub fn title(&self) -> String {
+        let sweep = if self.measurements.has_device_sweep() {
+            "; GEMM and HBM efficiencies from its device sweep"
+        } else {
+            ""
+        };
         format!(
-            "profile {} ({}; {} collective curves, {} layer shapes)",
+            "profile {} ({}; {} collective curves, {} layer shapes{sweep})",
             self.path.display(),
             self.environment.gpu,
             self.measurements.curves().count(),

@@ -9,7 +9,7 @@ pub const HALF: f64 = 2.0;
 /// reduced for each dimension that under-fills a tile (`d / (d + d_half)`).
 fn gemm_efficiency(s: &Scenario, peak_fraction: f64, m: f64, n: f64, k: f64) -> f64 {
     let fill = |d: f64| d / (d + s.coef().gemm_dim_half);
-    peak_fraction * fill(m) * fill(n) * fill(k)
+    peak_fraction * s.measured_gemm_scale * fill(m) * fill(n) * fill(k)
 }
 
 /// Forward time of `C[m x n] = A[m x k] B[k x n]` in 16-bit: the slower of its
@@ -46,7 +46,7 @@ fn linear_at(s: &Scenario, peak_fraction: f64, tokens: f64, input: f64, output: 
 
 /// Time to stream `bytes` through HBM at the achieved bandwidth.
 pub fn memory_pass(s: &Scenario, bytes: f64) -> f64 {
-    bytes / (s.gpu.hbm_bandwidth * s.coef().hbm_efficiency)
+    bytes / (s.gpu.hbm_bandwidth * s.coef().hbm_efficiency * s.measured_hbm_scale)
 }
 
 /// Time for `flops` of attention-score products at the given efficiency.

@@ -56,6 +56,10 @@ pub struct Scenario<'a> {
     /// Measured collectives and layers that replace the formulas where they
     /// cover the case; `None` for the formulas alone.
     pub profile: Option<&'a Measurements>,
+    /// GEMM and HBM efficiencies scaled to what the profile's device sweep
+    /// measured (1 without one): set by [`Scenario::with_profile`].
+    pub measured_gemm_scale: f64,
+    pub measured_hbm_scale: f64,
 }
 
 impl<'a> Scenario<'a> {
@@ -77,12 +81,24 @@ impl<'a> Scenario<'a> {
             memory_limit: None,
             cost,
             profile: None,
+            measured_gemm_scale: 1.0,
+            measured_hbm_scale: 1.0,
         }
     }
 
     /// The same scenario using `profile`'s measurements where they apply.
+    /// A device sweep in the profile (`profile device`) replaces the GEMM
+    /// efficiency coefficient by the measured one (the output head's keeps
+    /// its ratio to it) and the HBM efficiency by the measured copy's.
     pub fn with_profile(mut self, profile: Option<&'a Measurements>) -> Self {
         self.profile = profile;
+        let k = &self.cost.coefficients;
+        self.measured_gemm_scale = profile
+            .and_then(|p| p.gemm_peak_fraction(self.gpu.peak_flops, k.gemm_dim_half))
+            .map_or(1.0, |f| f / k.gemm_efficiency);
+        self.measured_hbm_scale = profile
+            .and_then(|p| p.hbm_fraction(self.gpu.hbm_bandwidth))
+            .map_or(1.0, |f| f / k.hbm_efficiency);
         self
     }
 
@@ -419,8 +435,8 @@ fn data_parallel_and_optimizer(
                 OptimizerSharding::None => 1.0,
                 _ => d as f64,
             };
-        let optimizer =
-            owned * k.optimizer_step_bytes_per_param / (s.gpu.hbm_bandwidth * k.hbm_efficiency);
+        let optimizer = owned * k.optimizer_step_bytes_per_param
+            / (s.gpu.hbm_bandwidth * k.hbm_efficiency * s.measured_hbm_scale);
         if comm + optimizer > worst.exposed_comm + worst.optimizer {
             worst = SyncTime {
                 exposed_comm: comm,

@@ -902,6 +902,60 @@ mod profiled {
     }
 
     #[test]
+    fn a_device_sweep_replaces_the_gemm_and_hbm_efficiencies() {
+        let model = ModelSpec::gpt("gpt-350m", 1024, 16, 24, 51200, 1024);
+        let f = Fixture::new(model, 1, 8);
+        let c = f.checked(config(1, 1, 1, 2));
+        let plain = f.scenario();
+        let k = plain.coef();
+        // One 16-bit 8192^3 multiply that ran at half the GEMM efficiency
+        // the coefficients assume, and a copy at half the HBM efficiency.
+        let side = 8192.0;
+        let fill = side / (side + k.gemm_dim_half);
+        let flops = 0.5 * k.gemm_efficiency * plain.gpu.peak_flops * fill.powi(3);
+        let mut p = Profile::empty("a100-80gb");
+        p.device = Some(crate::profile::DeviceProfile {
+            device: "cuda:0".into(),
+            facts: None,
+            matmul: vec![crate::bench::MatmulPoint {
+                m: 8192,
+                n: 8192,
+                k: 8192,
+                dtype: crate::bench::Dtype::Bf16,
+                seconds: 2.0 * side.powi(3) / flops,
+                tflops: flops / 1e12,
+                ci95_rel: None,
+            }],
+            copy: Some(crate::bench::CopyPoint {
+                bytes: 1 << 30,
+                seconds: 1.0,
+                gbps: 0.5 * k.hbm_efficiency * plain.gpu.hbm_bandwidth / 1e9,
+                ci95_rel: None,
+            }),
+            runtime: String::new(),
+        });
+        let measured = Measurements::from_profile(&p);
+        let s = plain.with_profile(Some(&measured));
+        assert_close(s.measured_gemm_scale, 0.5, 1e-12, "gemm scale");
+        assert_close(s.measured_hbm_scale, 0.5, 1e-12, "hbm scale");
+        let (fast, _) = kernels::linear_forward_backward(&plain, 2048.0, 1024.0, 4096.0);
+        let (slow, _) = kernels::linear_forward_backward(&s, 2048.0, 1024.0, 4096.0);
+        assert_close(
+            slow / fast,
+            2.0,
+            1e-9,
+            "compute-bound GEMM at half the rate",
+        );
+        assert!(predict(&s, &c).iteration_s > 1.5 * predict(&plain, &c).iteration_s);
+        // A 32-bit sweep says nothing about 16-bit GEMMs.
+        if let Some(d) = p.device.as_mut() {
+            d.matmul[0].dtype = crate::bench::Dtype::Fp32;
+        }
+        let fp32 = Measurements::from_profile(&p);
+        assert_eq!(plain.with_profile(Some(&fp32)).measured_gemm_scale, 1.0);
+    }
+
+    #[test]
     fn a_shard_timed_alone_gets_its_collectives_added() {
         // The same row as a single-device shard (`profile layer`): the
         // measured 27.2 ms is compute only, the collectives come on top.

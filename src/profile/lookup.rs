@@ -94,6 +94,10 @@ struct LayerCurve {
 pub struct Measurements {
     curves: Vec<Curve>,
     layers: Vec<LayerCurve>,
+    /// 16-bit matrix multiplies from `profile device`: (m, n, k, FLOP/s).
+    matmuls: Vec<(f64, f64, f64, f64)>,
+    /// Measured copy bandwidth, bytes/s (read + written).
+    copy_bandwidth: Option<f64>,
 }
 
 impl Measurements {
@@ -189,11 +193,55 @@ impl Measurements {
                 }),
             }
         }
-        Measurements { curves, layers }
+        let (matmuls, copy_bandwidth) = match &profile.device {
+            Some(device) => (
+                device
+                    .matmul
+                    .iter()
+                    .filter(|p| p.dtype.bytes() == 2 && p.tflops.is_finite() && p.tflops > 0.0)
+                    .map(|p| (p.m as f64, p.n as f64, p.k as f64, p.tflops * 1e12))
+                    .collect(),
+                device
+                    .copy
+                    .as_ref()
+                    .map(|c| c.gbps * 1e9)
+                    .filter(|b| b.is_finite() && *b > 0.0),
+            ),
+            None => (Vec::new(), None),
+        };
+        Measurements {
+            curves,
+            layers,
+            matmuls,
+            copy_bandwidth,
+        }
+    }
+
+    /// The fraction of `peak_flops` the measured 16-bit matrix multiplies
+    /// reach once the shape's own inefficiency (`fill(d) = d / (d + d_half)`
+    /// per dimension, the cost model's) is taken out: the best over the
+    /// sweep. `None` without a 16-bit sweep.
+    pub fn gemm_peak_fraction(&self, peak_flops: f64, dim_half: f64) -> Option<f64> {
+        let fill = |d: f64| d / (d + dim_half);
+        self.matmuls
+            .iter()
+            .map(|&(m, n, k, flops)| flops / (peak_flops * fill(m) * fill(n) * fill(k)))
+            .reduce(f64::max)
+            .map(|f| f.min(1.0))
+    }
+
+    /// Whether `profile device` measured 16-bit matrix multiplies or a copy.
+    pub fn has_device_sweep(&self) -> bool {
+        !self.matmuls.is_empty() || self.copy_bandwidth.is_some()
+    }
+
+    /// The fraction of `hbm_bandwidth` the measured copy reached.
+    pub fn hbm_fraction(&self, hbm_bandwidth: f64) -> Option<f64> {
+        self.copy_bandwidth.map(|b| (b / hbm_bandwidth).min(1.0))
     }
 
     pub fn is_empty(&self) -> bool {
-        self.curves.is_empty() && self.layers.is_empty()
+        self.curves.is_empty() && self.layers.is_empty() && self.matmuls.is_empty()
     }
 
     /// Measured (collective, ranks) curves with their size ranges in bytes.
