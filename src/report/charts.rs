@@ -24,11 +24,11 @@ pub struct StageMemoryBar {
 pub struct CandidateTime {
     /// What the x axis says under the candidate, e.g. `#1 tp2 pp4`.
     pub label: String,
-    /// Predicted iteration time, seconds.
+    /// Predicted time (an iteration, or a stage's micro-batch), seconds.
     pub predicted_s: f64,
     /// The predicted band (low, high) in seconds, drawn as an error bar.
     pub band_s: Option<(f64, f64)>,
-    /// Measured iteration time, seconds.
+    /// Measured time, seconds.
     pub measured_s: Option<f64>,
 }
 
@@ -286,12 +286,12 @@ pub fn time_chart(title: &str, candidates: &[CandidateTime]) -> Result<String, R
             .build_cartesian_2d(x_axis, 0.0..top)
             .map_err(&err)?;
         let formatter = |x: &f64| label_at(&labels, *x);
-        let y_desc = format!("iteration time ({unit})");
+        let y_desc = format!("time ({unit})");
         chart
             .configure_mesh()
             .disable_x_mesh()
             .max_light_lines(1)
-            .x_desc("candidate")
+            .x_desc("candidate (and stage)")
             .y_desc(y_desc.as_str())
             .x_label_formatter(&formatter)
             .draw()
@@ -477,7 +477,7 @@ mod tests {
             "predicted",
             "predicted band",
             "measured",
-            "iteration time (ms)",
+            "time (ms)",
         ] {
             assert!(svg.contains(text), "missing `{text}`");
         }
@@ -490,7 +490,7 @@ mod tests {
             c.predicted_s *= 10.0;
         }
         let svg = time_chart("Slow", &slow).unwrap();
-        assert!(svg.contains("iteration time (s)"));
+        assert!(svg.contains("time (s)"));
     }
 
     #[test]
