@@ -197,4 +197,6 @@ fn profile_device_measures_matrix_multiplies_and_a_copy() {
             .all(|p| p.tflops > 0.0 && p.seconds > 0.0)
     );
     assert!(device.copy.unwrap().gbps > 0.0);
+    let shown = ok(&["profile", "show", out.to_str().unwrap()]);
+    assert!(shown.contains("matmul   512^3 fp32"), "{shown}");
 }

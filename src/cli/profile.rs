@@ -313,6 +313,36 @@ fn show(args: &ShowProfileArgs) -> Result<()> {
             shape.recompute.name()
         );
     }
+    if let Some(device) = &profile.device {
+        let _ = writeln!(
+            out,
+            "  device            {} ({})",
+            device.device, device.runtime
+        );
+        if let Some(f) = &device.facts {
+            let _ = writeln!(
+                out,
+                "    {}: {:.1} GiB, {} SMs, compute capability {}, driver {}",
+                f.name,
+                f.memory_bytes / (1u64 << 30) as f64,
+                f.multiprocessors,
+                f.compute_capability,
+                f.driver_version
+            );
+        }
+        for p in &device.matmul {
+            let _ = writeln!(
+                out,
+                "    matmul {:>5}^3 {:<4} {:>8.2} TFLOP/s",
+                p.m,
+                p.dtype.name(),
+                p.tflops
+            );
+        }
+        if let Some(c) = &device.copy {
+            let _ = writeln!(out, "    copy {} {:.1} GB/s", mib(c.bytes as f64), c.gbps);
+        }
+    }
     for command in &env.commands {
         let _ = writeln!(out, "  made by           {command}");
     }
