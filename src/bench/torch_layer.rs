@@ -209,12 +209,21 @@ pub(super) fn measure(job: &LayerJob) -> Result<LayerMeasurement, BenchError> {
     }
     let probe = memory::probe(job.device);
     tch::manual_seed(0);
-    match catch_unwind(AssertUnwindSafe(|| run(job, device, &*probe))) {
-        Ok(measurement) => Ok(measurement),
+    catching_oom(|| run(job, device, &*probe), || out_of_memory(device))
+}
+
+/// Runs `work`, turning libtorch's out-of-memory panic into `oom()` and
+/// any other panic into a one-line error.
+pub(super) fn catching_oom<T>(
+    work: impl FnOnce() -> T,
+    oom: impl FnOnce() -> T,
+) -> Result<T, BenchError> {
+    match catch_unwind(AssertUnwindSafe(work)) {
+        Ok(value) => Ok(value),
         Err(payload) => {
             let message = panic_message(&*payload);
             if is_out_of_memory(&message) {
-                Ok(out_of_memory(device))
+                Ok(oom())
             } else {
                 Err(BenchError::Failed(first_line(&message)))
             }

@@ -20,13 +20,9 @@
 //! activations in buffers of the size its own micro-batches keep.
 
 use super::memory::{self, MemoryProbe};
-use super::torch_layer::{
-    LayerShard, backward, first_line, is_out_of_memory, kind, panic_message, runtime, sync,
-    torch_device,
-};
+use super::torch_layer::{LayerShard, backward, catching_oom, kind, runtime, sync, torch_device};
 use super::{BenchError, Device, Sampler, StageJob, StageMeasurement};
 use crate::config::Recompute;
-use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::Instant;
 use tch::{Kind, Tensor};
 
@@ -38,17 +34,10 @@ pub(super) fn measure(job: &StageJob) -> Result<StageMeasurement, BenchError> {
     }
     let probe = memory::probe(job.device);
     tch::manual_seed(0);
-    match catch_unwind(AssertUnwindSafe(|| run(job, device, &*probe))) {
-        Ok(m) => Ok(m),
-        Err(payload) => {
-            let message = panic_message(&*payload);
-            if is_out_of_memory(&message) {
-                Ok(StageMeasurement::out_of_memory(runtime(device), None))
-            } else {
-                Err(BenchError::Failed(first_line(&message)))
-            }
-        }
-    }
+    catching_oom(
+        || run(job, device, &*probe),
+        || StageMeasurement::out_of_memory(runtime(device), None),
+    )
 }
 
 /// A parameter's fp32 gradient buffer and Adam states, each holding this

@@ -80,22 +80,7 @@ pub fn spawn_worker(job: &WorkerJob, timeout: Duration) -> Result<WorkerReply, S
             .take()
             .map(|p| Box::new(p) as Box<dyn Read + Send>),
     );
-    let start = Instant::now();
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(status)) => break status,
-            Ok(None) if start.elapsed() > timeout => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(format!(
-                    "killed after the {} s timeout (--timeout)",
-                    timeout.as_secs_f64()
-                ));
-            }
-            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
-            Err(e) => return Err(format!("lost the worker process: {e}")),
-        }
-    };
+    let status = wait_with_timeout(&mut child, timeout)?;
     let out = stdout.join().unwrap_or_default();
     let err = stderr.join().unwrap_or_default();
     let reply = out
@@ -111,6 +96,29 @@ pub fn spawn_worker(job: &WorkerJob, timeout: Duration) -> Result<WorkerReply, S
             .unwrap_or("no message");
         format!("the worker process ended ({status}) without a result: {last}")
     })
+}
+
+/// Waits for `child`; kills it once `timeout` has passed.
+pub fn wait_with_timeout(
+    child: &mut std::process::Child,
+    timeout: Duration,
+) -> Result<std::process::ExitStatus, String> {
+    let start = Instant::now();
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) => return Ok(status),
+            Ok(None) if start.elapsed() > timeout => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!(
+                    "killed after the {} s timeout (--timeout)",
+                    timeout.as_secs_f64()
+                ));
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+            Err(e) => return Err(format!("lost the process: {e}")),
+        }
+    }
 }
 
 pub fn stopping_rule(args: &RepetitionArgs) -> Result<StoppingRule> {

@@ -48,17 +48,9 @@ fn parse_op(flag: &str, text: &str) -> Result<CollectiveOp> {
 /// The command line as typed, with `paratune` for the program, quoted where
 /// a shell would need it.
 fn command_line() -> String {
-    let quoted = std::env::args().skip(1).map(|arg| {
-        let plain = !arg.is_empty()
-            && arg
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || "-_./=,:+@%".contains(c));
-        if plain {
-            arg
-        } else {
-            format!("'{}'", arg.replace('\'', r"'\''"))
-        }
-    });
+    let quoted = std::env::args()
+        .skip(1)
+        .map(|arg| paratune::export::shell_quote(&arg));
     std::iter::once("paratune".to_string())
         .chain(quoted)
         .collect::<Vec<_>>()

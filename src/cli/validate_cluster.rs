@@ -6,7 +6,7 @@
 
 use super::args::{Launcher as LauncherArg, ValidateArgs};
 use super::commands::emit;
-use super::measure::check_writable;
+use super::measure::{check_writable, wait_with_timeout};
 use super::resolve;
 use anyhow::{Result, anyhow};
 use paratune::calibrate::{CalibrateError, Dataset, FitOptions, calibrate};
@@ -22,7 +22,7 @@ use paratune::validate::megatron_log::{self, DEFAULT_WARMUP, ROW_COLUMNS};
 use std::fmt::Write as _;
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 pub fn run(args: &ValidateArgs, plan: &PlanFile, out: &Path) -> Result<()> {
     check_writable(out, "--out")?;
@@ -119,22 +119,9 @@ fn run_script(script: &Path, timeout: Duration) -> Result<(), String> {
         .stderr(Stdio::null())
         .spawn()
         .map_err(|e| format!("could not start bash: {e}"))?;
-    let start = Instant::now();
-    loop {
-        match child.try_wait() {
-            Ok(Some(status)) if status.success() => return Ok(()),
-            Ok(Some(status)) => return Err(format!("the run failed ({status})")),
-            Ok(None) if start.elapsed() > timeout => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(format!(
-                    "killed after the {} s timeout (--timeout)",
-                    timeout.as_secs_f64()
-                ));
-            }
-            Ok(None) => std::thread::sleep(Duration::from_millis(500)),
-            Err(e) => return Err(format!("lost the run: {e}")),
-        }
+    match wait_with_timeout(&mut child, timeout)? {
+        status if status.success() => Ok(()),
+        status => Err(format!("the run failed ({status})")),
     }
 }
 

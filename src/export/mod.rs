@@ -54,7 +54,7 @@ fn check_job(job: &LaunchJob) -> Result<(), ExportError> {
 
 /// Quotes `word` for a POSIX shell when it holds anything beyond the
 /// characters that never need quoting.
-fn shell_quote(word: &str) -> String {
+pub fn shell_quote(word: &str) -> String {
     let plain = !word.is_empty()
         && word
             .chars()

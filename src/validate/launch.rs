@@ -155,19 +155,7 @@ fn node_shape(
     }
 }
 
-/// Quotes `word` for bash when it holds anything beyond the characters that
-/// never need quoting.
-fn quote(word: &str) -> String {
-    let plain = !word.is_empty()
-        && word
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c));
-    if plain {
-        word.to_string()
-    } else {
-        format!("'{}'", word.replace('\'', r"'\''"))
-    }
-}
+use crate::export::shell_quote as quote;
 
 /// A bash array `NAME=(...)` with one flag and its values per line.
 fn bash_array(out: &mut String, name: &str, args: &[String]) {
