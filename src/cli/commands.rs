@@ -365,7 +365,12 @@ fn explain_config(
     }
 }
 
-fn plan_file(job: &Job, cost: &CostModel, result: &SearchResult, top: usize) -> PlanFile {
+pub(super) fn plan_file(
+    job: &Job,
+    cost: &CostModel,
+    result: &SearchResult,
+    top: usize,
+) -> PlanFile {
     let scenario = job.scenario(cost);
     let candidates = result
         .candidates

@@ -11,16 +11,18 @@ use super::resolve;
 use anyhow::{Result, anyhow};
 use paratune::calibrate::{CalibrateError, Dataset, FitOptions, calibrate};
 use paratune::coefficients::CostModel;
+use paratune::config::ParallelConfig;
 use paratune::config::Recompute;
 use paratune::cost::predict;
 use paratune::plan_file::PlanFile;
 use paratune::report::{ranking_change, render_markdown};
 use paratune::runs::{RowDefaults, RunHistory, RunTable, runs_from_table};
+use paratune::search::{SearchSpace, search};
 use paratune::validate::launch::{LaunchSettings, Launcher, ScriptOutcome, write_launch_scripts};
 use paratune::validate::local::job_of;
 use paratune::validate::megatron_log::{self, DEFAULT_WARMUP, ROW_COLUMNS};
 use std::fmt::Write as _;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -32,71 +34,140 @@ pub fn run(args: &ValidateArgs, plan: &PlanFile, out: &Path) -> Result<()> {
     };
     let mut settings = LaunchSettings::new(args.megatron_path.clone(), launcher);
     settings.train_iters = args.iterations as u64;
-    let mut top = plan.clone();
-    top.candidates.truncate(args.top);
-    let outcomes = write_launch_scripts(&top, &settings, out)?;
     let mut report = String::new();
+    let history_path = out.join("runs-history.csv");
+    let mut history = None;
+    let timeout = Duration::from_secs_f64(args.timeout.max(1.0));
+    let job = job_of(plan);
+    let mut round_plan = plan.clone();
+    let mut tried: Vec<ParallelConfig> = Vec::new();
+    let mut winner = plan.candidates.first().map(|c| c.config);
+    for round in 1..=args.rounds {
+        // Round 1 writes into OUT, later rounds into OUT/round-N.
+        let dir = if round == 1 {
+            out.to_path_buf()
+        } else {
+            out.join(format!("round-{round}"))
+        };
+        let mut top = round_plan.clone();
+        top.candidates.truncate(args.top);
+        top.candidates.retain(|c| !tried.contains(&c.config));
+        tried.extend(top.candidates.iter().map(|c| c.config));
+        let scripts = write_scripts(&top, &settings, &dir, &mut report)?;
+        if scripts.is_empty() {
+            let _ = writeln!(report, "round {round}: no new candidate to run; stopping");
+            break;
+        }
+        if args.dry_run {
+            let _ = writeln!(
+                report,
+                "dry run: nothing was started. Run a script on the cluster, then `paratune ingest megatron-log {}/candidate-N/run.log --out runs.csv` (or rerun without --dry-run to let validate run them, read their logs and refit)",
+                dir.display()
+            );
+            return emit(&report);
+        }
+        if history.is_none() {
+            let (opened, repaired) = RunHistory::open(&history_path, &ROW_COLUMNS)?;
+            if let Some(repair) = repaired {
+                let _ = writeln!(report, "note: {repair}");
+            }
+            history = Some(opened);
+        }
+        let history = history.as_mut().expect("opened above");
+        for (rank, script) in &scripts {
+            run_and_read(*rank, script, timeout, history, &mut report)?;
+        }
+        let Some(fitted) = refit_and_rerank(args, plan, &history_path, &mut report)? else {
+            break;
+        };
+        // Plan again with the refitted model: its leaders are the next round's trials.
+        // Only what Megatron-LM can run is a candidate for a cluster trial.
+        let result = search(&job, &SearchSpace::default(), &fitted);
+        round_plan = super::commands::plan_file(&job, &fitted, &result, result.candidates.len());
+        round_plan.candidates.retain(|c| c.megatron_args.is_some());
+        round_plan.candidates.truncate(args.top.max(5));
+        for (i, c) in round_plan.candidates.iter_mut().enumerate() {
+            c.rank = i + 1;
+        }
+        let leader = round_plan.candidates.first().map(|c| c.config);
+        if round > 1 && leader == winner {
+            let _ = writeln!(report, "\nround {round}: the winner held; stopping");
+            break;
+        }
+        winner = leader;
+        if round < args.rounds {
+            let _ = writeln!(
+                report,
+                "\nround {round}: with the refitted model the leader is {}",
+                leader.map_or("none".to_string(), |c| c.to_string())
+            );
+        }
+    }
+    emit(&report)
+}
+
+/// Writes the launch scripts of `plan`'s candidates into `dir`; reports
+/// each and returns the written ones.
+fn write_scripts(
+    plan: &PlanFile,
+    settings: &LaunchSettings,
+    dir: &Path,
+    report: &mut String,
+) -> Result<Vec<(usize, PathBuf)>> {
     let mut scripts = Vec::new();
-    for outcome in &outcomes {
+    for outcome in write_launch_scripts(plan, settings, dir)? {
         match outcome {
             ScriptOutcome::Written { rank, path } => {
                 let _ = writeln!(report, "candidate #{rank}: {}", path.display());
-                scripts.push((*rank, path.clone()));
+                scripts.push((rank, path));
             }
             ScriptOutcome::Skipped { rank, reason } => {
                 let _ = writeln!(report, "candidate #{rank}: no script ({reason})");
             }
         }
     }
-    if args.dry_run {
+    Ok(scripts)
+}
+
+/// Runs one script, reads its log into the history, says what happened.
+fn run_and_read(
+    rank: usize,
+    script: &Path,
+    timeout: Duration,
+    history: &mut RunHistory,
+    report: &mut String,
+) -> Result<()> {
+    let log = script.with_file_name("run.log");
+    eprintln!("candidate #{rank}: running {} ...", script.display());
+    if let Err(why) = run_script(script, timeout) {
         let _ = writeln!(
             report,
-            "dry run: nothing was started. Run a script on the cluster, then `paratune ingest megatron-log {}/candidate-N/run.log --out runs.csv` (or rerun without --dry-run to let validate run them, read their logs and refit)",
-            out.display()
+            "candidate #{rank}: {why}; its log is {} (kept)",
+            log.display()
         );
-        return emit(&report);
+        return Ok(());
     }
-
-    let history_path = out.join("runs-history.csv");
-    let (mut history, repaired) = RunHistory::open(&history_path, &ROW_COLUMNS)?;
-    if let Some(repair) = repaired {
-        let _ = writeln!(report, "note: {repair}");
-    }
-    let timeout = Duration::from_secs_f64(args.timeout.max(1.0));
-    for (rank, script) in &scripts {
-        let log = script.with_file_name("run.log");
-        eprintln!("candidate #{rank}: running {} ...", script.display());
-        match run_script(script, timeout) {
-            Ok(()) => match megatron_log::read(&log, DEFAULT_WARMUP) {
-                Ok(run) => {
-                    let row = run.row(&log.display().to_string(), "paratune validate")?;
-                    history.append(&row)?;
-                    let _ = writeln!(
-                        report,
-                        "candidate #{rank}: {}: {:.1} ms per iteration (steady state, {} iterations){}",
-                        run.config.summary(),
-                        run.steady_mean_ms,
-                        run.steady_iterations,
-                        run.peak_allocated_bytes
-                            .map(|b| format!(", peak {:.1} GiB allocated", b / 1024f64.powi(3)))
-                            .unwrap_or_default()
-                    );
-                }
-                Err(e) => {
-                    let _ = writeln!(report, "candidate #{rank}: its log does not read: {e}");
-                }
-            },
-            Err(why) => {
-                let _ = writeln!(
-                    report,
-                    "candidate #{rank}: {why}; its log is {} (kept)",
-                    log.display()
-                );
-            }
+    match megatron_log::read(&log, DEFAULT_WARMUP) {
+        Ok(run) => {
+            let row = run.row(&log.display().to_string(), "paratune validate")?;
+            // Kept before anything else: an interruption loses no finished run.
+            history.append(&row)?;
+            let _ = writeln!(
+                report,
+                "candidate #{rank}: {}: {:.1} ms per iteration (steady state, {} iterations){}",
+                run.config.summary(),
+                run.steady_mean_ms,
+                run.steady_iterations,
+                run.peak_allocated_bytes
+                    .map(|b| format!(", peak {:.1} GiB allocated", b / 1024f64.powi(3)))
+                    .unwrap_or_default()
+            );
+        }
+        Err(e) => {
+            let _ = writeln!(report, "candidate #{rank}: its log does not read: {e}");
         }
     }
-    refit_and_rerank(args, plan, &history_path, &mut report)?;
-    emit(&report)
+    Ok(())
 }
 
 /// The coefficients a refit on a handful of trial runs frees first: those
@@ -132,10 +203,10 @@ fn refit_and_rerank(
     plan: &PlanFile,
     history: &Path,
     report: &mut String,
-) -> Result<()> {
+) -> Result<Option<CostModel>> {
     let Ok(table) = RunTable::read(history) else {
         let _ = writeln!(report, "no run was measured: nothing to refit");
-        return Ok(());
+        return Ok(None);
     };
     let job = job_of(plan);
     let defaults = RowDefaults {
@@ -180,7 +251,7 @@ fn refit_and_rerank(
                     "\n{} measured run(s): too few to refit any coefficient yet; trial more candidates (--top) or ingest more runs",
                     table.rows.len()
                 );
-                return Ok(());
+                return Ok(None);
             }
             other => break other.map_err(|e| anyhow!("refit on {}: {e}", history.display()))?,
         }
@@ -214,5 +285,5 @@ fn refit_and_rerank(
         history.display()
     );
     report.push_str(&render_markdown(&change));
-    Ok(())
+    Ok(Some(fitted.model))
 }
