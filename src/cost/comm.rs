@@ -189,14 +189,29 @@ pub fn stage_transfer(s: &Scenario, c: &ParallelConfig, a: u64, b: u64, bytes: f
 
 /// Pipeline send/receive time per micro-batch on one stage: the activation
 /// forward and its gradient backward, once per model chunk. Megatron splits
-/// the message over the tensor-parallel ranks (scatter/gather).
-pub fn pipeline_p2p_per_microbatch(s: &Scenario, c: &ParallelConfig) -> f64 {
+/// the message over the tensor-parallel ranks (scatter/gather). Within a
+/// node a measured send/receive curve replaces the formula.
+pub fn pipeline_p2p_per_microbatch(
+    s: &Scenario,
+    c: &ParallelConfig,
+    usage: &mut ProfileUsage,
+) -> f64 {
     if c.pp == 1 {
         return 0.0;
     }
     let bytes = HALF * (c.micro_batch * s.model.seq_len * s.model.hidden) as f64 / c.tp as f64;
     let crosses = (0..c.pp - 1).any(|i| !stages_share_node(s, c, i, i + 1));
-    let one = s.coef().p2p_latency_us * 1e-6 + bytes / p2p_bw(s, crosses);
+    let measured = (!crosses)
+        .then(|| s.profile.and_then(|p| p.send_recv(bytes)))
+        .flatten();
+    let one = match measured {
+        Some(m) => {
+            usage.collective_lookups += 1;
+            usage.collective_extrapolated += u64::from(m.extrapolated);
+            m.seconds
+        }
+        None => s.coef().p2p_latency_us * 1e-6 + bytes / p2p_bw(s, crosses),
+    };
     2.0 * c.virtual_stages as f64 * one
 }
 

@@ -256,7 +256,7 @@ pub fn stage_times(s: &Scenario, c: &ParallelConfig) -> Vec<StageTime> {
     let mut usage = ProfileUsage::default();
     let layer = layer::layer_time(s, c, &mut usage);
     let ends = layer::pipeline_ends_time(s, c);
-    let p2p = comm::pipeline_p2p_per_microbatch(s, c);
+    let p2p = comm::pipeline_p2p_per_microbatch(s, c, &mut usage);
     (0..c.pp)
         .map(|i| stage_time(s, c, &layer, &ends, p2p, i))
         .collect()
@@ -306,7 +306,7 @@ pub fn predict_with_usage(s: &Scenario, c: &ParallelConfig) -> (Prediction, Prof
     let p = c.pp;
     let layer = layer::layer_time(s, c, &mut usage);
     let ends = layer::pipeline_ends_time(s, c);
-    let p2p = comm::pipeline_p2p_per_microbatch(s, c);
+    let p2p = comm::pipeline_p2p_per_microbatch(s, c, &mut usage);
 
     // Per-micro-batch time of every stage; the slowest sets the pace and the
     // sum sets the fill/drain (generalises (m + p - 1) t to unequal stages).

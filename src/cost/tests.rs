@@ -902,6 +902,41 @@ mod profiled {
     }
 
     #[test]
+    fn pipeline_sends_within_a_node_use_the_measured_send_recv_curve() {
+        // GPT-22B over 8 GPUs of one node, pp 2: a 4 x 2048 x 6144 16-bit
+        // activation per message, split over tp 4.
+        let f = Fixture::new(gpt22b(), 8, 8);
+        let c = f.checked(config(4, 2, 1, 4));
+        let bytes = 2.0 * 4.0 * 2048.0 * 6144.0 / 4.0;
+        let curve = vec![
+            CollectivePoint {
+                op: CollectiveOp::SendRecv,
+                ranks: 2,
+                bytes: bytes / 2.0,
+                seconds: 100e-6,
+                busbw: 0.0,
+            },
+            CollectivePoint {
+                op: CollectiveOp::SendRecv,
+                ranks: 2,
+                bytes: bytes * 2.0,
+                seconds: 300e-6,
+                busbw: 0.0,
+            },
+        ];
+        let measured = profile(curve, vec![]);
+        let s = f.scenario().with_profile(Some(&measured));
+        let mut usage = ProfileUsage::default();
+        let p2p = comm::pipeline_p2p_per_microbatch(&s, &c, &mut usage);
+        // Halfway in log(bytes) between the two points: 200 us, forward and backward.
+        assert_close(p2p, 2.0 * 200e-6, 1e-12, "measured p2p");
+        assert_eq!(usage.collective_lookups, 1);
+        let formula =
+            comm::pipeline_p2p_per_microbatch(&f.scenario(), &c, &mut ProfileUsage::default());
+        assert!((formula - p2p).abs() > 1e-9);
+    }
+
+    #[test]
     fn a_device_sweep_replaces_the_gemm_and_hbm_efficiencies() {
         let model = ModelSpec::gpt("gpt-350m", 1024, 16, 24, 51200, 1024);
         let f = Fixture::new(model, 1, 8);

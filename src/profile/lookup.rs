@@ -279,6 +279,18 @@ impl Measurements {
             .map(|i| &self.curves[i])
     }
 
+    /// Time of one send/receive of `bytes` between two GPUs of a node, from
+    /// the measured send/receive curve with the fewest ranks (nccl-tests'
+    /// `sendrecv_perf` times one message per rank), if there is one.
+    pub fn send_recv(&self, bytes: f64) -> Option<CollectiveLookup> {
+        // Curves are sorted by (op, ranks): the first send/receive curve has the fewest.
+        let curve = self
+            .curves
+            .iter()
+            .find(|c| c.op == CollectiveOp::SendRecv)?;
+        Some(curve.at(bytes))
+    }
+
     /// Time of `op` over `bytes` among `ranks` GPUs, if that (op, ranks)
     /// curve was measured.
     ///
