@@ -64,7 +64,8 @@ fn latency(s: &Scenario, kind: Collective, ranks: u64) -> f64 {
 /// The measured time of an intra-node collective, if the profile has a
 /// curve for it (or, for an all-gather or reduce-scatter, an all-reduce
 /// curve to derive it from); counted in `usage`.
-fn measured_intra(
+/// A measured collective time (see [`collective`]), counted in `usage`.
+fn measured_curve(
     profile: &Measurements,
     kind: Collective,
     ranks: u64,
@@ -112,13 +113,24 @@ pub fn collective(
     let passes = kind.passes();
     if span.nodes == 1 {
         if let Some(profile) = s.profile
-            && let Some(seconds) = measured_intra(profile, kind, ranks, bytes, usage)
+            && let Some(seconds) = measured_curve(profile, kind, ranks, bytes, usage)
         {
             return seconds;
         }
         return latency(s, kind, ranks) + passes * (n - 1.0) / n * bytes / intra_bw(s);
     }
-    if s.profile.is_some() {
+    // A curve over exactly these ranks measured across full nodes (nccl-tests
+    // launched over several nodes: more ranks than a node holds) covers a
+    // group that also fills its nodes.
+    if let Some(profile) = s.profile {
+        let fills_nodes = span.per_node == s.placement.gpus_per_node;
+        let measured_across_nodes = profile.has_curve(kind.op(), ranks);
+        if fills_nodes
+            && measured_across_nodes
+            && let Some(seconds) = measured_curve(profile, kind, ranks, bytes, usage)
+        {
+            return seconds;
+        }
         usage.collective_modelled += 1;
     }
     let k = span.per_node as f64;

@@ -902,6 +902,55 @@ mod profiled {
     }
 
     #[test]
+    fn a_curve_measured_across_nodes_covers_groups_that_fill_their_nodes() {
+        // 32 A100s in 4 nodes; an all-reduce measured over 16 ranks (two
+        // full nodes): 1 ms at 64 MiB, 3 ms at 256 MiB.
+        let f = Fixture::new(gpt22b(), 32, 32);
+        let measured = profile(
+            vec![
+                all_reduce(16, 64.0 * MIB, 1000.0),
+                all_reduce(16, 256.0 * MIB, 3000.0),
+            ],
+            vec![],
+        );
+        let s = f.scenario().with_profile(Some(&measured));
+        let two_full_nodes = GroupSpan {
+            nodes: 2,
+            per_node: 8,
+        };
+        let mut usage = ProfileUsage::default();
+        let t = comm::collective(
+            &s,
+            comm::Collective::AllReduce,
+            two_full_nodes,
+            128.0 * MIB,
+            &mut usage,
+        );
+        assert_close(t, 2000e-6, 1e-9, "interpolated in log(bytes)");
+        assert_eq!(usage.collective_lookups, 1);
+        // 16 ranks spread one per node over 16 nodes is another topology: the formula.
+        let f64_nodes = Fixture::new(gpt22b(), 128, 128);
+        let s = f64_nodes.scenario().with_profile(Some(&measured));
+        let mut usage = ProfileUsage::default();
+        let spread = GroupSpan {
+            nodes: 16,
+            per_node: 1,
+        };
+        let t = comm::collective(
+            &s,
+            comm::Collective::AllReduce,
+            spread,
+            128.0 * MIB,
+            &mut usage,
+        );
+        assert!((t - 2000e-6).abs() > 1e-6);
+        assert_eq!(
+            (usage.collective_lookups, usage.collective_modelled),
+            (0, 1)
+        );
+    }
+
+    #[test]
     fn pipeline_sends_within_a_node_use_the_measured_send_recv_curve() {
         // GPT-22B over 8 GPUs of one node, pp 2: a 4 x 2048 x 6144 16-bit
         // activation per message, split over tp 4.
