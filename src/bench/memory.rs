@@ -8,10 +8,12 @@
 //!   instead of the allocator's free lists.
 //! - **CUDA**: the device's used memory (`cuMemGetInfo` through cudarc, the
 //!   `cuda` feature). The measuring process is fresh, and PyTorch's caching
-//!   allocator never returns memory while it runs, so the used memory after
-//!   a pass is the high-water mark of what the pass reserved: an upper
-//!   bound on what it allocated by the allocator's rounding (blocks of
-//!   2 MiB and up).
+//!   allocator keeps what it reserved, so the used memory after a pass is
+//!   the high-water mark of what the pass reserved: what it kept plus the
+//!   temporaries it freed into the cache along the way, rounded to the
+//!   allocator's blocks (2 MiB and up). It is device-wide: another process
+//!   on the same GPU moves it. Allocated bytes proper would need the
+//!   allocator's statistics, which tch does not expose.
 //!
 //! Elsewhere (another OS, CUDA without the `cuda` feature) memory is not
 //! measured and the readings are `None`.

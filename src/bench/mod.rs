@@ -412,6 +412,12 @@ pub fn check_stage_job(job: &StageJob) -> Result<(), BenchError> {
     if job.micro_batches == 0 || job.iterations == 0 {
         return invalid("a trial needs at least one micro-batch and one iteration".into());
     }
+    if job.model.vocab < job.tp {
+        return invalid(format!(
+            "vocabulary {} is smaller than tensor parallelism {}",
+            job.model.vocab, job.tp
+        ));
+    }
     if job.grad_shards == 0 || job.optimizer_shards == 0 {
         return invalid("shard counts must be at least 1".into());
     }
@@ -451,6 +457,15 @@ pub fn check_layer_job(job: &LayerJob) -> Result<(), BenchError> {
             format!(
                 "tensor parallelism {} must divide the {} attention heads and {} key/value heads",
                 job.tp, m.heads, m.kv_heads
+            ),
+        );
+    }
+    if m.kv_heads == 0 || !m.heads.is_multiple_of(m.kv_heads) {
+        return invalid(
+            "--kv-heads",
+            format!(
+                "key/value heads {} must divide the {} attention heads",
+                m.kv_heads, m.heads
             ),
         );
     }

@@ -135,6 +135,7 @@ fn sweep(
             let mut recv = alloc(recv_len)?;
             let mut once = || -> Result<(), BenchError> {
                 nccl::group_start().map_err(|e| failed(&e))?;
+                let mut issued = Ok(());
                 for (rank, comm) in comms.iter().enumerate() {
                     let (s, r) = (&send[rank], &mut recv[rank]);
                     let status = match op {
@@ -150,9 +151,16 @@ fn sweep(
                                 .and_then(|()| comm.recv(r, previous).map(drop))
                         }
                     };
-                    status.map_err(|e| failed(&e))?;
+                    if let Err(e) = status {
+                        issued = Err(failed(&e));
+                        break;
+                    }
                 }
-                nccl::group_end().map_err(|e| failed(&e))?;
+                // The group is closed even when a call failed, so NCCL is
+                // left usable and the error is the first call's.
+                let ended = nccl::group_end().map_err(|e| failed(&e));
+                issued?;
+                ended?;
                 sync()
             };
             for _ in 0..job.rule.warmup.max(1) {

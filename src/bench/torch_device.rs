@@ -20,18 +20,28 @@ pub(super) fn measure(job: &DeviceJob) -> Result<DeviceMeasurement, BenchError> 
         .map_err(|payload| BenchError::Failed(first_line(&panic_message(&*payload))))
 }
 
-/// Times `work` under the stopping rule: mean seconds and relative 95% interval.
+/// Times `work` under the stopping rule: mean seconds per call and the
+/// relative 95% interval. A sample runs the work back to back often enough
+/// to last a millisecond, so launch and synchronisation overheads do not
+/// count against small sizes.
 fn timed(job: &DeviceJob, device: tch::Device, work: impl Fn()) -> (f64, Option<f64>) {
     for _ in 0..job.rule.warmup.max(1) {
         work();
     }
     sync(device);
+    let start = Instant::now();
+    work();
+    sync(device);
+    let once = start.elapsed().as_secs_f64().max(1e-9);
+    let calls = (1e-3 / once).ceil().clamp(1.0, 10_000.0) as usize;
     let mut sampler = Sampler::new(job.rule);
     while !sampler.done() {
         let start = Instant::now();
-        work();
+        for _ in 0..calls {
+            work();
+        }
         sync(device);
-        sampler.push(start.elapsed().as_secs_f64());
+        sampler.push(start.elapsed().as_secs_f64() / calls as f64);
     }
     let s = sampler.summary();
     (s.mean, s.ci95_rel.is_finite().then_some(s.ci95_rel))

@@ -94,9 +94,18 @@ impl Stage {
             .map(|p| {
                 let grad = shard_len(p.numel() as i64, job.grad_shards);
                 let state = shard_len(p.numel() as i64, job.optimizer_shards);
+                // fp32 master weights start as this rank's slice of the weights.
+                let master = Tensor::zeros([state], f32s);
+                tch::no_grad(|| {
+                    let flat = p.detach().flatten(0, -1);
+                    let n = state.min(flat.numel() as i64);
+                    master
+                        .narrow(0, 0, n)
+                        .copy_(&flat.narrow(0, 0, n).to_kind(Kind::Float));
+                });
                 Shard {
                     main_grad: Tensor::zeros([grad], f32s),
-                    master: Tensor::zeros([state], f32s),
+                    master,
                     exp_avg: Tensor::zeros([state], f32s),
                     exp_avg_sq: Tensor::zeros([state], f32s),
                 }
@@ -174,11 +183,18 @@ impl Stage {
                 let n = g.numel() as i64;
                 let mut m = shard.exp_avg.narrow(0, 0, n);
                 let mut v = shard.exp_avg_sq.narrow(0, 0, n);
-                let _ = m.g_mul_scalar_(b1).g_add_(&(&g * (1.0 - b1)));
-                let _ = v.g_mul_scalar_(b2).g_add_(&(&g * &g * (1.0 - b2)));
-                let update = &m / (v.sqrt() + eps) * lr;
+                // In place, one temporary (the update), as a fused Adam keeps
+                // the step's memory close to the states'.
+                let _ = m.g_mul_scalar_(b1 / (1.0 - b1)).g_add_(&g);
+                let _ = m.g_mul_scalar_(1.0 - b1);
+                let _ = v.g_mul_scalar_(b2 / (1.0 - b2)).addcmul_(&g, &g);
+                let _ = v.g_mul_scalar_(1.0 - b2);
+                let mut update = v.sqrt();
+                let _ = update.g_add_scalar_(eps).reciprocal_().g_mul_(&m);
+                let _ = update.g_mul_scalar_(-lr);
                 let mut master = shard.master.narrow(0, 0, n);
-                let _ = master.g_sub_(&update);
+                let _ = master.g_add_(&update);
+                drop(update);
                 let flat = param.detach().flatten(0, -1);
                 let n = n.min(flat.numel() as i64);
                 flat.narrow(0, 0, n)
@@ -193,17 +209,17 @@ impl Stage {
 enum InFlight {
     /// The autograd graph is on the device.
     Graph { input: Tensor, output: Tensor },
-    /// Only each layer's input is kept (full recomputation), on the device.
+    /// Only each layer's input is kept (full recomputation), on the device;
+    /// the output only on the last stage, whose loss needs it (elsewhere it
+    /// has been sent on).
     Checkpoints {
-        input: Tensor,
         layer_inputs: Vec<Tensor>,
-        output: Tensor,
+        output: Option<Tensor>,
     },
     /// Each layer's input was moved off the device (BPipe eviction).
     Evicted {
-        input: Tensor,
         layer_inputs: Vec<Offloaded>,
-        output: Tensor,
+        output: Option<Tensor>,
     },
 }
 
@@ -259,20 +275,19 @@ impl Stage {
                 next
             })
         });
-        let output = y;
+        drop(input);
+        let output = self.head.is_some().then_some(y);
         if evict {
             let layer_inputs = layer_inputs
                 .iter()
                 .map(|t| Offloaded::put(t, self.device))
                 .collect();
             InFlight::Evicted {
-                input,
                 layer_inputs,
                 output,
             }
         } else {
             InFlight::Checkpoints {
-                input,
                 layer_inputs,
                 output,
             }
@@ -306,12 +321,10 @@ impl Stage {
                 self.backward_into_buffers(&output, &inputs, &owners);
             }
             InFlight::Checkpoints {
-                input,
                 layer_inputs,
                 output,
-            } => self.recompute_backward(input, layer_inputs, output, &owners_for),
+            } => self.recompute_backward(layer_inputs, output, &owners_for),
             InFlight::Evicted {
-                input,
                 layer_inputs,
                 output,
             } => {
@@ -319,7 +332,7 @@ impl Stage {
                     .into_iter()
                     .map(|o| o.take(self.device))
                     .collect();
-                self.recompute_backward(input, restored, output, &owners_for)
+                self.recompute_backward(restored, output, &owners_for)
             }
         }
     }
@@ -328,12 +341,11 @@ impl Stage {
     /// then its backward (with the head's loss first on the last stage).
     fn recompute_backward<'a>(
         &'a self,
-        input: Tensor,
         layer_inputs: Vec<Tensor>,
-        output: Tensor,
+        output: Option<Tensor>,
         owners_for: &dyn Fn(Option<usize>) -> (Vec<&'a Tensor>, Vec<usize>),
     ) {
-        if let Some(head) = &self.head {
+        if let (Some(head), Some(output)) = (&self.head, output) {
             let y = output.detach().set_requires_grad(true);
             let loss = self.finish(y.shallow_clone());
             let owner = self.shards.len() - 1;
@@ -359,13 +371,14 @@ impl Stage {
             let y = Tensor::embedding(table, &tokens, -1, false, false);
             self.backward_into_buffers(&y, &[table], &[0]);
         }
-        drop(input);
     }
 
     /// One iteration: the schedule's forwards and backwards, then the
     /// optimizer step. Returns (schedule seconds, optimizer seconds).
     fn iteration(&self) -> (f64, f64) {
         let job = &self.job;
+        // The partner's activations an acceptor holds, made before the clock starts.
+        let accepted = self.accepted_buffers();
         let start = Instant::now();
         let mut queue: std::collections::VecDeque<InFlight> = Default::default();
         let warmup = job
@@ -373,18 +386,18 @@ impl Stage {
             .saturating_sub(1)
             .min(job.micro_batches);
         let mut next = 0;
-        // The oldest micro-batches wait longest for their backward: those
-        // are the ones an evictor sends away.
+        // Of every window of `schedule_in_flight` consecutive micro-batches
+        // (those in flight together), `evicted` are sent away, so the
+        // device never holds more than the rest.
+        let window = job.schedule_in_flight.max(1);
         let forward = |next: &mut u64, queue: &mut std::collections::VecDeque<InFlight>| {
-            let evict = *next < job.evicted;
+            let evict = *next % window < job.evicted;
             queue.push_back(self.forward(evict));
             *next += 1;
         };
         while next < warmup {
             forward(&mut next, &mut queue);
         }
-        // The partner's activations an acceptor holds through the steady state.
-        let accepted = self.accepted_buffers();
         while next < job.micro_batches {
             forward(&mut next, &mut queue);
             if let Some(oldest) = queue.pop_front() {

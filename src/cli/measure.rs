@@ -98,6 +98,14 @@ pub fn spawn_worker(job: &WorkerJob, timeout: Duration) -> Result<WorkerReply, S
     })
 }
 
+/// `--timeout` as a duration: positive seconds, at most a year.
+pub fn timeout(seconds: f64) -> Result<Duration> {
+    if !(seconds > 0.0 && seconds <= 365.0 * 86400.0) {
+        bail!("--timeout {seconds}: give seconds between 0 and 31536000 (a year)");
+    }
+    Ok(Duration::from_secs_f64(seconds))
+}
+
 /// Waits for `child`; kills it once `timeout` has passed.
 pub fn wait_with_timeout(
     child: &mut std::process::Child,
@@ -238,7 +246,7 @@ pub fn profile_layer(args: &ProfileLayerArgs) -> Result<()> {
             out.display()
         );
     }
-    let timeout = Duration::from_secs_f64(args.timeout.max(1.0));
+    let timeout = timeout(args.timeout)?;
     let bar = progress(pending.len(), "profile layer");
     let mut measured = Vec::new();
     let mut failures = Vec::new();

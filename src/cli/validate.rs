@@ -24,7 +24,6 @@ use paratune::validate::local::{
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 
@@ -121,7 +120,13 @@ fn local_trials(args: &ValidateArgs, plan: &PlanFile, cost: &CostModel, out: &Pa
         let _ = writeln!(
             report,
             "note: the trials run on {device}{}, the plan is for {}: memory is compared, times are shown but not judged or fed back",
-            device_gpu.map(|g| format!(" ({g})")).unwrap_or_default(),
+            device_gpu
+                .map(|g| format!(" ({g})"))
+                .unwrap_or_else(|| if device.is_cuda() {
+                    " (a GPU this build cannot name: build with --features torch,cuda)".into()
+                } else {
+                    String::new()
+                }),
             plan.nodes.gpu.name
         );
     }
@@ -134,7 +139,7 @@ fn local_trials(args: &ValidateArgs, plan: &PlanFile, cost: &CostModel, out: &Pa
         .collect();
     let mut profile = Profile::empty(&plan.nodes.gpu.name);
     let mut trials: Vec<Trial> = Vec::new();
-    let timeout = Duration::from_secs_f64(args.timeout.max(1.0));
+    let timeout = super::measure::timeout(args.timeout)?;
     for round in 1..=args.rounds {
         let top: Vec<(usize, ParallelConfig)> = ranking
             .iter()

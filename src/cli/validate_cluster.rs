@@ -8,7 +8,7 @@ use super::args::{Launcher as LauncherArg, ValidateArgs};
 use super::commands::emit;
 use super::measure::{check_writable, wait_with_timeout};
 use super::resolve;
-use anyhow::{Result, anyhow};
+use anyhow::Result;
 use paratune::calibrate::{CalibrateError, Dataset, FitOptions, calibrate};
 use paratune::coefficients::CostModel;
 use paratune::config::ParallelConfig;
@@ -37,7 +37,7 @@ pub fn run(args: &ValidateArgs, plan: &PlanFile, out: &Path) -> Result<()> {
     let mut report = String::new();
     let history_path = out.join("runs-history.csv");
     let mut history = None;
-    let timeout = Duration::from_secs_f64(args.timeout.max(1.0));
+    let timeout = super::measure::timeout(args.timeout)?;
     let job = job_of(plan);
     let mut round_plan = plan.clone();
     let mut tried: Vec<ParallelConfig> = Vec::new();
@@ -183,16 +183,40 @@ const REFIT_ORDER: [&str; 6] = [
 
 /// Runs `bash SCRIPT`, killed after `timeout`.
 fn run_script(script: &Path, timeout: Duration) -> Result<(), String> {
-    let mut child = Command::new("bash")
+    let mut command = Command::new("bash");
+    command
         .arg(script)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(Stdio::null());
+    // Its own process group, so that a timeout stops torchrun/srun and the
+    // ranks under it too, not only bash: they hold GPUs and a port.
+    #[cfg(unix)]
+    std::os::unix::process::CommandExt::process_group(&mut command, 0);
+    let mut child = command
         .spawn()
         .map_err(|e| format!("could not start bash: {e}"))?;
-    match wait_with_timeout(&mut child, timeout)? {
-        status if status.success() => Ok(()),
-        status => Err(format!("the run failed ({status})")),
+    match wait_with_timeout(&mut child, timeout) {
+        Ok(status) if status.success() => Ok(()),
+        Ok(status) => Err(format!("the run failed ({status})")),
+        Err(why) => {
+            stop_group(child.id());
+            Err(why)
+        }
+    }
+}
+
+/// Stops a timed-out run's process group: SIGTERM (srun cancels its step),
+/// then SIGKILL for what is left after a grace period.
+fn stop_group(pid: u32) {
+    #[cfg(unix)]
+    {
+        let group = -(pid as i32);
+        // SAFETY: kill(2) on a process group this command created.
+        unsafe { libc::kill(group, libc::SIGTERM) };
+        std::thread::sleep(Duration::from_secs(10));
+        // SAFETY: as above.
+        unsafe { libc::kill(group, libc::SIGKILL) };
     }
 }
 
@@ -230,6 +254,10 @@ fn refit_and_rerank(
     };
     // A few trial runs cannot inform every coefficient: fit as many of the
     // most influential ones as the rows allow, the rest keep the plan's.
+    if table.rows.is_empty() {
+        let _ = writeln!(report, "no run was measured: nothing to refit");
+        return Ok(None);
+    }
     let mut free = REFIT_ORDER.len().min(table.rows.len());
     let fitted = loop {
         let options = FitOptions {
@@ -253,7 +281,13 @@ fn refit_and_rerank(
                 );
                 return Ok(None);
             }
-            other => break other.map_err(|e| anyhow!("refit on {}: {e}", history.display()))?,
+            Ok(fitted) => break fitted,
+            // The runs are kept; a refit that cannot be made is reported,
+            // not fatal.
+            Err(e) => {
+                let _ = writeln!(report, "\nno refit on {}: {e}", history.display());
+                return Ok(None);
+            }
         }
     };
     let _ = writeln!(

@@ -253,12 +253,12 @@ pub fn ranking(candidates: &[crate::search::Candidate], top: usize) -> Vec<(Stri
 
 /// Whether trial times on `device` can stand for the plan's GPU: the CPU
 /// only for a plan made for a GPU named `cpu` (a cluster file with an
-/// inline GPU), a CUDA device when its name is the plan's GPU (`gpu_name`
-/// from the driver, when known).
+/// inline GPU), a CUDA device when the driver names it as the plan's GPU
+/// (unknown without the `cuda` feature: then not).
 pub fn times_comparable(plan_gpu: &str, device: Device, device_gpu: Option<&str>) -> bool {
     match device {
         Device::Cpu => plan_gpu.eq_ignore_ascii_case("cpu"),
-        Device::Cuda(_) => device_gpu.is_none_or(|g| g.eq_ignore_ascii_case(plan_gpu)),
+        Device::Cuda(_) => device_gpu.is_some_and(|g| g.eq_ignore_ascii_case(plan_gpu)),
     }
 }
 
