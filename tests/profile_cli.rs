@@ -451,3 +451,23 @@ fn without_the_torch_feature_profile_layer_says_how_to_get_it() {
         "{err}"
     );
 }
+
+#[test]
+fn profile_comm_checks_its_gpus_and_says_what_it_needs() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("p");
+    let err = fails(&["profile", "comm", "--gpus", "0", "--out", text(&out)]);
+    assert!(
+        err.contains("--gpus: give at least two different GPU indices"),
+        "{err}"
+    );
+    let err = fails(&["profile", "comm", "--gpus", "0,1", "--out", text(&out)]);
+    if cfg!(feature = "cuda") {
+        assert!(
+            err.contains("no CUDA device") || err.contains("--gpu"),
+            "{err}"
+        );
+    } else {
+        assert!(err.contains("built without the `cuda` feature"), "{err}");
+    }
+}

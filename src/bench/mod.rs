@@ -312,6 +312,7 @@ pub enum WorkerJob {
     Layer(LayerJob),
     Stage(StageJob),
     Device(DeviceJob),
+    Comm(CommJob),
 }
 
 /// The worker's answer, one JSON line on its standard output.
@@ -321,6 +322,7 @@ pub enum WorkerReply {
     Layer(LayerMeasurement),
     Stage(StageMeasurement),
     Device(DeviceMeasurement),
+    Comm(Vec<crate::profile::CollectivePoint>),
     /// The measurement could not run (bad job, no device, libtorch error).
     Error(String),
 }
@@ -338,6 +340,10 @@ pub fn run_worker_job(job: &WorkerJob) -> WorkerReply {
         },
         WorkerJob::Device(job) => match measure_device(job) {
             Ok(m) => WorkerReply::Device(m),
+            Err(e) => WorkerReply::Error(e.to_string()),
+        },
+        WorkerJob::Comm(job) => match measure_comm(job, |_, _| {}) {
+            Ok(points) => WorkerReply::Comm(points),
             Err(e) => WorkerReply::Error(e.to_string()),
         },
     }
@@ -437,6 +443,9 @@ pub fn check_device(device: Device) -> Result<(), BenchError> {
     torch_layer::torch_device(device)?;
     Ok(())
 }
+
+/// Whether this build can talk to the CUDA driver and NCCL.
+pub const CUDA_COMPILED: bool = cfg!(feature = "cuda");
 
 /// Whether this build can run device work at all.
 pub const TORCH_COMPILED: bool = cfg!(feature = "torch");

@@ -8,9 +8,11 @@ use super::{BenchError, StoppingRule};
 use crate::profile::{CollectiveOp, CollectivePoint};
 
 /// What to sweep.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct CommJob {
     pub gpus: Vec<usize>,
+    /// The collectives to sweep.
+    pub ops: Vec<CollectiveOp>,
     /// Sizes double from 1 KiB up to this, bytes.
     pub max_bytes: u64,
     pub rule: StoppingRule,
@@ -110,7 +112,7 @@ fn sweep(
         Ok(())
     };
     let mut points = Vec::new();
-    for op in CollectiveOp::ALL {
+    for &op in &job.ops {
         for bytes in sweep_sizes(job.max_bytes) {
             progress(op, bytes);
             let elements = (bytes / 4) as usize;
@@ -208,6 +210,7 @@ mod tests {
     fn gpu_lists_are_checked() {
         let job = |gpus: Vec<usize>| CommJob {
             gpus,
+            ops: CollectiveOp::ALL.to_vec(),
             max_bytes: 1 << 20,
             rule: StoppingRule::default(),
         };

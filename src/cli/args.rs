@@ -454,6 +454,9 @@ pub struct ProfileCommArgs {
     /// Largest message, e.g. 1GiB (sizes double from 1 KiB).
     #[arg(long, default_value = "1GiB")]
     pub max_bytes: Bytes,
+    /// Seconds one collective's sweep may take before it is killed and reported.
+    #[arg(long, default_value_t = 1800.0)]
+    pub timeout: f64,
     #[command(flatten)]
     pub repetitions: RepetitionArgs,
     #[command(flatten)]

@@ -15,8 +15,8 @@ use paratune::bench::{
     WorkerReply,
 };
 use paratune::profile::{
-    DeviceProfile, LayerStatus, is_measured, layer_points, merge_collectives, merge_layers,
-    sweep_points, write_profile,
+    CollectiveOp, DeviceProfile, LayerStatus, is_measured, layer_points, merge_collectives,
+    merge_layers, sweep_points, write_profile,
 };
 use std::fmt::Write as _;
 use std::io::Read;
@@ -427,30 +427,28 @@ pub fn profile_device(args: &ProfileDeviceArgs) -> Result<()> {
 pub fn profile_comm(args: &ProfileCommArgs) -> Result<()> {
     let job = CommJob {
         gpus: args.gpus.clone(),
+        ops: CollectiveOp::ALL.to_vec(),
         max_bytes: args.max_bytes.0 as u64,
         rule: stopping_rule(&args.repetitions)?,
     };
     bench::check_comm_job(&job)?;
+    let timeout = timeout(args.timeout)?;
     let out = &args.provenance.out;
     check_writable(out, "--out")?;
     if out.join(paratune::profile::ENVIRONMENT_FILE).is_file() {
         paratune::profile::read_profile(out)?;
+    }
+    if !bench::CUDA_COMPILED {
+        return Err(BenchError::NotCompiledCuda {
+            what: "`profile comm` (NCCL collectives)",
+        }
+        .into());
     }
     for &gpu in &job.gpus {
         bench::check_device(Device::Cuda(gpu))?;
     }
     let detected = detected_gpu(Device::Cuda(job.gpus[0]));
     let mut profile = open_profile(&args.provenance, detected.as_deref())?;
-    let steps =
-        bench::sweep_sizes(job.max_bytes).len() * paratune::profile::CollectiveOp::ALL.len();
-    let bar = progress(steps, "profile comm");
-    let points = bench::measure_comm(&job, |op, bytes| {
-        bar.set_message(format!("{op} {} KiB", bytes / 1024));
-        bar.inc(1);
-    });
-    bar.finish_and_clear();
-    let points = points?;
-    merge_collectives(&mut profile.collectives, &points);
     record_provenance(
         &mut profile,
         &args.provenance,
@@ -459,9 +457,51 @@ pub fn profile_comm(args: &ProfileCommArgs) -> Result<()> {
             job.gpus
         )],
     );
+    // One worker per collective, saved after each: a hang costs one
+    // collective (killed after --timeout), an interruption loses none
+    // finished, and a rerun skips the collectives already measured.
+    let ranks = job.gpus.len() as u64;
+    let pending: Vec<CollectiveOp> = CollectiveOp::ALL
+        .into_iter()
+        .filter(|&op| {
+            !profile
+                .collectives
+                .iter()
+                .any(|p| p.op == op && p.ranks == ranks)
+        })
+        .collect();
+    let bar = progress(pending.len(), "profile comm");
+    let mut points = Vec::new();
+    let mut failures = Vec::new();
+    for op in pending {
+        bar.set_message(format!("{op} over {ranks} GPUs"));
+        let one = CommJob {
+            ops: vec![op],
+            ..job.clone()
+        };
+        match spawn_worker(&WorkerJob::Comm(one), timeout) {
+            Ok(WorkerReply::Comm(measured)) => {
+                merge_collectives(&mut profile.collectives, &measured);
+                write_profile(out, &profile)?;
+                points.extend(measured);
+            }
+            Ok(WorkerReply::Error(e)) | Err(e) => failures.push(format!("{op}: {e}")),
+            Ok(other) => failures.push(format!("{op}: unexpected worker reply {other:?}")),
+        }
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    if !failures.is_empty() {
+        bail!(
+            "{} collective(s) failed ({}); the others are saved in {}: rerun to retry",
+            failures.len(),
+            failures.join("; "),
+            out.display()
+        );
+    }
     write_profile(out, &profile)?;
     let mut report = String::new();
-    for op in paratune::profile::CollectiveOp::ALL {
+    for op in CollectiveOp::ALL {
         if let Some(best) = points
             .iter()
             .filter(|p| p.op == op)
