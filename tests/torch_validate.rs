@@ -36,32 +36,32 @@ fn ok(dir: &Path, args: &[&str]) -> String {
     stdout
 }
 
-/// A plan for a tiny GPT on the two-"GPU" CPU cluster, written to DIR/plan.json.
+/// `paratune plan` for a tiny GPT on the two-"GPU" CPU cluster, with `extra` flags.
+fn plan_args(extra: &[&str]) -> Vec<String> {
+    let mut args: Vec<String> = ["plan", "--cluster"].map(String::from).to_vec();
+    args.push(cluster().display().to_string());
+    let model = [
+        "--hidden",
+        "256",
+        "--heads",
+        "4",
+        "--layers",
+        "4",
+        "--seq-len",
+        "128",
+        "--vocab",
+        "1000",
+        "--global-batch",
+        "8",
+    ];
+    args.extend(model.iter().chain(extra).map(|s| s.to_string()));
+    args
+}
+
+/// The plan, as JSON in DIR/plan.json.
 fn plan(dir: &Path) -> PathBuf {
-    let json = ok(
-        dir,
-        &[
-            "plan",
-            "--cluster",
-            cluster().to_str().unwrap(),
-            "--hidden",
-            "256",
-            "--heads",
-            "4",
-            "--layers",
-            "4",
-            "--seq-len",
-            "128",
-            "--vocab",
-            "1000",
-            "--global-batch",
-            "8",
-            "--top",
-            "5",
-            "--format",
-            "json",
-        ],
-    );
+    let args = plan_args(&["--top", "5", "--format", "json"]);
+    let json = ok(dir, &args.iter().map(String::as_str).collect::<Vec<_>>());
     let path = dir.join("plan.json");
     std::fs::write(&path, json).unwrap();
     path
@@ -116,27 +116,11 @@ fn plan_validate_refit_end_to_end_on_the_cpu() {
     // The measured layer times were kept as a profile the planner reads.
     let profile = paratune::profile::read_profile(&out.join("profile")).unwrap();
     assert!(!profile.layers.is_empty());
+    let profile_dir = out.join("profile");
+    let args = plan_args(&["--profile", profile_dir.to_str().unwrap()]);
     let replanned = ok(
         dir.path(),
-        &[
-            "plan",
-            "--cluster",
-            cluster().to_str().unwrap(),
-            "--hidden",
-            "256",
-            "--heads",
-            "4",
-            "--layers",
-            "4",
-            "--seq-len",
-            "128",
-            "--vocab",
-            "1000",
-            "--global-batch",
-            "8",
-            "--profile",
-            out.join("profile").to_str().unwrap(),
-        ],
+        &args.iter().map(String::as_str).collect::<Vec<_>>(),
     );
     assert!(replanned.contains("layer lookups"), "{replanned}");
 }
