@@ -206,3 +206,15 @@ fn a_bpipe_evictor_holds_fewer_activations() {
     let input = 4.0 * 256.0 * 256.0 * 4.0;
     assert!(kept - evicted > 2.0 * input, "{kept} -> {evicted}");
 }
+
+#[test]
+fn unfused_attention_keeps_its_scores() {
+    let mut standard = stage(2, 0);
+    standard.model.attention = paratune::model::AttentionKind::Standard;
+    let fused = trial(stage(2, 0)).peak_bytes.unwrap();
+    let unfused = trial(standard).peak_bytes.unwrap();
+    // 4 heads x 256 x 256 fp32 scores per sequence, 4 sequences, 2 layers,
+    // 2 micro-batches in flight: the softmax output alone is 8 MiB more.
+    let scores = 4.0 * 256.0 * 256.0 * 4.0 * 4.0;
+    assert!(unfused - fused > 2.0 * 2.0 * scores, "{fused} -> {unfused}");
+}

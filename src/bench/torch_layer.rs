@@ -5,7 +5,9 @@
 //! heads), an MLP of width `ffn_hidden / tp`, gated (SwiGLU) or not, and
 //! both layer norms, in Megatron-LM's order: pre-norm attention through
 //! `scaled_dot_product_attention` (causal; PyTorch picks the fused kernel
-//! the device has), output projection, residual, pre-norm MLP, residual.
+//! the device has) for flash attention, or scores, softmax and their product
+//! in memory for the model's `standard` (unfused) attention, output
+//! projection, residual, pre-norm MLP, residual.
 //! The tensor-parallel collectives are not run (one device): a measured
 //! point says so (`includes_tp_comm = false`) and the cost model adds them.
 //! Dropout is left out.
@@ -26,7 +28,30 @@ pub(super) struct LayerShard {
     head_dim: i64,
     hidden: i64,
     gated: bool,
+    /// `AttentionKind::Standard`: scores and softmax materialised, as
+    /// Megatron's unfused path keeps them for the backward.
+    unfused: bool,
     params: Vec<Tensor>,
+}
+
+/// Causal attention with the `s x s` scores and their softmax in memory.
+fn unfused_attention(q: &Tensor, k: &Tensor, v: &Tensor, group: i64) -> Tensor {
+    let (k, v) = if group > 1 {
+        (
+            k.repeat_interleave_self_int(group, 1, None),
+            v.repeat_interleave_self_int(group, 1, None),
+        )
+    } else {
+        (k.shallow_clone(), v.shallow_clone())
+    };
+    let head_dim = q.size()[3] as f64;
+    let s = q.size()[2];
+    let scores = q.matmul(&k.transpose(-2, -1)) * (1.0 / head_dim.sqrt());
+    let future = Tensor::ones([s, s], (Kind::Bool, q.device())).triu(1);
+    scores
+        .masked_fill(&future, f64::NEG_INFINITY)
+        .softmax(-1, None::<Kind>)
+        .matmul(&v)
 }
 
 /// Indices into `LayerShard::params`.
@@ -93,6 +118,7 @@ impl LayerShard {
             head_dim,
             hidden,
             gated: model.gated_mlp,
+            unfused: model.attention == crate::model::AttentionKind::Standard,
             params,
         }
     }
@@ -116,16 +142,20 @@ impl LayerShard {
         let q = split(0, nh);
         let k = split(nh, nkv);
         let v = split(nh + nkv, nkv);
-        let context = Tensor::scaled_dot_product_attention(
-            &q,
-            &k,
-            &v,
-            None::<Tensor>,
-            0.0,
-            true,
-            None,
-            nkv != nh,
-        )
+        let context = if self.unfused {
+            unfused_attention(&q, &k, &v, nh / nkv)
+        } else {
+            Tensor::scaled_dot_product_attention(
+                &q,
+                &k,
+                &v,
+                None::<Tensor>,
+                0.0,
+                true,
+                None,
+                nkv != nh,
+            )
+        }
         .transpose(1, 2)
         .reshape([b, s, nh * hd]);
         let x = x + context.matmul(&p[PROJ_W]) + &p[PROJ_B];

@@ -163,8 +163,11 @@ pub fn stage_job(
     };
     let layers = s.model.layers / c.pp;
     let shards = |sharded: bool| if sharded { c.dp } else { 1 };
+    // The trial runs the configuration's attention kernel.
+    let mut model = s.model.clone();
+    model.attention = c.attention;
     StageJob {
-        model: s.model.clone(),
+        model,
         tp: c.tp,
         micro_batch: c.micro_batch,
         layers,
