@@ -400,15 +400,7 @@ pub fn measure_stage(_job: &StageJob) -> Result<StageMeasurement, BenchError> {
 
 /// Checks a stage job before any device work.
 pub fn check_stage_job(job: &StageJob) -> Result<(), BenchError> {
-    check_layer_job(&LayerJob {
-        model: job.model.clone(),
-        micro_batch: job.micro_batch,
-        tp: job.tp,
-        dtype: job.dtype,
-        device: job.device,
-        rule: StoppingRule::default(),
-        memory_limit_bytes: None,
-    })?;
+    check_shard(&job.model, job.tp, job.micro_batch)?;
     let invalid = |message: String| {
         Err(BenchError::Invalid {
             field: "plan",
@@ -452,20 +444,24 @@ pub const TORCH_COMPILED: bool = cfg!(feature = "torch");
 
 /// Checks a layer job before any device work: shapes that do not split.
 pub fn check_layer_job(job: &LayerJob) -> Result<(), BenchError> {
-    let m = &job.model;
+    check_shard(&job.model, job.tp, job.micro_batch)
+}
+
+/// A layer of `m` split `tp` ways over `micro_batch` sequences.
+fn check_shard(m: &ModelSpec, tp: u64, micro_batch: u64) -> Result<(), BenchError> {
     let invalid = |field, message: String| Err(BenchError::Invalid { field, message });
-    if job.micro_batch == 0 {
+    if micro_batch == 0 {
         return invalid(
             "--micro-batch",
             "micro-batch sizes must be 1 or more".into(),
         );
     }
-    if job.tp == 0 || !m.heads.is_multiple_of(job.tp) || !m.kv_heads.is_multiple_of(job.tp) {
+    if tp == 0 || !m.heads.is_multiple_of(tp) || !m.kv_heads.is_multiple_of(tp) {
         return invalid(
             "--tp",
             format!(
                 "tensor parallelism {} must divide the {} attention heads and {} key/value heads",
-                job.tp, m.heads, m.kv_heads
+                tp, m.heads, m.kv_heads
             ),
         );
     }
@@ -478,12 +474,12 @@ pub fn check_layer_job(job: &LayerJob) -> Result<(), BenchError> {
             ),
         );
     }
-    if !m.ffn_hidden.is_multiple_of(job.tp) {
+    if !m.ffn_hidden.is_multiple_of(tp) {
         return invalid(
             "--tp",
             format!(
                 "tensor parallelism {} must divide the MLP width {}",
-                job.tp, m.ffn_hidden
+                tp, m.ffn_hidden
             ),
         );
     }

@@ -168,6 +168,16 @@ pub fn check_writable(dir: &Path, flag: &str) -> Result<()> {
         })
 }
 
+/// `--out` of a measuring sweep: writable, and not a damaged profile (which
+/// stops the sweep before any work, left as it is).
+fn check_out(out: &Path) -> Result<()> {
+    check_writable(out, "--out")?;
+    if out.join(paratune::profile::ENVIRONMENT_FILE).is_file() {
+        paratune::profile::read_profile(out)?;
+    }
+    Ok(())
+}
+
 /// The GPU name a new profile records: the driver's name where the `cuda`
 /// feature can read it, `cpu` on the CPU.
 fn detected_gpu(device: Device) -> Option<String> {
@@ -214,11 +224,7 @@ pub fn profile_layer(args: &ProfileLayerArgs) -> Result<()> {
         bench::check_layer_job(job)?;
     }
     let out = &args.provenance.out;
-    check_writable(out, "--out")?;
-    if out.join(paratune::profile::ENVIRONMENT_FILE).is_file() {
-        // A damaged profile stops the sweep before any work.
-        paratune::profile::read_profile(out)?;
-    }
+    check_out(out)?;
     if !bench::TORCH_COMPILED {
         return Err(BenchError::NotCompiled {
             what: "`profile layer`",
@@ -332,10 +338,7 @@ pub fn profile_device(args: &ProfileDeviceArgs) -> Result<()> {
     let dtype = parse_dtype(&args.dtype)?;
     let rule = stopping_rule(&args.repetitions)?;
     let out = &args.provenance.out;
-    check_writable(out, "--out")?;
-    if out.join(paratune::profile::ENVIRONMENT_FILE).is_file() {
-        paratune::profile::read_profile(out)?;
-    }
+    check_out(out)?;
     bench::check_device(device)?;
     let facts = match device {
         Device::Cpu => None,
@@ -434,10 +437,7 @@ pub fn profile_comm(args: &ProfileCommArgs) -> Result<()> {
     bench::check_comm_job(&job)?;
     let timeout = timeout(args.timeout)?;
     let out = &args.provenance.out;
-    check_writable(out, "--out")?;
-    if out.join(paratune::profile::ENVIRONMENT_FILE).is_file() {
-        paratune::profile::read_profile(out)?;
-    }
+    check_out(out)?;
     if !bench::CUDA_COMPILED {
         return Err(BenchError::NotCompiledCuda {
             what: "`profile comm` (NCCL collectives)",

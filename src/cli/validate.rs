@@ -117,16 +117,16 @@ fn local_trials(args: &ValidateArgs, plan: &PlanFile, cost: &CostModel, out: &Pa
         let _ = writeln!(report, "note: {repair}");
     }
     if !comparable {
+        let named = match (&device_gpu, device.is_cuda()) {
+            (Some(g), _) => format!(" ({g})"),
+            (None, true) => {
+                " (a GPU this build cannot name: build with --features torch,cuda)".into()
+            }
+            (None, false) => String::new(),
+        };
         let _ = writeln!(
             report,
-            "note: the trials run on {device}{}, the plan is for {}: memory is compared, times are shown but not judged or fed back",
-            device_gpu
-                .map(|g| format!(" ({g})"))
-                .unwrap_or_else(|| if device.is_cuda() {
-                    " (a GPU this build cannot name: build with --features torch,cuda)".into()
-                } else {
-                    String::new()
-                }),
+            "note: the trials run on {device}{named}, the plan is for {}: memory is compared, times are shown but not judged or fed back",
             plan.nodes.gpu.name
         );
     }
@@ -154,23 +154,8 @@ fn local_trials(args: &ValidateArgs, plan: &PlanFile, cost: &CostModel, out: &Pa
                 continue;
             }
             for stage in trial_stages(config) {
-                let stage_job = stage_job(&scenario, config, stage, &settings);
-                let predicted = stage_prediction(&scenario, config, stage);
                 eprintln!("round {round}: trial of #{rank} {config}, stage {stage} on {device}...");
-                let outcome = match spawn_worker(&WorkerJob::Stage(stage_job.clone()), timeout) {
-                    Ok(WorkerReply::Stage(m)) => Ok(m),
-                    Ok(WorkerReply::Error(e)) | Err(e) => Err(e),
-                    Ok(other) => Err(format!("unexpected worker reply {other:?}")),
-                };
-                let trial = Trial {
-                    round,
-                    rank: *rank,
-                    config: *config,
-                    stage,
-                    predicted,
-                    job: stage_job,
-                    outcome,
-                };
+                let trial = run_trial(round, *rank, config, stage, &scenario, &settings, timeout);
                 // Kept before anything else happens: an interrupted
                 // validation loses no finished trial.
                 history.append(&history_row(&trial, &trial_row(&trial, comparable, band)))?;
@@ -226,18 +211,7 @@ fn local_trials(args: &ValidateArgs, plan: &PlanFile, cost: &CostModel, out: &Pa
     }
 
     if !profile.layers.is_empty() {
-        profile.environment.source = format!("paratune validate {}", args.plan.display());
-        profile.environment.date = paratune::date::today_utc();
-        profile.environment.notes.push(
-            "layer times implied by local stage trials (measured stage time less the predicted embedding/head share, per layer)".into(),
-        );
-        write_profile(&out.join("profile"), &profile)?;
-        let _ = writeln!(
-            report,
-            "\nthe measured layer times are in {}: use them with `paratune plan ... --profile {}`",
-            out.join("profile").display(),
-            out.join("profile").display()
-        );
+        save_layer_profile(profile, &args.plan, out, &mut report)?;
     }
     let rows: Vec<TrialRow> = trials
         .iter()
@@ -251,6 +225,56 @@ fn local_trials(args: &ValidateArgs, plan: &PlanFile, cost: &CostModel, out: &Pa
         history.path().display()
     );
     emit(&report)
+}
+
+/// Runs one stage trial in a worker process.
+fn run_trial(
+    round: usize,
+    rank: usize,
+    config: &ParallelConfig,
+    stage: u64,
+    scenario: &paratune::cost::Scenario,
+    settings: &TrialSettings,
+    timeout: std::time::Duration,
+) -> Trial {
+    let job = stage_job(scenario, config, stage, settings);
+    let outcome = match spawn_worker(&WorkerJob::Stage(job.clone()), timeout) {
+        Ok(WorkerReply::Stage(m)) => Ok(m),
+        Ok(WorkerReply::Error(e)) | Err(e) => Err(e),
+        Ok(other) => Err(format!("unexpected worker reply {other:?}")),
+    };
+    Trial {
+        round,
+        rank,
+        config: *config,
+        stage,
+        predicted: stage_prediction(scenario, config, stage),
+        job,
+        outcome,
+    }
+}
+
+/// Writes the layer times the trials imply as `OUT/profile`.
+fn save_layer_profile(
+    mut profile: Profile,
+    plan_path: &Path,
+    out: &Path,
+    report: &mut String,
+) -> Result<()> {
+    let dir = out.join("profile");
+    profile.environment.source = format!("paratune validate {}", plan_path.display());
+    profile.environment.date = paratune::date::today_utc();
+    profile.environment.notes.push(
+        "layer times implied by local stage trials (measured stage time less the predicted embedding/head share, per layer)".into(),
+    );
+    write_profile(&dir, &profile)?;
+    let _ = writeln!(
+        report,
+        "\nthe measured layer times are in {}: use them with `paratune plan ... --profile {}`",
+        dir.display(),
+        dir.display()
+    );
+    Ok(())
 }
 
 fn labelled(ranking: &[(ParallelConfig, f64)], n: usize) -> Vec<(String, f64)> {

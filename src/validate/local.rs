@@ -244,16 +244,6 @@ pub fn implied_layer_point(
     })
 }
 
-/// The candidates of a search, as (label, predicted iteration seconds) in
-/// rank order, for the before/after comparison.
-pub fn ranking(candidates: &[crate::search::Candidate], top: usize) -> Vec<(String, f64)> {
-    candidates
-        .iter()
-        .take(top)
-        .map(|c| (c.config.to_string(), c.prediction.iteration_s))
-        .collect()
-}
-
 /// Whether trial times on `device` can stand for the plan's GPU: the CPU
 /// only for a plan made for a GPU named `cpu` (a cluster file with an
 /// inline GPU), a CUDA device when the driver names it as the plan's GPU
