@@ -296,9 +296,13 @@ fn show(args: &ShowProfileArgs) -> Result<()> {
     for (shape, low, high) in measurements.layer_shapes() {
         let _ = writeln!(
             out,
-            "    h {} a {} s {} tp {} sp {:<3} recompute {:<9} micro-batch {low}..{high}",
+            "    h {} a {} kv {} ffn {}{} {} s {} tp {} sp {:<3} recompute {:<9} micro-batch {low}..{high}",
             shape.hidden,
             shape.heads,
+            shape.arch.kv_heads,
+            shape.arch.ffn_hidden,
+            if shape.arch.gated_mlp { " gated" } else { "" },
+            shape.arch.attention.name(),
             shape.seq_len,
             shape.tp,
             if shape.sequence_parallel { "on" } else { "off" },

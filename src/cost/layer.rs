@@ -18,7 +18,7 @@ use super::kernels::{self, HALF};
 use super::{ProfileUsage, Scenario, comm};
 use crate::config::{ParallelConfig, Recompute};
 use crate::model::AttentionKind;
-use crate::profile::LayerShape;
+use crate::profile::{LayerArch, LayerShape};
 
 /// Seconds per layer per micro-batch, forward + backward + recomputation.
 #[derive(Debug, Clone, Copy)]
@@ -192,6 +192,7 @@ fn shape(s: &Scenario, c: &ParallelConfig) -> LayerShape {
     LayerShape {
         hidden: s.model.hidden,
         heads: s.model.heads,
+        arch: LayerArch::of(s.model),
         seq_len: s.model.seq_len,
         tp: c.tp,
         sequence_parallel: c.sequence_parallel,

@@ -772,6 +772,7 @@ mod profiled {
         LayerPoint {
             hidden: model.hidden,
             heads: model.heads,
+            arch: crate::profile::LayerArch::of(model),
             seq_len: model.seq_len,
             micro_batch: c.micro_batch,
             tp: c.tp,

@@ -2,7 +2,7 @@
 //! nccl-tests-style reference table, and Korthikanti et al.'s layer table.
 //! Parsing is pure (text in, points out); [`read_text`] is the one reader.
 
-use super::{CollectiveOp, CollectivePoint, LayerPoint, LayerStatus, ProfileError};
+use super::{CollectiveOp, CollectivePoint, LayerArch, LayerPoint, LayerStatus, ProfileError};
 use crate::config::Recompute;
 use std::path::Path;
 
@@ -367,11 +367,13 @@ pub fn parse_korthikanti_layers(
             crate::runs::parse_choice("recompute", cell(6), &Recompute::ALL.map(|k| (k.name(), k)))
                 .map_err(bad)?;
         let forward_s = ms(7)? / 1e3;
+        let (hidden, heads) = (int(0)?, int(1)?);
         let backward_with_recompute = ms(8)? / 1e3;
         rows.push((
             LayerPoint {
-                hidden: int(0)?,
-                heads: int(1)?,
+                hidden,
+                heads,
+                arch: LayerArch::paper_gpt(hidden, heads),
                 seq_len: int(2)?,
                 micro_batch: int(3)?,
                 tp: int(4)?,

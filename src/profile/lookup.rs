@@ -2,19 +2,22 @@
 //! once from a [`Profile`], then queried without allocating (binary search
 //! over pre-sorted vectors), so `cost::predict` stays pure and cheap.
 
-use super::{CollectiveOp, LayerStatus, Profile};
+use super::{CollectiveOp, LayerArch, LayerStatus, Profile};
 use crate::config::Recompute;
+use crate::model::AttentionKind;
 
-/// What a layer measurement is keyed by: the layer's shape on its shard and
-/// the switches that change its work. The micro-batch is the curve's axis.
+/// What a layer measurement is keyed by: the layer's shape and architecture
+/// on its shard and the switches that change its work. The micro-batch is
+/// the curve's axis.
 ///
-/// Not in the key, and so assumed to match the model being planned: the MLP
-/// width and kind, key/value heads, attention kernel and precision. A
-/// profile describes the layers of the model it was measured for.
+/// The precision is not in the key: plans are for 16-bit training, so where
+/// a shape was measured in 16 bits and in another precision, only the 16-bit
+/// points are used (see [`Measurements::from_profile`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct LayerShape {
     pub hidden: u64,
     pub heads: u64,
+    pub arch: LayerArch,
     pub seq_len: u64,
     pub tp: u64,
     pub sequence_parallel: bool,
@@ -22,21 +25,42 @@ pub struct LayerShape {
 }
 
 impl LayerShape {
-    fn key(&self) -> (u64, u64, u64, u64, bool, u8) {
+    #[allow(clippy::type_complexity)]
+    fn key(&self) -> ((u64, u64, u64, u64, bool, u8), (u64, u64, bool, u8)) {
         let recompute = match self.recompute {
             Recompute::None => 0,
             Recompute::Selective => 1,
             Recompute::Full => 2,
         };
+        let attention = match self.arch.attention {
+            AttentionKind::Flash => 0,
+            AttentionKind::Standard => 1,
+        };
         (
-            self.hidden,
-            self.heads,
-            self.seq_len,
-            self.tp,
-            self.sequence_parallel,
-            recompute,
+            (
+                self.hidden,
+                self.heads,
+                self.seq_len,
+                self.tp,
+                self.sequence_parallel,
+                recompute,
+            ),
+            (
+                self.arch.kv_heads,
+                self.arch.ffn_hidden,
+                self.arch.gated_mlp,
+                attention,
+            ),
         )
     }
+}
+
+/// Whether a layer table's free-form precision is a 16-bit one.
+fn is_16_bit(dtype: &str) -> bool {
+    matches!(
+        dtype.trim().to_lowercase().as_str(),
+        "bf16" | "fp16" | "16-bit" | "bfloat16" | "float16" | "half"
+    )
 }
 
 /// A measured collective time.
@@ -103,7 +127,9 @@ pub struct Measurements {
 impl Measurements {
     /// Sorts and indexes a profile's points. Points without a usable time
     /// (non-positive or not finite sizes or times, `oom` layers) are left
-    /// out; of two points at the same place the later one wins.
+    /// out; of two points at the same place the later one wins. Of a layer
+    /// shape measured in 16 bits and in another precision (fp32 on a CPU),
+    /// only the 16-bit points are used: they are what plans train in.
     pub fn from_profile(profile: &Profile) -> Self {
         let mut points: Vec<_> = profile
             .collectives
@@ -144,12 +170,19 @@ impl Measurements {
             }
         }
 
+        let sixteen_bit_shapes: Vec<LayerShape> = profile
+            .layers
+            .iter()
+            .filter(|p| is_16_bit(&p.dtype))
+            .map(|p| p.shape())
+            .collect();
         let mut layer_points: Vec<_> = profile
             .layers
             .iter()
             .enumerate()
             .filter(|(_, p)| {
-                p.status == LayerStatus::Ok
+                (is_16_bit(&p.dtype) || !sixteen_bit_shapes.contains(&p.shape()))
+                    && p.status == LayerStatus::Ok
                     && p.micro_batch >= 1
                     && p.forward_s.is_finite()
                     && p.backward_s.is_finite()

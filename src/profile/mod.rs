@@ -32,6 +32,7 @@ pub use store::{read_profile, write_profile};
 pub use sweep::{SweepPoint, is_measured, layer_points, sweep_points};
 
 use crate::config::Recompute;
+use crate::model::{AttentionKind, ModelSpec};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
@@ -156,6 +157,42 @@ impl LayerStatus {
     }
 }
 
+/// What a layer computes beyond its width, heads and sequence: grouped-query
+/// attention, the MLP and the attention kernel. Part of a layer's key, so
+/// GPT-3 6.7B's and Llama-3 8B's layers (both hidden 4096, 32 heads) never
+/// stand in for each other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct LayerArch {
+    pub kv_heads: u64,
+    pub ffn_hidden: u64,
+    pub gated_mlp: bool,
+    pub attention: AttentionKind,
+}
+
+impl LayerArch {
+    /// The layer `model` is made of.
+    pub fn of(model: &ModelSpec) -> Self {
+        LayerArch {
+            kv_heads: model.kv_heads,
+            ffn_hidden: model.ffn_hidden,
+            gated_mlp: model.gated_mlp,
+            attention: model.attention,
+        }
+    }
+
+    /// The GPT layer of Megatron-LM's papers: every head its own keys and
+    /// values, an MLP of 4 × hidden, not gated, unfused attention. Layer
+    /// tables without the architecture columns hold such layers.
+    pub fn paper_gpt(hidden: u64, heads: u64) -> Self {
+        LayerArch {
+            kv_heads: heads,
+            ffn_hidden: 4 * hidden,
+            gated_mlp: false,
+            attention: AttentionKind::Standard,
+        }
+    }
+}
+
 /// One measured transformer layer on one tensor-parallel shard, for one
 /// micro-batch. Times are wall-clock seconds of the pass as a training step
 /// runs it: host launch gaps included, and the tensor-parallel collectives
@@ -167,6 +204,7 @@ impl LayerStatus {
 pub struct LayerPoint {
     pub hidden: u64,
     pub heads: u64,
+    pub arch: LayerArch,
     pub seq_len: u64,
     pub micro_batch: u64,
     pub tp: u64,
@@ -201,6 +239,7 @@ impl LayerPoint {
         LayerShape {
             hidden: self.hidden,
             heads: self.heads,
+            arch: self.arch,
             seq_len: self.seq_len,
             tp: self.tp,
             sequence_parallel: self.sequence_parallel,

@@ -9,9 +9,10 @@
 
 use super::{
     COLLECTIVES_TABLE, CollectiveOp, CollectivePoint, DEVICE_FILE, ENVIRONMENT_FILE, Environment,
-    LAYERS_TABLE, LayerPoint, LayerStatus, Profile, ProfileError,
+    LAYERS_TABLE, LayerArch, LayerPoint, LayerStatus, Profile, ProfileError,
 };
 use crate::config::Recompute;
+use crate::model::AttentionKind;
 use polars::prelude::*;
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -214,7 +215,12 @@ fn collectives_schema() -> Schema {
 
 fn layers_schema() -> Schema {
     let mut fields = vec![];
-    for column in ["hidden", "heads", "seq_len", "micro_batch", "tp"] {
+    for column in ["hidden", "heads", "kv_heads", "ffn_hidden"] {
+        fields.push((name(column), DataType::UInt64));
+    }
+    fields.push((name("gated_mlp"), DataType::Boolean));
+    fields.push((name("attention"), DataType::String));
+    for column in ["seq_len", "micro_batch", "tp"] {
         fields.push((name(column), DataType::UInt64));
     }
     fields.push((name("sequence_parallel"), DataType::Boolean));
@@ -275,6 +281,19 @@ fn layers_frame(points: &[LayerPoint]) -> PolarsResult<DataFrame> {
     DataFrame::new_infer_height(vec![
         ints("hidden", |p| p.hidden),
         ints("heads", |p| p.heads),
+        ints("kv_heads", |p| p.arch.kv_heads),
+        ints("ffn_hidden", |p| p.arch.ffn_hidden),
+        Column::new(
+            name("gated_mlp"),
+            points.iter().map(|p| p.arch.gated_mlp).collect::<Vec<_>>(),
+        ),
+        Column::new(
+            name("attention"),
+            points
+                .iter()
+                .map(|p| p.arch.attention.name())
+                .collect::<Vec<_>>(),
+        ),
         ints("seq_len", |p| p.seq_len),
         ints("micro_batch", |p| p.micro_batch),
         ints("tp", |p| p.tp),
@@ -405,9 +424,55 @@ fn collectives_from(df: &DataFrame) -> Result<Vec<CollectivePoint>, String> {
         .collect()
 }
 
+/// A column read with `read`, or `None` when the table does not have it.
+fn if_present<T>(
+    df: &DataFrame,
+    column: &str,
+    read: fn(&DataFrame, &str) -> Result<Vec<T>, String>,
+) -> Result<Option<Vec<T>>, String> {
+    df.column(column)
+        .is_ok()
+        .then(|| read(df, column))
+        .transpose()
+}
+
+/// The layers' architecture columns. Tables written before they existed
+/// hold the GPT layers of Megatron-LM's papers ([`LayerArch::paper_gpt`]),
+/// so each missing column takes that layer's value.
+fn layer_archs(df: &DataFrame, hidden: &[u64], heads: &[u64]) -> Result<Vec<LayerArch>, String> {
+    let kv_heads = if_present(df, "kv_heads", u64s)?;
+    let ffn_hidden = if_present(df, "ffn_hidden", u64s)?;
+    let gated_mlp = if_present(df, "gated_mlp", bools)?;
+    let attention = if_present(df, "attention", strings)?;
+    (0..hidden.len())
+        .map(|i| {
+            let mut arch = LayerArch::paper_gpt(hidden[i], heads[i]);
+            if let Some(v) = &kv_heads {
+                arch.kv_heads = v[i];
+            }
+            if let Some(v) = &ffn_hidden {
+                arch.ffn_hidden = v[i];
+            }
+            if let Some(v) = &gated_mlp {
+                arch.gated_mlp = v[i];
+            }
+            if let Some(v) = &attention {
+                arch.attention = crate::runs::parse_choice(
+                    "attention",
+                    &v[i],
+                    &AttentionKind::ALL.map(|k| (k.name(), k)),
+                )
+                .map_err(|e| format!("row {}: {e}", i + 1))?;
+            }
+            Ok(arch)
+        })
+        .collect()
+}
+
 fn layers_from(df: &DataFrame) -> Result<Vec<LayerPoint>, String> {
     let hidden = u64s(df, "hidden")?;
     let heads = u64s(df, "heads")?;
+    let arch = layer_archs(df, &hidden, &heads)?;
     let seq_len = u64s(df, "seq_len")?;
     let micro_batch = u64s(df, "micro_batch")?;
     let tp = u64s(df, "tp")?;
@@ -423,11 +488,8 @@ fn layers_from(df: &DataFrame) -> Result<Vec<LayerPoint>, String> {
     let status = strings(df, "status")?;
     // Tables written before the column existed hold layers timed inside
     // tensor-parallel runs.
-    let includes_tp_comm = if df.column("includes_tp_comm").is_ok() {
-        bools(df, "includes_tp_comm")?
-    } else {
-        vec![true; df.height()]
-    };
+    let includes_tp_comm =
+        if_present(df, "includes_tp_comm", bools)?.unwrap_or_else(|| vec![true; df.height()]);
     (0..hidden.len())
         .map(|i| {
             let row = i + 1;
@@ -448,6 +510,7 @@ fn layers_from(df: &DataFrame) -> Result<Vec<LayerPoint>, String> {
             Ok(LayerPoint {
                 hidden: hidden[i],
                 heads: heads[i],
+                arch: arch[i],
                 seq_len: seq_len[i],
                 micro_batch: micro_batch[i],
                 tp: tp[i],

@@ -2,7 +2,7 @@
 //! them a profile already holds (so an interrupted sweep resumes where it
 //! stopped), and the profile rows one measurement becomes.
 
-use super::{LayerPoint, LayerStatus, Profile};
+use super::{LayerArch, LayerPoint, LayerStatus, Profile};
 use crate::bench::{Dtype, LayerMeasurement, MEASURED_RECOMPUTE};
 use crate::config::Recompute;
 use crate::model::ModelSpec;
@@ -33,6 +33,7 @@ pub fn is_measured(profile: &Profile, model: &ModelSpec, dtype: Dtype, point: Sw
         !p.includes_tp_comm
             && p.hidden == model.hidden
             && p.heads == model.heads
+            && p.arch == LayerArch::of(model)
             && p.seq_len == model.seq_len
             && p.tp == point.tp
             && p.micro_batch == point.micro_batch
@@ -59,6 +60,7 @@ pub fn layer_points(
             LayerPoint {
                 hidden: model.hidden,
                 heads: model.heads,
+                arch: LayerArch::of(model),
                 seq_len: model.seq_len,
                 micro_batch: point.micro_batch,
                 tp: point.tp,
@@ -136,6 +138,13 @@ mod tests {
             tp: 1,
         };
         assert!(!is_measured(&profile, &model, Dtype::Fp32, other));
+        // The same width with a gated MLP is another layer to measure.
+        let gated = ModelSpec {
+            gated_mlp: true,
+            ..model.clone()
+        };
+        assert!(!is_measured(&profile, &gated, Dtype::Fp32, point));
+        assert_eq!(profile.layers[0].arch, LayerArch::of(&model));
     }
 
     #[test]

@@ -21,6 +21,7 @@ fn layer(micro_batch: u64, forward_ms: f64, backward_ms: f64) -> LayerPoint {
     LayerPoint {
         hidden: 1024,
         heads: 16,
+        arch: LayerArch::paper_gpt(1024, 16),
         seq_len: 1024,
         micro_batch,
         tp: 1,
@@ -54,7 +55,14 @@ fn sample_profile() -> Profile {
     recomputing.recompute_s = Some(0.01);
     recomputing.tp = 2;
     recomputing.sequence_parallel = true;
-    profile.layers = vec![layer(1, 5.0, 10.0), recomputing];
+    let mut llama = layer(4, 7.0, 14.0);
+    llama.arch = LayerArch {
+        kv_heads: 4,
+        ffn_hidden: 2816,
+        gated_mlp: true,
+        attention: AttentionKind::Flash,
+    };
+    profile.layers = vec![layer(1, 5.0, 10.0), recomputing, llama];
     profile
 }
 
@@ -180,6 +188,28 @@ fn a_hand_written_csv_may_leave_out_the_optional_columns() {
     assert_eq!(profile.layers.len(), 1);
     let l = &profile.layers[0];
     assert_eq!((l.micro_batch, l.forward_s, l.recompute_s), (2, 0.01, None));
+    // Without the architecture columns the layer is the papers' GPT layer.
+    assert_eq!(l.arch, LayerArch::paper_gpt(1024, 16));
+    assert!(l.includes_tp_comm);
+}
+
+#[test]
+fn an_unknown_attention_kind_names_the_row_and_the_choices() {
+    let dir = tempfile::tempdir().unwrap();
+    write_profile(dir.path(), &Profile::empty("a100-80gb")).unwrap();
+    std::fs::remove_file(dir.path().join("layers.parquet")).unwrap();
+    std::fs::write(
+        dir.path().join("layers.csv"),
+        "hidden,heads,attention,seq_len,micro_batch,tp,sequence_parallel,recompute,dtype,forward_s,backward_s,status\n\
+         1024,16,flash,1024,2,1,false,none,bf16,0.01,0.02,ok\n\
+         1024,16,fused,1024,2,1,false,none,bf16,0.01,0.02,ok\n",
+    )
+    .unwrap();
+    let err = read_profile(dir.path()).unwrap_err().to_string();
+    assert!(
+        err.contains("layers.csv") && err.contains("row 2") && err.contains("flash"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -464,6 +494,53 @@ fn layers_interpolate_in_micro_batch_and_scale_beyond() {
     assert!(close(m.layer(&full_shape, 4).unwrap().total(), 0.16));
     let other = LayerShape { tp: 2, ..shape };
     assert!(m.layer(&other, 2).is_none());
+}
+
+#[test]
+fn a_layer_of_another_architecture_with_the_same_width_is_not_used() {
+    let m = measurements(vec![], vec![layer(2, 10.0, 20.0)]);
+    let gpt = layer(2, 0.0, 0.0).shape();
+    assert!(m.layer(&gpt, 2).is_some());
+    for arch in [
+        LayerArch {
+            kv_heads: 4,
+            ..gpt.arch
+        },
+        LayerArch {
+            ffn_hidden: 2816,
+            ..gpt.arch
+        },
+        LayerArch {
+            gated_mlp: true,
+            ..gpt.arch
+        },
+        LayerArch {
+            attention: AttentionKind::Flash,
+            ..gpt.arch
+        },
+    ] {
+        assert!(
+            m.layer(&LayerShape { arch, ..gpt }, 2).is_none(),
+            "{arch:?}"
+        );
+    }
+}
+
+#[test]
+fn sixteen_bit_points_win_over_another_precision_of_the_same_shape() {
+    let mut fp32 = layer(2, 40.0, 80.0);
+    fp32.dtype = "fp32".into();
+    let mut fp32_only = layer(8, 400.0, 800.0);
+    fp32_only.dtype = "fp32".into();
+    let m = measurements(vec![], vec![fp32.clone(), layer(4, 18.0, 36.0), fp32_only]);
+    let shape = layer(1, 0.0, 0.0).shape();
+    // Only the bf16 point is used: micro-batch 2 is scaled from it.
+    assert!(close(m.layer(&shape, 2).unwrap().forward, 0.009));
+    // A shape measured only in fp32 still uses its fp32 points.
+    let other = LayerShape { tp: 2, ..shape };
+    fp32.tp = 2;
+    let m = measurements(vec![], vec![fp32]);
+    assert!(close(m.layer(&other, 2).unwrap().forward, 0.040));
 }
 
 const MIB: f64 = 1024.0 * 1024.0;

@@ -9,7 +9,7 @@ use crate::coefficients::CostModel;
 use crate::config::{OptimizerSharding, ParallelConfig, Recompute};
 use crate::cost::{self, Scenario};
 use crate::plan_file::{PLAN_FORMAT, PLAN_VERSION, PlanFile};
-use crate::profile::{LayerPoint, LayerStatus};
+use crate::profile::{LayerArch, LayerPoint, LayerStatus};
 use crate::search::Job;
 
 /// How the trials run.
@@ -227,6 +227,7 @@ pub fn implied_layer_point(
     Some(LayerPoint {
         hidden: s.model.hidden,
         heads: s.model.heads,
+        arch: LayerArch::of(s.model),
         seq_len: s.model.seq_len,
         micro_batch: c.micro_batch,
         tp: c.tp,
