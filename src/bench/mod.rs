@@ -28,7 +28,9 @@ mod torch_layer;
 mod torch_stage;
 
 pub use cuda::{DeviceFacts, cuda_presence, device_facts};
-pub use nccl::{CommJob, bus_factor, check_comm_job, measure_comm, sweep_sizes};
+pub use nccl::{
+    CommJob, bus_factor, check_comm_job, check_received, measure_comm, nccl_link_dir, sweep_sizes,
+};
 pub use sampler::{Sampler, StoppingRule, Summary, summarise};
 
 use cuda::cuda_memory_probe;

@@ -2,7 +2,15 @@
 //! process driving every GPU (cudarc's NCCL, the `cuda` feature), timed
 //! like nccl-tests: out-of-place, `size` as nccl-tests defines it, bus
 //! bandwidth by its formulas. cudarc loads `libcuda` and `libnccl.so`
-//! dynamically and panics without them, so both are checked first.
+//! dynamically and panics without them, so both are checked first. Every
+//! size's result is checked once (rank `r` sends `r + 1` everywhere), so a
+//! collective that runs but moves the wrong bytes is an error, not a time.
+//!
+//! cudarc opens NCCL as `libnccl.so`, while NCCL's soname, and what PyTorch's
+//! wheels ship and load, is `libnccl.so.2`. [`nccl_link_dir`] finds the NCCL
+//! this process already has (libtorch's) or one on `LD_LIBRARY_PATH` and
+//! links it as `libnccl.so` in a directory the worker puts first on its
+//! library path, so both use the same NCCL.
 
 use super::{BenchError, StoppingRule};
 use crate::profile::{CollectiveOp, CollectivePoint};
@@ -67,7 +75,7 @@ pub fn measure_comm(
     // SAFETY: only tries to open the library.
     if !unsafe { cudarc::nccl::sys::is_culib_present() } {
         return Err(BenchError::Failed(
-            "libnccl.so was not found: install NCCL (or link libnccl.so.2 as libnccl.so on the library path)".into(),
+            "NCCL was not found: install it, or put the folder holding libnccl.so.2 (PyTorch's nvidia/nccl/lib) on LD_LIBRARY_PATH".into(),
         ));
     }
     catch_unwind(AssertUnwindSafe(|| sweep(job, &mut progress)))
@@ -83,6 +91,84 @@ pub fn measure_comm(
     Err(BenchError::NotCompiledCuda {
         what: "`profile comm` (NCCL collectives)",
     })
+}
+
+/// What rank `rank` of `ranks` must hold after `op` when every rank `r`
+/// sent `r + 1` in every element: the sum for the reductions, the sender's
+/// value per gathered chunk, the previous rank's value for a send/receive.
+/// `Err` names the first wrong element.
+pub fn check_received(
+    op: CollectiveOp,
+    ranks: usize,
+    rank: usize,
+    received: &[f32],
+) -> Result<(), String> {
+    let sum = (ranks * (ranks + 1) / 2) as f32;
+    let chunk = (received.len() / ranks).max(1);
+    let expected = |i: usize| match op {
+        CollectiveOp::AllReduce | CollectiveOp::ReduceScatter => sum,
+        CollectiveOp::AllGather => (i / chunk + 1) as f32,
+        CollectiveOp::SendRecv => ((rank + ranks - 1) % ranks + 1) as f32,
+    };
+    match received
+        .iter()
+        .enumerate()
+        .find(|&(i, &v)| v != expected(i))
+    {
+        None => Ok(()),
+        Some((i, &v)) => Err(format!(
+            "{op} over {ranks} GPUs gave wrong results: rank {rank} element {i} is {v}, expected {}",
+            expected(i)
+        )),
+    }
+}
+
+/// A directory holding `libnccl.so`, linked to the NCCL this process has
+/// mapped (`maps`, the text of `/proc/self/maps`) or else to a
+/// `libnccl.so.N` in one of `library_dirs`, created under `scratch`. `None`
+/// when there is nothing to link (no NCCL found, or a plain `libnccl.so` is
+/// already on the library path) or the link cannot be made.
+pub fn nccl_link_dir(
+    maps: &str,
+    library_dirs: &[std::path::PathBuf],
+    scratch: &std::path::Path,
+) -> Option<std::path::PathBuf> {
+    if library_dirs.iter().any(|d| d.join("libnccl.so").exists()) {
+        return None;
+    }
+    let target = mapped_nccl(maps).or_else(|| {
+        library_dirs
+            .iter()
+            .filter_map(|d| std::fs::read_dir(d).ok())
+            .flatten()
+            .flatten()
+            .map(|entry| entry.path())
+            .find(|path| is_versioned_nccl(path))
+    })?;
+    let dir = scratch.join("nccl");
+    std::fs::create_dir_all(&dir).ok()?;
+    let link = dir.join("libnccl.so");
+    let _ = std::fs::remove_file(&link);
+    #[cfg(unix)]
+    std::os::unix::fs::symlink(&target, &link).ok()?;
+    #[cfg(not(unix))]
+    std::fs::copy(&target, &link).ok()?;
+    Some(dir)
+}
+
+/// The path of a `libnccl.so.N` mapped into the process, from `/proc/self/maps`.
+fn mapped_nccl(maps: &str) -> Option<std::path::PathBuf> {
+    maps.lines()
+        .filter_map(|line| line.split_whitespace().nth(5))
+        .map(std::path::PathBuf::from)
+        .find(|path| is_versioned_nccl(path))
+}
+
+fn is_versioned_nccl(path: &std::path::Path) -> bool {
+    path.file_name()
+        .and_then(|n| n.to_str())
+        .and_then(|n| n.strip_prefix("libnccl.so."))
+        .is_some_and(|version| version.split('.').all(|p| p.parse::<u32>().is_ok()))
 }
 
 #[cfg(feature = "cuda")]
@@ -127,15 +213,19 @@ fn sweep(
             if send_len == 0 || recv_len == 0 {
                 continue;
             }
-            let alloc = |len: usize| -> Result<Vec<CudaSlice<f32>>, BenchError> {
-                streams
-                    .iter()
-                    .map(|s| s.alloc_zeros::<f32>(len).map_err(|e| failed(&e)))
-                    .collect()
-            };
-            let send = alloc(send_len)?;
-            let mut recv = alloc(recv_len)?;
-            let mut once = || -> Result<(), BenchError> {
+            let send: Vec<CudaSlice<f32>> = streams
+                .iter()
+                .enumerate()
+                .map(|(rank, s)| {
+                    s.clone_htod(&vec![(rank + 1) as f32; send_len])
+                        .map_err(|e| failed(&e))
+                })
+                .collect::<Result<_, _>>()?;
+            let mut recv: Vec<CudaSlice<f32>> = streams
+                .iter()
+                .map(|s| s.alloc_zeros::<f32>(recv_len).map_err(|e| failed(&e)))
+                .collect::<Result<_, _>>()?;
+            let once = |recv: &mut [CudaSlice<f32>]| -> Result<(), BenchError> {
                 nccl::group_start().map_err(|e| failed(&e))?;
                 let mut issued = Ok(());
                 for (rank, comm) in comms.iter().enumerate() {
@@ -166,12 +256,16 @@ fn sweep(
                 sync()
             };
             for _ in 0..job.rule.warmup.max(1) {
-                once()?;
+                once(&mut recv)?;
+            }
+            for (rank, (stream, received)) in streams.iter().zip(&recv).enumerate() {
+                let host = stream.clone_dtoh(received).map_err(|e| failed(&e))?;
+                check_received(op, ranks, rank, &host).map_err(BenchError::Failed)?;
             }
             let mut sampler = Sampler::new(job.rule);
             while !sampler.done() {
                 let start = Instant::now();
-                once()?;
+                once(&mut recv)?;
                 sampler.push(start.elapsed().as_secs_f64());
             }
             let seconds = sampler.summary().mean;
@@ -217,5 +311,51 @@ mod tests {
         assert!(check_comm_job(&job(vec![0])).is_err());
         assert!(check_comm_job(&job(vec![0, 0])).is_err());
         assert!(check_comm_job(&job(vec![0, 1])).is_ok());
+    }
+
+    #[test]
+    fn received_buffers_are_checked_per_collective() {
+        use CollectiveOp::*;
+        // Three ranks sent 1, 2 and 3.
+        assert!(check_received(AllReduce, 3, 0, &[6.0; 4]).is_ok());
+        assert!(check_received(ReduceScatter, 3, 2, &[6.0; 2]).is_ok());
+        assert!(check_received(AllGather, 3, 1, &[1.0, 1.0, 2.0, 2.0, 3.0, 3.0]).is_ok());
+        assert!(check_received(SendRecv, 3, 0, &[3.0; 4]).is_ok());
+        assert!(check_received(SendRecv, 3, 2, &[2.0; 4]).is_ok());
+        let err = check_received(AllReduce, 3, 1, &[6.0, 6.0, 0.0]).unwrap_err();
+        assert!(
+            err.contains("rank 1 element 2 is 0") && err.contains("expected 6"),
+            "{err}"
+        );
+        assert!(check_received(AllGather, 2, 0, &[1.0, 1.0, 1.0, 2.0]).is_err());
+    }
+
+    #[test]
+    fn nccl_is_linked_from_the_mapped_library_or_the_library_path() {
+        let scratch = tempfile::tempdir().unwrap();
+        let libs = tempfile::tempdir().unwrap();
+        let soname = libs.path().join("libnccl.so.2");
+        std::fs::write(&soname, b"not really a library").unwrap();
+        let maps = format!(
+            "7f0000-7f1000 r-xp 00000000 08:01 42 /usr/lib/libc.so.6\n\
+             7f2000-7f3000 r-xp 00000000 08:01 43 {}\n",
+            soname.display()
+        );
+        let dir = nccl_link_dir(&maps, &[], scratch.path()).expect("linked from maps");
+        let link = dir.join("libnccl.so");
+        assert_eq!(std::fs::read_link(&link).unwrap(), soname);
+        // Not mapped: found on the library path.
+        let dir = nccl_link_dir("", &[libs.path().to_path_buf()], scratch.path()).unwrap();
+        assert_eq!(std::fs::read_link(dir.join("libnccl.so")).unwrap(), soname);
+        // A plain libnccl.so already on the path needs no link; nothing found, none.
+        std::fs::write(libs.path().join("libnccl.so"), b"").unwrap();
+        assert!(nccl_link_dir(&maps, &[libs.path().to_path_buf()], scratch.path()).is_none());
+        assert!(nccl_link_dir("", &[], scratch.path()).is_none());
+        assert!(!is_versioned_nccl(std::path::Path::new(
+            "/x/libnccl.so.2.bak"
+        )));
+        assert!(is_versioned_nccl(std::path::Path::new(
+            "/x/libnccl.so.2.21.5"
+        )));
     }
 }

@@ -20,7 +20,7 @@ use paratune::profile::{
 };
 use std::fmt::Write as _;
 use std::io::Read;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -50,10 +50,20 @@ pub fn worker(args: &WorkerArgs) -> Result<()> {
 /// Runs `job` in a fresh process of this binary; kills it after `timeout`.
 /// `Err` says why no reply came (crash, kill, timeout).
 pub fn spawn_worker(job: &WorkerJob, timeout: Duration) -> Result<WorkerReply, String> {
+    spawn_worker_with_env(job, timeout, &[])
+}
+
+/// [`spawn_worker`] with extra environment variables for the worker.
+fn spawn_worker_with_env(
+    job: &WorkerJob,
+    timeout: Duration,
+    env: &[(&str, String)],
+) -> Result<WorkerReply, String> {
     let exe = std::env::current_exe().map_err(|e| format!("cannot find this program: {e}"))?;
     let json = serde_json::to_string(job).map_err(|e| e.to_string())?;
     let mut child = Command::new(exe)
         .args(["profile", "worker", "--job", &json])
+        .envs(env.iter().map(|(k, v)| (*k, v)))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -427,6 +437,23 @@ pub fn profile_device(args: &ProfileDeviceArgs) -> Result<()> {
     emit(&report)
 }
 
+/// The worker's `LD_LIBRARY_PATH` with a `libnccl.so` link first where
+/// cudarc would otherwise not find NCCL (see `bench::nccl_link_dir`).
+fn nccl_library_env(scratch: &Path) -> Vec<(&'static str, String)> {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+    let path = std::env::var("LD_LIBRARY_PATH").unwrap_or_default();
+    let dirs: Vec<PathBuf> = std::env::split_paths(&path).collect();
+    match bench::nccl_link_dir(&maps, &dirs, scratch) {
+        Some(dir) => {
+            let joined = std::env::join_paths(std::iter::once(dir).chain(dirs))
+                .map(|p| p.to_string_lossy().into_owned())
+                .unwrap_or(path);
+            vec![("LD_LIBRARY_PATH", joined)]
+        }
+        None => Vec::new(),
+    }
+}
+
 pub fn profile_comm(args: &ProfileCommArgs) -> Result<()> {
     let job = CommJob {
         gpus: args.gpus.clone(),
@@ -470,6 +497,8 @@ pub fn profile_comm(args: &ProfileCommArgs) -> Result<()> {
                 .any(|p| p.op == op && p.ranks == ranks)
         })
         .collect();
+    let scratch = tempfile::tempdir()?;
+    let env = nccl_library_env(scratch.path());
     let bar = progress(pending.len(), "profile comm");
     let mut points = Vec::new();
     let mut failures = Vec::new();
@@ -479,7 +508,7 @@ pub fn profile_comm(args: &ProfileCommArgs) -> Result<()> {
             ops: vec![op],
             ..job.clone()
         };
-        match spawn_worker(&WorkerJob::Comm(one), timeout) {
+        match spawn_worker_with_env(&WorkerJob::Comm(one), timeout, &env) {
             Ok(WorkerReply::Comm(measured)) => {
                 merge_collectives(&mut profile.collectives, &measured);
                 write_profile(out, &profile)?;
