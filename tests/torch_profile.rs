@@ -200,3 +200,37 @@ fn profile_device_measures_matrix_multiplies_and_a_copy() {
     let shown = ok(&["profile", "show", out.to_str().unwrap()]);
     assert!(shown.contains("matmul   512^3 fp32"), "{shown}");
 }
+
+/// The memory-only pass `profile layer` runs on CUDA with the caching
+/// allocator off works on any device: memory, no times.
+#[test]
+fn a_memory_only_worker_measures_memory_and_no_times() {
+    let model = paratune::model::ModelSpec::gpt("t", 256, 4, 2, 1000, 128);
+    let job = paratune::bench::WorkerJob::Layer(paratune::bench::LayerJob {
+        model,
+        micro_batch: 2,
+        tp: 1,
+        dtype: paratune::bench::Dtype::Fp32,
+        device: paratune::bench::Device::Cpu,
+        rule: paratune::bench::StoppingRule::default(),
+        memory_limit_bytes: None,
+        pass: paratune::bench::LayerPass::MemoryOnly,
+    });
+    let json = serde_json::to_string(&job).unwrap();
+    let stdout = ok(&["profile", "worker", "--job", &json]);
+    let reply: paratune::bench::WorkerReply =
+        serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    let paratune::bench::WorkerReply::Layer(m) = reply else {
+        panic!("{stdout}")
+    };
+    assert!(
+        !m.out_of_memory && m.repetitions == 0 && m.forward_s == 0.0,
+        "{m:?}"
+    );
+    // Two sequences of 128 tokens keep at least their input, 2 x 128 x 256 x 4 bytes.
+    assert!(
+        m.activation_bytes.unwrap() > 2.0 * 128.0 * 256.0 * 4.0,
+        "{m:?}"
+    );
+    assert!(m.peak_bytes.unwrap() >= m.activation_bytes.unwrap());
+}

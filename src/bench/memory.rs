@@ -13,7 +13,11 @@
 //!   temporaries it freed into the cache along the way, rounded to the
 //!   allocator's blocks (2 MiB and up). It is device-wide: another process
 //!   on the same GPU moves it. Allocated bytes proper would need the
-//!   allocator's statistics, which tch does not expose.
+//!   allocator's statistics, which tch does not expose; so `profile layer`
+//!   measures activations again in a worker with the caching allocator off
+//!   (`PYTORCH_NO_CUDA_MEMORY_CACHING=1`, `LayerPass::MemoryOnly`), where
+//!   freed memory goes back to the driver and the used memory after the
+//!   forward is what the forward keeps.
 //!
 //! Elsewhere (another OS, CUDA without the `cuda` feature) memory is not
 //! measured and the readings are `None`.

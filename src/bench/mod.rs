@@ -158,6 +158,22 @@ pub struct LayerJob {
     /// Report `oom` when the measured peak exceeds this many bytes (a
     /// smaller device, simulated).
     pub memory_limit_bytes: Option<f64>,
+    #[serde(default)]
+    pub pass: LayerPass,
+}
+
+/// What a layer worker measures.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LayerPass {
+    /// Memory, then times.
+    #[default]
+    TimesAndMemory,
+    /// Memory only: one forward and backward, no timing. `profile layer`
+    /// runs it on CUDA in a second worker with PyTorch's caching allocator
+    /// off, where the driver's used memory after the forward is the bytes
+    /// the forward keeps, not the blocks the allocator reserved.
+    MemoryOnly,
 }
 
 /// What one layer measurement found. Times are means over the timed
@@ -539,6 +555,7 @@ mod tests {
             device: Device::Cpu,
             rule: StoppingRule::default(),
             memory_limit_bytes: None,
+            pass: LayerPass::default(),
         };
         assert!(matches!(
             check_layer_job(&job),

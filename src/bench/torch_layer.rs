@@ -14,7 +14,8 @@
 
 use super::memory::{self, MemoryProbe};
 use super::{
-    BenchError, Device, Dtype, LayerJob, LayerMeasurement, Sampler, check_layer_job, cuda_presence,
+    BenchError, Device, Dtype, LayerJob, LayerMeasurement, LayerPass, Sampler, check_layer_job,
+    cuda_presence,
 };
 use crate::model::ModelSpec;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -330,6 +331,14 @@ fn run(job: &LayerJob, device: tch::Device, probe: &dyn MemoryProbe) -> LayerMea
         return LayerMeasurement {
             activation_bytes,
             peak_bytes: Some(peak),
+            ..out_of_memory(device)
+        };
+    }
+    if job.pass == LayerPass::MemoryOnly {
+        return LayerMeasurement {
+            activation_bytes,
+            peak_bytes,
+            out_of_memory: false,
             ..out_of_memory(device)
         };
     }

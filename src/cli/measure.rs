@@ -11,8 +11,8 @@ use super::resolve;
 use anyhow::{Context, Result, anyhow, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use paratune::bench::{
-    self, BenchError, CommJob, Device, DeviceJob, Dtype, LayerJob, StoppingRule, WorkerJob,
-    WorkerReply,
+    self, BenchError, CommJob, Device, DeviceJob, Dtype, LayerJob, LayerMeasurement, LayerPass,
+    StoppingRule, WorkerJob, WorkerReply,
 };
 use paratune::profile::{
     CollectiveOp, DeviceProfile, LayerStatus, is_measured, layer_points, merge_collectives,
@@ -210,6 +210,34 @@ fn progress(len: usize, what: &str) -> ProgressBar {
     bar
 }
 
+/// One layer point: times and memory in one worker; on CUDA, the
+/// activation bytes again in a second worker with PyTorch's caching
+/// allocator off, since with it on the driver's used memory after the
+/// forward also holds the temporaries the forward freed into the cache.
+/// The peak stays the first worker's: the reserved high-water mark, what
+/// training with the caching allocator needs.
+fn measure_layer(job: &LayerJob, timeout: Duration) -> Result<LayerMeasurement, String> {
+    let mut m = match spawn_worker(&WorkerJob::Layer(job.clone()), timeout)? {
+        WorkerReply::Layer(m) => m,
+        WorkerReply::Error(message) => return Err(message),
+        other => return Err(format!("unexpected worker reply {other:?}")),
+    };
+    if matches!(job.device, Device::Cuda(_)) && !m.out_of_memory {
+        let memory_job = LayerJob {
+            pass: LayerPass::MemoryOnly,
+            ..job.clone()
+        };
+        let uncached = [("PYTORCH_NO_CUDA_MEMORY_CACHING", "1".to_string())];
+        if let Ok(WorkerReply::Layer(memory)) =
+            spawn_worker_with_env(&WorkerJob::Layer(memory_job), timeout, &uncached)
+            && memory.activation_bytes.is_some()
+        {
+            m.activation_bytes = memory.activation_bytes;
+        }
+    }
+    Ok(m)
+}
+
 pub fn profile_layer(args: &ProfileLayerArgs) -> Result<()> {
     let device = parse_device(&args.device)?;
     let dtype = parse_dtype(&args.dtype)?;
@@ -226,6 +254,7 @@ pub fn profile_layer(args: &ProfileLayerArgs) -> Result<()> {
                 device,
                 rule,
                 memory_limit_bytes: args.memory_limit.map(|b| b.0),
+                pass: LayerPass::TimesAndMemory,
             };
             (point, job)
         })
@@ -268,8 +297,8 @@ pub fn profile_layer(args: &ProfileLayerArgs) -> Result<()> {
     let mut failures = Vec::new();
     for (point, job) in pending {
         bar.set_message(format!("tp {} micro-batch {}", point.tp, point.micro_batch));
-        match spawn_worker(&WorkerJob::Layer(job.clone()), timeout) {
-            Ok(WorkerReply::Layer(m)) => {
+        match measure_layer(job, timeout) {
+            Ok(m) => {
                 merge_layers(
                     &mut profile.layers,
                     &layer_points(&model, dtype, *point, &m),
@@ -278,8 +307,7 @@ pub fn profile_layer(args: &ProfileLayerArgs) -> Result<()> {
                 write_profile(out, &profile)?;
                 measured.push((*point, m));
             }
-            Ok(WorkerReply::Error(message)) | Err(message) => failures.push((*point, message)),
-            Ok(other) => failures.push((*point, format!("unexpected worker reply {other:?}"))),
+            Err(message) => failures.push((*point, message)),
         }
         bar.inc(1);
     }
