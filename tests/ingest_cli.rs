@@ -7,71 +7,14 @@ use paratune::config::{OptimizerSharding, Recompute, ScheduleKind};
 use paratune::model::AttentionKind;
 use paratune::runs::{RowDefaults, RunTable, runs_from_table};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
-const BIN: &str = env!("CARGO_BIN_EXE_paratune");
+mod common;
+use common::{fails, ok_output as ok, says};
 
 const COMPLETE: &str = "gpt345m-tp2-pp2-dp2-complete.log";
 const KILLED: &str = "gpt1.3b-tp4-pp1-dp2-killed.log";
 const GARBAGE: &str = "gpt345m-tp2-pp1-dp4-garbage.log";
 const INTERLEAVED: &str = "llama-1b-tp1-pp4-dp2-interleaved.log";
-
-struct Output {
-    code: Option<i32>,
-    stdout: String,
-    stderr: String,
-}
-
-fn run(args: &[&str]) -> Output {
-    let output = Command::new(BIN)
-        .args(args)
-        .env("NO_COLOR", "1")
-        .output()
-        .expect("the paratune binary runs");
-    Output {
-        code: output.status.code(),
-        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-    }
-}
-
-fn ok(args: &[&str]) -> Output {
-    let out = run(args);
-    assert_eq!(
-        out.code,
-        Some(0),
-        "paratune {} failed:\n{}",
-        args.join(" "),
-        out.stderr
-    );
-    assert!(!out.stderr.contains("panicked"), "{}", out.stderr);
-    out
-}
-
-/// Runs a command that must fail the documented way and returns its one
-/// stderr line.
-fn fails(args: &[&str]) -> String {
-    let out = run(args);
-    let shown = format!("paratune {}", args.join(" "));
-    assert!(!out.stderr.contains("panicked"), "{shown}:\n{}", out.stderr);
-    assert_eq!(out.code, Some(2), "{shown}: exit code\n{}", out.stderr);
-    assert!(out.stdout.is_empty(), "{shown} printed:\n{}", out.stdout);
-    let lines: Vec<&str> = out.stderr.lines().collect();
-    assert_eq!(
-        lines.len(),
-        1,
-        "{shown}: one line expected:\n{}",
-        out.stderr
-    );
-    assert!(lines[0].starts_with("error: "), "{}", lines[0]);
-    lines[0].to_string()
-}
-
-fn says(message: &str, parts: &[&str]) {
-    for part in parts {
-        assert!(message.contains(part), "expected `{part}` in:\n{message}");
-    }
-}
 
 fn log(name: &str) -> String {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))

@@ -3,46 +3,15 @@
 //! its recorded commands produce, and plan/predict/evaluate using it.
 
 use paratune::profile::{CollectiveOp, read_profile};
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
-const BIN: &str = env!("CARGO_BIN_EXE_paratune");
+mod common;
+use common::{fails, root, text};
 const ALL_REDUCE_8: &str = include_str!("data/nccl/all_reduce_perf_8xa100.txt");
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn run(args: &[&str]) -> Output {
-    Command::new(BIN)
-        .args(args)
-        .current_dir(root())
-        .output()
-        .expect("the binary runs")
-}
-
+/// Standard output and standard error of a command that must succeed.
 fn ok(args: &[&str]) -> (String, String) {
-    let out = run(args);
-    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
-    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
-    assert!(
-        out.status.success(),
-        "paratune {}\nstdout: {stdout}\nstderr: {stderr}",
-        args.join(" ")
-    );
-    (stdout, stderr)
-}
-
-fn fails(args: &[&str]) -> String {
-    let out = run(args);
-    assert_eq!(out.status.code(), Some(2), "paratune {}", args.join(" "));
-    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
-    assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
-    stderr
-}
-
-fn text(path: &Path) -> &str {
-    path.to_str().unwrap()
+    let out = common::ok_output(args);
+    (out.stdout, out.stderr)
 }
 
 /// The commands recorded in profiles/a100-sxm/environment.toml, run again

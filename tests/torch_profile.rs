@@ -8,28 +8,9 @@
 use paratune::config::Recompute;
 use paratune::profile::{LayerPoint, LayerStatus, read_profile};
 use std::path::Path;
-use std::process::{Command, Output};
 
-const BIN: &str = env!("CARGO_BIN_EXE_paratune");
-
-fn run(args: &[&str]) -> Output {
-    Command::new(BIN)
-        .args(args)
-        .output()
-        .expect("the binary runs")
-}
-
-fn ok(args: &[&str]) -> String {
-    let out = run(args);
-    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
-    assert!(
-        out.status.success(),
-        "paratune {}\nstdout: {stdout}\nstderr: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    stdout
-}
+mod common;
+use common::{ok, run};
 
 fn sweep(out: &Path, micro_batches: &str, extra: &[&str]) -> String {
     let mut args = vec![
@@ -150,8 +131,8 @@ fn no_cuda_device_is_a_clear_error() {
     if paratune_sees_a_gpu() {
         return;
     }
-    assert_eq!(out.status.code(), Some(2));
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.code, Some(2));
+    let stderr = &out.stderr;
     assert!(
         stderr.contains("--device cuda:0: no CUDA device is present"),
         "{stderr}"

@@ -8,32 +8,13 @@ use paratune::bench::{Device, Dtype, StageJob, StageMeasurement, WorkerJob, Work
 use paratune::config::Recompute;
 use paratune::model::ModelSpec;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 
-const BIN: &str = env!("CARGO_BIN_EXE_paratune");
+mod common;
+use common::{BIN, ok_in as ok};
 
 fn cluster() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/validate/cpu-cluster.toml")
-}
-
-fn run(dir: &Path, args: &[&str]) -> Output {
-    Command::new(BIN)
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .expect("the binary runs")
-}
-
-fn ok(dir: &Path, args: &[&str]) -> String {
-    let out = run(dir, args);
-    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
-    assert!(
-        out.status.success(),
-        "paratune {}\nstdout: {stdout}\nstderr: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    stdout
 }
 
 /// `paratune plan` for a tiny GPT on the two-"GPU" CPU cluster, with `extra` flags.

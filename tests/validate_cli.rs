@@ -3,30 +3,10 @@
 //! files, and what a build without the `torch` feature says.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 
-const BIN: &str = env!("CARGO_BIN_EXE_paratune");
-
-fn run(dir: &Path, args: &[&str]) -> Output {
-    Command::new(BIN)
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .expect("the binary runs")
-}
-
-fn fails(dir: &Path, args: &[&str]) -> String {
-    let out = run(dir, args);
-    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
-    assert_eq!(
-        out.status.code(),
-        Some(2),
-        "paratune {}: {stderr}",
-        args.join(" ")
-    );
-    assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
-    stderr
-}
+mod common;
+use common::{BIN, fails_in as fails, run_in as run};
 
 /// A real plan (GPT-3 13B on one A100 node), as JSON.
 fn plan_json(dir: &Path) -> serde_json::Value {
@@ -48,8 +28,8 @@ fn plan_json(dir: &Path) -> serde_json::Value {
             "json",
         ],
     );
-    assert!(out.status.success());
-    serde_json::from_slice(&out.stdout).unwrap()
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    serde_json::from_str(&out.stdout).unwrap()
 }
 
 fn write(dir: &Path, name: &str, plan: &serde_json::Value) -> PathBuf {
@@ -171,11 +151,7 @@ fn cluster_trials_write_checked_scripts_on_a_dry_run() {
             "--dry-run",
         ],
     );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
     for rank in [1, 2] {
         let script = d.join(format!("reports/plan/candidate-{rank}/run.sh"));
         let check = Command::new("bash")
