@@ -214,6 +214,9 @@ pub struct StageJob {
     /// Holds the output head and the loss (the last stage).
     pub last: bool,
     pub recompute: Recompute,
+    /// Megatron-LM's sequence parallelism over the tp ranks.
+    #[serde(default)]
+    pub sequence_parallel: bool,
     /// Micro-batches the schedule keeps in flight on this stage, BPipe aside.
     pub schedule_in_flight: u64,
     /// Of those, how many a BPipe evictor moves off the device.
@@ -432,6 +435,12 @@ pub fn check_stage_job(job: &StageJob) -> Result<(), BenchError> {
         return invalid(format!(
             "vocabulary {} is smaller than tensor parallelism {}",
             job.model.vocab, job.tp
+        ));
+    }
+    if job.sequence_parallel && !job.model.seq_len.is_multiple_of(job.tp) {
+        return invalid(format!(
+            "sequence parallelism needs the sequence {} to split over tensor parallelism {}",
+            job.model.seq_len, job.tp
         ));
     }
     if job.grad_shards == 0 || job.optimizer_shards == 0 {

@@ -11,6 +11,15 @@
 //! The tensor-parallel collectives are not run (one device): a measured
 //! point says so (`includes_tp_comm = false`) and the cost model adds them.
 //! Dropout is left out.
+//!
+//! **Sequence parallelism** ([`LayerShard::sequence_parallel`]) keeps the
+//! residual stream, the layer norms and their saved inputs on `seq / tp`
+//! tokens. Where Megatron-LM all-gathers the sequence before a
+//! column-parallel GEMM, the shard runs that GEMM once per rank's chunk,
+//! each chunk being its own (the same work, and only the local chunk saved
+//! for the backward, as Megatron-LM saves it); where Megatron-LM
+//! reduce-scatters after a row-parallel GEMM, the shard keeps its own chunk
+//! of the output.
 
 use super::memory::{self, MemoryProbe};
 use super::{
@@ -24,6 +33,9 @@ use tch::{Kind, Tensor};
 
 /// The parameters of one layer shard.
 pub(super) struct LayerShard {
+    /// Ranks the sequence is split over outside attention and the MLP:
+    /// tp under sequence parallelism, else 1.
+    sequence_shards: i64,
     heads: i64,
     kv_heads: i64,
     head_dim: i64,
@@ -114,6 +126,7 @@ impl LayerShard {
             .map(|p| p.set_requires_grad(true))
             .collect();
         LayerShard {
+            sequence_shards: 1,
             heads,
             kv_heads,
             head_dim,
@@ -124,17 +137,35 @@ impl LayerShard {
         }
     }
 
+    /// The same shard under sequence parallelism over `tp` ranks: its input
+    /// and output are `[micro_batch, seq / tp, hidden]`.
+    pub fn sequence_parallel(self, tp: u64) -> Self {
+        LayerShard {
+            sequence_shards: tp as i64,
+            ..self
+        }
+    }
+
     pub fn parameters(&self) -> &[Tensor] {
         &self.params
     }
 
-    /// `x`: `[micro_batch, seq, hidden]`, returns the same shape.
+    /// `x`: `[micro_batch, seq, hidden]` (`seq / tp` under sequence
+    /// parallelism), returns the same shape.
     pub fn forward(&self, x: &Tensor) -> Tensor {
         let p = &self.params;
-        let (b, s, h) = x.size3().expect("layer input is [batch, seq, hidden]");
+        let (b, local, h) = x.size3().expect("layer input is [batch, seq, hidden]");
+        let s = local * self.sequence_shards;
         let (nh, nkv, hd) = (self.heads, self.kv_heads, self.head_dim);
+        let scattered = |t: Tensor| {
+            if self.sequence_shards == 1 {
+                t
+            } else {
+                t.narrow(1, 0, local)
+            }
+        };
         let a = x.layer_norm([h], Some(&p[LN1_W]), Some(&p[LN1_B]), 1e-5, true);
-        let qkv = a.matmul(&p[QKV_W]) + &p[QKV_B];
+        let qkv = gathered_matmul(&a, &p[QKV_W], self.sequence_shards) + &p[QKV_B];
         let split = |start: i64, n: i64| {
             qkv.narrow(2, start * hd, n * hd)
                 .reshape([b, s, n, hd])
@@ -159,15 +190,30 @@ impl LayerShard {
         }
         .transpose(1, 2)
         .reshape([b, s, nh * hd]);
-        let x = x + context.matmul(&p[PROJ_W]) + &p[PROJ_B];
+        let x = x + scattered(context.matmul(&p[PROJ_W])) + &p[PROJ_B];
         let m = x.layer_norm([self.hidden], Some(&p[LN2_W]), Some(&p[LN2_B]), 1e-5, true);
+        let n = self.sequence_shards;
         let inner = if self.gated {
-            m.matmul(&p[GATE_W]).silu() * (m.matmul(&p[FC1_W]) + &p[FC1_B])
+            gathered_matmul(&m, &p[GATE_W], n).silu()
+                * (gathered_matmul(&m, &p[FC1_W], n) + &p[FC1_B])
         } else {
-            (m.matmul(&p[FC1_W]) + &p[FC1_B]).gelu("tanh")
+            (gathered_matmul(&m, &p[FC1_W], n) + &p[FC1_B]).gelu("tanh")
         };
-        x + inner.matmul(&p[FC2_W]) + &p[FC2_B]
+        x + scattered(inner.matmul(&p[FC2_W])) + &p[FC2_B]
     }
+}
+
+/// `x · w` over the whole sequence when `x` is one of `ranks` sequence
+/// chunks: Megatron-LM's all-gather then GEMM, with every rank's chunk
+/// standing in as this one. One GEMM per chunk does the gathered GEMM's
+/// work, and autograd keeps `x` (the local chunk) once, as Megatron-LM
+/// keeps it, instead of a gathered copy.
+pub(super) fn gathered_matmul(x: &Tensor, w: &Tensor, ranks: i64) -> Tensor {
+    if ranks == 1 {
+        return x.matmul(w);
+    }
+    let chunks: Vec<Tensor> = (0..ranks).map(|_| x.matmul(w)).collect();
+    Tensor::cat(&chunks, 1)
 }
 
 /// The torch device for `device`, after checking it exists.

@@ -9,6 +9,11 @@
 //! data-parallel collectives, pipeline sends and receives (the stage's input
 //! is a tensor made locally, its incoming gradient all ones).
 //!
+//! Under sequence parallelism the stage's input, its layers' residual
+//! stream and what recomputation checkpoints are one rank's `seq / tp`
+//! tokens, and the output head's GEMM runs over the gathered sequence (see
+//! `torch_layer.rs`).
+//!
 //! **BPipe.** An evictor stage moves the activations of `evicted` in-flight
 //! micro-batches off the device: their forward runs without autograd, each
 //! layer's input goes to host memory (to a file when the device is the CPU,
@@ -20,7 +25,9 @@
 //! activations in buffers of the size its own micro-batches keep.
 
 use super::memory::{self, MemoryProbe};
-use super::torch_layer::{LayerShard, backward, catching_oom, kind, runtime, sync, torch_device};
+use super::torch_layer::{
+    LayerShard, backward, catching_oom, gathered_matmul, kind, runtime, sync, torch_device,
+};
 use super::{BenchError, Device, Sampler, StageJob, StageMeasurement};
 use crate::config::Recompute;
 use std::time::Instant;
@@ -69,7 +76,14 @@ impl Stage {
         let kind = kind(job.dtype);
         let m = &job.model;
         let layers = (0..job.layers)
-            .map(|_| LayerShard::new(m, job.tp, job.dtype, device))
+            .map(|_| {
+                let shard = LayerShard::new(m, job.tp, job.dtype, device);
+                if job.sequence_parallel {
+                    shard.sequence_parallel(job.tp)
+                } else {
+                    shard
+                }
+            })
             .collect();
         let vocab_shard = (m.vocab / job.tp) as i64;
         let table = || {
@@ -121,18 +135,31 @@ impl Stage {
         params
     }
 
+    /// Ranks the sequence is split over outside attention and the MLP.
+    fn sequence_shards(&self) -> i64 {
+        if self.job.sequence_parallel {
+            self.job.tp as i64
+        } else {
+            1
+        }
+    }
+
+    /// Tokens of one micro-batch this rank holds between layers.
+    fn local_tokens(&self) -> [i64; 2] {
+        let seq = self.job.model.seq_len as i64 / self.sequence_shards();
+        [self.job.micro_batch as i64, seq]
+    }
+
     /// The stage's input for one micro-batch: embedded tokens on the first
     /// stage, a received activation elsewhere.
     fn input(&self) -> Tensor {
-        let m = &self.job.model;
-        let (b, s, h) = (
-            self.job.micro_batch as i64,
-            m.seq_len as i64,
-            m.hidden as i64,
-        );
+        let [b, s] = self.local_tokens();
+        let h = self.job.model.hidden as i64;
         match &self.embedding {
             Some(table) => {
                 let tokens = Tensor::randint(table.size()[0], [b, s], (Kind::Int64, self.device));
+                // Under sequence parallelism the embedding's output is
+                // scattered: this rank keeps its own chunk.
                 Tensor::embedding(table, &tokens, -1, false, false)
             }
             None => Tensor::randn([b, s, h], (self.kind, self.device)).set_requires_grad(true),
@@ -144,7 +171,8 @@ impl Stage {
     fn finish(&self, y: Tensor) -> Tensor {
         match &self.head {
             Some(head) => {
-                let logits = y.matmul(&head.tr()).to_kind(Kind::Float);
+                let logits =
+                    gathered_matmul(&y, &head.tr(), self.sequence_shards()).to_kind(Kind::Float);
                 let (b, s, v) = logits.size3().expect("logits are [batch, seq, vocab]");
                 let targets = Tensor::randint(v, [b * s], (Kind::Int64, self.device));
                 logits.view([b * s, v]).cross_entropy_for_logits(&targets)
@@ -362,12 +390,7 @@ impl Stage {
         if let Some(table) = &self.embedding {
             // The embedding's backward: a scatter-add into its table.
             let rows = table.size()[0];
-            let m = &self.job.model;
-            let tokens = Tensor::randint(
-                rows,
-                [self.job.micro_batch as i64, m.seq_len as i64],
-                (Kind::Int64, self.device),
-            );
+            let tokens = Tensor::randint(rows, self.local_tokens(), (Kind::Int64, self.device));
             let y = Tensor::embedding(table, &tokens, -1, false, false);
             self.backward_into_buffers(&y, &[table], &[0]);
         }

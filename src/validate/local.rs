@@ -174,6 +174,7 @@ pub fn stage_job(
         first: stage == 0,
         last: stage == c.pp - 1,
         recompute: c.recompute,
+        sequence_parallel: c.sequence_parallel,
         schedule_in_flight: schedule.max(1),
         evicted,
         accepted,
