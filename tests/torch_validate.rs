@@ -145,6 +145,7 @@ fn stage(in_flight: u64, evicted: u64) -> StageJob {
         accepted: 0,
         accepted_bytes_per_microbatch: 0.0,
         micro_batches: in_flight + 1,
+        weight_shards: 1,
         grad_shards: 1,
         optimizer_shards: 1,
         dtype: Dtype::Fp32,
@@ -217,4 +218,41 @@ fn sequence_parallelism_keeps_a_chunk_of_the_sequence() {
     // flight, 2 layers, 4 in flight; half of that is asserted.
     let saved = without.peak_bytes.unwrap() - with.peak_bytes.unwrap();
     assert!(saved > 4.0 * 1024.0 * 1024.0, "saved {saved} bytes");
+}
+
+#[test]
+fn zero3_holds_weight_shards_and_two_gathered_layers() {
+    // Eight layers of 256 wide (about 0.79 M fp32 weights, 3.2 MB, each),
+    // data parallelism 4: ZeRO-3 keeps 8 / 4 layers' worth of shards and two
+    // gathered layers, four layers' worth less than whole weights.
+    let layer_bytes = (12.0 * 256.0 * 256.0 + 13.0 * 256.0) * 4.0;
+    for recompute in [Recompute::None, Recompute::Full] {
+        let zero1 = StageJob {
+            layers: 8,
+            first: true,
+            last: true,
+            recompute,
+            grad_shards: 4,
+            optimizer_shards: 4,
+            ..stage(2, 0)
+        };
+        let zero3 = StageJob {
+            weight_shards: 4,
+            ..zero1.clone()
+        };
+        let (whole, sharded) = (trial(zero1), trial(zero3));
+        assert!(sharded.time_per_microbatch_s > 0.0, "{sharded:?}");
+        let static_saved = whole.static_bytes.unwrap() - sharded.static_bytes.unwrap();
+        assert!(
+            static_saved > 3.0 * layer_bytes && static_saved < 5.0 * layer_bytes,
+            "{recompute:?}: static {} -> {}",
+            whole.static_bytes.unwrap(),
+            sharded.static_bytes.unwrap()
+        );
+        let peak_saved = whole.peak_bytes.unwrap() - sharded.peak_bytes.unwrap();
+        assert!(
+            peak_saved > 2.0 * layer_bytes,
+            "{recompute:?}: peak saved {peak_saved}"
+        );
+    }
 }

@@ -227,6 +227,10 @@ pub struct StageJob {
     pub accepted_bytes_per_microbatch: f64,
     /// Micro-batches run per trial iteration.
     pub micro_batches: u64,
+    /// Ranks the 16-bit weights are sharded over (ZeRO-3: dp); each layer
+    /// is gathered before its forward and again before its backward.
+    #[serde(default = "one")]
+    pub weight_shards: u64,
     /// Ranks the fp32 gradient buffers are sharded over (ZeRO-3: dp).
     pub grad_shards: u64,
     /// Ranks the optimizer states are sharded over (distributed optimizer: dp).
@@ -236,6 +240,10 @@ pub struct StageJob {
     /// Timed iterations after one warm-up iteration.
     pub iterations: usize,
     pub memory_limit_bytes: Option<f64>,
+}
+
+fn one() -> u64 {
+    1
 }
 
 /// What a stage trial found.
@@ -443,7 +451,7 @@ pub fn check_stage_job(job: &StageJob) -> Result<(), BenchError> {
             job.model.seq_len, job.tp
         ));
     }
-    if job.grad_shards == 0 || job.optimizer_shards == 0 {
+    if job.weight_shards == 0 || job.grad_shards == 0 || job.optimizer_shards == 0 {
         return invalid("shard counts must be at least 1".into());
     }
     if job.evicted > job.schedule_in_flight {

@@ -153,7 +153,12 @@ impl LayerShard {
     /// `x`: `[micro_batch, seq, hidden]` (`seq / tp` under sequence
     /// parallelism), returns the same shape.
     pub fn forward(&self, x: &Tensor) -> Tensor {
-        let p = &self.params;
+        self.forward_with(&self.params, x)
+    }
+
+    /// [`Self::forward`] with weights `p` of this shard's shapes (ZeRO-3
+    /// trials pass the layer's gathered weights).
+    pub fn forward_with(&self, p: &[Tensor], x: &Tensor) -> Tensor {
         let (b, local, h) = x.size3().expect("layer input is [batch, seq, hidden]");
         let s = local * self.sequence_shards;
         let (nh, nkv, hd) = (self.heads, self.kv_heads, self.head_dim);

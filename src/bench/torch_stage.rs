@@ -14,6 +14,13 @@
 //! tokens, and the output head's GEMM runs over the gathered sequence (see
 //! `torch_layer.rs`).
 //!
+//! **ZeRO-3.** With `weight_shards > 1` every layer's 16-bit weights live as
+//! one flat shard of `1 / weight_shards`; a layer is gathered into one of
+//! two buffers (the layer computing and the one prefetched, as FSDP keeps
+//! them) before its forward and again before its backward, so the stage
+//! holds the shards and two layers whole, as a ZeRO-3 rank does. The
+//! embedding and the output head stay whole.
+//!
 //! **BPipe.** An evictor stage moves the activations of `evicted` in-flight
 //! micro-batches off the device: their forward runs without autograd, each
 //! layer's input goes to host memory (to a file when the device is the CPU,
@@ -56,8 +63,117 @@ struct Shard {
     exp_avg_sq: Tensor,
 }
 
+/// Where a stage's layer weights live.
+enum LayerWeights {
+    /// Every layer whole on this rank.
+    Whole(Vec<LayerShard>),
+    /// ZeRO-3: each layer's weights as one flat shard, gathered on use into
+    /// one of two buffers.
+    Sharded {
+        shards: Vec<Tensor>,
+        buffers: [LayerShard; 2],
+    },
+}
+
+impl LayerWeights {
+    fn new(job: &StageJob, device: tch::Device) -> Self {
+        let layer = || {
+            let shard = LayerShard::new(&job.model, job.tp, job.dtype, device);
+            if job.sequence_parallel {
+                shard.sequence_parallel(job.tp)
+            } else {
+                shard
+            }
+        };
+        if job.weight_shards == 1 {
+            return LayerWeights::Whole((0..job.layers).map(|_| layer()).collect());
+        }
+        let buffers = [layer(), layer()];
+        let len = shard_len(layer_numel(&buffers[0]), job.weight_shards);
+        let shards = (0..job.layers)
+            .map(|_| {
+                (Tensor::randn([len], (kind(job.dtype), device)) * 0.02).set_requires_grad(true)
+            })
+            .collect();
+        LayerWeights::Sharded { shards, buffers }
+    }
+
+    /// What the optimizer updates for layer `i`, with each tensor's size
+    /// before any ZeRO-3 sharding (what the gradient and state shards
+    /// divide).
+    fn trainable(&self, i: usize) -> Vec<(&Tensor, i64)> {
+        match self {
+            LayerWeights::Whole(layers) => layers[i]
+                .parameters()
+                .iter()
+                .map(|p| (p, p.numel() as i64))
+                .collect(),
+            LayerWeights::Sharded { shards, buffers } => {
+                vec![(&shards[i], layer_numel(&buffers[0]))]
+            }
+        }
+    }
+
+    /// Layer `i` ready to run: the shard and the weights to run it with.
+    /// Under ZeRO-3 the layer is gathered now into a buffer, and the weights
+    /// are fresh leaves on the buffer's memory with their own version
+    /// counters: the next gather into that buffer (which stands for freeing
+    /// the layer) does not trip autograd's check, and the gather before the
+    /// backward puts the layer's values back.
+    fn gather(&self, i: usize) -> (&LayerShard, Vec<Tensor>) {
+        match self {
+            LayerWeights::Whole(layers) => (
+                &layers[i],
+                layers[i]
+                    .parameters()
+                    .iter()
+                    .map(Tensor::shallow_clone)
+                    .collect(),
+            ),
+            LayerWeights::Sharded { shards, buffers } => {
+                let buffer = &buffers[i % 2];
+                let shard = &shards[i];
+                tch::no_grad(|| {
+                    for p in buffer.parameters() {
+                        fill_from(&p.detach().flatten(0, -1), shard);
+                    }
+                });
+                let weights = buffer
+                    .parameters()
+                    .iter()
+                    .map(|p| p.data().set_requires_grad(true))
+                    .collect();
+                (buffer, weights)
+            }
+        }
+    }
+}
+
+/// A tensor that is not sharded, with its size.
+fn whole(t: &Tensor) -> (&Tensor, i64) {
+    (t, t.numel() as i64)
+}
+
+/// Elements of all of a layer shard's weights.
+fn layer_numel(layer: &LayerShard) -> i64 {
+    layer.parameters().iter().map(|p| p.numel() as i64).sum()
+}
+
+/// Writes `flat` whole from copies of `shard`, as an all-gather writes a
+/// layer from every rank's shard.
+fn fill_from(flat: &Tensor, shard: &Tensor) {
+    let (total, len) = (flat.numel() as i64, shard.numel() as i64);
+    let mut start = 0;
+    while start < total {
+        let n = len.min(total - start);
+        flat.narrow(0, start, n)
+            .copy_(&shard.detach().narrow(0, 0, n));
+        start += n;
+    }
+}
+
 struct Stage {
-    layers: Vec<LayerShard>,
+    layers: LayerWeights,
     embedding: Option<Tensor>,
     head: Option<Tensor>,
     shards: Vec<Shard>,
@@ -75,16 +191,7 @@ impl Stage {
     fn new(job: &StageJob, device: tch::Device) -> Stage {
         let kind = kind(job.dtype);
         let m = &job.model;
-        let layers = (0..job.layers)
-            .map(|_| {
-                let shard = LayerShard::new(m, job.tp, job.dtype, device);
-                if job.sequence_parallel {
-                    shard.sequence_parallel(job.tp)
-                } else {
-                    shard
-                }
-            })
-            .collect();
+        let layers = LayerWeights::new(job, device);
         let vocab_shard = (m.vocab / job.tp) as i64;
         let table = || {
             (Tensor::randn([vocab_shard, m.hidden as i64], (kind, device)) * 0.02)
@@ -103,11 +210,11 @@ impl Stage {
         };
         let f32s = (Kind::Float, device);
         stage.shards = stage
-            .parameters()
-            .iter()
-            .map(|p| {
-                let grad = shard_len(p.numel() as i64, job.grad_shards);
-                let state = shard_len(p.numel() as i64, job.optimizer_shards);
+            .trainable()
+            .into_iter()
+            .map(|(p, numel)| {
+                let grad = shard_len(numel, job.grad_shards);
+                let state = shard_len(numel, job.optimizer_shards);
                 // fp32 master weights start as this rank's slice of the weights.
                 let master = Tensor::zeros([state], f32s);
                 tch::no_grad(|| {
@@ -128,11 +235,30 @@ impl Stage {
         stage
     }
 
-    fn parameters(&self) -> Vec<&Tensor> {
-        let mut params: Vec<&Tensor> = self.embedding.iter().collect();
-        params.extend(self.layers.iter().flat_map(|l| l.parameters()));
-        params.extend(self.head.iter());
+    /// What the optimizer updates, with each tensor's size before ZeRO-3
+    /// sharding, in the order of `shards`.
+    fn trainable(&self) -> Vec<(&Tensor, i64)> {
+        let mut params: Vec<(&Tensor, i64)> = self.embedding.iter().map(whole).collect();
+        params.extend((0..self.job.layers as usize).flat_map(|i| self.layers.trainable(i)));
+        params.extend(self.head.iter().map(whole));
         params
+    }
+
+    fn parameters(&self) -> Vec<&Tensor> {
+        self.trainable().into_iter().map(|(p, _)| p).collect()
+    }
+
+    /// The index in `shards` of each of layer `i`'s `weights` (under ZeRO-3
+    /// all of them belong to the layer's one shard).
+    fn layer_owners(&self, i: usize, weights: usize) -> Vec<usize> {
+        let first = usize::from(self.embedding.is_some())
+            + (0..i)
+                .map(|j| self.layers.trainable(j).len())
+                .sum::<usize>();
+        match self.layers {
+            LayerWeights::Whole(_) => (first..first + weights).collect(),
+            LayerWeights::Sharded { .. } => vec![first; weights],
+        }
     }
 
     /// Ranks the sequence is split over outside attention and the MLP.
@@ -249,6 +375,19 @@ enum InFlight {
         layer_inputs: Vec<Offloaded>,
         output: Option<Tensor>,
     },
+    /// ZeRO-3: a graph per layer, each on its gathered weights; the output
+    /// only on the last stage.
+    Layers {
+        segments: Vec<Segment>,
+        output: Option<Tensor>,
+    },
+}
+
+/// One layer's graph of a micro-batch in flight under ZeRO-3.
+struct Segment {
+    input: Tensor,
+    output: Tensor,
+    weights: Vec<Tensor>,
 }
 
 /// A tensor held off the device: in host memory for a GPU, in a file for
@@ -286,19 +425,39 @@ impl Offloaded {
 impl Stage {
     fn forward(&self, evict: bool) -> InFlight {
         let input = self.input();
+        let layers = self.job.layers as usize;
         let checkpointed = evict || self.job.recompute == Recompute::Full;
         if !checkpointed {
-            let y = self
-                .layers
-                .iter()
-                .fold(input.shallow_clone(), |x, l| l.forward(&x));
-            let output = self.finish(y);
-            return InFlight::Graph { input, output };
+            if let LayerWeights::Whole(shards) = &self.layers {
+                let y = shards
+                    .iter()
+                    .fold(input.shallow_clone(), |x, l| l.forward(&x));
+                let output = self.finish(y);
+                return InFlight::Graph { input, output };
+            }
+            // ZeRO-3: one graph per layer, each on the weights gathered for it.
+            let mut x = input.detach();
+            let segments = (0..layers)
+                .map(|i| {
+                    let (layer, weights) = self.layers.gather(i);
+                    let input = x.set_requires_grad(true);
+                    let output = layer.forward_with(&weights, &input);
+                    x = output.detach();
+                    Segment {
+                        input,
+                        output,
+                        weights,
+                    }
+                })
+                .collect();
+            let output = self.head.is_some().then_some(x);
+            return InFlight::Layers { segments, output };
         }
-        let mut layer_inputs = Vec::with_capacity(self.layers.len());
+        let mut layer_inputs = Vec::with_capacity(layers);
         let y = tch::no_grad(|| {
-            self.layers.iter().fold(input.detach(), |x, l| {
-                let next = l.forward(&x);
+            (0..layers).fold(input.detach(), |x, i| {
+                let (layer, weights) = self.layers.gather(i);
+                let next = layer.forward_with(&weights, &x);
                 layer_inputs.push(x);
                 next
             })
@@ -323,35 +482,29 @@ impl Stage {
     }
 
     fn backward(&self, in_flight: InFlight) {
-        let params = self.parameters();
-        let owners_for = |layer: Option<usize>| -> (Vec<&Tensor>, Vec<usize>) {
-            match layer {
-                None => (params.clone(), (0..params.len()).collect()),
-                Some(i) => {
-                    let offset = usize::from(self.embedding.is_some())
-                        + self.layers[..i]
-                            .iter()
-                            .map(|l| l.parameters().len())
-                            .sum::<usize>();
-                    let own: Vec<&Tensor> = self.layers[i].parameters().iter().collect();
-                    let owners = (offset..offset + own.len()).collect();
-                    (own, owners)
-                }
-            }
-        };
         match in_flight {
             InFlight::Graph { input, output } => {
-                let (mut inputs, mut owners) = owners_for(None);
+                let mut inputs = self.parameters();
+                let mut owners: Vec<usize> = (0..inputs.len()).collect();
                 if self.embedding.is_none() {
                     inputs.push(&input);
                     owners.push(usize::MAX);
                 }
                 self.backward_into_buffers(&output, &inputs, &owners);
             }
+            InFlight::Layers { segments, output } => {
+                self.head_backward(output);
+                for (i, segment) in segments.iter().enumerate().rev() {
+                    // Gathered again: the segment's weights see the layer's values.
+                    drop(self.layers.gather(i));
+                    self.layer_backward(i, &segment.output, &segment.weights, &segment.input);
+                }
+                self.embedding_backward();
+            }
             InFlight::Checkpoints {
                 layer_inputs,
                 output,
-            } => self.recompute_backward(layer_inputs, output, &owners_for),
+            } => self.recompute_backward(layer_inputs, output),
             InFlight::Evicted {
                 layer_inputs,
                 output,
@@ -360,35 +513,48 @@ impl Stage {
                     .into_iter()
                     .map(|o| o.take(self.device))
                     .collect();
-                self.recompute_backward(restored, output, &owners_for)
+                self.recompute_backward(restored, output)
             }
         }
     }
 
     /// Layer by layer from the last: rebuild its graph from its input,
     /// then its backward (with the head's loss first on the last stage).
-    fn recompute_backward<'a>(
-        &'a self,
-        layer_inputs: Vec<Tensor>,
-        output: Option<Tensor>,
-        owners_for: &dyn Fn(Option<usize>) -> (Vec<&'a Tensor>, Vec<usize>),
-    ) {
+    fn recompute_backward(&self, layer_inputs: Vec<Tensor>, output: Option<Tensor>) {
+        self.head_backward(output);
+        for (i, x) in layer_inputs.into_iter().enumerate().rev() {
+            let x = x.detach().set_requires_grad(true);
+            let (layer, weights) = self.layers.gather(i);
+            let y = layer.forward_with(&weights, &x);
+            self.layer_backward(i, &y, &weights, &x);
+        }
+        self.embedding_backward();
+    }
+
+    /// Layer `i`'s backward from its output `y` into its weights' buffers
+    /// and through its input `x`.
+    fn layer_backward(&self, i: usize, y: &Tensor, weights: &[Tensor], x: &Tensor) {
+        let mut inputs: Vec<&Tensor> = weights.iter().collect();
+        let mut owners = self.layer_owners(i, weights.len());
+        inputs.push(x);
+        owners.push(usize::MAX);
+        self.backward_into_buffers(y, &inputs, &owners);
+    }
+
+    /// The loss's backward through the output head, on the last stage.
+    fn head_backward(&self, output: Option<Tensor>) {
         if let (Some(head), Some(output)) = (&self.head, output) {
             let y = output.detach().set_requires_grad(true);
             let loss = self.finish(y.shallow_clone());
             let owner = self.shards.len() - 1;
             self.backward_into_buffers(&loss, &[head, &y], &[owner, usize::MAX]);
         }
-        for (i, x) in layer_inputs.into_iter().enumerate().rev() {
-            let x = x.detach().set_requires_grad(true);
-            let y = self.layers[i].forward(&x);
-            let (mut inputs, mut owners) = owners_for(Some(i));
-            inputs.push(&x);
-            owners.push(usize::MAX);
-            self.backward_into_buffers(&y, &inputs, &owners);
-        }
+    }
+
+    /// The embedding's backward, on the first stage: a scatter-add into its
+    /// table.
+    fn embedding_backward(&self) {
         if let Some(table) = &self.embedding {
-            // The embedding's backward: a scatter-add into its table.
             let rows = table.size()[0];
             let tokens = Tensor::randint(rows, self.local_tokens(), (Kind::Int64, self.device));
             let y = Tensor::embedding(table, &tokens, -1, false, false);

@@ -63,6 +63,16 @@ pub fn stage_params(s: &Scenario, c: &ParallelConfig, stage: u64) -> f64 {
     parameter_groups(s, c, stage).iter().map(|g| g.params).sum()
 }
 
+/// Under ZeRO-3 / FSDP, the weights of the two layers a rank holds
+/// gathered at a time (the one computing and the one prefetched); 0 under
+/// other sharding.
+pub fn gathered_weight_bytes(s: &Scenario, c: &ParallelConfig) -> f64 {
+    if c.optimizer_sharding != OptimizerSharding::Full {
+        return 0.0;
+    }
+    2.0 * s.model.params_per_layer() / c.tp as f64 * s.coef().weight_bytes_per_param
+}
+
 /// Bytes of one stage on one GPU, by kind.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct StageMemory {
@@ -230,9 +240,7 @@ pub fn stage_memory(s: &Scenario, c: &ParallelConfig, stage: u64) -> StageMemory
     } else {
         0.0
     };
-    if c.optimizer_sharding == OptimizerSharding::Full {
-        buffers += 2.0 * model.params_per_layer() / t * k.weight_bytes_per_param;
-    }
+    buffers += gathered_weight_bytes(s, c);
     StageMemory {
         stage,
         weights: params * k.weight_bytes_per_param / state_shards,

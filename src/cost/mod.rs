@@ -26,7 +26,8 @@ pub use layer::EndsTime;
 mod memory;
 
 pub use memory::{
-    StageMemory, in_flight, layer_activation_bytes, schedule_in_flight, stage_memory,
+    StageMemory, gathered_weight_bytes, in_flight, layer_activation_bytes, schedule_in_flight,
+    stage_memory,
 };
 
 use crate::cluster::{GpuSpec, NodeGroup, Placement};

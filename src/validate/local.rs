@@ -132,13 +132,16 @@ pub struct StagePrediction {
 pub fn stage_prediction(s: &Scenario, c: &ParallelConfig, stage: u64) -> StagePrediction {
     let time = cost::stage_times(s, c)[stage as usize];
     let memory = cost::stage_memory(s, c, stage);
+    // ZeRO-3's gathered layers are allocated by the trial too.
+    let gathered = cost::gathered_weight_bytes(s, c);
     StagePrediction {
         time_per_microbatch_s: time.compute + time.host,
         trial_bytes: memory.weights
             + memory.gradients
             + memory.optimizer_states
-            + memory.activations,
-        other_bytes: memory.buffers + memory.runtime_overhead,
+            + memory.activations
+            + gathered,
+        other_bytes: memory.buffers - gathered + memory.runtime_overhead,
         usable_bytes: s.usable_memory(),
     }
 }
@@ -182,6 +185,7 @@ pub fn stage_job(
         // Enough micro-batches to reach the steady state, at most the
         // iteration's.
         micro_batches: m.min(schedule.max(1) + 2).max(1),
+        weight_shards: shards(c.optimizer_sharding == OptimizerSharding::Full),
         grad_shards: shards(c.optimizer_sharding == OptimizerSharding::Full),
         optimizer_shards: shards(c.optimizer_sharding != OptimizerSharding::None),
         dtype: settings.dtype,
@@ -263,4 +267,65 @@ pub fn times_comparable(plan_gpu: &str, device: Device, device_gpu: Option<&str>
 pub fn band(cost: &CostModel) -> (f64, f64) {
     let p90 = cost.uncertainty().map_or(0.25, |u| u.p90);
     (-p90, p90)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::builtin_node;
+    use crate::config::ScheduleKind;
+    use crate::model::{AttentionKind, builtin_model};
+
+    fn config(sharding: OptimizerSharding, sequence_parallel: bool) -> ParallelConfig {
+        ParallelConfig {
+            tp: 2,
+            pp: 2,
+            dp: 2,
+            micro_batch: 1,
+            schedule: ScheduleKind::OneFOneB,
+            virtual_stages: 1,
+            recompute: Recompute::None,
+            sequence_parallel,
+            optimizer_sharding: sharding,
+            bpipe: false,
+            attention: AttentionKind::Flash,
+        }
+    }
+
+    #[test]
+    fn trials_are_compared_with_what_they_allocate() {
+        let model = builtin_model("gpt3-13b").unwrap();
+        let group = builtin_node("a100-80gb", 1).unwrap();
+        let cost = CostModel::datasheet();
+        let s = Scenario::new(&model, 64, &group, 8, &cost);
+        let settings = TrialSettings {
+            device: Device::Cpu,
+            dtype: Dtype::Bf16,
+            iterations: 1,
+            memory_limit_bytes: None,
+        };
+        for (sharding, sp) in [
+            (OptimizerSharding::None, false),
+            (OptimizerSharding::Full, true),
+        ] {
+            let c = config(sharding, sp);
+            let memory = cost::stage_memory(&s, &c, 0);
+            let predicted = stage_prediction(&s, &c, 0);
+            // Everything is either allocated by the trial or named as not.
+            let sum = predicted.trial_bytes + predicted.other_bytes;
+            assert!(
+                (sum - memory.total()).abs() < 1.0,
+                "{sum} vs {}",
+                memory.total()
+            );
+            let gathered = cost::gathered_weight_bytes(&s, &c);
+            assert_eq!(gathered > 0.0, sharding == OptimizerSharding::Full);
+            let job = stage_job(&s, &c, 0, &settings);
+            let dp_if = |on: bool| if on { 2 } else { 1 };
+            let full = sharding == OptimizerSharding::Full;
+            assert_eq!(job.weight_shards, dp_if(full));
+            assert_eq!(job.grad_shards, dp_if(full));
+            assert_eq!(job.sequence_parallel, sp);
+        }
+    }
 }
