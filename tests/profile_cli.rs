@@ -359,13 +359,15 @@ fn refs(args: &[String]) -> Vec<&str> {
 fn profile_layer_names_the_bad_flag() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("p");
-    let cases: [(&[&str], &str); 6] = [
+    let cases: [(&[&str], &str); 8] = [
         (&["--device", "tpu0"], "--device: unknown device `tpu0`"),
         (&["--device", "cuda:x"], "cuda:N"),
         (&["--micro-batch", "1,0,4"], "--micro-batch"),
         (&["--micro-batch", "2,many"], "--micro-batch"),
         (&["--dtype", "int8"], "--dtype: unknown dtype"),
         (&["--tp", "3"], "--tp"),
+        (&["--sequence-parallel", "maybe"], "--sequence-parallel"),
+        (&["--sequence-parallel", "on"], "add a --tp of 2 or more"),
     ];
     for (flags, expected) in cases {
         let mut args = profile_layer(flags);

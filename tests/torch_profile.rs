@@ -191,6 +191,7 @@ fn a_memory_only_worker_measures_memory_and_no_times() {
         model,
         micro_batch: 2,
         tp: 1,
+        sequence_parallel: false,
         dtype: paratune::bench::Dtype::Fp32,
         device: paratune::bench::Device::Cpu,
         rule: paratune::bench::StoppingRule::default(),
@@ -214,4 +215,27 @@ fn a_memory_only_worker_measures_memory_and_no_times() {
         "{m:?}"
     );
     assert!(m.peak_bytes.unwrap() >= m.activation_bytes.unwrap());
+}
+
+#[test]
+fn a_sequence_parallel_shard_keeps_less_than_the_plain_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("sp");
+    let stdout = sweep(&out, "4", &["--tp", "2", "--sequence-parallel", "off,on"]);
+    assert!(stdout.contains(" on "), "{stdout}");
+    let profile = read_profile(&out).unwrap();
+    let row = |sp: bool| {
+        profile
+            .layers
+            .iter()
+            .find(|p| p.sequence_parallel == sp && p.recompute == Recompute::None)
+            .unwrap_or_else(|| panic!("a row with sequence parallelism {sp}"))
+            .clone()
+    };
+    let (plain, split) = (row(false), row(true));
+    assert!(split.forward_s > 0.0 && split.backward_s > 0.0, "{split:?}");
+    // The two layer norms' inputs (4 x 128 x 256 fp32, 0.5 MiB each) are
+    // kept at half the sequence: at least 0.5 MiB less, and less in all.
+    let saved = plain.activation_bytes.unwrap() - split.activation_bytes.unwrap();
+    assert!(saved > 0.5 * 1024.0 * 1024.0, "saved {saved} bytes");
 }

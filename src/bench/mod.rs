@@ -152,6 +152,9 @@ pub struct LayerJob {
     pub micro_batch: u64,
     /// Tensor-parallel degree: the layer is one shard (heads / tp, MLP / tp).
     pub tp: u64,
+    /// Megatron-LM's sequence parallelism over the tp ranks.
+    #[serde(default)]
+    pub sequence_parallel: bool,
     pub dtype: Dtype,
     pub device: Device,
     pub rule: StoppingRule,
@@ -445,12 +448,7 @@ pub fn check_stage_job(job: &StageJob) -> Result<(), BenchError> {
             job.model.vocab, job.tp
         ));
     }
-    if job.sequence_parallel && !job.model.seq_len.is_multiple_of(job.tp) {
-        return invalid(format!(
-            "sequence parallelism needs the sequence {} to split over tensor parallelism {}",
-            job.model.seq_len, job.tp
-        ));
-    }
+    check_sequence_split(&job.model, job.tp, job.sequence_parallel, "plan")?;
     if job.weight_shards == 0 || job.grad_shards == 0 || job.optimizer_shards == 0 {
         return invalid("shard counts must be at least 1".into());
     }
@@ -479,7 +477,33 @@ pub const TORCH_COMPILED: bool = cfg!(feature = "torch");
 
 /// Checks a layer job before any device work: shapes that do not split.
 pub fn check_layer_job(job: &LayerJob) -> Result<(), BenchError> {
-    check_shard(&job.model, job.tp, job.micro_batch)
+    check_shard(&job.model, job.tp, job.micro_batch)?;
+    check_sequence_split(
+        &job.model,
+        job.tp,
+        job.sequence_parallel,
+        "--sequence-parallel",
+    )
+}
+
+/// Sequence parallelism needs more than one rank and a sequence that splits
+/// evenly over them.
+fn check_sequence_split(
+    m: &ModelSpec,
+    tp: u64,
+    sequence_parallel: bool,
+    field: &'static str,
+) -> Result<(), BenchError> {
+    if sequence_parallel && (tp < 2 || !m.seq_len.is_multiple_of(tp)) {
+        return Err(BenchError::Invalid {
+            field,
+            message: format!(
+                "sequence parallelism needs tensor parallelism of 2 or more that divides the sequence {}; tp is {}",
+                m.seq_len, tp
+            ),
+        });
+    }
+    Ok(())
 }
 
 /// A layer of `m` split `tp` ways over `micro_batch` sequences.
@@ -568,6 +592,7 @@ mod tests {
             model: ModelSpec::gpt("t", 128, 4, 2, 1000, 64),
             micro_batch: 2,
             tp: 3,
+            sequence_parallel: false,
             dtype: Dtype::Fp32,
             device: Device::Cpu,
             rule: StoppingRule::default(),

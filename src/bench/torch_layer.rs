@@ -341,12 +341,13 @@ fn out_of_memory(device: tch::Device) -> LayerMeasurement {
 
 fn run(job: &LayerJob, device: tch::Device, probe: &dyn MemoryProbe) -> LayerMeasurement {
     let model = &job.model;
-    let layer = LayerShard::new(model, job.tp, job.dtype, device);
-    let shape = [
-        job.micro_batch as i64,
-        model.seq_len as i64,
-        model.hidden as i64,
-    ];
+    let mut layer = LayerShard::new(model, job.tp, job.dtype, device);
+    let mut tokens = model.seq_len;
+    if job.sequence_parallel {
+        layer = layer.sequence_parallel(job.tp);
+        tokens /= job.tp;
+    }
+    let shape = [job.micro_batch as i64, tokens as i64, model.hidden as i64];
     let x = Tensor::randn(shape, (kind(job.dtype), device)).set_requires_grad(true);
     let mut inputs: Vec<&Tensor> = layer.parameters().iter().collect();
     inputs.push(&x);
@@ -355,7 +356,7 @@ fn run(job: &LayerJob, device: tch::Device, probe: &dyn MemoryProbe) -> LayerMea
     // thread pools and lazily loaded kernels are made now, outside the
     // measured window, and take little of the allocator's cache.
     {
-        let tokens = model.seq_len.min(16) as i64;
+        let tokens = tokens.min(16) as i64;
         let small = Tensor::randn([1, tokens, model.hidden as i64], (kind(job.dtype), device))
             .set_requires_grad(true);
         let mut small_inputs: Vec<&Tensor> = layer.parameters().iter().collect();

@@ -411,6 +411,9 @@ pub struct ProfileLayerArgs {
     /// Tensor-parallel degrees, comma-separated: each point is one shard.
     #[arg(long, value_delimiter = ',', value_parser = count(1 << 10), allow_negative_numbers = true, default_value = "1")]
     pub tp: Vec<u64>,
+    /// Sequence parallelism, comma-separated: off, on (on only measures tp > 1).
+    #[arg(long, value_delimiter = ',', default_value = "off")]
+    pub sequence_parallel: Vec<String>,
     /// Precision: fp32, fp16 or bf16.
     #[arg(long, default_value = "bf16")]
     pub dtype: String,

@@ -243,13 +243,15 @@ pub fn profile_layer(args: &ProfileLayerArgs) -> Result<()> {
     let dtype = parse_dtype(&args.dtype)?;
     let rule = stopping_rule(&args.repetitions)?;
     let model = resolve::model(&args.model)?;
-    let jobs: Vec<_> = sweep_points(&args.micro_batch, &args.tp)
+    let sequence_parallel = resolve::switch_list("--sequence-parallel", &args.sequence_parallel)?;
+    let jobs: Vec<_> = sweep_points(&args.micro_batch, &args.tp, &sequence_parallel)
         .into_iter()
         .map(|point| {
             let job = LayerJob {
                 model: model.clone(),
                 micro_batch: point.micro_batch,
                 tp: point.tp,
+                sequence_parallel: point.sequence_parallel,
                 dtype,
                 device,
                 rule,
@@ -259,6 +261,11 @@ pub fn profile_layer(args: &ProfileLayerArgs) -> Result<()> {
             (point, job)
         })
         .collect();
+    if jobs.is_empty() {
+        bail!(
+            "--sequence-parallel on: sequence parallelism splits the sequence over tensor-parallel ranks; add a --tp of 2 or more, or off"
+        );
+    }
     for (_, job) in &jobs {
         bench::check_layer_job(job)?;
     }
@@ -296,7 +303,11 @@ pub fn profile_layer(args: &ProfileLayerArgs) -> Result<()> {
     let mut measured = Vec::new();
     let mut failures = Vec::new();
     for (point, job) in pending {
-        bar.set_message(format!("tp {} micro-batch {}", point.tp, point.micro_batch));
+        let sp = if point.sequence_parallel { " sp" } else { "" };
+        bar.set_message(format!(
+            "tp {}{sp} micro-batch {}",
+            point.tp, point.micro_batch
+        ));
         match measure_layer(job, timeout) {
             Ok(m) => {
                 merge_layers(
@@ -326,7 +337,10 @@ pub fn profile_layer(args: &ProfileLayerArgs) -> Result<()> {
     if !failures.is_empty() {
         let list: Vec<String> = failures
             .iter()
-            .map(|(p, why)| format!("tp {} micro-batch {}: {why}", p.tp, p.micro_batch))
+            .map(|(p, why)| {
+                let sp = if p.sequence_parallel { " sp" } else { "" };
+                format!("tp {}{sp} micro-batch {}: {why}", p.tp, p.micro_batch)
+            })
             .collect();
         bail!(
             "{} of the points failed ({}); the finished points are saved in {}: rerun the same command to retry the rest",
@@ -343,7 +357,7 @@ fn layer_table(rows: &[(paratune::profile::SweepPoint, bench::LayerMeasurement)]
         return String::new();
     }
     let mut text = String::from(
-        "  tp  micro-batch  forward ms  backward ms  fwd (no grad) ms  ±95%  reps  activations MiB  peak MiB  status\n",
+        "  tp  sp   micro-batch  forward ms  backward ms  fwd (no grad) ms  ±95%  reps  activations MiB  peak MiB  status\n",
     );
     let mib = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{:.1}", v / MIB));
     for (p, m) in rows {
@@ -354,8 +368,9 @@ fn layer_table(rows: &[(paratune::profile::SweepPoint, bench::LayerMeasurement)]
         };
         let _ = writeln!(
             text,
-            "{:>4}  {:>11}  {:>10.3}  {:>11.3}  {:>16.3}  {:>4}  {:>4}  {:>15}  {:>8}  {}",
+            "{:>4}  {:<3}  {:>11}  {:>10.3}  {:>11.3}  {:>16.3}  {:>4}  {:>4}  {:>15}  {:>8}  {}",
             p.tp,
+            if p.sequence_parallel { "on" } else { "off" },
             p.micro_batch,
             m.forward_s * 1e3,
             m.backward_s * 1e3,

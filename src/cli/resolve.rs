@@ -203,13 +203,16 @@ fn choices<T: Copy>(
 fn switches(flag: &str, values: &Option<Vec<String>>) -> Result<Option<Vec<bool>>> {
     values
         .as_ref()
-        .map(|texts| {
-            texts
-                .iter()
-                .map(|t| parse_switch(flag, t).map_err(|e| anyhow!(e)))
-                .collect()
-        })
+        .map(|texts| switch_list(flag, texts))
         .transpose()
+}
+
+/// `on`/`off` values of a comma-separated flag.
+pub fn switch_list(flag: &str, texts: &[String]) -> Result<Vec<bool>> {
+    texts
+        .iter()
+        .map(|t| parse_switch(flag, t).map_err(|e| anyhow!(e)))
+        .collect()
 }
 
 fn positive(flag: &str, values: &Option<Vec<u64>>) -> Result<Option<Vec<u64>>> {

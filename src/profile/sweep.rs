@@ -7,23 +7,37 @@ use crate::bench::{Dtype, LayerMeasurement, MEASURED_RECOMPUTE};
 use crate::config::Recompute;
 use crate::model::ModelSpec;
 
-/// One point of a sweep: a micro-batch on a tensor-parallel shard.
+/// One point of a sweep: a micro-batch on a tensor-parallel shard, with or
+/// without sequence parallelism.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SweepPoint {
     pub micro_batch: u64,
     pub tp: u64,
+    pub sequence_parallel: bool,
 }
 
-/// Every (tp, micro-batch) pair, tensor parallelism outermost, in the
-/// order given.
-pub fn sweep_points(micro_batches: &[u64], tps: &[u64]) -> Vec<SweepPoint> {
-    tps.iter()
-        .flat_map(|&tp| {
-            micro_batches
-                .iter()
-                .map(move |&micro_batch| SweepPoint { micro_batch, tp })
-        })
-        .collect()
+/// Every (tp, sequence parallelism, micro-batch), tensor parallelism
+/// outermost, in the order given; sequence parallelism only where tp > 1
+/// (one rank has nothing to split the sequence with).
+pub fn sweep_points(
+    micro_batches: &[u64],
+    tps: &[u64],
+    sequence_parallel: &[bool],
+) -> Vec<SweepPoint> {
+    let mut points = Vec::new();
+    for &tp in tps {
+        for &sp in sequence_parallel {
+            if sp && tp == 1 {
+                continue;
+            }
+            points.extend(micro_batches.iter().map(|&micro_batch| SweepPoint {
+                micro_batch,
+                tp,
+                sequence_parallel: sp,
+            }));
+        }
+    }
+    points
 }
 
 /// Whether `profile` already holds a measurement of this point (measured or
@@ -37,7 +51,7 @@ pub fn is_measured(profile: &Profile, model: &ModelSpec, dtype: Dtype, point: Sw
             && p.seq_len == model.seq_len
             && p.tp == point.tp
             && p.micro_batch == point.micro_batch
-            && !p.sequence_parallel
+            && p.sequence_parallel == point.sequence_parallel
             && p.recompute == Recompute::None
             && p.dtype == dtype.name()
     })
@@ -64,7 +78,7 @@ pub fn layer_points(
                 seq_len: model.seq_len,
                 micro_batch: point.micro_batch,
                 tp: point.tp,
-                sequence_parallel: false,
+                sequence_parallel: point.sequence_parallel,
                 recompute,
                 dtype: dtype.name().to_string(),
                 forward_s: time(if full {
@@ -75,9 +89,12 @@ pub fn layer_points(
                 backward_s: time(m.backward_s),
                 recompute_s: (full && !m.out_of_memory).then_some(m.forward_s),
                 ci95_rel: m.ci95_rel,
-                // Under full recomputation only the layer's input is kept.
+                // Under full recomputation only the layer's input is kept
+                // (this rank's chunk of it under sequence parallelism).
                 activation_bytes: if full {
-                    Some((point.micro_batch * model.seq_len * model.hidden * dtype.bytes()) as f64)
+                    let tokens = point.micro_batch * model.seq_len
+                        / if point.sequence_parallel { point.tp } else { 1 };
+                    Some((tokens * model.hidden * dtype.bytes()) as f64)
                         .filter(|_| m.activation_bytes.is_some())
                 } else {
                     m.activation_bytes
@@ -118,6 +135,7 @@ mod tests {
         let point = SweepPoint {
             micro_batch: 2,
             tp: 1,
+            sequence_parallel: false,
         };
         let rows = layer_points(&model, Dtype::Fp32, point, &measurement());
         assert_eq!(rows.len(), 2);
@@ -136,6 +154,7 @@ mod tests {
         let other = SweepPoint {
             micro_batch: 4,
             tp: 1,
+            sequence_parallel: false,
         };
         assert!(!is_measured(&profile, &model, Dtype::Fp32, other));
         // The same width with a gated MLP is another layer to measure.
@@ -149,8 +168,37 @@ mod tests {
 
     #[test]
     fn points_run_tp_outermost() {
-        let points = sweep_points(&[1, 2], &[1, 2]);
+        let points = sweep_points(&[1, 2], &[1, 2], &[false]);
         let pairs: Vec<_> = points.iter().map(|p| (p.tp, p.micro_batch)).collect();
         assert_eq!(pairs, [(1, 1), (1, 2), (2, 1), (2, 2)]);
+        // Sequence parallelism only where tp > 1.
+        let points = sweep_points(&[1], &[1, 2], &[false, true]);
+        let triples: Vec<_> = points
+            .iter()
+            .map(|p| (p.tp, p.sequence_parallel, p.micro_batch))
+            .collect();
+        assert_eq!(triples, [(1, false, 1), (2, false, 1), (2, true, 1)]);
+    }
+
+    #[test]
+    fn sequence_parallel_rows_are_their_own_points() {
+        let model = ModelSpec::gpt("t", 128, 4, 2, 1000, 64);
+        let point = SweepPoint {
+            micro_batch: 2,
+            tp: 2,
+            sequence_parallel: true,
+        };
+        let rows = layer_points(&model, Dtype::Bf16, point, &measurement());
+        assert!(rows.iter().all(|r| r.sequence_parallel));
+        // Under full recomputation the rank keeps half the sequence's input.
+        assert_eq!(rows[1].activation_bytes, Some((2 * 32 * 128 * 2) as f64));
+        let mut profile = Profile::empty("cpu");
+        profile.layers = rows;
+        assert!(is_measured(&profile, &model, Dtype::Bf16, point));
+        let plain = SweepPoint {
+            sequence_parallel: false,
+            ..point
+        };
+        assert!(!is_measured(&profile, &model, Dtype::Bf16, plain));
     }
 }
