@@ -122,6 +122,60 @@ fn label_at(labels: &[&str], x: f64) -> String {
 
 /// Grouped bars per stage: predicted bytes and, where measured, measured
 /// bytes, in GiB, with a horizontal line at the device capacity.
+type Canvas<'a> = DrawingArea<SVGBackend<'a>, plotters::coord::Shift>;
+type Chart<'a, 'b> = ChartContext<
+    'a,
+    SVGBackend<'b>,
+    Cartesian2d<Categories, plotters::coord::types::RangedCoordf64>,
+>;
+type DrawResult<T> =
+    Result<T, DrawingAreaErrorKind<<SVGBackend<'static> as DrawingBackend>::ErrorType>>;
+
+/// The frame both charts share: white canvas, title, one category per
+/// label on x, `0..top` on y, light horizontal grid.
+struct Axes<'l> {
+    title: &'l str,
+    labels: &'l [&'l str],
+    top: f64,
+    x_desc: &'l str,
+    y_desc: &'l str,
+}
+
+impl Axes<'_> {
+    fn draw<'a, 'b>(&self, root: &'a Canvas<'b>) -> DrawResult<Chart<'a, 'b>> {
+        root.fill(&WHITE)?;
+        let x_axis = Categories {
+            count: self.labels.len(),
+        };
+        let mut chart = ChartBuilder::on(root)
+            .caption(self.title, ("sans-serif", 20))
+            .margin(15)
+            .x_label_area_size(45)
+            .y_label_area_size(70)
+            .build_cartesian_2d(x_axis, 0.0..self.top)?;
+        let formatter = |x: &f64| label_at(self.labels, *x);
+        chart
+            .configure_mesh()
+            .disable_x_mesh()
+            .max_light_lines(1)
+            .x_desc(self.x_desc)
+            .y_desc(self.y_desc)
+            .x_label_formatter(&formatter)
+            .draw()?;
+        Ok(chart)
+    }
+}
+
+/// The series legend, top right.
+fn draw_legend<'a, 'b: 'a>(chart: &mut Chart<'a, 'b>) -> DrawResult<()> {
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()
+}
+
 pub fn memory_chart(
     title: &str,
     stages: &[StageMemoryBar],
@@ -160,27 +214,14 @@ pub fn memory_chart(
     {
         let root = SVGBackend::with_string(&mut svg, (width_for(stages.len()), HEIGHT))
             .into_drawing_area();
-        root.fill(&WHITE).map_err(&err)?;
-        let x_axis = Categories {
-            count: stages.len(),
+        let axes = Axes {
+            title,
+            labels: &labels,
+            top,
+            x_desc: "candidate and pipeline stage",
+            y_desc: "memory per GPU (GiB)",
         };
-        let mut chart = ChartBuilder::on(&root)
-            .caption(title, ("sans-serif", 20))
-            .margin(15)
-            .x_label_area_size(45)
-            .y_label_area_size(70)
-            .build_cartesian_2d(x_axis, 0.0..top)
-            .map_err(&err)?;
-        let formatter = |x: &f64| label_at(&labels, *x);
-        chart
-            .configure_mesh()
-            .disable_x_mesh()
-            .max_light_lines(1)
-            .x_desc("candidate and pipeline stage")
-            .y_desc("memory per GPU (GiB)")
-            .x_label_formatter(&formatter)
-            .draw()
-            .map_err(&err)?;
+        let mut chart = axes.draw(&root).map_err(&err)?;
 
         // With measurements the predicted bar takes the left half of the
         // slot and the measured one the right half.
@@ -219,13 +260,7 @@ pub fn memory_chart(
             .map_err(&err)?
             .label(format!("capacity ({capacity:.1} GiB)"))
             .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 14, y)], CAPACITY.stroke_width(2)));
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperRight)
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .draw()
-            .map_err(&err)?;
+        draw_legend(&mut chart).map_err(&err)?;
         root.present().map_err(&err)?;
     }
     Ok(svg)
@@ -274,28 +309,15 @@ pub fn time_chart(title: &str, candidates: &[CandidateTime]) -> Result<String, R
     {
         let root = SVGBackend::with_string(&mut svg, (width_for(candidates.len()), HEIGHT))
             .into_drawing_area();
-        root.fill(&WHITE).map_err(&err)?;
-        let x_axis = Categories {
-            count: candidates.len(),
-        };
-        let mut chart = ChartBuilder::on(&root)
-            .caption(title, ("sans-serif", 20))
-            .margin(15)
-            .x_label_area_size(45)
-            .y_label_area_size(70)
-            .build_cartesian_2d(x_axis, 0.0..top)
-            .map_err(&err)?;
-        let formatter = |x: &f64| label_at(&labels, *x);
         let y_desc = format!("time ({unit})");
-        chart
-            .configure_mesh()
-            .disable_x_mesh()
-            .max_light_lines(1)
-            .x_desc("candidate (and stage)")
-            .y_desc(y_desc.as_str())
-            .x_label_formatter(&formatter)
-            .draw()
-            .map_err(&err)?;
+        let axes = Axes {
+            title,
+            labels: &labels,
+            top,
+            x_desc: "candidate (and stage)",
+            y_desc: &y_desc,
+        };
+        let mut chart = axes.draw(&root).map_err(&err)?;
 
         chart
             .draw_series(candidates.iter().enumerate().map(|(i, c)| {
@@ -356,13 +378,7 @@ pub fn time_chart(title: &str, candidates: &[CandidateTime]) -> Result<String, R
                 .label("measured")
                 .legend(|(x, y)| Circle::new((x + 7, y), 6, MEASURED.filled()));
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperRight)
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .draw()
-            .map_err(&err)?;
+        draw_legend(&mut chart).map_err(&err)?;
         root.present().map_err(&err)?;
     }
     Ok(svg)
