@@ -109,27 +109,27 @@ fn local_trials(args: &ValidateArgs, plan: &PlanFile, cost: &CostModel, out: &Pa
         .ok()
         .map(|f| super::profile::catalogue_gpu(&f.name));
     let comparable = times_comparable(&plan.nodes.gpu.name, device, device_gpu.as_deref());
-    let band = local::band(cost);
-    let (mut history, repaired) =
+    let (history, repaired) =
         RunHistory::open_table(&out.join("trials-history.csv"), &HISTORY_COLUMNS)?;
     let mut report = String::new();
     if let Some(repair) = repaired {
         let _ = writeln!(report, "note: {repair}");
     }
     if !comparable {
-        let named = match (&device_gpu, device.is_cuda()) {
-            (Some(g), _) => format!(" ({g})"),
-            (None, true) => {
-                " (a GPU this build cannot name: build with --features torch,cuda)".into()
-            }
-            (None, false) => String::new(),
-        };
-        let _ = writeln!(
-            report,
-            "note: the trials run on {device}{named}, the plan is for {}: memory is compared, times are shown but not judged or fed back",
-            plan.nodes.gpu.name
-        );
+        report.push_str(&not_comparable_note(
+            device,
+            device_gpu.as_deref(),
+            &plan.nodes.gpu.name,
+        ));
     }
+    let mut trials = TrialRunner {
+        settings,
+        timeout: super::measure::timeout(args.timeout)?,
+        comparable,
+        band: local::band(cost),
+        history,
+        done: Vec::new(),
+    };
 
     let mut job = local::job_of(plan);
     let mut ranking: Vec<(ParallelConfig, f64)> = plan
@@ -138,68 +138,32 @@ fn local_trials(args: &ValidateArgs, plan: &PlanFile, cost: &CostModel, out: &Pa
         .map(|c| (c.config, c.prediction.iteration_s))
         .collect();
     let mut profile = Profile::empty(&plan.nodes.gpu.name);
-    let mut trials: Vec<Trial> = Vec::new();
-    let timeout = super::measure::timeout(args.timeout)?;
     for round in 1..=args.rounds {
-        let top: Vec<(usize, ParallelConfig)> = ranking
-            .iter()
-            .take(args.top)
-            .enumerate()
-            .map(|(i, (c, _))| (i + 1, *c))
-            .collect();
         let scenario = job.scenario(cost);
-        let mut ran = 0;
-        for (rank, config) in &top {
-            if trials.iter().any(|t| t.config == *config) {
-                continue;
-            }
-            for stage in trial_stages(config) {
-                eprintln!("round {round}: trial of #{rank} {config}, stage {stage} on {device}...");
-                let trial = run_trial(round, *rank, config, stage, &scenario, &settings, timeout);
-                // Kept before anything else happens: an interrupted
-                // validation loses no finished trial.
-                history.append(&history_row(&trial, &trial_row(&trial, comparable, band)))?;
-                trials.push(trial);
-                ran += 1;
-            }
-        }
-        if ran > 0 {
+        if trials.run_round(round, &ranking[..args.top.min(ranking.len())], &scenario)? > 0 {
             let _ = writeln!(
                 report,
                 "\nround {round}: predicted against measured, per stage and micro-batch"
             );
-            let rows: Vec<TrialRow> = trials
-                .iter()
-                .filter(|t| t.round == round)
-                .map(|t| trial_row(t, comparable, band))
-                .collect();
-            report.push_str(&markdown_table(&rows));
+            report.push_str(&markdown_table(&trials.rows(Some(round))));
         }
         if !comparable {
             break;
         }
         // Feed back: the layer times the trials imply become a profile, and
         // the whole space is searched again with it.
-        for t in trials.iter().filter(|t| t.round == round) {
-            if let Ok(m) = &t.outcome
-                && let Some(point) = implied_layer_point(&scenario, &t.config, t.stage, dtype, m)
-            {
-                merge_layers(&mut profile.layers, &[point]);
-            }
-        }
+        trials.feed_back(round, &scenario, &mut profile);
         if profile.layers.is_empty() {
             break;
         }
         job.profile = Some(Arc::new(Measurements::from_profile(&profile)));
-        let result = search(&job, &SearchSpace::default(), cost);
         let before = labelled(&ranking, args.top.max(5));
-        ranking = result
+        ranking = search(&job, &SearchSpace::default(), cost)
             .candidates
             .iter()
             .map(|c| (c.config, c.prediction.iteration_s))
             .collect();
-        let after = labelled(&ranking, args.top.max(5));
-        let change = ranking_change(&before, &after)?;
+        let change = ranking_change(&before, &labelled(&ranking, args.top.max(5)))?;
         let _ = writeln!(
             report,
             "\nround {round}: the ranking with the trials' layer times"
@@ -213,18 +177,101 @@ fn local_trials(args: &ValidateArgs, plan: &PlanFile, cost: &CostModel, out: &Pa
     if !profile.layers.is_empty() {
         save_layer_profile(profile, &args.plan, out, &mut report)?;
     }
-    let rows: Vec<TrialRow> = trials
-        .iter()
-        .map(|t| trial_row(t, comparable, band))
-        .collect();
-    let paths = write_charts_and_report(out, &args.plan, &rows, &trials, plan, &report)?;
+    let rows = trials.rows(None);
+    let paths = write_charts_and_report(out, &args.plan, &rows, &trials.done, plan, &report)?;
     let _ = writeln!(
         report,
         "\nreport: {} (trials.csv, memory.svg, time.svg beside it); history: {}",
         paths.display(),
-        history.path().display()
+        trials.history.path().display()
     );
     emit(&report)
+}
+
+/// Why trial times are not judged: the device is not the plan's GPU.
+fn not_comparable_note(device: bench::Device, device_gpu: Option<&str>, plan_gpu: &str) -> String {
+    let named = match (device_gpu, device.is_cuda()) {
+        (Some(g), _) => format!(" ({g})"),
+        (None, true) => " (a GPU this build cannot name: build with --features torch,cuda)".into(),
+        (None, false) => String::new(),
+    };
+    format!(
+        "note: the trials run on {device}{named}, the plan is for {plan_gpu}: memory is compared, times are shown but not judged or fed back\n"
+    )
+}
+
+/// The local trials of one validation: how they run, and those done so far.
+struct TrialRunner {
+    settings: TrialSettings,
+    timeout: std::time::Duration,
+    /// Trial times stand for the plan's GPU.
+    comparable: bool,
+    band: (f64, f64),
+    history: RunHistory,
+    done: Vec<Trial>,
+}
+
+impl TrialRunner {
+    /// Trials the stages of the candidates in `top` (ranked) not trialled
+    /// yet; each is in the history before the next starts. Returns how many
+    /// stages ran.
+    fn run_round(
+        &mut self,
+        round: usize,
+        top: &[(ParallelConfig, f64)],
+        scenario: &paratune::cost::Scenario,
+    ) -> Result<usize> {
+        let mut ran = 0;
+        for (i, (config, _)) in top.iter().enumerate() {
+            if self.done.iter().any(|t| t.config == *config) {
+                continue;
+            }
+            for stage in trial_stages(config) {
+                let device = self.settings.device;
+                eprintln!(
+                    "round {round}: trial of #{} {config}, stage {stage} on {device}...",
+                    i + 1
+                );
+                let trial = run_trial(
+                    round,
+                    i + 1,
+                    config,
+                    stage,
+                    scenario,
+                    &self.settings,
+                    self.timeout,
+                );
+                // Kept before anything else happens: an interrupted
+                // validation loses no finished trial.
+                let row = trial_row(&trial, self.comparable, self.band);
+                self.history.append(&history_row(&trial, &row))?;
+                self.done.push(trial);
+                ran += 1;
+            }
+        }
+        Ok(ran)
+    }
+
+    /// The report rows of one round's trials, or of all.
+    fn rows(&self, round: Option<usize>) -> Vec<TrialRow> {
+        self.done
+            .iter()
+            .filter(|t| round.is_none_or(|r| t.round == r))
+            .map(|t| trial_row(t, self.comparable, self.band))
+            .collect()
+    }
+
+    /// Adds the layer times the round's trials imply to `profile`.
+    fn feed_back(&self, round: usize, scenario: &paratune::cost::Scenario, profile: &mut Profile) {
+        for t in self.done.iter().filter(|t| t.round == round) {
+            if let Ok(m) = &t.outcome
+                && let Some(point) =
+                    implied_layer_point(scenario, &t.config, t.stage, self.settings.dtype, m)
+            {
+                merge_layers(&mut profile.layers, &[point]);
+            }
+        }
+    }
 }
 
 /// Runs one stage trial in a worker process.
