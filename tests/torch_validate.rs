@@ -97,8 +97,28 @@ fn plan_validate_refit_end_to_end_on_the_cpu() {
     // The measured layer times were kept as a profile the planner reads.
     let profile = paratune::profile::read_profile(&out.join("profile")).unwrap();
     assert!(!profile.layers.is_empty());
+    // The coefficients were refitted to the trials (the CPU's datasheet
+    // figures are guesses far from it, so gemm_efficiency moves) and saved.
+    assert!(
+        stdout.contains("coefficients refitted to the trials so far")
+            && stdout.contains("gemm_efficiency 0.8000 -> "),
+        "{stdout}"
+    );
+    let refitted = paratune::coefficients::load_cost_model(&out.join("cost-model.toml")).unwrap();
+    assert_ne!(
+        refitted.coefficients.gemm_efficiency,
+        paratune::coefficients::CostModel::datasheet()
+            .coefficients
+            .gemm_efficiency
+    );
     let profile_dir = out.join("profile");
-    let args = plan_args(&["--profile", profile_dir.to_str().unwrap()]);
+    let cost_model = out.join("cost-model.toml");
+    let args = plan_args(&[
+        "--profile",
+        profile_dir.to_str().unwrap(),
+        "--cost-model",
+        cost_model.to_str().unwrap(),
+    ]);
     let replanned = ok(
         dir.path(),
         &args.iter().map(String::as_str).collect::<Vec<_>>(),

@@ -123,14 +123,17 @@ impl Problem<'_> {
     }
 }
 
-struct Objective<'p, 'a>(&'p Problem<'a>);
+/// A loss over the reparameterised coefficients.
+type Loss<'l> = dyn Fn(&[f64]) -> f64 + 'l;
+
+struct Objective<'p, 'l>(&'p Loss<'l>);
 
 impl CostFunction for Objective<'_, '_> {
     type Param = Vec<f64>;
     type Output = f64;
 
     fn cost(&self, z: &Self::Param) -> Result<f64, Error> {
-        Ok(self.0.loss(z))
+        Ok((self.0)(z))
     }
 }
 
@@ -145,9 +148,14 @@ pub struct Leg {
 /// simplex around the best point for every leg (Nelder-Mead stalls on a
 /// collapsed simplex in ~20 dimensions). Returns the best point and loss.
 pub fn minimise(problem: &Problem, start: &[f64], legs: &[Leg]) -> (Vec<f64>, f64) {
+    minimise_loss(&|z: &[f64]| problem.loss(z), start, legs)
+}
+
+/// [`minimise`] for any loss over the reparameterised coefficients.
+pub fn minimise_loss(loss: &Loss, start: &[f64], legs: &[Leg]) -> (Vec<f64>, f64) {
     let n = start.len();
     let mut best = start.to_vec();
-    let mut best_loss = problem.loss(&best);
+    let mut best_loss = loss(&best);
     for leg in legs {
         if leg.iters == 0 {
             continue;
@@ -173,7 +181,7 @@ pub fn minimise(problem: &Problem, start: &[f64], legs: &[Leg]) -> (Vec<f64>, f6
                 .with_sigma((1.0 - 1.0 / nf).max(0.5))
                 .expect("valid sigma");
         }
-        let result = Executor::new(Objective(problem), solver)
+        let result = Executor::new(Objective(loss), solver)
             .configure(|state| state.max_iters(leg.iters))
             .timer(false)
             .run()

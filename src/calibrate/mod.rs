@@ -27,6 +27,8 @@ pub use collectives::{
     COLLECTIVE_COEFFICIENTS, CollectiveFit, CollectiveSample, fit_collectives, read_nccl_table,
 };
 pub use figures::{ErrorFigures, OVERALL, overall};
+/// The fitting pieces other refits (`validate`'s stage-time refit) share.
+pub(crate) use fit::{FreeParam, Leg, RIDGE, minimise_loss, soft_l1};
 pub use report::render_report;
 
 use crate::cluster::NodeGroup;
@@ -35,7 +37,7 @@ use crate::config::OptimizerSharding;
 use crate::cost::{Scenario, predict};
 use crate::model::AttentionKind;
 use crate::runs::Run;
-use fit::{FreeParam, Leg, Problem, dataset_weights, predict_row};
+use fit::{Problem, dataset_weights, predict_row};
 use rayon::prelude::*;
 use statrs::statistics::{Data, OrderStatistics};
 use std::collections::{BTreeMap, HashMap};

@@ -7,7 +7,7 @@ use super::measure::{check_writable, parse_device, parse_dtype, spawn_worker};
 use super::resolve;
 use anyhow::{Context, Result, anyhow, bail};
 use paratune::bench::{self, BenchError, StageMeasurement, WorkerJob, WorkerReply};
-use paratune::coefficients::CostModel;
+use paratune::coefficients::{CostModel, save_cost_model};
 use paratune::config::ParallelConfig;
 use paratune::plan_file::PlanFile;
 use paratune::profile::{Measurements, Profile, merge_layers, write_profile};
@@ -138,8 +138,10 @@ fn local_trials(args: &ValidateArgs, plan: &PlanFile, cost: &CostModel, out: &Pa
         .map(|c| (c.config, c.prediction.iteration_s))
         .collect();
     let mut profile = Profile::empty(&plan.nodes.gpu.name);
+    // The model the trials are predicted with: the plan's, then its refit.
+    let mut current = cost.clone();
     for round in 1..=args.rounds {
-        let scenario = job.scenario(cost);
+        let scenario = job.scenario(&current);
         if trials.run_round(round, &ranking[..args.top.min(ranking.len())], &scenario)? > 0 {
             let _ = writeln!(
                 report,
@@ -150,15 +152,20 @@ fn local_trials(args: &ValidateArgs, plan: &PlanFile, cost: &CostModel, out: &Pa
         if !comparable {
             break;
         }
-        // Feed back: the layer times the trials imply become a profile, and
-        // the whole space is searched again with it.
+        // Feed back: the layer times the trials imply become a profile (for
+        // the shapes trialled), the coefficients are refitted to every trial
+        // so far (for the rest), and the whole space is searched again.
         trials.feed_back(round, &scenario, &mut profile);
         if profile.layers.is_empty() {
             break;
         }
+        if let Some(refit) = local::refit_to_trials(&job, cost, &trials.observations()) {
+            report.push_str(&describe_refit(round, &refit));
+            current = refit.cost;
+        }
         job.profile = Some(Arc::new(Measurements::from_profile(&profile)));
         let before = labelled(&ranking, args.top.max(5));
-        ranking = search(&job, &SearchSpace::default(), cost)
+        ranking = search(&job, &SearchSpace::default(), &current)
             .candidates
             .iter()
             .map(|c| (c.config, c.prediction.iteration_s))
@@ -176,6 +183,15 @@ fn local_trials(args: &ValidateArgs, plan: &PlanFile, cost: &CostModel, out: &Pa
 
     if !profile.layers.is_empty() {
         save_layer_profile(profile, &args.plan, out, &mut report)?;
+        let path = out.join("cost-model.toml");
+        save_cost_model(&current, &path)?;
+        let _ = writeln!(
+            report,
+            "the refitted cost model is {}: plan with it and the profile, `paratune plan ... --cost-model {} --profile {}`",
+            path.display(),
+            path.display(),
+            out.join("profile").display()
+        );
     }
     let rows = trials.rows(None);
     let paths = write_charts_and_report(out, &args.plan, &rows, &trials.done, plan, &report)?;
@@ -186,6 +202,22 @@ fn local_trials(args: &ValidateArgs, plan: &PlanFile, cost: &CostModel, out: &Pa
         trials.history.path().display()
     );
     emit(&report)
+}
+
+/// What the refit from the trials so far moved, and the stage-time error
+/// before and after.
+fn describe_refit(round: usize, refit: &local::TrialRefit) -> String {
+    let moved: Vec<String> = refit
+        .moved
+        .iter()
+        .map(|(name, before, after)| format!("{name} {before:.4} -> {after:.4}"))
+        .collect();
+    format!(
+        "\nround {round}: coefficients refitted to the trials so far (argmin, Nelder-Mead): {}; stage-time MAPE {:.1}% -> {:.1}%\n",
+        moved.join(", "),
+        100.0 * refit.mape_before,
+        100.0 * refit.mape_after
+    )
 }
 
 /// Why trial times are not judged: the device is not the plan's GPU.
@@ -258,6 +290,21 @@ impl TrialRunner {
             .iter()
             .filter(|t| round.is_none_or(|r| t.round == r))
             .map(|t| trial_row(t, self.comparable, self.band))
+            .collect()
+    }
+
+    /// Every trial so far that measured a time.
+    fn observations(&self) -> Vec<local::StageObservation> {
+        self.done
+            .iter()
+            .filter_map(|t| {
+                let m = t.outcome.as_ref().ok().filter(|m| !m.out_of_memory)?;
+                Some(local::StageObservation {
+                    config: t.config,
+                    stage: t.stage,
+                    measured_s: m.time_per_microbatch_s,
+                })
+            })
             .collect()
     }
 

@@ -269,6 +269,145 @@ pub fn band(cost: &CostModel) -> (f64, f64) {
     (-p90, p90)
 }
 
+/// Coefficients a refit from local trials may move, most influential on a
+/// stage's compute and host time first; a refit frees as many of them as
+/// it has distinct trials.
+pub const TRIAL_REFIT_ORDER: [&str; 3] = [
+    "gemm_efficiency",
+    "host_us_per_layer_pass",
+    "hbm_efficiency",
+];
+
+/// A measured stage a refit learns from: its time per micro-batch.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StageObservation {
+    pub config: ParallelConfig,
+    pub stage: u64,
+    pub measured_s: f64,
+}
+
+/// What a refit from trials found.
+#[derive(Debug, Clone)]
+pub struct TrialRefit {
+    pub cost: CostModel,
+    /// Name, value before and after, of each coefficient the fit moved.
+    pub moved: Vec<(&'static str, f64, f64)>,
+    /// Mean absolute relative error of the stage-time predictions of the
+    /// observations, before and after.
+    pub mape_before: f64,
+    pub mape_after: f64,
+}
+
+/// The cost model `prior` refitted so that its stage-time predictions
+/// (compute and host per micro-batch, what a trial measures; see
+/// [`stage_prediction`]) match `observations`: `calibrate`'s robust loss on
+/// log errors with its weak pull toward the prior, minimised with argmin's
+/// Nelder-Mead over the first [`TRIAL_REFIT_ORDER`] coefficients, as many
+/// as there are distinct observations. The predictions use the
+/// coefficients alone (the job's profile is set aside), so the refit
+/// carries what the trials taught to configurations nobody trialled.
+/// `None` without usable observations.
+pub fn refit_to_trials(
+    job: &Job,
+    prior: &CostModel,
+    observations: &[StageObservation],
+) -> Option<TrialRefit> {
+    use crate::calibrate::{FreeParam, Leg, RIDGE, minimise_loss, soft_l1};
+    use crate::coefficients::Coefficients;
+    let observations: Vec<&StageObservation> = observations
+        .iter()
+        .filter(|o| o.measured_s.is_finite() && o.measured_s > 0.0)
+        .collect();
+    let mut distinct: Vec<(ParallelConfig, u64)> = Vec::new();
+    for o in &observations {
+        if !distinct.contains(&(o.config, o.stage)) {
+            distinct.push((o.config, o.stage));
+        }
+    }
+    if distinct.is_empty() {
+        return None;
+    }
+    let free: Vec<FreeParam> = TRIAL_REFIT_ORDER[..distinct.len().min(TRIAL_REFIT_ORDER.len())]
+        .iter()
+        .map(|name| FreeParam {
+            info: Coefficients::info(name).expect("TRIAL_REFIT_ORDER names coefficients"),
+        })
+        .collect();
+    let coefficients_only = Job {
+        profile: None,
+        ..job.clone()
+    };
+    let log_errors = |cost: &CostModel| -> Vec<f64> {
+        let s = coefficients_only.scenario(cost);
+        observations
+            .iter()
+            .map(|o| {
+                let predicted = stage_prediction(&s, &o.config, o.stage).time_per_microbatch_s;
+                let r = (predicted / o.measured_s).ln();
+                if r.is_finite() { r } else { 10.0 }
+            })
+            .collect()
+    };
+    let model_at = |z: &[f64]| {
+        let mut model = prior.clone();
+        for (p, &z) in free.iter().zip(z) {
+            model.coefficients.set(p.info.name, p.value(z));
+        }
+        model
+    };
+    let value = |cost: &CostModel, p: &FreeParam| {
+        cost.coefficients.get(p.info.name).unwrap_or(p.info.prior)
+    };
+    let z0: Vec<f64> = free.iter().map(|p| p.z(value(prior, p))).collect();
+    let n = observations.len() as f64;
+    let loss = |z: &[f64]| -> f64 {
+        if z.iter().any(|z| !z.is_finite()) {
+            return f64::MAX;
+        }
+        let data: f64 = log_errors(&model_at(z))
+            .iter()
+            .map(|&r| soft_l1(r))
+            .sum::<f64>()
+            / n;
+        let pull: f64 = z.iter().zip(&z0).map(|(a, b)| (a - b).powi(2)).sum();
+        data + RIDGE * pull
+    };
+    let legs = [
+        Leg {
+            step: 1.0,
+            iters: 300,
+        },
+        Leg {
+            step: 0.2,
+            iters: 300,
+        },
+    ];
+    let (best, _) = minimise_loss(&loss, &z0, &legs);
+    let mut cost = model_at(&best);
+    cost.name = format!("{}-trials", prior.name);
+    cost.description = format!(
+        "{} refitted to {} local trial stage time(s) by paratune validate",
+        prior.name,
+        observations.len()
+    );
+    let mape = |cost: &CostModel| {
+        log_errors(cost)
+            .iter()
+            .map(|r| (r.exp() - 1.0).abs())
+            .sum::<f64>()
+            / n
+    };
+    Some(TrialRefit {
+        moved: free
+            .iter()
+            .map(|p| (p.info.name, value(prior, p), value(&cost, p)))
+            .collect(),
+        mape_before: mape(prior),
+        mape_after: mape(&cost),
+        cost,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -327,5 +466,46 @@ mod tests {
             assert_eq!(job.grad_shards, dp_if(full));
             assert_eq!(job.sequence_parallel, sp);
         }
+    }
+
+    #[test]
+    fn a_refit_recovers_the_efficiency_the_trials_ran_at() {
+        let model = builtin_model("gpt3-13b").unwrap();
+        let group = builtin_node("a100-80gb", 1).unwrap();
+        let job = Job {
+            model,
+            global_batch: 64,
+            gpus: 8,
+            nodes: group,
+            memory_limit: None,
+            profile: None,
+        };
+        // "Measured" stages from a model whose GEMMs run at 0.5 of peak.
+        let prior = CostModel::datasheet();
+        let mut truth = prior.clone();
+        truth.coefficients.set("gemm_efficiency", 0.5);
+        let configs = [
+            config(OptimizerSharding::None, false),
+            config(OptimizerSharding::OptimizerStates, true),
+        ];
+        let s = job.scenario(&truth);
+        let observations: Vec<StageObservation> = configs
+            .iter()
+            .flat_map(|c| trial_stages(c).into_iter().map(move |stage| (c, stage)))
+            .map(|(c, stage)| StageObservation {
+                config: *c,
+                stage,
+                measured_s: stage_prediction(&s, c, stage).time_per_microbatch_s,
+            })
+            .collect();
+        let refit = refit_to_trials(&job, &prior, &observations).unwrap();
+        assert!(refit.mape_before > 0.2, "{refit:?}");
+        assert!(refit.mape_after < 0.02, "{refit:?}");
+        let (name, before, after) = refit.moved[0];
+        assert_eq!((name, before), ("gemm_efficiency", 0.8));
+        assert!((after - 0.5).abs() < 0.03, "{refit:?}");
+        // Three distinct stages free all three coefficients.
+        assert_eq!(refit.moved.len(), 3);
+        assert!(refit_to_trials(&job, &prior, &[]).is_none());
     }
 }
