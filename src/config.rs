@@ -167,6 +167,10 @@ impl ParallelConfig {
                 c.sequence_parallel && c.tp == 1,
             ),
             (
+                Rule::SequenceNotSplit,
+                c.sequence_parallel && !model.seq_len.is_multiple_of(c.tp),
+            ),
+            (
                 Rule::BpipeSchedule,
                 c.bpipe && (c.schedule != ScheduleKind::OneFOneB || c.pp < 2),
             ),
@@ -211,6 +215,8 @@ pub enum Rule {
     InterleavedMicroBatches,
     VirtualStagesWithoutInterleaving,
     SequenceParallelWithoutTp,
+    /// Sequence parallelism splits the sequence evenly over the tp ranks.
+    SequenceNotSplit,
     BpipeSchedule,
     ShardingWithoutDp,
 }
@@ -230,6 +236,7 @@ impl Rule {
             Rule::InterleavedMicroBatches => "interleaving needs micro-batches divisible by pp",
             Rule::VirtualStagesWithoutInterleaving => "virtual stages need interleaving",
             Rule::SequenceParallelWithoutTp => "sequence parallelism needs tp >= 2",
+            Rule::SequenceNotSplit => "sequence parallelism needs tp to divide the sequence",
             Rule::BpipeSchedule => "BPipe needs 1f1b and pp >= 2",
             Rule::ShardingWithoutDp => "optimizer sharding needs dp >= 2",
         }
@@ -286,6 +293,10 @@ impl Rule {
                 "virtual stages other than 1 need --schedule interleaved".into()
             }
             Rule::SequenceParallelWithoutTp => "sequence parallelism needs tp >= 2".into(),
+            Rule::SequenceNotSplit => format!(
+                "sequence parallelism splits the sequence {} over tp {}: pick a tp that divides it, or --sequence-parallel off",
+                model.seq_len, c.tp
+            ),
             Rule::BpipeSchedule => "BPipe needs --schedule 1f1b and pp >= 2".into(),
             Rule::ShardingWithoutDp => "optimizer sharding needs dp >= 2".into(),
         }

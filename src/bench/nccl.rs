@@ -133,10 +133,13 @@ pub fn nccl_link_dir(
     library_dirs: &[std::path::PathBuf],
     scratch: &std::path::Path,
 ) -> Option<std::path::PathBuf> {
-    if library_dirs.iter().any(|d| d.join("libnccl.so").exists()) {
+    // The NCCL libtorch already loaded comes first: a different one found
+    // by name would be a second NCCL in the process.
+    let mapped = mapped_nccl(maps);
+    if mapped.is_none() && library_dirs.iter().any(|d| d.join("libnccl.so").exists()) {
         return None;
     }
-    let target = mapped_nccl(maps).or_else(|| {
+    let target = mapped.or_else(|| {
         library_dirs
             .iter()
             .filter_map(|d| std::fs::read_dir(d).ok())
@@ -158,8 +161,10 @@ pub fn nccl_link_dir(
 
 /// The path of a `libnccl.so.N` mapped into the process, from `/proc/self/maps`.
 fn mapped_nccl(maps: &str) -> Option<std::path::PathBuf> {
+    // address perms offset device inode path: only the path has a `/`, and
+    // it may hold spaces.
     maps.lines()
-        .filter_map(|line| line.split_whitespace().nth(5))
+        .filter_map(|line| line.find('/').map(|at| line[at..].trim_end()))
         .map(std::path::PathBuf::from)
         .find(|path| is_versioned_nccl(path))
 }
@@ -337,8 +342,9 @@ mod tests {
         let soname = libs.path().join("libnccl.so.2");
         std::fs::write(&soname, b"not really a library").unwrap();
         let maps = format!(
-            "7f0000-7f1000 r-xp 00000000 08:01 42 /usr/lib/libc.so.6\n\
-             7f2000-7f3000 r-xp 00000000 08:01 43 {}\n",
+            "7f0000-7f1000 r-xp 00000000 08:01 42       /usr/lib/libc.so.6\n\
+             7f1000-7f2000 rw-p 00000000 00:00 0        [heap]\n\
+             7f2000-7f3000 r-xp 00000000 08:01 43       {}\n",
             soname.display()
         );
         let dir = nccl_link_dir(&maps, &[], scratch.path()).expect("linked from maps");
@@ -347,9 +353,17 @@ mod tests {
         // Not mapped: found on the library path.
         let dir = nccl_link_dir("", &[libs.path().to_path_buf()], scratch.path()).unwrap();
         assert_eq!(std::fs::read_link(dir.join("libnccl.so")).unwrap(), soname);
-        // A plain libnccl.so already on the path needs no link; nothing found, none.
+        // A plain libnccl.so already on the path needs no link, unless
+        // libtorch has loaded another NCCL; nothing found, none.
         std::fs::write(libs.path().join("libnccl.so"), b"").unwrap();
-        assert!(nccl_link_dir(&maps, &[libs.path().to_path_buf()], scratch.path()).is_none());
+        let path = [libs.path().to_path_buf()];
+        assert!(nccl_link_dir("", &path, scratch.path()).is_none());
+        assert!(nccl_link_dir(&maps, &path, scratch.path()).is_some());
+        let spaced = "7f2000-7f3000 r-xp 00000000 08:01 43   /opt/my libs/libnccl.so.2\n";
+        assert_eq!(
+            mapped_nccl(spaced),
+            Some(std::path::PathBuf::from("/opt/my libs/libnccl.so.2"))
+        );
         assert!(nccl_link_dir("", &[], scratch.path()).is_none());
         assert!(!is_versioned_nccl(std::path::Path::new(
             "/x/libnccl.so.2.bak"

@@ -19,7 +19,10 @@
 //! two buffers (the layer computing and the one prefetched, as FSDP keeps
 //! them) before its forward and again before its backward, so the stage
 //! holds the shards and two layers whole, as a ZeRO-3 rank does. The
-//! embedding and the output head stay whole.
+//! embedding and the output head are sharded too and gathered, for as long
+//! as they are used, into a temporary. The gathers stand for all-gathers,
+//! which the trial does not time: their copy time, measured apart after the
+//! timed iterations, is taken out of the stage time.
 //!
 //! **BPipe.** An evictor stage moves the activations of `evicted` in-flight
 //! micro-batches off the device: their forward runs without autograd, each
@@ -163,6 +166,9 @@ fn layer_numel(layer: &LayerShard) -> i64 {
 /// layer from every rank's shard.
 fn fill_from(flat: &Tensor, shard: &Tensor) {
     let (total, len) = (flat.numel() as i64, shard.numel() as i64);
+    if len == 0 {
+        return;
+    }
     let mut start = 0;
     while start < total {
         let n = len.min(total - start);
@@ -172,10 +178,69 @@ fn fill_from(flat: &Tensor, shard: &Tensor) {
     }
 }
 
+/// The embedding or output head table.
+enum Table {
+    Whole(Tensor),
+    /// ZeRO-3: this rank's flat shard, and the whole table's shape.
+    Sharded {
+        shard: Tensor,
+        shape: [i64; 2],
+    },
+}
+
+impl Table {
+    fn new(shape: [i64; 2], kind: Kind, device: tch::Device, shards: u64) -> Table {
+        let weights =
+            |dims: &[i64]| (Tensor::randn(dims, (kind, device)) * 0.02).set_requires_grad(true);
+        if shards == 1 {
+            Table::Whole(weights(&shape))
+        } else {
+            Table::Sharded {
+                shard: weights(&[shard_len(shape[0] * shape[1], shards)]),
+                shape,
+            }
+        }
+    }
+
+    /// What the optimizer updates, with the whole table's size.
+    fn trainable(&self) -> (&Tensor, i64) {
+        match self {
+            Table::Whole(t) => whole(t),
+            Table::Sharded { shard, shape } => (shard, shape[0] * shape[1]),
+        }
+    }
+
+    fn rows(&self) -> i64 {
+        match self {
+            Table::Whole(t) => t.size()[0],
+            Table::Sharded { shape, .. } => shape[0],
+        }
+    }
+
+    /// The table to compute with: itself, or under ZeRO-3 a temporary
+    /// gathered from the shard (a leaf, so its gradient can be taken).
+    fn gather(&self) -> Tensor {
+        match self {
+            Table::Whole(t) => t.shallow_clone(),
+            Table::Sharded { shard, shape } => {
+                let table = Tensor::empty(*shape, (shard.kind(), shard.device()));
+                tch::no_grad(|| fill_from(&table.flatten(0, -1), shard));
+                table.set_requires_grad(true)
+            }
+        }
+    }
+}
+
 struct Stage {
     layers: LayerWeights,
-    embedding: Option<Tensor>,
-    head: Option<Tensor>,
+    /// ZeRO-3 gathers so far, of layers and of tables.
+    gathers: std::cell::Cell<(u64, u64)>,
+    /// Seconds one layer gather and one table gather take (measured apart).
+    gather_seconds: std::cell::Cell<(f64, f64)>,
+    /// Where each layer's weights start in `shards`.
+    layer_offsets: Vec<usize>,
+    embedding: Option<Table>,
+    head: Option<Table>,
     shards: Vec<Shard>,
     device: tch::Device,
     kind: Kind,
@@ -192,15 +257,20 @@ impl Stage {
         let kind = kind(job.dtype);
         let m = &job.model;
         let layers = LayerWeights::new(job, device);
-        let vocab_shard = (m.vocab / job.tp) as i64;
-        let table = || {
-            (Tensor::randn([vocab_shard, m.hidden as i64], (kind, device)) * 0.02)
-                .set_requires_grad(true)
-        };
+        let shape = [(m.vocab / job.tp) as i64, m.hidden as i64];
+        let table = || Table::new(shape, kind, device, job.weight_shards);
         let embedding = job.first.then(table);
         let head = job.last.then(table);
+        let mut layer_offsets = vec![usize::from(embedding.is_some())];
+        for i in 0..job.layers as usize {
+            let next = layer_offsets[i] + layers.trainable(i).len();
+            layer_offsets.push(next);
+        }
         let mut stage = Stage {
             layers,
+            gathers: Default::default(),
+            gather_seconds: Default::default(),
+            layer_offsets,
             embedding,
             head,
             shards: Vec::new(),
@@ -238,9 +308,9 @@ impl Stage {
     /// What the optimizer updates, with each tensor's size before ZeRO-3
     /// sharding, in the order of `shards`.
     fn trainable(&self) -> Vec<(&Tensor, i64)> {
-        let mut params: Vec<(&Tensor, i64)> = self.embedding.iter().map(whole).collect();
+        let mut params: Vec<(&Tensor, i64)> = self.embedding.iter().map(Table::trainable).collect();
         params.extend((0..self.job.layers as usize).flat_map(|i| self.layers.trainable(i)));
-        params.extend(self.head.iter().map(whole));
+        params.extend(self.head.iter().map(Table::trainable));
         params
     }
 
@@ -251,14 +321,62 @@ impl Stage {
     /// The index in `shards` of each of layer `i`'s `weights` (under ZeRO-3
     /// all of them belong to the layer's one shard).
     fn layer_owners(&self, i: usize, weights: usize) -> Vec<usize> {
-        let first = usize::from(self.embedding.is_some())
-            + (0..i)
-                .map(|j| self.layers.trainable(j).len())
-                .sum::<usize>();
+        let first = self.layer_offsets[i];
         match self.layers {
             LayerWeights::Whole(_) => (first..first + weights).collect(),
             LayerWeights::Sharded { .. } => vec![first; weights],
         }
+    }
+
+    /// Layer `i` ready to run (see [`LayerWeights::gather`]), counted.
+    fn gather_layer(&self, i: usize) -> (&LayerShard, Vec<Tensor>) {
+        if let LayerWeights::Sharded { .. } = self.layers {
+            let (layers, tables) = self.gathers.get();
+            self.gathers.set((layers + 1, tables));
+        }
+        self.layers.gather(i)
+    }
+
+    /// `table` ready to compute with (see [`Table::gather`]), counted.
+    fn gather_table(&self, table: &Table) -> Tensor {
+        if let Table::Sharded { .. } = table {
+            let (layers, tables) = self.gathers.get();
+            self.gathers.set((layers, tables + 1));
+        }
+        table.gather()
+    }
+
+    /// Times one layer gather and one table gather apart, for
+    /// [`Self::gather_time`]; nothing without ZeRO-3.
+    fn time_gathers(&self) {
+        const REPS: u32 = 5;
+        let time = |gather: &dyn Fn()| {
+            sync(self.device);
+            let start = Instant::now();
+            for _ in 0..REPS {
+                gather();
+            }
+            sync(self.device);
+            start.elapsed().as_secs_f64() / f64::from(REPS)
+        };
+        let layer = match self.layers {
+            LayerWeights::Sharded { .. } => time(&|| drop(self.layers.gather(0))),
+            LayerWeights::Whole(_) => 0.0,
+        };
+        let table = self
+            .embedding
+            .iter()
+            .chain(&self.head)
+            .find(|t| matches!(t, Table::Sharded { .. }))
+            .map_or(0.0, |t| time(&|| drop(t.gather())));
+        self.gather_seconds.set((layer, table));
+    }
+
+    /// The copy time of the gathers counted since `since`.
+    fn gather_time(&self, since: (u64, u64)) -> f64 {
+        let (layers, tables) = self.gathers.get();
+        let (layer_s, table_s) = self.gather_seconds.get();
+        (layers - since.0) as f64 * layer_s + (tables - since.1) as f64 * table_s
     }
 
     /// Ranks the sequence is split over outside attention and the MLP.
@@ -283,10 +401,10 @@ impl Stage {
         let h = self.job.model.hidden as i64;
         match &self.embedding {
             Some(table) => {
-                let tokens = Tensor::randint(table.size()[0], [b, s], (Kind::Int64, self.device));
+                let tokens = Tensor::randint(table.rows(), [b, s], (Kind::Int64, self.device));
                 // Under sequence parallelism the embedding's output is
                 // scattered: this rank keeps its own chunk.
-                Tensor::embedding(table, &tokens, -1, false, false)
+                Tensor::embedding(&self.gather_table(table), &tokens, -1, false, false)
             }
             None => Tensor::randn([b, s, h], (self.kind, self.device)).set_requires_grad(true),
         }
@@ -296,15 +414,17 @@ impl Stage {
     /// rank's vocabulary shard), else the stage output itself.
     fn finish(&self, y: Tensor) -> Tensor {
         match &self.head {
-            Some(head) => {
-                let logits =
-                    gathered_matmul(&y, &head.tr(), self.sequence_shards()).to_kind(Kind::Float);
-                let (b, s, v) = logits.size3().expect("logits are [batch, seq, vocab]");
-                let targets = Tensor::randint(v, [b * s], (Kind::Int64, self.device));
-                logits.view([b * s, v]).cross_entropy_for_logits(&targets)
-            }
+            Some(head) => self.loss(&y, &self.gather_table(head)),
             None => y,
         }
+    }
+
+    /// Cross-entropy of the logits `y` gives through `head`.
+    fn loss(&self, y: &Tensor, head: &Tensor) -> Tensor {
+        let logits = gathered_matmul(y, &head.tr(), self.sequence_shards()).to_kind(Kind::Float);
+        let (b, s, v) = logits.size3().expect("logits are [batch, seq, vocab]");
+        let targets = Tensor::randint(v, [b * s], (Kind::Int64, self.device));
+        logits.view([b * s, v]).cross_entropy_for_logits(&targets)
     }
 
     /// Backward from `root` into the fp32 gradient buffers.
@@ -439,7 +559,7 @@ impl Stage {
             let mut x = input.detach();
             let segments = (0..layers)
                 .map(|i| {
-                    let (layer, weights) = self.layers.gather(i);
+                    let (layer, weights) = self.gather_layer(i);
                     let input = x.set_requires_grad(true);
                     let output = layer.forward_with(&weights, &input);
                     x = output.detach();
@@ -456,7 +576,7 @@ impl Stage {
         let mut layer_inputs = Vec::with_capacity(layers);
         let y = tch::no_grad(|| {
             (0..layers).fold(input.detach(), |x, i| {
-                let (layer, weights) = self.layers.gather(i);
+                let (layer, weights) = self.gather_layer(i);
                 let next = layer.forward_with(&weights, &x);
                 layer_inputs.push(x);
                 next
@@ -496,7 +616,7 @@ impl Stage {
                 self.head_backward(output);
                 for (i, segment) in segments.iter().enumerate().rev() {
                     // Gathered again: the segment's weights see the layer's values.
-                    drop(self.layers.gather(i));
+                    drop(self.gather_layer(i));
                     self.layer_backward(i, &segment.output, &segment.weights, &segment.input);
                 }
                 self.embedding_backward();
@@ -524,7 +644,7 @@ impl Stage {
         self.head_backward(output);
         for (i, x) in layer_inputs.into_iter().enumerate().rev() {
             let x = x.detach().set_requires_grad(true);
-            let (layer, weights) = self.layers.gather(i);
+            let (layer, weights) = self.gather_layer(i);
             let y = layer.forward_with(&weights, &x);
             self.layer_backward(i, &y, &weights, &x);
         }
@@ -544,10 +664,11 @@ impl Stage {
     /// The loss's backward through the output head, on the last stage.
     fn head_backward(&self, output: Option<Tensor>) {
         if let (Some(head), Some(output)) = (&self.head, output) {
+            let head = self.gather_table(head);
             let y = output.detach().set_requires_grad(true);
-            let loss = self.finish(y.shallow_clone());
+            let loss = self.loss(&y, &head);
             let owner = self.shards.len() - 1;
-            self.backward_into_buffers(&loss, &[head, &y], &[owner, usize::MAX]);
+            self.backward_into_buffers(&loss, &[&head, &y], &[owner, usize::MAX]);
         }
     }
 
@@ -555,10 +676,14 @@ impl Stage {
     /// table.
     fn embedding_backward(&self) {
         if let Some(table) = &self.embedding {
-            let rows = table.size()[0];
-            let tokens = Tensor::randint(rows, self.local_tokens(), (Kind::Int64, self.device));
-            let y = Tensor::embedding(table, &tokens, -1, false, false);
-            self.backward_into_buffers(&y, &[table], &[0]);
+            let tokens = Tensor::randint(
+                table.rows(),
+                self.local_tokens(),
+                (Kind::Int64, self.device),
+            );
+            let table = self.gather_table(table);
+            let y = Tensor::embedding(&table, &tokens, -1, false, false);
+            self.backward_into_buffers(&y, &[&table], &[0]);
         }
     }
 
@@ -568,6 +693,7 @@ impl Stage {
         let job = &self.job;
         // The partner's activations an acceptor holds, made before the clock starts.
         let accepted = self.accepted_buffers();
+        let gathers = self.gathers.get();
         let start = Instant::now();
         let mut queue: std::collections::VecDeque<InFlight> = Default::default();
         let warmup = job
@@ -598,7 +724,8 @@ impl Stage {
         }
         drop(accepted);
         sync(self.device);
-        let scheduled = start.elapsed().as_secs_f64();
+        // The gathers stand for all-gathers, which trials do not time.
+        let scheduled = (start.elapsed().as_secs_f64() - self.gather_time(gathers)).max(0.0);
         let start = Instant::now();
         self.optimizer_step();
         sync(self.device);
@@ -630,6 +757,7 @@ fn run(job: &StageJob, device: tch::Device, probe: &dyn MemoryProbe) -> StageMea
     {
         return StageMeasurement::out_of_memory(runtime(device), Some(peak));
     }
+    stage.time_gathers();
     let mut sampler = Sampler::new(super::StoppingRule {
         warmup: 0,
         min_repetitions: job.iterations,

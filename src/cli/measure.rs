@@ -215,8 +215,12 @@ fn progress(len: usize, what: &str) -> ProgressBar {
 /// allocator off, since with it on the driver's used memory after the
 /// forward also holds the temporaries the forward freed into the cache.
 /// The peak stays the first worker's: the reserved high-water mark, what
-/// training with the caching allocator needs.
-fn measure_layer(job: &LayerJob, timeout: Duration) -> Result<LayerMeasurement, String> {
+/// training with the caching allocator needs. A second worker that fails
+/// leaves the first worker's reading and says so.
+fn measure_layer(
+    job: &LayerJob,
+    timeout: Duration,
+) -> Result<(LayerMeasurement, Option<String>), String> {
     let mut m = match spawn_worker(&WorkerJob::Layer(job.clone()), timeout)? {
         WorkerReply::Layer(m) => m,
         WorkerReply::Error(message) => return Err(message),
@@ -228,14 +232,24 @@ fn measure_layer(job: &LayerJob, timeout: Duration) -> Result<LayerMeasurement, 
             ..job.clone()
         };
         let uncached = [("PYTORCH_NO_CUDA_MEMORY_CACHING", "1".to_string())];
-        if let Ok(WorkerReply::Layer(memory)) =
-            spawn_worker_with_env(&WorkerJob::Layer(memory_job), timeout, &uncached)
-            && memory.activation_bytes.is_some()
-        {
-            m.activation_bytes = memory.activation_bytes;
+        match spawn_worker_with_env(&WorkerJob::Layer(memory_job), timeout, &uncached) {
+            Ok(WorkerReply::Layer(memory)) if memory.activation_bytes.is_some() => {
+                m.activation_bytes = memory.activation_bytes;
+            }
+            failed => {
+                let why = match failed {
+                    Ok(WorkerReply::Error(e)) | Err(e) => e,
+                    _ => "no reading".to_string(),
+                };
+                let note = format!(
+                    "note: tp {} micro-batch {}: activations are the caching allocator's reading (reserved blocks), the uncached pass failed: {why}",
+                    job.tp, job.micro_batch
+                );
+                return Ok((m, Some(note)));
+            }
         }
     }
-    Ok(m)
+    Ok((m, None))
 }
 
 pub fn profile_layer(args: &ProfileLayerArgs) -> Result<()> {
@@ -309,7 +323,10 @@ pub fn profile_layer(args: &ProfileLayerArgs) -> Result<()> {
             point.tp, point.micro_batch
         ));
         match measure_layer(job, timeout) {
-            Ok(m) => {
+            Ok((m, note)) => {
+                if let Some(note) = note {
+                    let _ = writeln!(report, "{note}");
+                }
                 merge_layers(
                     &mut profile.layers,
                     &layer_points(&model, dtype, *point, &m),
@@ -485,7 +502,10 @@ pub fn profile_device(args: &ProfileDeviceArgs) -> Result<()> {
 fn nccl_library_env(scratch: &Path) -> Vec<(&'static str, String)> {
     let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
     let path = std::env::var("LD_LIBRARY_PATH").unwrap_or_default();
-    let dirs: Vec<PathBuf> = std::env::split_paths(&path).collect();
+    // An empty entry would put the current folder on the worker's path.
+    let dirs: Vec<PathBuf> = std::env::split_paths(&path)
+        .filter(|d| !d.as_os_str().is_empty())
+        .collect();
     match bench::nccl_link_dir(&maps, &dirs, scratch) {
         Some(dir) => {
             let joined = std::env::join_paths(std::iter::once(dir).chain(dirs))

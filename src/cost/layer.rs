@@ -192,7 +192,7 @@ fn shape(s: &Scenario, c: &ParallelConfig) -> LayerShape {
     LayerShape {
         hidden: s.model.hidden,
         heads: s.model.heads,
-        arch: LayerArch::of(s.model),
+        arch: LayerArch::planned(s.model, c.attention),
         seq_len: s.model.seq_len,
         tp: c.tp,
         sequence_parallel: c.sequence_parallel,

@@ -772,7 +772,7 @@ mod profiled {
         LayerPoint {
             hidden: model.hidden,
             heads: model.heads,
-            arch: crate::profile::LayerArch::of(model),
+            arch: crate::profile::LayerArch::planned(model, c.attention),
             seq_len: model.seq_len,
             micro_batch: c.micro_batch,
             tp: c.tp,
@@ -805,6 +805,20 @@ mod profiled {
             seconds: us / 1e6,
             busbw: 0.0,
         }
+    }
+
+    #[test]
+    fn a_layer_measured_with_one_attention_kernel_does_not_time_the_other() {
+        let model = ModelSpec::gpt("gpt-350m", 1024, 16, 24, 51200, 1024);
+        let f = Fixture::new(model, 1, 8);
+        let mut c = f.checked(config(1, 1, 1, 2));
+        c.attention = AttentionKind::Standard;
+        let measured = profile(vec![], vec![measured_layer(&f.model, &c, 10.0, 20.0)]);
+        let s = f.scenario().with_profile(Some(&measured));
+        assert_eq!(predict_with_usage(&s, &c).1.layer_lookups, 1);
+        c.attention = AttentionKind::Flash;
+        let usage = predict_with_usage(&s, &c).1;
+        assert_eq!((usage.layer_lookups, usage.layer_modelled), (0, 1));
     }
 
     #[test]

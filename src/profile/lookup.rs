@@ -2,7 +2,7 @@
 //! once from a [`Profile`], then queried without allocating (binary search
 //! over pre-sorted vectors), so `cost::predict` stays pure and cheap.
 
-use super::{CollectiveOp, LayerArch, LayerStatus, Profile};
+use super::{CollectiveOp, LayerArch, LayerPoint, LayerStatus, Profile};
 use crate::config::Recompute;
 use crate::model::AttentionKind;
 
@@ -170,26 +170,29 @@ impl Measurements {
             }
         }
 
-        let sixteen_bit_shapes: Vec<LayerShape> = profile
+        let usable = |p: &LayerPoint| {
+            p.status == LayerStatus::Ok
+                && p.micro_batch >= 1
+                && p.forward_s.is_finite()
+                && p.backward_s.is_finite()
+                && p.forward_s >= 0.0
+                && p.backward_s >= 0.0
+                && p.total_s() > 0.0
+                && p.recompute_s.is_none_or(|r| r.is_finite() && r >= 0.0)
+        };
+        // Shapes with a usable 16-bit point: their other precisions step aside.
+        let sixteen_bit_shapes: std::collections::HashSet<LayerShape> = profile
             .layers
             .iter()
-            .filter(|p| is_16_bit(&p.dtype))
-            .map(|p| p.shape())
+            .filter(|p| is_16_bit(&p.dtype) && usable(p))
+            .map(LayerPoint::shape)
             .collect();
         let mut layer_points: Vec<_> = profile
             .layers
             .iter()
             .enumerate()
             .filter(|(_, p)| {
-                (is_16_bit(&p.dtype) || !sixteen_bit_shapes.contains(&p.shape()))
-                    && p.status == LayerStatus::Ok
-                    && p.micro_batch >= 1
-                    && p.forward_s.is_finite()
-                    && p.backward_s.is_finite()
-                    && p.forward_s >= 0.0
-                    && p.backward_s >= 0.0
-                    && p.total_s() > 0.0
-                    && p.recompute_s.is_none_or(|r| r.is_finite() && r >= 0.0)
+                usable(p) && (is_16_bit(&p.dtype) || !sixteen_bit_shapes.contains(&p.shape()))
             })
             .collect();
         layer_points.sort_by(|(i, a), (j, b)| {

@@ -180,6 +180,15 @@ impl LayerArch {
         }
     }
 
+    /// The layer a plan runs: the model's, with the configuration's
+    /// attention kernel (the search may try either).
+    pub fn planned(model: &ModelSpec, attention: AttentionKind) -> Self {
+        LayerArch {
+            attention,
+            ..Self::of(model)
+        }
+    }
+
     /// The GPT layer of Megatron-LM's papers: every head its own keys and
     /// values, an MLP of 4 × hidden, not gated, unfused attention. Layer
     /// tables without the architecture columns hold such layers.

@@ -539,7 +539,13 @@ fn sixteen_bit_points_win_over_another_precision_of_the_same_shape() {
     // A shape measured only in fp32 still uses its fp32 points.
     let other = LayerShape { tp: 2, ..shape };
     fp32.tp = 2;
-    let m = measurements(vec![], vec![fp32]);
+    let m = measurements(vec![], vec![fp32.clone()]);
+    assert!(close(m.layer(&other, 2).unwrap().forward, 0.040));
+    // A 16-bit point that ran out of memory does not push the fp32 ones aside.
+    let mut oom = layer(2, f64::NAN, f64::NAN);
+    oom.tp = 2;
+    oom.status = LayerStatus::Oom;
+    let m = measurements(vec![], vec![fp32, oom]);
     assert!(close(m.layer(&other, 2).unwrap().forward, 0.040));
 }
 

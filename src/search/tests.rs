@@ -140,3 +140,35 @@ fn explanations_say_why_a_configuration_lost_or_does_not_fit() {
         Explanation::Invalid { .. }
     ));
 }
+
+#[test]
+fn sequence_parallelism_needs_a_tp_that_divides_the_sequence() {
+    let mut job = job("gpt3-175b", 16, 256);
+    job.model.seq_len = 2052; // 4 x 513: tp 4 splits it, tp 8 does not
+    let space = SearchSpace {
+        tp: Some(vec![8]),
+        sequence_parallel: Some(vec![true]),
+        ..SearchSpace::default()
+    };
+    let result = search(&job, &space, &CostModel::datasheet());
+    assert!(result.candidates.is_empty());
+    assert!(result.invalid[&Rule::SequenceNotSplit] > 0);
+    let c = ParallelConfig {
+        tp: 8,
+        pp: 16,
+        dp: 1,
+        micro_batch: 1,
+        schedule: crate::config::ScheduleKind::OneFOneB,
+        virtual_stages: 1,
+        recompute: crate::config::Recompute::Full,
+        sequence_parallel: true,
+        optimizer_sharding: crate::config::OptimizerSharding::None,
+        bpipe: false,
+        attention: crate::model::AttentionKind::Flash,
+    };
+    let err = c.check(&job.model, 256, 128, 8).unwrap_err();
+    assert!(
+        err.contains("2052") && err.contains("--sequence-parallel off"),
+        "{err}"
+    );
+}

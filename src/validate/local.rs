@@ -232,7 +232,7 @@ pub fn implied_layer_point(
     Some(LayerPoint {
         hidden: s.model.hidden,
         heads: s.model.heads,
-        arch: LayerArch::of(s.model),
+        arch: LayerArch::planned(s.model, c.attention),
         seq_len: s.model.seq_len,
         micro_batch: c.micro_batch,
         tp: c.tp,
