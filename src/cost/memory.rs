@@ -6,7 +6,7 @@ use super::Scenario;
 use super::comm;
 use super::kernels::HALF;
 use crate::config::{OptimizerSharding, ParallelConfig, Recompute, ScheduleKind};
-use crate::model::AttentionKind;
+use crate::model::{AttentionKind, ModelSpec};
 use serde::{Deserialize, Serialize};
 
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
@@ -32,9 +32,7 @@ pub struct ParamGroup {
 pub fn parameter_groups(s: &Scenario, c: &ParallelConfig, stage: u64) -> [ParamGroup; 2] {
     let t = c.tp as f64;
     let model = s.model;
-    let replicated = model.replicated_params_per_layer();
-    let layers =
-        (model.layers / c.pp) as f64 * ((model.params_per_layer() - replicated) / t + replicated);
+    let layers = (model.layers / c.pp) as f64 * layer_params_per_rank(model, c.tp);
     let mut embeddings = 0.0;
     if stage == 0 {
         embeddings += model.embedding_params() / t + model.position_params();
@@ -70,7 +68,15 @@ pub fn gathered_weight_bytes(s: &Scenario, c: &ParallelConfig) -> f64 {
     if c.optimizer_sharding != OptimizerSharding::Full {
         return 0.0;
     }
-    2.0 * s.model.params_per_layer() / c.tp as f64 * s.coef().weight_bytes_per_param
+    2.0 * layer_params_per_rank(s.model, c.tp) * s.coef().weight_bytes_per_param
+}
+
+/// Parameters of one layer on one tensor-parallel rank: the split ones
+/// divided by tp, the replicated ones (layer norms, row-parallel biases)
+/// whole.
+fn layer_params_per_rank(model: &ModelSpec, tp: u64) -> f64 {
+    let replicated = model.replicated_params_per_layer();
+    (model.params_per_layer() - replicated) / tp as f64 + replicated
 }
 
 /// Bytes of one stage on one GPU, by kind.

@@ -619,8 +619,9 @@ fn zero_1_divides_optimizer_states_and_zero_3_divides_every_state_by_dp() {
                 assert_eq!(zero1[i].activations, none[i].activations, "{what}");
                 assert_eq!(zero3[i].activations, none[i].activations, "{what}");
                 // ZeRO-3 keeps two layers' weights gathered.
-                let gathered = 2.0 * model.params_per_layer() / tp as f64
-                    * f.cost.coefficients.weight_bytes_per_param;
+                let replicated = model.replicated_params_per_layer();
+                let per_rank = (model.params_per_layer() - replicated) / tp as f64 + replicated;
+                let gathered = 2.0 * per_rank * f.cost.coefficients.weight_bytes_per_param;
                 assert_close(zero3[i].buffers - none[i].buffers, gathered, 1e-12, &what);
             }
             // The Adam step updates only the owned shard.
