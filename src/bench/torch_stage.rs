@@ -394,6 +394,13 @@ impl Stage {
         [self.job.micro_batch as i64, seq]
     }
 
+    /// Random token ids for one micro-batch's whole sequence (the embedding
+    /// runs on all of it, sequence parallelism or not).
+    fn all_tokens(&self, table: &Table) -> Tensor {
+        let shape = [self.job.micro_batch as i64, self.job.model.seq_len as i64];
+        Tensor::randint(table.rows(), shape, (Kind::Int64, self.device))
+    }
+
     /// The stage's input for one micro-batch: embedded tokens on the first
     /// stage, a received activation elsewhere.
     fn input(&self) -> Tensor {
@@ -401,10 +408,16 @@ impl Stage {
         let h = self.job.model.hidden as i64;
         match &self.embedding {
             Some(table) => {
-                let tokens = Tensor::randint(table.rows(), [b, s], (Kind::Int64, self.device));
+                let tokens = self.all_tokens(table);
+                let embedded =
+                    Tensor::embedding(&self.gather_table(table), &tokens, -1, false, false);
                 // Under sequence parallelism the embedding's output is
                 // scattered: this rank keeps its own chunk.
-                Tensor::embedding(&self.gather_table(table), &tokens, -1, false, false)
+                if self.sequence_shards() > 1 {
+                    embedded.narrow(1, 0, s).copy()
+                } else {
+                    embedded
+                }
             }
             None => Tensor::randn([b, s, h], (self.kind, self.device)).set_requires_grad(true),
         }
@@ -676,11 +689,7 @@ impl Stage {
     /// table.
     fn embedding_backward(&self) {
         if let Some(table) = &self.embedding {
-            let tokens = Tensor::randint(
-                table.rows(),
-                self.local_tokens(),
-                (Kind::Int64, self.device),
-            );
+            let tokens = self.all_tokens(table);
             let table = self.gather_table(table);
             let y = Tensor::embedding(&table, &tokens, -1, false, false);
             self.backward_into_buffers(&y, &[&table], &[0]);
