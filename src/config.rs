@@ -294,7 +294,7 @@ impl Rule {
             }
             Rule::SequenceParallelWithoutTp => "sequence parallelism needs tp >= 2".into(),
             Rule::SequenceNotSplit => format!(
-                "sequence parallelism splits the sequence {} over tp {}: pick a tp that divides it, or --sequence-parallel off",
+                "sequence parallelism cannot split the sequence {} evenly over tp {}: pick a tp that divides it, or --sequence-parallel off",
                 model.seq_len, c.tp
             ),
             Rule::BpipeSchedule => "BPipe needs --schedule 1f1b and pp >= 2".into(),

@@ -212,20 +212,17 @@ impl LayerShard {
 /// chunks: Megatron-LM's all-gather then GEMM, with every rank's chunk
 /// standing in as this one. One GEMM per chunk does the gathered GEMM's
 /// work, and autograd keeps `x` (the local chunk) once, as Megatron-LM
-/// keeps it, instead of a gathered copy. Each chunk's product is written
-/// into the output as it is made, so no more than one chunk is alive
-/// beside the output.
+/// keeps it, instead of a gathered copy. The chunks' products are joined
+/// with `cat`, whose backward only takes views (copying each product into
+/// a preallocated output would make autograd copy the whole gradient once
+/// per chunk); the products and the joined output are alive together for a
+/// moment.
 pub(super) fn gathered_matmul(x: &Tensor, w: &Tensor, ranks: i64) -> Tensor {
     if ranks == 1 {
         return x.matmul(w);
     }
-    let (b, local, _) = x.size3().expect("the input is [batch, seq, hidden]");
-    let width = *w.size().last().expect("a weight matrix");
-    let out = Tensor::zeros([b, local * ranks, width], (x.kind(), x.device()));
-    for rank in 0..ranks {
-        out.narrow(1, rank * local, local).copy_(&x.matmul(w));
-    }
-    out
+    let chunks: Vec<Tensor> = (0..ranks).map(|_| x.matmul(w)).collect();
+    Tensor::cat(&chunks, 1)
 }
 
 /// The torch device for `device`, after checking it exists.

@@ -21,7 +21,7 @@
 //! holds the shards and two layers whole, as a ZeRO-3 rank does. The
 //! embedding and the output head are sharded too and gathered, for as long
 //! as they are used, into a temporary. The gathers stand for all-gathers,
-//! which the trial does not time: their copy time, measured apart after the
+//! which the trial does not time: their copy time, measured apart before the
 //! timed iterations, is taken out of the stage time.
 //!
 //! **BPipe.** An evictor stage moves the activations of `evicted` in-flight

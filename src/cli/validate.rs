@@ -108,7 +108,7 @@ fn local_trials(args: &ValidateArgs, plan: &PlanFile, cost: &CostModel, out: &Pa
     let device_gpu = bench::device_facts(device)
         .ok()
         .map(|f| super::profile::catalogue_gpu(&f.name));
-    let comparable = times_comparable(&plan.nodes.gpu.name, device, device_gpu.as_deref());
+    let comparable = times_comparable(&plan.nodes.gpu.name, device, device_gpu.as_deref(), dtype);
     let (history, repaired) =
         RunHistory::open_table(&out.join("trials-history.csv"), &HISTORY_COLUMNS)?;
     let mut report = String::new();
@@ -119,6 +119,7 @@ fn local_trials(args: &ValidateArgs, plan: &PlanFile, cost: &CostModel, out: &Pa
         report.push_str(&not_comparable_note(
             device,
             device_gpu.as_deref(),
+            dtype,
             &plan.nodes.gpu.name,
         ));
     }
@@ -184,14 +185,17 @@ fn local_trials(args: &ValidateArgs, plan: &PlanFile, cost: &CostModel, out: &Pa
     if !profile.layers.is_empty() {
         save_layer_profile(profile, &args.plan, out, &mut report)?;
         let path = out.join("cost-model.toml");
-        save_cost_model(&current, &path)?;
-        let _ = writeln!(
-            report,
-            "the refitted cost model is {}: plan with it and the profile, `paratune plan ... --cost-model {} --profile {}`",
-            path.display(),
-            path.display(),
-            out.join("profile").display()
-        );
+        let _ = match save_cost_model(&current, &path) {
+            Ok(()) => writeln!(
+                report,
+                "the refitted cost model is {}: plan with it and the profile, `paratune plan ... --cost-model {} --profile {}`",
+                path.display(),
+                path.display(),
+                out.join("profile").display()
+            ),
+            // The trials and the report matter more than this file.
+            Err(e) => writeln!(report, "note: the refitted cost model was not saved: {e}"),
+        };
     }
     let rows = trials.rows(None);
     let paths = write_charts_and_report(out, &args.plan, &rows, &trials.done, plan, &report)?;
@@ -213,7 +217,7 @@ fn describe_refit(round: usize, refit: &local::TrialRefit) -> String {
         .map(|(name, before, after)| format!("{name} {before:.4} -> {after:.4}"))
         .collect();
     format!(
-        "\nround {round}: coefficients refitted to the trials so far (argmin, Nelder-Mead): {}; stage-time MAPE {:.1}% -> {:.1}%\n",
+        "\nround {round}: coefficients refitted to the trials so far (argmin, Nelder-Mead): {}; stage-time MAPE of the coefficients alone {:.1}% -> {:.1}%\n",
         moved.join(", "),
         100.0 * refit.mape_before,
         100.0 * refit.mape_after
@@ -221,14 +225,24 @@ fn describe_refit(round: usize, refit: &local::TrialRefit) -> String {
 }
 
 /// Why trial times are not judged: the device is not the plan's GPU.
-fn not_comparable_note(device: bench::Device, device_gpu: Option<&str>, plan_gpu: &str) -> String {
+fn not_comparable_note(
+    device: bench::Device,
+    device_gpu: Option<&str>,
+    dtype: bench::Dtype,
+    plan_gpu: &str,
+) -> String {
     let named = match (device_gpu, device.is_cuda()) {
         (Some(g), _) => format!(" ({g})"),
         (None, true) => " (a GPU this build cannot name: build with --features torch,cuda)".into(),
         (None, false) => String::new(),
     };
+    let precision = if device.is_cuda() && dtype == bench::Dtype::Fp32 {
+        " in fp32 (plans train in 16 bits: --dtype bf16)"
+    } else {
+        ""
+    };
     format!(
-        "note: the trials run on {device}{named}, the plan is for {plan_gpu}: memory is compared, times are shown but not judged or fed back\n"
+        "note: the trials run on {device}{named}{precision}, the plan is for {plan_gpu}: memory is compared, times are shown but not judged or fed back\n"
     )
 }
 
@@ -293,10 +307,12 @@ impl TrialRunner {
             .collect()
     }
 
-    /// Every trial so far that measured a time.
+    /// Every trial so far that measured a time the cost model predicts: not
+    /// a BPipe evictor's, whose recomputation makes it an upper bound.
     fn observations(&self) -> Vec<local::StageObservation> {
         self.done
             .iter()
+            .filter(|t| t.job.evicted == 0)
             .filter_map(|t| {
                 let m = t.outcome.as_ref().ok().filter(|m| !m.out_of_memory)?;
                 Some(local::StageObservation {
@@ -310,7 +326,12 @@ impl TrialRunner {
 
     /// Adds the layer times the round's trials imply to `profile`.
     fn feed_back(&self, round: usize, scenario: &paratune::cost::Scenario, profile: &mut Profile) {
-        for t in self.done.iter().filter(|t| t.round == round) {
+        // A BPipe evictor's time is an upper bound (it recomputes): not a layer time.
+        for t in self
+            .done
+            .iter()
+            .filter(|t| t.round == round && t.job.evicted == 0)
+        {
             if let Ok(m) = &t.outcome
                 && let Some(point) =
                     implied_layer_point(scenario, &t.config, t.stage, self.settings.dtype, m)

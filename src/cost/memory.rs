@@ -61,14 +61,20 @@ pub fn stage_params(s: &Scenario, c: &ParallelConfig, stage: u64) -> f64 {
     parameter_groups(s, c, stage).iter().map(|g| g.params).sum()
 }
 
-/// Under ZeRO-3 / FSDP, the weights of the two layers a rank holds
-/// gathered at a time (the one computing and the one prefetched); 0 under
-/// other sharding.
-pub fn gathered_weight_bytes(s: &Scenario, c: &ParallelConfig) -> f64 {
+/// Under ZeRO-3 / FSDP, the weights a rank of `stage` holds gathered at a
+/// time: two layers (the one computing and the one prefetched), and on the
+/// first and last stage the embedding or output table while it is used;
+/// 0 under other sharding.
+pub fn gathered_weight_bytes(s: &Scenario, c: &ParallelConfig, stage: u64) -> f64 {
     if c.optimizer_sharding != OptimizerSharding::Full {
         return 0.0;
     }
-    2.0 * layer_params_per_rank(s.model, c.tp) * s.coef().weight_bytes_per_param
+    let table = if stage == 0 || stage == c.pp - 1 {
+        s.model.embedding_params() / c.tp as f64
+    } else {
+        0.0
+    };
+    (2.0 * layer_params_per_rank(s.model, c.tp) + table) * s.coef().weight_bytes_per_param
 }
 
 /// Parameters of one layer on one tensor-parallel rank: the split ones
@@ -246,7 +252,7 @@ pub fn stage_memory(s: &Scenario, c: &ParallelConfig, stage: u64) -> StageMemory
     } else {
         0.0
     };
-    buffers += gathered_weight_bytes(s, c);
+    buffers += gathered_weight_bytes(s, c, stage);
     StageMemory {
         stage,
         weights: params * k.weight_bytes_per_param / state_shards,

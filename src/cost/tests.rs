@@ -621,7 +621,13 @@ fn zero_1_divides_optimizer_states_and_zero_3_divides_every_state_by_dp() {
                 // ZeRO-3 keeps two layers' weights gathered.
                 let replicated = model.replicated_params_per_layer();
                 let per_rank = (model.params_per_layer() - replicated) / tp as f64 + replicated;
-                let gathered = 2.0 * per_rank * f.cost.coefficients.weight_bytes_per_param;
+                let table = if i == 0 || i + 1 == pp as usize {
+                    model.embedding_params() / tp as f64
+                } else {
+                    0.0
+                };
+                let gathered =
+                    (2.0 * per_rank + table) * f.cost.coefficients.weight_bytes_per_param;
                 assert_close(zero3[i].buffers - none[i].buffers, gathered, 1e-12, &what);
             }
             // The Adam step updates only the owned shard.

@@ -133,7 +133,7 @@ pub fn stage_prediction(s: &Scenario, c: &ParallelConfig, stage: u64) -> StagePr
     let time = cost::stage_times(s, c)[stage as usize];
     let memory = cost::stage_memory(s, c, stage);
     // ZeRO-3's gathered layers are allocated by the trial too.
-    let gathered = cost::gathered_weight_bytes(s, c);
+    let gathered = cost::gathered_weight_bytes(s, c, stage);
     StagePrediction {
         time_per_microbatch_s: time.compute + time.host,
         trial_bytes: memory.weights
@@ -250,14 +250,23 @@ pub fn implied_layer_point(
     })
 }
 
-/// Whether trial times on `device` can stand for the plan's GPU: the CPU
-/// only for a plan made for a GPU named `cpu` (a cluster file with an
-/// inline GPU), a CUDA device when the driver names it as the plan's GPU
-/// (unknown without the `cuda` feature: then not).
-pub fn times_comparable(plan_gpu: &str, device: Device, device_gpu: Option<&str>) -> bool {
+/// Whether trial times on `device` in `dtype` can stand for the plan's
+/// GPU: the CPU only for a plan made for a GPU named `cpu` (a cluster file
+/// with an inline GPU, whose figures describe the CPU as the trials run
+/// it), a CUDA device when the driver names it as the plan's GPU (unknown
+/// without the `cuda` feature: then not) and the trial runs in 16 bits, as
+/// the plans do.
+pub fn times_comparable(
+    plan_gpu: &str,
+    device: Device,
+    device_gpu: Option<&str>,
+    dtype: Dtype,
+) -> bool {
     match device {
         Device::Cpu => plan_gpu.eq_ignore_ascii_case("cpu"),
-        Device::Cuda(_) => device_gpu.is_some_and(|g| g.eq_ignore_ascii_case(plan_gpu)),
+        Device::Cuda(_) => {
+            dtype != Dtype::Fp32 && device_gpu.is_some_and(|g| g.eq_ignore_ascii_case(plan_gpu))
+        }
     }
 }
 
@@ -270,13 +279,10 @@ pub fn band(cost: &CostModel) -> (f64, f64) {
 }
 
 /// Coefficients a refit from local trials may move, most influential on a
-/// stage's compute and host time first; a refit frees as many of them as
-/// it has distinct trials.
-pub const TRIAL_REFIT_ORDER: [&str; 3] = [
-    "gemm_efficiency",
-    "host_us_per_layer_pass",
-    "hbm_efficiency",
-];
+/// stage's GPU time first; a refit frees as many of them as it has
+/// distinct trials. Host time is left alone: a trial's host work is
+/// libtorch launched from Rust, not the training framework's Python.
+pub const TRIAL_REFIT_ORDER: [&str; 2] = ["gemm_efficiency", "hbm_efficiency"];
 
 /// A measured stage a refit learns from: its time per micro-batch.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -384,6 +390,14 @@ pub fn refit_to_trials(
     ];
     let (best, _) = minimise_loss(&loss, &z0, &legs);
     let mut cost = model_at(&best);
+    // The prior's fit figures do not describe the refit.
+    for key in ["cv_mape", "cv_p90_ape", "fitted_on"] {
+        cost.provenance.remove(key);
+    }
+    cost.provenance.insert(
+        "refitted_to_trials".into(),
+        toml::Value::Integer(observations.len() as i64),
+    );
     cost.name = format!("{}-trials", prior.name);
     cost.description = format!(
         "{} refitted to {} local trial stage time(s) by paratune validate",
@@ -457,7 +471,7 @@ mod tests {
                 "{sum} vs {}",
                 memory.total()
             );
-            let gathered = cost::gathered_weight_bytes(&s, &c);
+            let gathered = cost::gathered_weight_bytes(&s, &c, 0);
             assert_eq!(gathered > 0.0, sharding == OptimizerSharding::Full);
             let job = stage_job(&s, &c, 0, &settings);
             let dp_if = |on: bool| if on { 2 } else { 1 };
@@ -504,8 +518,47 @@ mod tests {
         let (name, before, after) = refit.moved[0];
         assert_eq!((name, before), ("gemm_efficiency", 0.8));
         assert!((after - 0.5).abs() < 0.03, "{refit:?}");
-        // Three distinct stages free all three coefficients.
-        assert_eq!(refit.moved.len(), 3);
+        // Enough distinct stages free every refit coefficient.
+        assert_eq!(refit.moved.len(), TRIAL_REFIT_ORDER.len());
+        // The refit does not claim calibrate's cross-validated error.
+        assert!(refit.cost.uncertainty().is_none());
         assert!(refit_to_trials(&job, &prior, &[]).is_none());
+    }
+
+    #[test]
+    fn times_stand_for_the_plans_gpu_only_on_it_and_in_16_bits() {
+        let h100 = Some("h100-sxm");
+        assert!(times_comparable(
+            "h100-sxm",
+            Device::Cuda(0),
+            h100,
+            Dtype::Bf16
+        ));
+        assert!(!times_comparable(
+            "h100-sxm",
+            Device::Cuda(0),
+            h100,
+            Dtype::Fp32
+        ));
+        assert!(!times_comparable(
+            "a100-80gb",
+            Device::Cuda(0),
+            h100,
+            Dtype::Bf16
+        ));
+        assert!(!times_comparable(
+            "h100-sxm",
+            Device::Cuda(0),
+            None,
+            Dtype::Bf16
+        ));
+        // The CPU "cluster" describes the CPU as the trials run it.
+        assert!(times_comparable("cpu", Device::Cpu, None, Dtype::Fp32));
+        assert!(!times_comparable(
+            "h100-sxm",
+            Device::Cpu,
+            None,
+            Dtype::Bf16
+        ));
     }
 }
