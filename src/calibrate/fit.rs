@@ -87,13 +87,23 @@ pub struct Problem<'a> {
     pub z0: &'a [f64],
 }
 
+/// `template` with the `free` coefficients set from `z`.
+pub fn model_at(template: &CostModel, free: &[FreeParam], z: &[f64]) -> CostModel {
+    let mut model = template.clone();
+    for (p, &z) in free.iter().zip(z) {
+        model.coefficients.set(p.info.name, p.value(z));
+    }
+    model
+}
+
+/// The weak pull toward the prior `z0`.
+pub fn prior_pull(z: &[f64], z0: &[f64]) -> f64 {
+    RIDGE * z.iter().zip(z0).map(|(a, b)| (a - b).powi(2)).sum::<f64>()
+}
+
 impl Problem<'_> {
     pub fn model(&self, z: &[f64]) -> CostModel {
-        let mut model = self.template.clone();
-        for (p, &z) in self.free.iter().zip(z) {
-            model.coefficients.set(p.info.name, p.value(z));
-        }
-        model
+        model_at(self.template, self.free, z)
     }
 
     /// Weighted mean soft-L1 of the log errors plus the pull toward the prior.
@@ -118,8 +128,7 @@ impl Problem<'_> {
             })
             .collect();
         let data: f64 = parts.iter().sum();
-        let pull: f64 = z.iter().zip(self.z0).map(|(a, b)| (a - b).powi(2)).sum();
-        data + RIDGE * pull
+        data + prior_pull(z, self.z0)
     }
 }
 

@@ -28,7 +28,7 @@ pub use collectives::{
 };
 pub use figures::{ErrorFigures, OVERALL, overall};
 /// The fitting pieces other refits (`validate`'s stage-time refit) share.
-pub(crate) use fit::{FreeParam, Leg, RIDGE, minimise_loss, soft_l1};
+pub(crate) use fit::{FreeParam, Leg, minimise_loss, model_at, prior_pull, soft_l1};
 pub use report::render_report;
 
 use crate::cluster::NodeGroup;

@@ -88,6 +88,14 @@ struct Trial {
     outcome: Result<StageMeasurement, String>,
 }
 
+impl Trial {
+    /// Whether the cost model predicts this trial's time: not a BPipe
+    /// evictor's, whose recomputation makes it an upper bound.
+    fn time_is_predicted(&self) -> bool {
+        self.job.evicted == 0
+    }
+}
+
 fn local_trials(args: &ValidateArgs, plan: &PlanFile, cost: &CostModel, out: &Path) -> Result<()> {
     let device = parse_device(&args.device)?;
     let dtype = parse_dtype(&args.dtype)?;
@@ -217,7 +225,7 @@ fn describe_refit(round: usize, refit: &local::TrialRefit) -> String {
         .map(|(name, before, after)| format!("{name} {before:.4} -> {after:.4}"))
         .collect();
     format!(
-        "\nround {round}: coefficients refitted to the trials so far (argmin, Nelder-Mead): {}; stage-time MAPE of the coefficients alone {:.1}% -> {:.1}%\n",
+        "\nround {round}: coefficients refitted to the trials so far (argmin, Nelder-Mead): {}; stage-time MAPE of the coefficients alone on the trials fitted to (in-sample) {:.1}% -> {:.1}%\n",
         moved.join(", "),
         100.0 * refit.mape_before,
         100.0 * refit.mape_after
@@ -307,12 +315,11 @@ impl TrialRunner {
             .collect()
     }
 
-    /// Every trial so far that measured a time the cost model predicts: not
-    /// a BPipe evictor's, whose recomputation makes it an upper bound.
+    /// Every trial so far that measured a time the cost model predicts.
     fn observations(&self) -> Vec<local::StageObservation> {
         self.done
             .iter()
-            .filter(|t| t.job.evicted == 0)
+            .filter(|t| t.time_is_predicted())
             .filter_map(|t| {
                 let m = t.outcome.as_ref().ok().filter(|m| !m.out_of_memory)?;
                 Some(local::StageObservation {
@@ -326,11 +333,10 @@ impl TrialRunner {
 
     /// Adds the layer times the round's trials imply to `profile`.
     fn feed_back(&self, round: usize, scenario: &paratune::cost::Scenario, profile: &mut Profile) {
-        // A BPipe evictor's time is an upper bound (it recomputes): not a layer time.
         for t in self
             .done
             .iter()
-            .filter(|t| t.round == round && t.job.evicted == 0)
+            .filter(|t| t.round == round && t.time_is_predicted())
         {
             if let Ok(m) = &t.outcome
                 && let Some(point) =

@@ -55,12 +55,13 @@ impl LayerShape {
     }
 }
 
-/// Whether a layer table's free-form precision is a 16-bit one.
+/// Whether a layer table's free-form precision is a 16-bit one: a dtype
+/// name (or alias) other than fp32, or the published tables' `16-bit`.
 fn is_16_bit(dtype: &str) -> bool {
-    matches!(
-        dtype.trim().to_lowercase().as_str(),
-        "bf16" | "fp16" | "16-bit" | "bfloat16" | "float16" | "half"
-    )
+    dtype.trim().eq_ignore_ascii_case("16-bit")
+        || dtype
+            .parse::<crate::bench::Dtype>()
+            .is_ok_and(|d| d != crate::bench::Dtype::Fp32)
 }
 
 /// A measured collective time.

@@ -318,7 +318,7 @@ pub fn refit_to_trials(
     prior: &CostModel,
     observations: &[StageObservation],
 ) -> Option<TrialRefit> {
-    use crate::calibrate::{FreeParam, Leg, RIDGE, minimise_loss, soft_l1};
+    use crate::calibrate::{FreeParam, Leg, minimise_loss, model_at, prior_pull, soft_l1};
     use crate::coefficients::Coefficients;
     let observations: Vec<&StageObservation> = observations
         .iter()
@@ -354,13 +354,6 @@ pub fn refit_to_trials(
             })
             .collect()
     };
-    let model_at = |z: &[f64]| {
-        let mut model = prior.clone();
-        for (p, &z) in free.iter().zip(z) {
-            model.coefficients.set(p.info.name, p.value(z));
-        }
-        model
-    };
     let value = |cost: &CostModel, p: &FreeParam| {
         cost.coefficients.get(p.info.name).unwrap_or(p.info.prior)
     };
@@ -370,13 +363,12 @@ pub fn refit_to_trials(
         if z.iter().any(|z| !z.is_finite()) {
             return f64::MAX;
         }
-        let data: f64 = log_errors(&model_at(z))
+        let data: f64 = log_errors(&model_at(prior, &free, z))
             .iter()
             .map(|&r| soft_l1(r))
             .sum::<f64>()
             / n;
-        let pull: f64 = z.iter().zip(&z0).map(|(a, b)| (a - b).powi(2)).sum();
-        data + RIDGE * pull
+        data + prior_pull(z, &z0)
     };
     let legs = [
         Leg {
@@ -389,7 +381,7 @@ pub fn refit_to_trials(
         },
     ];
     let (best, _) = minimise_loss(&loss, &z0, &legs);
-    let mut cost = model_at(&best);
+    let mut cost = model_at(prior, &free, &best);
     // The prior's fit figures do not describe the refit.
     for key in ["cv_mape", "cv_p90_ape", "fitted_on"] {
         cost.provenance.remove(key);
@@ -528,30 +520,11 @@ mod tests {
     #[test]
     fn times_stand_for_the_plans_gpu_only_on_it_and_in_16_bits() {
         let h100 = Some("h100-sxm");
-        assert!(times_comparable(
-            "h100-sxm",
-            Device::Cuda(0),
-            h100,
-            Dtype::Bf16
-        ));
-        assert!(!times_comparable(
-            "h100-sxm",
-            Device::Cuda(0),
-            h100,
-            Dtype::Fp32
-        ));
-        assert!(!times_comparable(
-            "a100-80gb",
-            Device::Cuda(0),
-            h100,
-            Dtype::Bf16
-        ));
-        assert!(!times_comparable(
-            "h100-sxm",
-            Device::Cuda(0),
-            None,
-            Dtype::Bf16
-        ));
+        let cuda = |plan: &str, gpu, dtype| times_comparable(plan, Device::Cuda(0), gpu, dtype);
+        assert!(cuda("h100-sxm", h100, Dtype::Bf16));
+        assert!(!cuda("h100-sxm", h100, Dtype::Fp32));
+        assert!(!cuda("a100-80gb", h100, Dtype::Bf16));
+        assert!(!cuda("h100-sxm", None, Dtype::Bf16));
         // The CPU "cluster" describes the CPU as the trials run it.
         assert!(times_comparable("cpu", Device::Cpu, None, Dtype::Fp32));
         assert!(!times_comparable(
