@@ -7,7 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// Metadata of one coefficient.
 #[derive(Debug, Clone, Copy)]
@@ -304,6 +304,8 @@ pub fn parse_cost_model(text: &str, path: &str) -> Result<CostModel, CostModelFi
         )));
     }
     coefficients.check().map_err(invalid)?;
+    check_provenance(&layout.provenance).map_err(invalid)?;
+    crate::text::check_printable("the cost model's name", &layout.name).map_err(invalid)?;
     Ok(CostModel {
         name: layout.name,
         description: layout.description,
@@ -312,6 +314,50 @@ pub fn parse_cost_model(text: &str, path: &str) -> Result<CostModel, CostModelFi
         provenance: layout.provenance,
     })
 }
+
+/// The provenance figures other code reads: error figures finite (errors
+/// and regrets 0 or more), `fitted_on` counts rows per data set.
+fn check_provenance(provenance: &BTreeMap<String, toml::Value>) -> Result<(), String> {
+    for (key, value) in provenance {
+        if key.starts_with("cv_") || key.starts_with("holdout_") || key.starts_with("in_sample_") {
+            let number = match value {
+                toml::Value::Float(v) => Some(*v),
+                toml::Value::Integer(v) => Some(*v as f64),
+                _ => None,
+            };
+            let Some(v) = number else { continue };
+            let never_negative =
+                key.ends_with("mape") || key.ends_with("_ape") || key.ends_with("regret");
+            let ok = v.is_finite()
+                && (!never_negative || v >= 0.0)
+                && (!key.ends_with("spearman") || (-1.0..=1.0).contains(&v));
+            if !ok {
+                return Err(format!(
+                    "provenance `{key}` is {v}, which no error figure can be (errors and regrets are 0 or more, a rank correlation lies in -1..1)"
+                ));
+            }
+        }
+    }
+    if let Some(fitted_on) = provenance.get("fitted_on") {
+        let Some(table) = fitted_on.as_table() else {
+            return Err("provenance `fitted_on` must be a table of row counts per data set".into());
+        };
+        for (set, rows) in table {
+            match rows.as_integer() {
+                Some(n) if (0..=MAX_FITTED_ROWS).contains(&n) => {}
+                _ => {
+                    return Err(format!(
+                        "provenance `fitted_on.{set}` is {rows}; it must be a row count between 0 and {MAX_FITTED_ROWS}"
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// More measured rows than any calibration reads; keeps sums from overflowing.
+const MAX_FITTED_ROWS: i64 = 1 << 40;
 
 pub fn load_cost_model(path: &Path) -> Result<CostModel, CostModelFileError> {
     let shown = path.display().to_string();
@@ -348,12 +394,52 @@ pub fn render_cost_model(model: &CostModel) -> String {
 /// Writes a cost model atomically: a temporary file in the same folder, then
 /// a rename, so an interrupted write never leaves a half file.
 pub fn save_cost_model(model: &CostModel, path: &Path) -> Result<(), CostModelFileError> {
-    crate::runs::write_atomically(path, render_cost_model(model).as_bytes()).map_err(|source| {
+    crate::atomic::write_atomically(path, render_cost_model(model).as_bytes()).map_err(|source| {
         CostModelFileError::Write {
             path: path.display().to_string(),
             cause: source,
         }
     })
+}
+
+/// Writes a cost model and its report (`x.toml` and `x.report.md` beside
+/// it) as one transaction: a kill leaves both old files or both new ones.
+pub fn save_cost_model_with_report(
+    model: &CostModel,
+    path: &Path,
+    report: &str,
+) -> Result<PathBuf, CostModelFileError> {
+    let failed = |cause: std::io::Error| CostModelFileError::Write {
+        path: path.display().to_string(),
+        cause,
+    };
+    let not_a_file = || {
+        failed(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "give a file name, e.g. cost_models/my-cluster.toml",
+        ))
+    };
+    let report_path = report_path(path);
+    let model_name = path.file_name().ok_or_else(not_a_file)?.to_string_lossy();
+    let report_name = report_path
+        .file_name()
+        .ok_or_else(not_a_file)?
+        .to_string_lossy();
+    let mut transaction =
+        crate::atomic::Transaction::new(crate::atomic::parent_dir(path)).map_err(failed)?;
+    transaction
+        .stage(&model_name, render_cost_model(model).as_bytes())
+        .map_err(failed)?;
+    transaction
+        .stage(&report_name, report.as_bytes())
+        .map_err(failed)?;
+    transaction.commit().map_err(failed)?;
+    Ok(report_path)
+}
+
+/// `cost_models/x.toml` -> `cost_models/x.report.md`.
+pub fn report_path(model: &Path) -> PathBuf {
+    model.with_extension("report.md")
 }
 
 /// Cost models shipped in `cost_models/`, compiled in so that a binary

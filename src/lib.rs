@@ -9,6 +9,7 @@
 //! layers that the cost model uses where they cover the case. Only
 //! `src/main.rs` knows about the terminal.
 
+pub mod atomic;
 pub mod bench;
 pub mod calibrate;
 pub mod cluster;
@@ -25,6 +26,7 @@ pub mod report;
 pub mod runs;
 pub mod search;
 pub mod suggest;
+pub mod text;
 pub mod toml_error;
 pub mod units;
 pub mod validate;

@@ -52,6 +52,142 @@ pub struct PlannedCandidate {
     pub megatron_unsupported: Option<String>,
 }
 
+/// The plan file does not describe a job this paratune can trial: a plan
+/// may come from someone else, so everything later steps derive from it is
+/// checked first.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    #[error(
+        "{path}: not a paratune plan (format `{found}`); write one with `paratune plan ... --format json > plan.json`"
+    )]
+    Format { path: String, found: String },
+    #[error(
+        "{path}: plan format version {found}, this paratune ({ours}) reads version {PLAN_VERSION}; re-run `paratune plan ... --format json` with this paratune"
+    , ours = env!("CARGO_PKG_VERSION"))]
+    Version { path: String, found: u32 },
+    #[error("{path}: {field}: {message}; re-run `paratune plan ... --format json`")]
+    Field {
+        path: String,
+        field: String,
+        message: String,
+    },
+    #[error(
+        "{path}: candidate #{rank} does not match the plan's job ({message}); the file was edited by hand: re-run `paratune plan`"
+    )]
+    Inconsistent {
+        path: String,
+        rank: usize,
+        message: String,
+    },
+    #[error("{path}: the plan has no candidates to trial")]
+    Empty { path: String },
+}
+
+impl PlanFile {
+    /// Checks the format, the version, the job (model, nodes, cost-model
+    /// name, batch and GPU count), and that every candidate is a valid
+    /// configuration of it with a prediction that could be true.
+    pub fn check(&self, path: &str) -> Result<(), PlanError> {
+        let field = |field: &str, message: String| PlanError::Field {
+            path: path.into(),
+            field: field.into(),
+            message,
+        };
+        if self.format != PLAN_FORMAT {
+            return Err(PlanError::Format {
+                path: path.into(),
+                found: self.format.clone(),
+            });
+        }
+        if self.version != PLAN_VERSION {
+            return Err(PlanError::Version {
+                path: path.into(),
+                found: self.version,
+            });
+        }
+        self.model.check().map_err(|m| field("model", m))?;
+        self.nodes.check().map_err(|m| field("nodes", m))?;
+        crate::text::check_printable("the cost model's name", &self.cost_model)
+            .map_err(|m| field("cost_model", m))?;
+        if self.global_batch == 0 {
+            return Err(field("global_batch", "must be at least 1".into()));
+        }
+        if self.gpus == 0 || self.gpus > self.nodes.nodes.saturating_mul(self.nodes.gpus_per_node) {
+            return Err(field(
+                "gpus",
+                format!(
+                    "{} GPUs, where the nodes hold {} x {}",
+                    self.gpus, self.nodes.nodes, self.nodes.gpus_per_node
+                ),
+            ));
+        }
+        if let Some(limit) = self.memory_limit_bytes
+            && !(limit.is_finite() && limit > 0.0)
+        {
+            return Err(field(
+                "memory_limit_bytes",
+                format!("{limit} is not a positive size"),
+            ));
+        }
+        if self.candidates.is_empty() {
+            return Err(PlanError::Empty { path: path.into() });
+        }
+        for (i, candidate) in self.candidates.iter().enumerate() {
+            let inconsistent = |message: String| PlanError::Inconsistent {
+                path: path.into(),
+                rank: candidate.rank,
+                message,
+            };
+            if candidate.rank != i + 1 {
+                return Err(inconsistent(format!(
+                    "ranks must run 1, 2, 3...; found {} in place {}",
+                    candidate.rank,
+                    i + 1
+                )));
+            }
+            candidate
+                .config
+                .check(
+                    &self.model,
+                    self.global_batch,
+                    self.gpus,
+                    self.nodes.gpus_per_node,
+                )
+                .map_err(inconsistent)?;
+            check_prediction(&candidate.prediction).map_err(inconsistent)?;
+        }
+        Ok(())
+    }
+}
+
+/// Every figure of a prediction finite and not negative, times positive.
+fn check_prediction(p: &Prediction) -> Result<(), String> {
+    let figures = [
+        ("iteration_s", p.iteration_s),
+        ("tokens_per_s", p.tokens_per_s),
+        ("peak_memory_bytes", p.peak_memory_bytes),
+        ("usable_memory_bytes", p.usable_memory_bytes),
+    ];
+    for (name, value) in figures {
+        if !(value.is_finite() && value > 0.0) {
+            return Err(format!(
+                "prediction.{name} is {value}, not a positive number"
+            ));
+        }
+    }
+    for (name, value) in p.time.parts() {
+        if !(value.is_finite() && value >= 0.0) {
+            return Err(format!("prediction.time `{name}` is {value}, not a time"));
+        }
+    }
+    for (name, value) in [("tflops_per_gpu", p.tflops_per_gpu), ("mfu", p.mfu)] {
+        if !(value.is_finite() && value >= 0.0) {
+            return Err(format!("prediction.{name} is {value}, not a rate"));
+        }
+    }
+    Ok(())
+}
+
 impl SearchCounts {
     pub fn of(result: &SearchResult) -> Self {
         SearchCounts {

@@ -199,7 +199,7 @@ fn cluster_trials_run_read_their_logs_keep_them_and_refit() {
     // The other two were read into the append-only history and refitted on.
     let history = std::fs::read_to_string(d.join("reports/plan/runs-history.csv")).unwrap();
     assert!(history.lines().count() >= 3, "{history}");
-    assert!(stdout.contains("310.8 ms per iteration"), "{stdout}");
+    assert!(stdout.contains("311.6 ms per iteration"), "{stdout}");
     assert!(stdout.contains("refit on 2 measured run(s)"), "{stdout}");
     // --loop 2: the refitted model's leaders not yet run are the second round.
     assert!(

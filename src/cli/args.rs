@@ -30,12 +30,27 @@ pub struct Cli {
 
 impl CommandFactory for Cli {
     fn command() -> clap::Command {
-        CliSpec::command()
+        values_may_start_with_a_hyphen(CliSpec::command())
     }
 
     fn command_for_update() -> clap::Command {
-        CliSpec::command_for_update()
+        values_may_start_with_a_hyphen(CliSpec::command_for_update())
     }
+}
+
+/// Lets every flag's value start with `-`, so that `--memory-limit -1GiB`
+/// reaches the flag's own parser, which names the flag and says what it
+/// takes, instead of clap's "unexpected argument '-1GiB'".
+fn values_may_start_with_a_hyphen(command: clap::Command) -> clap::Command {
+    command
+        .mut_args(|arg| {
+            if !arg.is_positional() && arg.get_action().takes_values() {
+                arg.allow_hyphen_values(true)
+            } else {
+                arg
+            }
+        })
+        .mut_subcommands(values_may_start_with_a_hyphen)
 }
 
 impl FromArgMatches for Cli {
@@ -214,6 +229,23 @@ fn count(max: u64) -> impl Fn(&str) -> Result<u64, String> + Clone + Send + Sync
     }
 }
 
+/// More folds than this leave folds of a row or two, and each is a whole fit.
+const MAX_FOLDS: usize = 50;
+/// Each bootstrap sample is a whole fit (seconds each on the reference data):
+/// 1,000 already takes hours; interval estimates settle long before.
+const MAX_BOOTSTRAP: usize = 1000;
+
+/// A count from 0 to `max`.
+fn up_to(max: usize) -> impl Fn(&str) -> Result<usize, String> + Clone + Send + Sync + 'static {
+    move |text: &str| match text.trim().parse::<usize>() {
+        Ok(n) if n > max => Err(format!(
+            "{n} is more than makes sense (at most {max}; each is a whole fit)"
+        )),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!("`{text}` is not a whole number from 0 to {max}")),
+    }
+}
+
 fn at_least_one_row(text: &str) -> Result<usize, String> {
     count(u64::MAX)(text).map(|n| n as usize)
 }
@@ -344,11 +376,11 @@ pub struct CalibrateArgs {
     pub holdout: Option<f64>,
     #[arg(long, default_value_t = 7)]
     pub seed: u64,
-    /// Cross-validation folds.
-    #[arg(long, default_value_t = 5)]
+    /// Cross-validation folds (0: none; at most 50).
+    #[arg(long, default_value_t = 5, value_parser = up_to(MAX_FOLDS))]
     pub folds: usize,
-    /// Bootstrap refits for the confidence intervals.
-    #[arg(long, default_value_t = 20)]
+    /// Bootstrap refits for the confidence intervals (0: none; at most 1000).
+    #[arg(long, default_value_t = 20, value_parser = up_to(MAX_BOOTSTRAP))]
     pub bootstrap: usize,
     /// nccl-tests all-reduce measurements (gpus, bytes, out_of_place_us) to fit the
     /// collective coefficients to first; the iteration-time fit then keeps them.

@@ -9,8 +9,8 @@ use paratune::calibrate::{
     COLLECTIVE_COEFFICIENTS, Dataset, FitOptions, calibrate, fit_collectives, read_nccl_table,
     render_report,
 };
-use paratune::coefficients::save_cost_model;
-use paratune::runs::{RunTable, runs_from_table, write_atomically};
+use paratune::coefficients::save_cost_model_with_report;
+use paratune::runs::{RunTable, runs_from_table};
 use paratune::units::Bandwidth;
 use std::path::{Path, PathBuf};
 
@@ -191,10 +191,7 @@ pub fn run(args: &CalibrateArgs) -> Result<()> {
         ));
     }
     if let Some(out) = &args.out {
-        save_cost_model(&calibration.model, out)?;
-        let report_path = report_path(out);
-        write_atomically(&report_path, report.as_bytes())
-            .with_context(|| format!("cannot write the report {}", report_path.display()))?;
+        let report_path = save_cost_model_with_report(&calibration.model, out, &report)?;
         eprintln!("wrote {} and {}", out.display(), report_path.display());
     }
     let coefficients = calibration
@@ -253,9 +250,4 @@ pub fn run(args: &CalibrateArgs) -> Result<()> {
             emit_csv(&headers, &rows)
         }
     }
-}
-
-/// `cost_models/x.toml` -> `cost_models/x.report.md`.
-pub fn report_path(model: &Path) -> PathBuf {
-    model.with_extension("report.md")
 }

@@ -4,7 +4,8 @@
 use super::commands::emit;
 use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
-use paratune::runs::{RunTable, write_atomically, write_csv};
+use paratune::atomic::write_atomically;
+use paratune::runs::{RunTable, write_csv};
 use paratune::validate::megatron_log::{
     self, DEFAULT_WARMUP, MegatronRun, ROW_COLUMNS, merge_rows,
 };
@@ -109,10 +110,10 @@ fn megatron_logs(args: &MegatronLogArgs) -> Result<()> {
 /// `run.log: tp2 pp2 dp2 mb2 gb16, L24 h1024 a16 s1024, 8 GPUs: 215.3 ms/iteration ...`
 fn summary(name: &str, run: &MegatronRun) -> String {
     let mut line = format!(
-        "{name}: {}: {:.1} ms/iteration (median {:.1}, {} iteration(s) after {} warm-up)",
+        "{name}: {}: {:.1} ms/iteration (median; mean {:.1}; {} iteration(s) after {} warm-up)",
         run.config.summary(),
-        run.steady_mean_ms,
         run.steady_median_ms,
+        run.steady_mean_ms,
         run.steady_iterations,
         run.warmup
     );

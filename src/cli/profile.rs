@@ -204,9 +204,13 @@ fn import_nccl_tests(args: &ImportNcclTestsArgs) -> Result<()> {
     let mut report = String::new();
     for (shown, log, op, ranks) in &logs {
         merge_collectives(&mut profile.collectives, &log.points(*op, *ranks));
+        let dropped = match log.zero_rows {
+            0 => String::new(),
+            n => format!(" ({n} row(s) of size or time 0 left out)"),
+        };
         let _ = writeln!(
             report,
-            "{shown}: {} {op} points over {ranks} ranks",
+            "{shown}: {} {op} points over {ranks} ranks{dropped}",
             thousands(log.rows.len() as f64)
         );
         if let Some(device) = &log.device {

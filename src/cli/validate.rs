@@ -55,7 +55,7 @@ pub fn run(args: &ValidateArgs) -> Result<()> {
     let plan: PlanFile = serde_json::from_str(&text).map_err(|e| {
         anyhow!("{shown}: not a readable paratune plan ({e}); write one with `paratune plan ... --format json > plan.json`")
     })?;
-    local::check_plan(&plan, &shown)?;
+    plan.check(&shown)?;
     let cost = resolve::cost_model(
         Some(args.cost_model.as_deref().unwrap_or(&plan.cost_model)),
         &plan.nodes.gpu.name,

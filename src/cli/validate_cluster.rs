@@ -154,9 +154,9 @@ fn run_and_read(
             history.append(&row)?;
             let _ = writeln!(
                 report,
-                "candidate #{rank}: {}: {:.1} ms per iteration (steady state, {} iterations){}",
+                "candidate #{rank}: {}: {:.1} ms per iteration (steady-state median, {} iterations){}",
                 run.config.summary(),
-                run.steady_mean_ms,
+                run.steady_median_ms,
                 run.steady_iterations,
                 run.peak_allocated_bytes
                     .map(|b| format!(", peak {:.1} GiB allocated", b / 1024f64.powi(3)))
@@ -206,6 +206,9 @@ fn run_script(script: &Path, timeout: Duration) -> Result<(), String> {
     }
 }
 
+/// How long a timed-out run's processes get to stop after SIGTERM.
+const STOP_GRACE: Duration = Duration::from_secs(10);
+
 /// Stops a timed-out run's process group: SIGTERM (srun cancels its step),
 /// then SIGKILL for what is left after a grace period.
 fn stop_group(pid: u32) {
@@ -214,7 +217,12 @@ fn stop_group(pid: u32) {
         let group = -(pid as i32);
         // SAFETY: kill(2) on a process group this command created.
         unsafe { libc::kill(group, libc::SIGTERM) };
-        std::thread::sleep(Duration::from_secs(10));
+        // Polled, not slept: most runs are gone within milliseconds.
+        let grace = std::time::Instant::now();
+        // SAFETY: signal 0 only asks whether any process of the group is left.
+        while unsafe { libc::kill(group, 0) } == 0 && grace.elapsed() < STOP_GRACE {
+            std::thread::sleep(Duration::from_millis(50));
+        }
         // SAFETY: as above.
         unsafe { libc::kill(group, libc::SIGKILL) };
     }

@@ -45,6 +45,32 @@ pub struct NodeGroup {
     pub inter_node_bw: Bandwidth,
 }
 
+impl NodeGroup {
+    /// Every figure positive and finite and the GPU's name printable: what
+    /// a plan file read back must hold before anything is derived from it.
+    pub fn check(&self) -> Result<(), String> {
+        crate::text::check_printable("GPU name", &self.gpu.name)?;
+        let figures = [
+            ("gpu.peak_flops", self.gpu.peak_flops),
+            ("gpu.memory_bytes", self.gpu.memory_bytes),
+            ("gpu.hbm_bandwidth", self.gpu.hbm_bandwidth),
+            ("intra_node_bw", self.intra_node_bw.bytes_per_s()),
+            ("inter_node_bw", self.inter_node_bw.bytes_per_s()),
+        ];
+        for (field, value) in figures {
+            if !(value.is_finite() && value > 0.0) {
+                return Err(format!(
+                    "`{field}` is {value}; it must be a positive number"
+                ));
+            }
+        }
+        if self.nodes == 0 || self.gpus_per_node == 0 {
+            return Err("`nodes` and `gpus_per_node` must be at least 1".into());
+        }
+        Ok(())
+    }
+}
+
 /// The machines a job may use.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Cluster {

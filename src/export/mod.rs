@@ -52,19 +52,7 @@ fn check_job(job: &LaunchJob) -> Result<(), ExportError> {
         .map_err(ExportError::InvalidPlan)
 }
 
-/// Quotes `word` for a POSIX shell when it holds anything beyond the
-/// characters that never need quoting.
-pub fn shell_quote(word: &str) -> String {
-    let plain = !word.is_empty()
-        && word
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c));
-    if plain {
-        word.to_string()
-    } else {
-        format!("'{}'", word.replace('\'', r"'\''"))
-    }
-}
+pub use crate::text::shell_quote;
 
 #[cfg(test)]
 mod tests {
@@ -395,15 +383,6 @@ mod tests {
             .map(str::to_string)
             .collect();
         assert_eq!(words, megatron_args(&job(&model, &plan)).unwrap());
-    }
-
-    #[test]
-    fn shell_quoting_leaves_plain_words_and_quotes_the_rest() {
-        assert_eq!(shell_quote("--hidden-size"), "--hidden-size");
-        assert_eq!(shell_quote("12288"), "12288");
-        assert_eq!(shell_quote("a b"), "'a b'");
-        assert_eq!(shell_quote("it's"), r"'it'\''s'");
-        assert_eq!(shell_quote(""), "''");
     }
 
     fn parse(text: &str) -> toml::Value {

@@ -162,6 +162,7 @@ impl ModelSpec {
 
     /// Names a problem that makes the model impossible, if any.
     pub fn check(&self) -> Result<(), String> {
+        crate::text::check_printable("model name", &self.name)?;
         let positive = [
             ("hidden", self.hidden),
             ("heads", self.heads),

@@ -31,6 +31,9 @@ pub struct NcclLog {
     pub truncated: bool,
     /// Rows dropped because nccl-tests counted wrong results (`#wrong` > 0).
     pub wrong_rows: usize,
+    /// Rows dropped because their size or time is 0 (nccl-tests prints
+    /// zero-size rows with no meaningful time).
+    pub zero_rows: usize,
 }
 
 impl NcclLog {
@@ -98,6 +101,7 @@ pub fn parse_nccl_tests(text: &str, path: &str) -> Result<NcclLog, ProfileError>
         rows: Vec::new(),
         truncated: true,
         wrong_rows: 0,
+        zero_rows: 0,
     };
     let mut ranks = 0u64;
     // Column positions: size, time, busbw, #wrong of the out-of-place half,
@@ -143,8 +147,13 @@ pub fn parse_nccl_tests(text: &str, path: &str) -> Result<NcclLog, ProfileError>
             continue;
         }
         let cells: Vec<&str> = line.split_whitespace().collect();
-        if cells.first().and_then(|c| c.parse::<u64>().ok()).is_none() {
-            continue; // NCCL INFO lines, warnings, the launcher's chatter
+        // A result row starts with its size; NCCL INFO lines, warnings and
+        // the launcher's chatter do not start with a digit.
+        if !cells
+            .first()
+            .is_some_and(|c| c.starts_with(|ch: char| ch.is_ascii_digit()))
+        {
+            continue;
         }
         if let Some(previous) = pending_incomplete {
             return Err(ProfileError::Line {
@@ -161,11 +170,13 @@ pub fn parse_nccl_tests(text: &str, path: &str) -> Result<NcclLog, ProfileError>
         }
         let bytes = cells[size_at]
             .parse::<u64>()
-            .map_err(|_| ProfileError::Line {
+            .ok()
+            .filter(|&b| b as f64 <= super::MAX_COLLECTIVE_BYTES)
+            .ok_or_else(|| ProfileError::Line {
                 path: path.to_string(),
                 line: number,
                 message: format!(
-                    "the size must be a whole number, found `{}`",
+                    "the size must be a whole number of bytes up to 1 TiB, found `{}`",
                     cells[size_at]
                 ),
             })?;
@@ -190,7 +201,17 @@ pub fn parse_nccl_tests(text: &str, path: &str) -> Result<NcclLog, ProfileError>
             }
         }
         if bytes == 0 || time_us <= 0.0 {
-            continue; // nccl-tests prints zero-size rows with no meaningful time
+            log.zero_rows += 1;
+            continue;
+        }
+        if time_us / 1e6 > super::MAX_MEASURED_SECONDS {
+            return Err(ProfileError::Line {
+                path: path.to_string(),
+                line: number,
+                message: format!(
+                    "the out-of-place time {time_us} us is over an hour; is the column layout right?"
+                ),
+            });
         }
         log.rows.push((bytes as f64, time_us / 1e6, busbw));
     }
@@ -286,13 +307,19 @@ pub fn parse_reference_collectives(
                 message: format!("column `gpus` must be a whole number, found {ranks}"),
             });
         }
-        points.push(CollectivePoint {
+        let point = CollectivePoint {
             op,
             ranks: ranks as u64,
             bytes: number(bytes, "bytes")?,
             seconds: number(time, "out_of_place_us")? / 1e6,
             busbw: number(busbw, "out_of_place_busbw_GBps")?,
-        });
+        };
+        point.check().map_err(|message| ProfileError::Line {
+            path: path.to_string(),
+            line,
+            message,
+        })?;
+        points.push(point);
     }
     Ok(points)
 }

@@ -62,6 +62,10 @@ pub struct Environment {
     /// The commands that produced the directory, in order.
     #[serde(default)]
     pub commands: Vec<String>,
+    /// SHA-256 of every file paratune wrote beside it, checked on reading:
+    /// a table changed or damaged since is refused, not misread.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub checksums: std::collections::BTreeMap<String, String>,
 }
 
 impl Environment {
@@ -73,6 +77,7 @@ impl Environment {
             paratune_version: env!("CARGO_PKG_VERSION").to_string(),
             notes: Vec::new(),
             commands: Vec::new(),
+            checksums: Default::default(),
         }
     }
 }
@@ -130,6 +135,47 @@ pub struct CollectivePoint {
     pub seconds: f64,
     /// nccl-tests' bus bandwidth, GB/s (10^9 bytes per second).
     pub busbw: f64,
+}
+
+/// The largest message a collective point may have: nccl-tests sweeps stop
+/// far below it (1 TiB); a size beyond it is a unit or parsing mistake.
+pub const MAX_COLLECTIVE_BYTES: f64 = (1u64 << 40) as f64;
+/// The longest a measured pass or collective may take: an hour.
+pub const MAX_MEASURED_SECONDS: f64 = 3600.0;
+
+/// `value` as a measured quantity: finite, above zero, at most `max`.
+fn measured(name: &str, value: f64, max: f64) -> Result<(), String> {
+    if value.is_finite() && value > 0.0 && value <= max {
+        Ok(())
+    } else {
+        Err(format!(
+            "`{name}` is {value}; it must be a positive number of at most {max}"
+        ))
+    }
+}
+
+impl CollectivePoint {
+    /// A point that could have been measured: at least 1 rank, a positive size up to [`MAX_COLLECTIVE_BYTES`], a
+    /// positive time up to [`MAX_MEASURED_SECONDS`], a bus bandwidth that is
+    /// a number (0 where not known).
+    pub fn check(&self) -> Result<(), String> {
+        if self.ranks == 0 || self.ranks > 1 << 20 {
+            return Err(format!(
+                "`ranks` is {}; it must be between 1 and {}",
+                self.ranks,
+                1u64 << 20
+            ));
+        }
+        measured("bytes", self.bytes, MAX_COLLECTIVE_BYTES)?;
+        measured("seconds", self.seconds, MAX_MEASURED_SECONDS)?;
+        if !(self.busbw.is_finite() && self.busbw >= 0.0) {
+            return Err(format!(
+                "`busbw_GBps` is {}; it must be a number, 0 or more",
+                self.busbw
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// Whether a layer measurement ran or ran out of memory.
@@ -239,6 +285,42 @@ pub struct LayerPoint {
 }
 
 impl LayerPoint {
+    /// A point that could have been measured: every dimension at least 1,
+    /// the times of an `ok` point positive (an `oom` point has none), the
+    /// optional figures numbers of 0 or more.
+    pub fn check(&self) -> Result<(), String> {
+        for (name, value) in [
+            ("hidden", self.hidden),
+            ("heads", self.heads),
+            ("kv_heads", self.arch.kv_heads),
+            ("ffn_hidden", self.arch.ffn_hidden),
+            ("seq_len", self.seq_len),
+            ("micro_batch", self.micro_batch),
+            ("tp", self.tp),
+        ] {
+            if value == 0 {
+                return Err(format!("`{name}` is 0; it must be at least 1"));
+            }
+        }
+        if self.status == LayerStatus::Ok {
+            measured("forward_s", self.forward_s, MAX_MEASURED_SECONDS)?;
+            measured("backward_s", self.backward_s, MAX_MEASURED_SECONDS)?;
+        }
+        for (name, value) in [
+            ("recompute_s", self.recompute_s),
+            ("ci95_rel", self.ci95_rel),
+            ("activation_bytes", self.activation_bytes),
+            ("peak_bytes", self.peak_bytes),
+        ] {
+            if let Some(v) = value
+                && !(v.is_finite() && v >= 0.0)
+            {
+                return Err(format!("`{name}` is {v}; it must be a number, 0 or more"));
+            }
+        }
+        Ok(())
+    }
+
     /// Forward + backward + recomputation, seconds.
     pub fn total_s(&self) -> f64 {
         self.forward_s + self.backward_s + self.recompute_s.unwrap_or(0.0)

@@ -28,6 +28,12 @@ pub fn read_profile(dir: &Path) -> Result<Profile, ProfileError> {
             message: "no such directory".into(),
         });
     }
+    // An update killed after its journal was written is finished first, so
+    // the tables and environment.toml read here belong together.
+    crate::atomic::recover(dir).map_err(|e| ProfileError::Write {
+        path: dir.display().to_string(),
+        message: format!("cannot finish an interrupted update ({e})"),
+    })?;
     if !env_path.is_file() {
         return Err(ProfileError::NotAProfile {
             path: dir.display().to_string(),
@@ -38,15 +44,17 @@ pub fn read_profile(dir: &Path) -> Result<Profile, ProfileError> {
         path: env_path.display().to_string(),
         cause,
     })?;
-    let environment: Environment = toml::from_str(&text).map_err(|e| ProfileError::Corrupt {
-        path: env_path.display().to_string(),
-        message: crate::toml_error::one_line(&e, &text, "it needs at least `gpu = \"NAME\"`"),
-    })?;
-    let collectives = match read_table(dir, COLLECTIVES_TABLE, &collectives_schema())? {
+    let mut environment: Environment =
+        toml::from_str(&text).map_err(|e| ProfileError::Corrupt {
+            path: env_path.display().to_string(),
+            message: crate::toml_error::one_line(&e, &text, "it needs at least `gpu = \"NAME\"`"),
+        })?;
+    let collectives = match read_table(dir, COLLECTIVES_TABLE, &collectives_schema(), &environment)?
+    {
         Some((path, df)) => collectives_from(&df).map_err(|message| corrupt(&path, message))?,
         None => Vec::new(),
     };
-    let layers = match read_table(dir, LAYERS_TABLE, &layers_schema())? {
+    let layers = match read_table(dir, LAYERS_TABLE, &layers_schema(), &environment)? {
         Some((path, df)) => layers_from(&df).map_err(|message| corrupt(&path, message))?,
         None => Vec::new(),
     };
@@ -63,6 +71,8 @@ pub fn read_profile(dir: &Path) -> Result<Profile, ProfileError> {
     } else {
         None
     };
+    // Checked; a profile in memory carries no checksums (writing computes them).
+    environment.checksums.clear();
     Ok(Profile {
         environment,
         collectives,
@@ -72,41 +82,135 @@ pub fn read_profile(dir: &Path) -> Result<Profile, ProfileError> {
 }
 
 /// Writes `profile` into `dir` (created if missing): both tables as Parquet
-/// and CSV, then `environment.toml`, each file atomically.
+/// and CSV, `device.toml`, and `environment.toml` with every table's
+/// checksum, as one transaction ([`crate::atomic::Transaction`]): a kill
+/// leaves the previous profile or the new one, never a mix. A new directory
+/// is built beside its place and renamed into it, so a kill never leaves a
+/// directory that is not a profile.
 pub fn write_profile(dir: &Path, profile: &Profile) -> Result<(), ProfileError> {
-    std::fs::create_dir_all(dir).map_err(|e| ProfileError::Write {
-        path: dir.display().to_string(),
-        message: e.to_string(),
-    })?;
-    let mut collectives =
-        collectives_frame(&profile.collectives).map_err(|e| ProfileError::Write {
-            path: dir.join(COLLECTIVES_TABLE).display().to_string(),
-            message: first_line(&e.to_string()),
-        })?;
-    write_table(dir, COLLECTIVES_TABLE, &mut collectives)?;
-    let mut layers = layers_frame(&profile.layers).map_err(|e| ProfileError::Write {
-        path: dir.join(LAYERS_TABLE).display().to_string(),
+    let write_error = |path: &Path, e: &dyn std::fmt::Display| ProfileError::Write {
+        path: path.display().to_string(),
         message: first_line(&e.to_string()),
+    };
+    let mut files: Vec<(&str, Vec<u8>)> = Vec::new();
+    let (collectives_parquet, collectives_csv) = table_bytes(dir, COLLECTIVES_TABLE, || {
+        collectives_frame(&profile.collectives)
     })?;
-    write_table(dir, LAYERS_TABLE, &mut layers)?;
+    let (layers_parquet, layers_csv) =
+        table_bytes(dir, LAYERS_TABLE, || layers_frame(&profile.layers))?;
+    let names = table_file_names();
+    files.push((&names[0], collectives_parquet));
+    files.push((&names[1], collectives_csv));
+    files.push((&names[2], layers_parquet));
+    files.push((&names[3], layers_csv));
     if let Some(device) = &profile.device {
-        let path = dir.join(DEVICE_FILE);
-        let text = toml::to_string_pretty(device).map_err(|e| ProfileError::Write {
-            path: path.display().to_string(),
-            message: e.to_string(),
-        })?;
-        write_file_atomically(dir, &path, |file| {
-            Ok(std::io::Write::write_all(file, text.as_bytes())?)
-        })?;
+        let text =
+            toml::to_string_pretty(device).map_err(|e| write_error(&dir.join(DEVICE_FILE), &e))?;
+        files.push((DEVICE_FILE, text.into_bytes()));
     }
-    let env_path = dir.join(ENVIRONMENT_FILE);
-    let text = toml::to_string_pretty(&profile.environment).map_err(|e| ProfileError::Write {
-        path: env_path.display().to_string(),
-        message: e.to_string(),
+    // Parquet pages can be damaged without any reader noticing; the CSV
+    // twins and the TOML files are text, read and checked value by value
+    // (and may be edited by hand).
+    let mut environment = profile.environment.clone();
+    environment.checksums = files
+        .iter()
+        .filter(|(name, _)| name.ends_with(".parquet"))
+        .map(|(name, bytes)| (name.to_string(), checksum(bytes)))
+        .collect();
+    let env_text = toml::to_string_pretty(&environment)
+        .map_err(|e| write_error(&dir.join(ENVIRONMENT_FILE), &e))?;
+    files.push((ENVIRONMENT_FILE, env_text.into_bytes()));
+
+    let fresh = !dir.exists() || dir.read_dir().is_ok_and(|mut d| d.next().is_none());
+    let (target, staging) = if fresh {
+        let parent = crate::atomic::parent_dir(dir);
+        std::fs::create_dir_all(parent).map_err(|e| write_error(parent, &e))?;
+        let staging = crate::atomic::staging_dir(parent).map_err(|e| write_error(dir, &e))?;
+        (staging.path().to_path_buf(), Some(staging))
+    } else {
+        (dir.to_path_buf(), None)
+    };
+    let mut transaction =
+        crate::atomic::Transaction::new(&target).map_err(|e| write_error(dir, &e))?;
+    for (name, bytes) in &files {
+        transaction
+            .stage(name, bytes)
+            .map_err(|e| write_error(&dir.join(name), &e))?;
+    }
+    transaction.commit().map_err(|e| write_error(dir, &e))?;
+    if let Some(staging) = staging {
+        crate::atomic::move_dir_into_place(staging, dir).map_err(|e| write_error(dir, &e))?;
+    }
+    Ok(())
+}
+
+/// The four table files, in the order [`write_profile`] writes them.
+fn table_file_names() -> [String; 4] {
+    let [a, b] = [COLLECTIVES_TABLE, LAYERS_TABLE];
+    [
+        format!("{a}.parquet"),
+        format!("{a}.csv"),
+        format!("{b}.parquet"),
+        format!("{b}.csv"),
+    ]
+}
+
+/// A table's Parquet and CSV bytes.
+fn table_bytes(
+    dir: &Path,
+    table: &str,
+    frame: impl FnOnce() -> PolarsResult<DataFrame>,
+) -> Result<(Vec<u8>, Vec<u8>), ProfileError> {
+    let failed = |e: PolarsError| ProfileError::Write {
+        path: dir.join(table).display().to_string(),
+        message: first_line(&e.to_string()),
+    };
+    let mut df = frame().map_err(failed)?;
+    let mut parquet = Vec::new();
+    ParquetWriter::new(&mut parquet)
+        .finish(&mut df)
+        .map_err(failed)?;
+    let mut csv = Vec::new();
+    CsvWriter::new(&mut csv)
+        .include_header(true)
+        .finish(&mut df)
+        .map_err(failed)?;
+    Ok((parquet, csv))
+}
+
+/// The checksum `environment.toml` records for a file: SHA-256, hex.
+pub fn checksum(bytes: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// Checks `path` against the checksum `environment.toml` recorded for it,
+/// when it recorded one (profiles written by hand or by older versions
+/// have none).
+fn verify_checksum(environment: &Environment, path: &Path) -> Result<(), ProfileError> {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let Some(expected) = environment.checksums.get(&name) else {
+        return Ok(());
+    };
+    let bytes = std::fs::read(path).map_err(|cause| ProfileError::Read {
+        path: path.display().to_string(),
+        cause,
     })?;
-    write_file_atomically(dir, &env_path, |file| {
-        Ok(std::io::Write::write_all(file, text.as_bytes())?)
-    })
+    if &checksum(&bytes) != expected {
+        return Err(corrupt(
+            path,
+            format!(
+                "its SHA-256 differs from the one {ENVIRONMENT_FILE} records, so it was changed or damaged after paratune wrote it; rebuild it with the commands in {ENVIRONMENT_FILE}, or, if you edited it on purpose, delete its line under [checksums]"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 fn corrupt(path: &Path, message: String) -> ProfileError {
@@ -137,9 +241,11 @@ fn read_table(
     dir: &Path,
     table: &str,
     schema: &Schema,
+    environment: &Environment,
 ) -> Result<Option<(PathBuf, DataFrame)>, ProfileError> {
     let (parquet, csv) = table_paths(dir, table);
     if parquet.is_file() {
+        verify_checksum(environment, &parquet)?;
         let file = File::open(&parquet).map_err(|cause| ProfileError::Read {
             path: parquet.display().to_string(),
             cause,
@@ -159,44 +265,6 @@ fn read_table(
         return Ok(Some((csv, df)));
     }
     Ok(None)
-}
-
-fn write_table(dir: &Path, table: &str, df: &mut DataFrame) -> Result<(), ProfileError> {
-    let (parquet, csv) = table_paths(dir, table);
-    write_file_atomically(dir, &parquet, |file| {
-        ParquetWriter::new(file).finish(df).map(|_| ())
-    })?;
-    write_file_atomically(dir, &csv, |file| {
-        CsvWriter::new(file).include_header(true).finish(df)
-    })
-}
-
-/// Writes through a temporary file in `dir`, synced, then renamed over
-/// `path`. On any error the temporary file is removed and `path` untouched.
-fn write_file_atomically(
-    dir: &Path,
-    path: &Path,
-    write: impl FnOnce(&mut File) -> PolarsResult<()>,
-) -> Result<(), ProfileError> {
-    let failed = |message: String| ProfileError::Write {
-        path: path.display().to_string(),
-        message,
-    };
-    let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(|e| failed(e.to_string()))?;
-    // Temporary files are private (0600); a profile is data to share.
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        tmp.as_file()
-            .set_permissions(std::fs::Permissions::from_mode(0o644))
-            .map_err(|e| failed(e.to_string()))?;
-    }
-    write(tmp.as_file_mut()).map_err(|e| failed(first_line(&e.to_string())))?;
-    tmp.as_file()
-        .sync_all()
-        .map_err(|e| failed(e.to_string()))?;
-    tmp.persist(path).map_err(|e| failed(e.error.to_string()))?;
-    Ok(())
 }
 
 fn name(text: &str) -> PlSmallStr {
@@ -413,13 +481,15 @@ fn collectives_from(df: &DataFrame) -> Result<Vec<CollectivePoint>, String> {
                     i + 1
                 )
             })?;
-            Ok(CollectivePoint {
+            let point = CollectivePoint {
                 op,
                 ranks: ranks[i],
                 bytes: bytes[i],
                 seconds: seconds[i],
                 busbw: busbw[i],
-            })
+            };
+            point.check().map_err(|e| format!("row {}: {e}", i + 1))?;
+            Ok(point)
         })
         .collect()
 }
@@ -507,7 +577,7 @@ fn layers_from(df: &DataFrame) -> Result<Vec<LayerPoint>, String> {
                 (None, LayerStatus::Oom) => Ok(f64::NAN),
                 (None, LayerStatus::Ok) => Err(format!("row {row}: `{column}` is empty")),
             };
-            Ok(LayerPoint {
+            let point = LayerPoint {
                 hidden: hidden[i],
                 heads: heads[i],
                 arch: arch[i],
@@ -525,7 +595,9 @@ fn layers_from(df: &DataFrame) -> Result<Vec<LayerPoint>, String> {
                 peak_bytes: peak[i],
                 status,
                 includes_tp_comm: includes_tp_comm[i],
-            })
+            };
+            point.check().map_err(|e| format!("row {row}: {e}"))?;
+            Ok(point)
         })
         .collect()
 }

@@ -3,7 +3,7 @@
 //! verdict, rendered as GitHub Markdown and as CSV, and the report folder.
 
 use super::{GIB, ReportError, format_percent, format_seconds};
-use crate::runs::write_atomically;
+use crate::atomic::write_atomically;
 use std::fmt;
 use std::path::{Path, PathBuf};
 

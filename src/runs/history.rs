@@ -130,7 +130,7 @@ impl RunHistory {
                     dropped: String::from_utf8_lossy(tail).into_owned(),
                 });
             }
-            super::write_atomically(path, header.as_bytes()).map_err(io("create it"))?;
+            crate::atomic::write_atomically(path, header.as_bytes()).map_err(io("create it"))?;
             sync_parent(path);
         } else {
             let first_line_end = existing.iter().position(|&b| b == b'\n').unwrap_or(0);

@@ -15,8 +15,6 @@ pub use table::{RunTable, write_csv};
 
 use crate::config::{OptimizerSharding, ParallelConfig, Recompute, ScheduleKind};
 use crate::model::{AttentionKind, ModelSpec};
-use std::io::Write;
-use std::path::Path;
 
 /// Column values for what a row does not say.
 #[derive(Debug, Clone)]
@@ -124,6 +122,7 @@ fn parse_row(table: &RunTable, index: usize, defaults: &RowDefaults) -> Result<R
         match cell(name) {
             None => Ok(None),
             Some(text) => match text.parse::<u64>() {
+                Ok(0) => Err(format!("column `{name}` is 0; it must be at least 1")),
                 Ok(n) if n > column_limit(name) => Err(format!(
                     "column `{name}` is {n}, more than paratune plans for (at most {})",
                     column_limit(name)
@@ -393,21 +392,6 @@ fn check_duplicates(runs: &[Run], path: &str) -> Result<(), RunsError> {
             seen.insert(key, (run.line, time));
         }
     }
-    Ok(())
-}
-
-/// Writes `bytes` to `path` through a temporary file in the same folder and a
-/// rename, so a reader never sees half a file and an interrupted write leaves
-/// the old one in place.
-pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
-    tmp.write_all(bytes)?;
-    tmp.as_file().sync_all()?;
-    tmp.persist(path).map_err(|e| e.error)?;
     Ok(())
 }
 

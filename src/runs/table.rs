@@ -76,10 +76,13 @@ impl RunTable {
         }
         let mut rows = Vec::new();
         let mut lines = Vec::new();
+        // Records come in file order, so one cursor counts every newline
+        // once: reading stays linear in the file's size.
+        let mut cursor = LineCursor::new(text);
         for (i, record) in reader.records().enumerate() {
             let record = record.map_err(|e| RunsError::Row {
                 path: path.to_string(),
-                line: e.position().map_or(i + 2, |p| line_at(text, p.byte())),
+                line: e.position().map_or(i + 2, |p| cursor.line_at(p.byte())),
                 message: match e.kind() {
                     csv::ErrorKind::UnequalLengths {
                         expected_len, len, ..
@@ -89,7 +92,11 @@ impl RunTable {
                     _ => format!("unreadable row ({e}); is the file truncated?"),
                 },
             })?;
-            lines.push(record.position().map_or(i + 2, |p| line_at(text, p.byte())));
+            lines.push(
+                record
+                    .position()
+                    .map_or(i + 2, |p| cursor.line_at(p.byte())),
+            );
             rows.push(record.iter().map(str::to_string).collect());
         }
         if rows.is_empty() {
@@ -121,16 +128,43 @@ impl RunTable {
     }
 }
 
-/// The 1-based line where a record starting at byte `offset` begins. The
-/// csv crate's own line count leaves out blank lines, and its offset points
-/// before the blank lines it skipped.
-fn line_at(text: &str, offset: u64) -> usize {
-    let bytes = text.as_bytes();
-    let mut start = (offset as usize).min(bytes.len());
-    while start < bytes.len() && (bytes[start] == b'\n' || bytes[start] == b'\r') {
-        start += 1;
+/// The 1-based line where a record starting at a byte offset begins, for
+/// offsets that only grow. The csv crate's own line count leaves out blank
+/// lines, and its offset points before the blank lines it skipped.
+struct LineCursor<'t> {
+    bytes: &'t [u8],
+    /// Bytes counted so far and the newlines among them.
+    position: usize,
+    newlines: usize,
+}
+
+impl<'t> LineCursor<'t> {
+    fn new(text: &'t str) -> Self {
+        LineCursor {
+            bytes: text.as_bytes(),
+            position: 0,
+            newlines: 0,
+        }
     }
-    1 + bytes[..start].iter().filter(|&&b| b == b'\n').count()
+
+    fn line_at(&mut self, offset: u64) -> usize {
+        let bytes = self.bytes;
+        let mut start = (offset as usize).min(bytes.len());
+        while start < bytes.len() && (bytes[start] == b'\n' || bytes[start] == b'\r') {
+            start += 1;
+        }
+        if start < self.position {
+            // Not expected (offsets grow); count afresh rather than guess.
+            self.position = 0;
+            self.newlines = 0;
+        }
+        self.newlines += bytes[self.position..start]
+            .iter()
+            .filter(|&&b| b == b'\n')
+            .count();
+        self.position = start;
+        1 + self.newlines
+    }
 }
 
 /// Writes a table as CSV.

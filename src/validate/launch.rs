@@ -21,7 +21,9 @@
 //! [`launch_script`] is pure; [`write_launch_scripts`] checks the Megatron-LM
 //! checkout and writes the scripts atomically.
 
+use crate::export::{LaunchJob, megatron_args};
 use crate::plan_file::{PlanFile, PlannedCandidate};
+use crate::text::{comment_safe, shell_quote};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
@@ -89,6 +91,10 @@ pub enum LaunchError {
     #[error("candidate {rank}: Megatron-LM cannot run it as planned: {reason}")]
     Unsupported { rank: usize, reason: String },
     #[error(
+        "candidate {rank}: the plan file's megatron_args do not match its config ({difference}); the file was edited: re-run `paratune plan ... --format json`"
+    )]
+    ArgumentsDiffer { rank: usize, difference: String },
+    #[error(
         "--train-iters {0} leaves no iteration after the warm-up; give at least {MIN_TRAIN_ITERS} (default {DEFAULT_TRAIN_ITERS})"
     )]
     TooFewIterations(u64),
@@ -155,15 +161,13 @@ fn node_shape(
     }
 }
 
-use crate::export::shell_quote as quote;
-
 /// A bash array `NAME=(...)` with one flag and its values per line.
 fn bash_array(out: &mut String, name: &str, args: &[String]) {
     let mut groups: Vec<Vec<String>> = Vec::new();
     for arg in args {
         match groups.last_mut() {
-            Some(group) if !arg.starts_with("--") => group.push(quote(arg)),
-            _ => groups.push(vec![quote(arg)]),
+            Some(group) if !arg.starts_with("--") => group.push(shell_quote(arg)),
+            _ => groups.push(vec![shell_quote(arg)]),
         }
     }
     let _ = writeln!(out, "{name}=(");
@@ -173,27 +177,82 @@ fn bash_array(out: &mut String, name: &str, args: &[String]) {
     let _ = writeln!(out, ")");
 }
 
+/// The Megatron-LM arguments of `candidate`, rebuilt from the plan's job
+/// and the candidate's configuration: a plan file may come from someone
+/// else, so its `megatron_args` are never run as they are. Arguments in the
+/// file that differ from the rebuilt ones (a flag added, a degree changed)
+/// are refused, naming the first difference.
+pub fn candidate_megatron_args(
+    plan: &PlanFile,
+    candidate: &PlannedCandidate,
+) -> Result<Vec<String>, LaunchError> {
+    let job = LaunchJob {
+        model: &plan.model,
+        config: &candidate.config,
+        global_batch: plan.global_batch,
+        gpus: plan.gpus,
+        gpus_per_node: plan.nodes.gpus_per_node,
+    };
+    let rebuilt = megatron_args(&job).map_err(|e| LaunchError::Unsupported {
+        rank: candidate.rank,
+        reason: e.to_string(),
+    })?;
+    if let Some(given) = &candidate.megatron_args
+        && given != &rebuilt
+    {
+        let difference = given
+            .iter()
+            .zip(&rebuilt)
+            .position(|(a, b)| a != b)
+            .map(|i| {
+                format!(
+                    "argument {} is {:?} where the configuration gives {:?}",
+                    i + 1,
+                    given[i],
+                    rebuilt[i]
+                )
+            })
+            .unwrap_or_else(|| {
+                format!(
+                    "{} arguments where the configuration gives {}",
+                    given.len(),
+                    rebuilt.len()
+                )
+            });
+        return Err(LaunchError::ArgumentsDiffer {
+            rank: candidate.rank,
+            difference,
+        });
+    }
+    Ok(rebuilt)
+}
+
 /// The launch script of `candidate`, a candidate of `plan`. Pure: nothing
-/// is checked on disk.
+/// is checked on disk. Every value from the plan reaches the script quoted
+/// for where it lands: shell words through [`shell_quote`], comment text
+/// through [`comment_safe`]; the Megatron-LM arguments are rebuilt from the
+/// configuration ([`candidate_megatron_args`]).
 pub fn launch_script(
     plan: &PlanFile,
     candidate: &PlannedCandidate,
     settings: &LaunchSettings,
 ) -> Result<String, LaunchError> {
-    let Some(megatron_args) = &candidate.megatron_args else {
+    if candidate.megatron_args.is_none() {
         return Err(LaunchError::Unsupported {
             rank: candidate.rank,
             reason: candidate
                 .megatron_unsupported
-                .clone()
+                .as_deref()
+                .map(comment_safe)
                 .unwrap_or_else(|| "the plan file gives no Megatron-LM arguments".into()),
         });
-    };
+    }
     if settings.train_iters < MIN_TRAIN_ITERS {
         return Err(LaunchError::TooFewIterations(settings.train_iters));
     }
     let launcher = settings.launcher;
     let (gpus_per_node, nodes) = node_shape(plan.gpus, plan.nodes.gpus_per_node, launcher)?;
+    let megatron_args = &candidate_megatron_args(plan, candidate)?;
     let model = &plan.model;
     let p = &candidate.prediction;
     let gpus = plan.gpus;
@@ -203,12 +262,13 @@ pub fn launch_script(
     let _ = writeln!(
         s,
         "# Trial run of candidate {} of a paratune plan: {}",
-        candidate.rank, candidate.config
+        candidate.rank,
+        comment_safe(&candidate.config.to_string())
     );
     let _ = writeln!(
         s,
         "#   model {}: {} layers, hidden {}, {} heads, sequence {}; global batch {}; {gpus} GPUs ({} x {gpus_per_node})",
-        model.name,
+        comment_safe(&model.name),
         model.layers,
         model.hidden,
         model.heads,
@@ -219,7 +279,7 @@ pub fn launch_script(
     let _ = writeln!(
         s,
         "#   predicted by cost model {}: {:.1} ms per iteration, {:.1} TFLOP/s per GPU, peak memory {:.2} GiB",
-        plan.cost_model,
+        comment_safe(&plan.cost_model),
         p.iteration_s * 1e3,
         p.tflops_per_gpu,
         p.peak_memory_gib()
@@ -262,10 +322,16 @@ pub fn launch_script(
     );
     match &settings.megatron_path {
         Some(path) => {
+            // Quoted on a line of its own: inside `"${X:-...}"` single
+            // quotes are literal, so the default is a variable there.
             let _ = writeln!(
                 s,
-                "MEGATRON_PATH=\"${{MEGATRON_PATH:-{}}}\"",
-                quote(&path.display().to_string())
+                "MEGATRON_PATH_DEFAULT={}",
+                shell_quote(&path.to_string_lossy())
+            );
+            let _ = writeln!(
+                s,
+                "MEGATRON_PATH=\"${{MEGATRON_PATH:-${{MEGATRON_PATH_DEFAULT}}}}\""
             );
         }
         None => {
@@ -460,8 +526,10 @@ pub fn write_launch_scripts(
         let dir = out_dir.join(format!("candidate-{}", candidate.rank));
         std::fs::create_dir_all(&dir).map_err(|e| write_error(&dir, e))?;
         let path = dir.join("run.sh");
-        crate::runs::write_atomically(&path, text.as_bytes()).map_err(|e| write_error(&path, e))?;
-        make_executable(&path).map_err(|e| write_error(&path, e))?;
+        crate::atomic::write_atomically_with(&path, crate::atomic::Mode::Executable, |f| {
+            std::io::Write::write_all(f, text.as_bytes())
+        })
+        .map_err(|e| write_error(&path, e))?;
         outcomes.push(ScriptOutcome::Written {
             rank: candidate.rank,
             path,
@@ -470,24 +538,12 @@ pub fn write_launch_scripts(
     Ok(outcomes)
 }
 
-#[cfg(unix)]
-fn make_executable(path: &Path) -> std::io::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))
-}
-
-#[cfg(not(unix))]
-fn make_executable(_path: &Path) -> std::io::Result<()> {
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::cluster::builtin_node;
     use crate::coefficients::CostModel;
     use crate::config::{OptimizerSharding, Recompute, ScheduleKind};
-    use crate::export::{LaunchJob, megatron_args};
     use crate::model::builtin_model;
     use crate::plan_file::{PLAN_FORMAT, PLAN_VERSION, SearchCounts};
     use crate::search::{Job, SearchSpace, search};
@@ -560,11 +616,21 @@ mod tests {
     const SRUN_FLAGS: [&str; 3] = ["--nodes", "--ntasks-per-node", "--kill-on-bad-exit"];
 
     fn plan(model: &str, nodes: u64, global_batch: u64, space: SearchSpace) -> PlanFile {
+        plan_on(model, nodes, nodes * 8, global_batch, space)
+    }
+
+    fn plan_on(
+        model: &str,
+        nodes: u64,
+        gpus: u64,
+        global_batch: u64,
+        space: SearchSpace,
+    ) -> PlanFile {
         let group = builtin_node("a100-80gb", nodes).unwrap();
         let job = Job {
             model: builtin_model(model).unwrap(),
             global_batch,
-            gpus: nodes * group.gpus_per_node,
+            gpus,
             nodes: group,
             memory_limit: None,
             profile: None,
@@ -780,7 +846,8 @@ mod tests {
                 .windows(2)
                 .any(|w| w == ["--tensor-model-parallel-size", tp.as_str()])
         );
-        assert!(script.contains("MEGATRON_PATH=\"${MEGATRON_PATH:-/opt/Megatron-LM}\""));
+        assert!(script.contains("MEGATRON_PATH_DEFAULT=/opt/Megatron-LM\n"));
+        assert!(script.contains("MEGATRON_PATH=\"${MEGATRON_PATH:-${MEGATRON_PATH_DEFAULT}}\""));
         assert!(script.contains("GPUS_PER_NODE=\"${GPUS_PER_NODE:-8}\""));
         let vocab = (plan.model.vocab - 1).to_string();
         assert!(array(&script, "DATA_ARGS").contains(&vocab.as_str()));
@@ -820,7 +887,7 @@ mod tests {
         {
             use std::os::unix::fs::PermissionsExt;
             let mode = std::fs::metadata(path).unwrap().permissions().mode();
-            assert_eq!(mode & 0o777, 0o755);
+            assert_eq!(mode & 0o700, 0o700, "the owner can run it: {mode:o}");
         }
     }
 
@@ -856,8 +923,7 @@ mod tests {
             "{err}"
         );
         // Less than a node is fine: one node with that many processes.
-        let mut small = plans().remove(0);
-        small.gpus = 4;
+        let small = plan_on("gpt3-13b", 1, 4, 64, SearchSpace::default());
         let script =
             launch_script(&small, &small.candidates[0], &settings(Launcher::Torchrun)).unwrap();
         assert!(script.contains("GPUS_PER_NODE=\"${GPUS_PER_NODE:-4}\""));

@@ -8,7 +8,7 @@ use crate::bench::{Device, Dtype, StageJob, StageMeasurement};
 use crate::coefficients::CostModel;
 use crate::config::{OptimizerSharding, ParallelConfig, Recompute};
 use crate::cost::{self, Scenario};
-use crate::plan_file::{PLAN_FORMAT, PLAN_VERSION, PlanFile};
+use crate::plan_file::PlanFile;
 use crate::profile::{LayerArch, LayerPoint, LayerStatus};
 use crate::search::Job;
 
@@ -20,74 +20,6 @@ pub struct TrialSettings {
     pub iterations: usize,
     /// Simulates a device with this much memory, bytes.
     pub memory_limit_bytes: Option<f64>,
-}
-
-/// The plan file does not describe a job this paratune can trial.
-#[derive(Debug, thiserror::Error)]
-pub enum PlanError {
-    #[error(
-        "{path}: not a paratune plan (format `{found}`); write one with `paratune plan ... --format json > plan.json`"
-    )]
-    Format { path: String, found: String },
-    #[error(
-        "{path}: plan format version {found}, this paratune ({ours}) reads version {PLAN_VERSION}; re-run `paratune plan ... --format json` with this paratune"
-    , ours = env!("CARGO_PKG_VERSION"))]
-    Version { path: String, found: u32 },
-    #[error(
-        "{path}: candidate #{rank} does not match the plan's job ({message}); the file was edited by hand: re-run `paratune plan`"
-    )]
-    Inconsistent {
-        path: String,
-        rank: usize,
-        message: String,
-    },
-    #[error("{path}: the plan has no candidates to trial")]
-    Empty { path: String },
-}
-
-/// Checks the plan's format, version and that every candidate is a valid
-/// configuration of its job.
-pub fn check_plan(plan: &PlanFile, path: &str) -> Result<(), PlanError> {
-    if plan.format != PLAN_FORMAT {
-        return Err(PlanError::Format {
-            path: path.into(),
-            found: plan.format.clone(),
-        });
-    }
-    if plan.version != PLAN_VERSION {
-        return Err(PlanError::Version {
-            path: path.into(),
-            found: plan.version,
-        });
-    }
-    if plan.candidates.is_empty() {
-        return Err(PlanError::Empty { path: path.into() });
-    }
-    let job = job_of(plan);
-    for (i, candidate) in plan.candidates.iter().enumerate() {
-        let inconsistent = |message: String| PlanError::Inconsistent {
-            path: path.into(),
-            rank: candidate.rank,
-            message,
-        };
-        if candidate.rank != i + 1 {
-            return Err(inconsistent(format!(
-                "ranks must run 1, 2, 3...; found {} in place {}",
-                candidate.rank,
-                i + 1
-            )));
-        }
-        candidate
-            .config
-            .check(
-                &plan.model,
-                plan.global_batch,
-                plan.gpus,
-                job.gpus_per_node(),
-            )
-            .map_err(inconsistent)?;
-    }
-    Ok(())
 }
 
 /// The job a plan was made for.

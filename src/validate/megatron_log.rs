@@ -213,10 +213,13 @@ pub struct MegatronRun {
     pub warmup: usize,
     /// Iteration lines in the steady state (after warm-up, never iteration 1).
     pub steady_iterations: usize,
-    /// Mean and median of `elapsed time per iteration (ms)` over the steady state.
-    pub steady_mean_ms: f64,
+    /// Median and mean of `elapsed time per iteration (ms)` over the steady
+    /// state. The median is the run's time (the `iter_ms` of its row): one
+    /// stalled iteration (a checkpoint, a straggler, a garbled 1e30) moves
+    /// the mean as far as it likes, the median not at all.
     pub steady_median_ms: f64,
-    /// Mean `throughput per GPU (TFLOP/s/GPU)` over the steady state, when logged.
+    pub steady_mean_ms: f64,
+    /// Median `throughput per GPU (TFLOP/s/GPU)` over the steady state, when logged.
     pub tflops_per_gpu: Option<f64>,
     /// The largest `max allocated` / `max reserved` over all memory lines and ranks.
     pub peak_allocated_bytes: Option<f64>,
@@ -379,18 +382,20 @@ pub fn parse(text: &str, path: &str, warmup: usize) -> Result<MegatronRun, Megat
             logged: iterations.len(),
         });
     }
-    let mut times: Vec<f64> = steady.iter().filter_map(|i| i.elapsed_ms).collect();
+    let times: Vec<f64> = steady.iter().filter_map(|i| i.elapsed_ms).collect();
     let steady_mean_ms = times.iter().sum::<f64>() / times.len() as f64;
-    times.sort_by(f64::total_cmp);
-    let mid = times.len() / 2;
-    let steady_median_ms = if times.len().is_multiple_of(2) {
-        (times[mid - 1] + times[mid]) / 2.0
-    } else {
-        times[mid]
-    };
+    let steady_median_ms = median(&times);
+    let outliers = times
+        .iter()
+        .filter(|&&t| t > OUTLIER_FACTOR * steady_median_ms)
+        .count();
+    if outliers > 0 {
+        notes.push(format!(
+            "{outliers} steady iteration(s) took more than {OUTLIER_FACTOR}x the median ({steady_median_ms:.1} ms); the run's time is the median, which they do not move"
+        ));
+    }
     let throughputs: Vec<f64> = steady.iter().filter_map(|i| i.tflops_per_gpu).collect();
-    let tflops_per_gpu = (!throughputs.is_empty())
-        .then(|| throughputs.iter().sum::<f64>() / throughputs.len() as f64);
+    let tflops_per_gpu = (!throughputs.is_empty()).then(|| median(&throughputs));
 
     if let Some(logged) = iterations.iter().find_map(|i| i.global_batch_size)
         && logged != config.global_batch_size
@@ -439,6 +444,21 @@ pub fn parse(text: &str, path: &str, warmup: usize) -> Result<MegatronRun, Megat
         train_iters,
         notes,
     })
+}
+
+/// A steady iteration this many times the median is reported as an outlier.
+const OUTLIER_FACTOR: f64 = 3.0;
+
+/// The median of `values` (not empty).
+fn median(values: &[f64]) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let mid = sorted.len() / 2;
+    if sorted.len().is_multiple_of(2) {
+        (sorted[mid - 1] + sorted[mid]) / 2.0
+    } else {
+        sorted[mid]
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -705,12 +725,36 @@ fn config_from_arguments(
                     ),
                 });
             }
-            world_size / model_parallel
+            (world_size / model_parallel).max(1)
         }
     };
+    let inconsistent = |message: String| MegatronLogError::Inconsistent {
+        path: path.into(),
+        message,
+    };
+    if model_parallel.saturating_mul(data_parallel_size) != world_size {
+        return Err(inconsistent(format!(
+            "tensor x pipeline x context x data parallel sizes {tp} x {pp} x {context_parallel_size} x {data_parallel_size} make {} ranks, but world_size is {world_size}; is the dump from this run?",
+            model_parallel.saturating_mul(data_parallel_size)
+        )));
+    }
     let micro_batch_size = values["micro_batch_size"];
-    let global_batch_size =
-        int("global_batch_size")?.unwrap_or(micro_batch_size * data_parallel_size);
+    let global_batch_size = match int("global_batch_size")? {
+        Some(0) => return Err(bad("global_batch_size", "at least 1")),
+        Some(n) => n,
+        None => micro_batch_size * data_parallel_size,
+    };
+    let per_step = micro_batch_size.saturating_mul(data_parallel_size);
+    if !global_batch_size.is_multiple_of(per_step) {
+        return Err(inconsistent(format!(
+            "global_batch_size {global_batch_size} is not a multiple of micro_batch_size x data_parallel_size = {micro_batch_size} x {data_parallel_size}{}; is the dump from this run?",
+            if micro_batch_size > global_batch_size {
+                " (the micro-batch is larger than the global batch)"
+            } else {
+                ""
+            }
+        )));
+    }
     let num_layers = values["num_layers"];
     let layers_per_chunk = int("num_layers_per_virtual_pipeline_stage")?;
     let chunks = match int("virtual_pipeline_model_parallel_size")? {
@@ -901,7 +945,7 @@ pub const ROW_COLUMNS: [&str; 29] = [
     "attention",
     "optimizer_sharding",
     "iter_ms",
-    "iter_ms_median",
+    "iter_ms_mean",
     "tflops_per_gpu_measured",
     "peak_memory_bytes",
     "peak_reserved_bytes",
@@ -976,8 +1020,8 @@ impl MegatronRun {
             crate::config::on_off(c.bpipe).to_string(),
             c.attention.name().to_string(),
             c.optimizer_sharding.name().to_string(),
-            format!("{:.3}", self.steady_mean_ms),
             format!("{:.3}", self.steady_median_ms),
+            format!("{:.3}", self.steady_mean_ms),
             optional(self.tflops_per_gpu, 2),
             optional(self.peak_allocated_bytes.map(f64::round), 0),
             optional(self.peak_reserved_bytes.map(f64::round), 0),
