@@ -911,6 +911,29 @@ mod tests {
         }
     }
 
+    /// Values from a plan file reach comments escaped: a name whose newline
+    /// would start a command stays inside its comment line. (Plan files are
+    /// checked when read, `PlanFile::check`, and a model name with a control
+    /// character gets no Megatron-LM arguments; this holds even without them.)
+    #[test]
+    fn text_from_the_plan_cannot_leave_its_comment_line() {
+        let mut plan = plans().remove(0);
+        plan.model.name = "gpt3-13b\ntouch pwned\n#".into();
+        let err = launch_script(&plan, &plan.candidates[0], &settings(Launcher::Torchrun))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("model name"), "{err}");
+        let mut plan = plans().remove(0);
+        plan.cost_model = "datasheet\ntouch pwned\r#".into();
+        let script =
+            launch_script(&plan, &plan.candidates[0], &settings(Launcher::Torchrun)).unwrap();
+        for line in script.lines().filter(|l| l.contains("touch pwned")) {
+            assert!(line.starts_with('#'), "outside a comment: {line}");
+        }
+        assert!(!script.contains('\r'));
+        bash_accepts(&script);
+    }
+
     #[test]
     fn a_plan_that_does_not_fill_whole_nodes_is_refused() {
         let mut plan = plans().remove(0);
