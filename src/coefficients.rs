@@ -21,10 +21,24 @@ pub struct CoefficientInfo {
     pub source: &'static str,
     /// What the coefficient governs, for reports.
     pub meaning: &'static str,
+    pub scope: Scope,
+}
+
+/// Whether a fitted value holds on another GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// A fraction of a datasheet figure (peak FLOP/s, HBM or link
+    /// bandwidth), or a property of the training software: it carries to
+    /// another GPU through that GPU's datasheet.
+    Carries,
+    /// A property of the machine around the GPU or of its interconnect
+    /// generation (host launch and framework times, collective latencies):
+    /// on another system it starts again from its prior.
+    System,
 }
 
 macro_rules! coefficients {
-    ($( $field:ident : $unit:literal, [$min:expr, $max:expr], $prior:expr,
+    ($( $field:ident : $unit:literal, [$min:expr, $max:expr], $prior:expr, $scope:ident,
         $meaning:literal, $source:literal; )*) => {
         /// Values of every coefficient (see [`Coefficients::INFO`]).
         #[derive(Debug, Clone, Copy, PartialEq)]
@@ -42,6 +56,7 @@ macro_rules! coefficients {
                     prior: $prior,
                     source: $source,
                     meaning: $meaning,
+                    scope: Scope::$scope,
                 }, )*
             ];
 
@@ -68,88 +83,100 @@ macro_rules! coefficients {
 }
 
 coefficients! {
-    gemm_efficiency: "fraction of peak", [0.05, 1.0], 0.80,
+    gemm_efficiency: "fraction of peak", [0.05, 1.0], 0.80, Carries,
         "tensor-core efficiency of large 16-bit GEMMs",
         "cuBLAS reaches about 80% of A100/H100 dense peak on large fp16/bf16 GEMMs (NVIDIA Deep Learning Performance guide, Matrix Multiplication Background)";
-    gemm_dim_half: "elements", [1.0, 4096.0], 64.0,
+    gemm_dim_half: "elements", [1.0, 4096.0], 64.0, Carries,
         "a GEMM dimension this small halves its efficiency (tile under-fill, wave quantisation)",
         "half of a 128-wide cuBLAS tile: a dimension d fills d/(d+64) of the tile work on average";
-    output_head_efficiency: "fraction of peak", [0.05, 1.0], 0.80,
+    output_head_efficiency: "fraction of peak", [0.05, 1.0], 0.80, Carries,
         "tensor-core efficiency of the output head's vocabulary GEMMs (forward, both gradients)",
         "as gemm_efficiency; kept apart because vocabularies are often not multiples of the tile (50,257) and the head's gradients may be formed in fp32";
-    attention_efficiency_flash: "fraction of peak", [0.05, 1.0], 0.55,
+    attention_efficiency_flash: "fraction of peak", [0.05, 1.0], 0.55, Carries,
         "efficiency of fused (flash) attention, forward and backward",
         "FlashAttention-2 (Dao, 2023) reports 50-73% of A100 peak forward, 40-60% backward";
-    attention_efficiency_standard: "fraction of peak", [0.05, 1.0], 0.45,
+    attention_efficiency_standard: "fraction of peak", [0.05, 1.0], 0.45, Carries,
         "efficiency of the batched QK^T and AV products of unfused attention",
         "batched GEMMs with head dimension 64-128 run well below large-GEMM efficiency (cuBLAS batched GEMM measurements in Korthikanti et al., 2022)";
-    hbm_efficiency: "fraction of HBM bandwidth", [0.05, 1.0], 0.80,
+    hbm_efficiency: "fraction of HBM bandwidth", [0.05, 1.0], 0.80, Carries,
         "achieved fraction of HBM bandwidth in element-wise kernels",
         "streaming kernels reach 80-90% of A100/H100 HBM bandwidth (NVIDIA CUDA best-practices, STREAM-like copies)";
-    elementwise_traffic_scale: "x counted bytes", [0.1, 10.0], 1.0,
+    elementwise_traffic_scale: "x counted bytes", [0.1, 10.0], 1.0, Carries,
         "multiplier on the bytes that layer norms, dropout, activations, residuals and softmax read and write",
         "1.0 means exactly the tensor reads and writes counted from Megatron-LM's fused kernels";
-    host_us_per_layer_pass: "microseconds", [0.0, 20000.0], 400.0,
+    host_us_per_layer_pass: "microseconds", [0.0, 20000.0], 400.0, System,
         "host (CPU) time to issue one layer's forward pass; backward counts twice",
         "about 35 PyTorch eager operators per Megatron layer forward at about 12 us of dispatch each (PyTorch profiler, typical)";
-    host_sync_us_per_rank: "microseconds", [0.0, 5000.0], 5.0,
+    host_sync_us_per_rank: "microseconds", [0.0, 5000.0], 5.0, System,
         "host-visible skew per tensor-parallel collective per extra rank, when launch-bound (ranks wait for the slowest)",
         "one NVLink ring step (see collective_step_latency_us); skew between ranks' Python processes adds to it";
-    host_overlap_exponent: "exponent", [1.0, 32.0], 4.0,
+    host_overlap_exponent: "exponent", [1.0, 32.0], 4.0, System,
         "k in (host^k + gpu^k)^(1/k): how well host launch work hides behind GPU work (infinity = perfect)",
         "asynchronous CUDA launches overlap host and device work; k=4 leaves 19% loss when they are equal";
-    microbatch_overhead_ms: "milliseconds", [0.0, 1000.0], 1.0,
+    microbatch_overhead_ms: "milliseconds", [0.0, 1000.0], 1.0, System,
         "host work per micro-batch per stage outside the layers (schedule, loss, data)",
         "Megatron-LM pipeline-schedule bookkeeping, about 1 ms per micro-batch in PyTorch traces";
-    iteration_overhead_ms: "milliseconds", [0.0, 10000.0], 20.0,
+    iteration_overhead_ms: "milliseconds", [0.0, 10000.0], 20.0, System,
         "fixed work per iteration (gradient-norm, loss scaling, logging, launches of the optimizer)",
         "Megatron-LM step bookkeeping, tens of milliseconds in published traces";
-    cross_entropy_bytes_per_logit: "bytes", [0.0, 200.0], 24.0,
+    cross_entropy_bytes_per_logit: "bytes", [0.0, 200.0], 24.0, Carries,
         "memory traffic of the fp32 softmax cross-entropy per logit, forward and backward",
         "fp32 upcast, max, exp, sum, normalise and gradient passes: about 6 reads or writes of 4 bytes";
-    intra_node_efficiency: "fraction of link bandwidth", [0.05, 1.0], 0.75,
+    intra_node_efficiency: "fraction of link bandwidth", [0.05, 1.0], 0.75, Carries,
         "achieved fraction of the intra-node link in large collectives",
         "NCCL bus bandwidth is about 75% of NVLink per-direction bandwidth on A100 (nccl-tests on DGX A100)";
-    inter_node_efficiency: "fraction of link bandwidth", [0.05, 1.0], 0.80,
+    inter_node_efficiency: "fraction of link bandwidth", [0.05, 1.0], 0.80, Carries,
         "achieved fraction of the node's network injection bandwidth in large collectives",
         "InfiniBand HDR/NDR reaches 80-90% of line rate in nccl-tests across nodes";
-    collective_base_latency_us: "microseconds", [0.0, 1000.0], 20.0,
+    collective_base_latency_us: "microseconds", [0.0, 1000.0], 20.0, System,
         "fixed latency of one collective call",
         "NCCL launch and synchronisation, 10-30 us in nccl-tests small-message runs";
-    collective_step_latency_us: "microseconds", [0.0, 1000.0], 5.0,
+    collective_step_latency_us: "microseconds", [0.0, 1000.0], 5.0, System,
         "latency of one ring step (a ring all-reduce over n ranks has 2(n-1) steps)",
         "NVLink hop latency a few microseconds; nccl-tests small-message times grow about linearly with ranks";
-    p2p_latency_us: "microseconds", [0.0, 1000.0], 20.0,
+    p2p_latency_us: "microseconds", [0.0, 1000.0], 20.0, System,
         "latency of one pipeline send/receive",
         "NCCL send/recv small-message latency, 10-30 us";
-    dp_overlap: "fraction", [0.0, 1.0], 0.0,
-        "part of the data-parallel gradient reduction hidden behind the backward pass",
-        "0: Megatron-LM without --overlap-grad-reduce and Megatron-DeepSpeed without bucketing reduce after the backward pass";
-    zero3_prefetch_overlap: "fraction", [0.0, 1.0], 0.7,
-        "part of ZeRO-3/FSDP parameter all-gathers hidden behind compute by prefetching",
-        "FSDP prefetches the next layer's parameters; PyTorch FSDP paper (Zhao et al., 2023) reports most of it hidden";
-    bpipe_overlap: "fraction", [0.0, 1.0], 0.5,
-        "part of BPipe's activation transfers hidden behind compute",
-        "BPipe (Kim et al., ICML'23) overlaps evictions with the next forward passes; half exposed is a cautious prior";
-    optimizer_step_bytes_per_param: "bytes", [0.0, 200.0], 30.0,
+    dp_overlap: "fraction", [0.0, 1.0], 0.8, Carries,
+        "share of the overlap window under which --overlap-grad-reduce and --overlap-param-gather hide the data-parallel collectives (the first stage's last backward pass for gradient buckets, the first forward passes for the weights' all-gather)",
+        "PyTorch DDP (Li et al., VLDB'20) hides bucketed all-reduce behind the backward pass except the last bucket; Megatron-LM's distributed optimizer docs describe the same for reduce-scatter and all-gather";
+    zero3_prefetch_overlap: "fraction", [0.0, 1.0], 0.8, Carries,
+        "share of a micro-batch's compute under which ZeRO-3/FSDP's prefetched all-gathers and reduce-scatters hide",
+        "FSDP (Zhao et al., VLDB'23) prefetches the next layer's parameters during the current layer's compute and overlaps gradient reduce-scatter with the backward pass";
+    bpipe_overlap: "fraction", [0.0, 1.0], 0.8, Carries,
+        "share of an evictor's per-micro-batch compute under which BPipe's eviction and reload hide",
+        "BPipe (Kim et al., ICML'23) sends evicted activations during the following micro-batches' computation";
+    tp_overlap_efficiency: "fraction", [0.0, 1.0], 0.8, Carries,
+        "share of a layer's GEMM time under which --tp-comm-overlap hides the tensor-parallel all-gathers and reduce-scatters (the first of tp chunks is never hidden)",
+        "Transformer Engine userbuffers pipeline each collective with its GEMM in chunks (Wang et al., ASPLOS'23, decomposition-based overlap, hides most of it)";
+    overlap_sm_cost: "fraction", [0.0, 1.0], 0.1, Carries,
+        "compute time lost per second of communication hidden under it (the SMs and memory bandwidth the communication kernels take)",
+        "NCCL and userbuffer kernels run on SMs beside the GEMMs; overlapped kernels slow each other by about a tenth (Jangda et al., ASPLOS'22, CoCoNet)";
+    cuda_graph_host_fraction: "fraction", [0.0, 1.0], 0.1, Carries,
+        "host launch time left per layer pass with CUDA graphs, as a share of eager launching",
+        "Nimble (Kwon et al., NeurIPS'20): ahead-of-time scheduling removes nearly all framework launch overhead; a graph launch costs microseconds instead of one launch per kernel";
+    optimizer_step_bytes_per_param: "bytes", [0.0, 200.0], 30.0, Carries,
         "HBM traffic of the Adam step per parameter owned",
         "read fp32 master, momentum, variance, gradient (16), write master, momentum, variance (12), write 16-bit weight (2)";
-    weight_bytes_per_param: "bytes", [1.0, 8.0], 2.0,
+    weight_bytes_per_param: "bytes", [1.0, 8.0], 2.0, Carries,
         "resident bytes of each 16-bit weight",
         "fp16/bf16 mixed precision (Micikevicius et al., 2018)";
-    gradient_bytes_per_param: "bytes", [1.0, 8.0], 4.0,
+    gradient_bytes_per_param: "bytes", [1.0, 8.0], 4.0, Carries,
         "resident gradient bytes per parameter (and bytes reduced over data-parallel ranks)",
         "Megatron-LM keeps and all-reduces fp32 main gradients by default (--accumulate-allreduce-grads-in-fp32)";
-    optimizer_bytes_per_param: "bytes", [0.0, 32.0], 12.0,
+    optimizer_bytes_per_param: "bytes", [0.0, 32.0], 12.0, Carries,
         "Adam states per parameter: fp32 master weight, momentum and variance",
         "mixed-precision Adam, ZeRO paper (Rajbhandari et al., 2020)";
-    logit_bytes: "bytes", [0.0, 32.0], 6.0,
+    logit_bytes: "bytes", [0.0, 32.0], 6.0, Carries,
         "resident bytes per output logit on the last stage (16-bit logits plus an fp32 copy)",
         "Megatron-LM's vocab-parallel cross-entropy upcasts the logits to fp32";
-    runtime_overhead_gib: "GiB", [0.0, 32.0], 2.5,
+    runtime_overhead_gib: "GiB", [0.0, 32.0], 2.5, Carries,
         "memory the runtime takes per GPU outside the model (CUDA context, cuBLAS workspace, NCCL buffers)",
         "CUDA context about 0.5 GiB, NCCL buffers about 1 GiB, cuBLAS/cuDNN workspaces (PyTorch memory docs)";
-    memory_reserve_fraction: "fraction of capacity", [0.0, 0.5], 0.05,
+    cuda_graph_memory_gib: "GiB", [0.0, 32.0], 1.0, Carries,
+        "memory CUDA graphs take per GPU beyond eager execution (static input and output buffers and private pools of the captured layers)",
+        "Megatron-LM's CUDA-graph documentation warns of extra memory for captured graphs; about a GiB per rank is a guess for calibration, no published figure";
+    memory_reserve_fraction: "fraction of capacity", [0.0, 0.5], 0.05, Carries,
         "capacity kept free for allocator fragmentation",
         "PyTorch caching-allocator fragmentation of a few percent in long runs";
 }
@@ -174,15 +201,19 @@ impl Coefficients {
     }
 }
 
-/// How data-parallel collectives that span nodes are carried out.
+/// How collectives that span nodes are carried out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum CollectiveAlgorithm {
-    /// One ring over all ranks.
-    Ring,
-    /// Reduce within each node, all-reduce across nodes, broadcast within nodes
-    /// (what NCCL's rings with per-node NIC sharing amount to).
+    /// NCCL's rings: one ring per NIC, each crossing every node boundary on
+    /// its own NIC, so a group with k GPUs per node moves its data at the
+    /// slower of the intra-node link and k NICs (NCCL's multi-node bus
+    /// bandwidth on DGX-class nodes approaches the node's NIC total).
     #[default]
+    Ring,
+    /// Reduce within each node, all-reduce across nodes, broadcast within
+    /// nodes, one phase after the other: a pessimistic bound when the
+    /// phases do not pipeline.
     Hierarchical,
 }
 
@@ -465,12 +496,43 @@ pub fn builtin_cost_model(name: &str) -> Option<CostModel> {
 }
 
 /// The shipped cost model to use for a GPU when none is named: the model
-/// fitted on A100 measurements for A100s, the datasheet priors elsewhere.
-pub fn default_cost_model_name(gpu_name: &str) -> &'static str {
+/// fitted on A100 measurements, on A100s as it is and on other GPUs carried
+/// to them ([`CostModel::carried_to`]).
+pub fn default_cost_model(gpu_name: &str) -> CostModel {
+    let fitted = builtin_cost_model("a100-megatron").expect("shipped");
     if gpu_name.to_lowercase().starts_with("a100") {
-        "a100-megatron"
+        fitted
     } else {
-        "datasheet"
+        fitted.carried_to(gpu_name)
+    }
+}
+
+impl CostModel {
+    /// This model on another GPU: coefficients that [carry](Scope::Carries)
+    /// keep their fitted values, which the GPU's datasheet scales; the
+    /// [system](Scope::System) ones start again from their priors. Its
+    /// error on that GPU is unmeasured, so the fitted error figures are
+    /// dropped (no uncertainty band).
+    pub fn carried_to(&self, gpu_name: &str) -> CostModel {
+        let mut carried = self.clone();
+        for info in Coefficients::INFO {
+            if info.scope == Scope::System {
+                carried.coefficients.set(info.name, info.prior);
+            }
+        }
+        carried.name = format!("{}@{gpu_name}", self.name);
+        carried.description = format!(
+            "{}, carried to {gpu_name}: fractions of datasheet figures kept, host and latency coefficients at their priors",
+            self.name
+        );
+        carried.provenance.retain(|key, _| {
+            !(key.starts_with("cv_") || key.starts_with("in_sample_") || key.starts_with("holdout"))
+        });
+        carried.provenance.insert(
+            "carried_from".into(),
+            toml::Value::String(self.name.clone()),
+        );
+        carried
     }
 }
 

@@ -82,6 +82,41 @@ impl OptimizerSharding {
     }
 }
 
+/// Where pipeline stages sit on the ranks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum StageOrder {
+    /// Megatron-LM's order: stage `i` on ranks `i·tp·dp ..`, so neighbouring
+    /// stages are neighbours on the machine.
+    #[default]
+    Megatron,
+    /// BPipe's pairs side by side: stages 0, p-1, 1, p-2, ..., so an
+    /// evictor and its acceptor share a node when two stages fit in one,
+    /// at the price of pipeline sends between nodes.
+    BpipePairs,
+}
+
+impl StageOrder {
+    pub const ALL: [StageOrder; 2] = [StageOrder::Megatron, StageOrder::BpipePairs];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            StageOrder::Megatron => "megatron",
+            StageOrder::BpipePairs => "bpipe-pairs",
+        }
+    }
+
+    /// The position on the ranks (in units of one stage's `tp·dp` GPUs) of
+    /// stage `stage` of `pp`.
+    pub fn position(self, stage: u64, pp: u64) -> u64 {
+        match self {
+            StageOrder::Megatron => stage,
+            StageOrder::BpipePairs if stage < pp.div_ceil(2) => 2 * stage,
+            StageOrder::BpipePairs => 2 * (pp - 1 - stage) + 1,
+        }
+    }
+}
+
 /// One parallel training configuration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct ParallelConfig {
@@ -98,6 +133,61 @@ pub struct ParallelConfig {
     /// BPipe activation balancing between pipeline stages x and p-1-x.
     pub bpipe: bool,
     pub attention: AttentionKind,
+    /// Layers of the first and of the last pipeline stage where they differ
+    /// from the others' (Megatron-LM's `--decoder-first-pipeline-num-layers`
+    /// and `--decoder-last-pipeline-num-layers`); the other stages share the
+    /// remaining layers evenly. `None`: an even split.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_stage_layers: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_stage_layers: Option<u64>,
+    /// Megatron-LM's `--overlap-grad-reduce`: data-parallel gradient
+    /// reduction in buckets under the last micro-batch's backward pass.
+    #[serde(default)]
+    pub overlap_grad_reduce: bool,
+    /// `--overlap-param-gather`: the distributed optimizer's parameter
+    /// all-gather under the next iteration's first forward pass.
+    #[serde(default)]
+    pub overlap_param_gather: bool,
+    /// `--tp-comm-overlap`: tensor-parallel all-gathers and reduce-scatters
+    /// pipelined with the GEMMs beside them (Transformer Engine userbuffers;
+    /// needs sequence parallelism).
+    #[serde(default)]
+    pub tp_comm_overlap: bool,
+    /// CUDA graphs (`--cuda-graph-impl`; torch.compile's cudagraphs in
+    /// torchtitan): each layer's kernels captured once and replayed, so the
+    /// host launches a graph instead of every kernel.
+    #[serde(default)]
+    pub cuda_graphs: bool,
+    #[serde(default)]
+    pub stage_order: StageOrder,
+}
+
+impl Default for ParallelConfig {
+    /// One GPU, one micro-batch, 1F1B, nothing recomputed, sharded or
+    /// overlapped, flash attention: the base that configurations are built on.
+    fn default() -> Self {
+        ParallelConfig {
+            tp: 1,
+            pp: 1,
+            dp: 1,
+            micro_batch: 1,
+            schedule: ScheduleKind::OneFOneB,
+            virtual_stages: 1,
+            recompute: Recompute::None,
+            sequence_parallel: false,
+            optimizer_sharding: OptimizerSharding::None,
+            bpipe: false,
+            attention: AttentionKind::Flash,
+            first_stage_layers: None,
+            last_stage_layers: None,
+            overlap_grad_reduce: false,
+            overlap_param_gather: false,
+            tp_comm_overlap: false,
+            cuda_graphs: false,
+            stage_order: StageOrder::Megatron,
+        }
+    }
 }
 
 impl ParallelConfig {
@@ -108,6 +198,73 @@ impl ParallelConfig {
     /// Micro-batches each pipeline processes per iteration.
     pub fn micro_batches(&self, global_batch: u64) -> u64 {
         global_batch / self.micro_batch.saturating_mul(self.dp).max(1)
+    }
+
+    /// Whether the first or the last stage holds other than the even share.
+    pub fn uneven(&self) -> bool {
+        self.first_stage_layers.is_some() || self.last_stage_layers.is_some()
+    }
+
+    /// Layers of each stage that is neither a custom first nor a custom last
+    /// one: what is left after them, shared evenly. Assumes the split passed
+    /// [`violation`](Self::violation).
+    pub fn middle_stage_layers(&self, layers: u64) -> u64 {
+        let custom = u64::from(self.first_stage_layers.is_some())
+            + u64::from(self.last_stage_layers.is_some());
+        let rest = layers
+            .saturating_sub(self.first_stage_layers.unwrap_or(0))
+            .saturating_sub(self.last_stage_layers.unwrap_or(0));
+        rest / self.pp.saturating_sub(custom).max(1)
+    }
+
+    /// Layers of pipeline stage `stage` (all of them on every chunk of it).
+    pub fn stage_layers(&self, layers: u64, stage: u64) -> u64 {
+        let middle = self.middle_stage_layers(layers);
+        if self.pp == 1 {
+            return layers;
+        }
+        match stage {
+            0 => self.first_stage_layers.unwrap_or(middle),
+            s if s == self.pp - 1 => self.last_stage_layers.unwrap_or(middle),
+            _ => middle,
+        }
+    }
+
+    /// The micro-batch group size Megatron-Core's interleaved schedule needs
+    /// for `m` micro-batches (`--microbatch-group-size-per-virtual-pipeline-stage`,
+    /// default pp): the smallest `n` with `pp <= n <= m` and `m % n` either 0
+    /// or at least pp (its `schedules.py`); `None` when none exists (m < pp).
+    pub fn microbatch_group(&self, m: u64) -> Option<u64> {
+        let p = self.pp;
+        (p..=m).find(|&n| m.is_multiple_of(n) || m % n >= p)
+    }
+
+    /// Why the uneven split cannot hold, if it cannot.
+    fn split_problem(&self, layers: u64) -> Option<Rule> {
+        if !self.uneven() {
+            let chunks = self.pp.saturating_mul(self.virtual_stages);
+            return (!layers.is_multiple_of(chunks)).then_some(Rule::LayersNotDivisible);
+        }
+        if self.pp < 2 {
+            return Some(Rule::UnevenWithoutPipeline);
+        }
+        let custom = [self.first_stage_layers, self.last_stage_layers];
+        let given: u64 = custom.iter().flatten().sum();
+        let others = self.pp - custom.iter().flatten().count() as u64;
+        let v = self.virtual_stages;
+        let rest = layers.checked_sub(given);
+        // The end stages may hold a layer fewer than a whole number of chunks
+        // (Megatron-LM's account-for-embedding split); the others may not.
+        let broken = custom.iter().flatten().any(|&n| n == 0)
+            || match rest {
+                None => true,
+                Some(rest) if others == 0 => rest != 0,
+                Some(rest) => {
+                    let middle = rest / others;
+                    !rest.is_multiple_of(others) || middle == 0 || !middle.is_multiple_of(v)
+                }
+            };
+        broken.then_some(Rule::UnevenSplit)
     }
 
     /// The first rule this configuration breaks for `model` with
@@ -121,15 +278,22 @@ impl ParallelConfig {
         gpus_per_node: u64,
     ) -> Option<Rule> {
         let c = self;
+        let m = c.micro_batches(global_batch);
+        let tp_spans_nodes = c.tp > gpus_per_node;
         let rules = [
             (
                 Rule::ZeroDegree,
                 c.tp == 0 || c.pp == 0 || c.dp == 0 || c.micro_batch == 0 || c.virtual_stages == 0,
             ),
             (Rule::GpuCount, c.gpus() != gpus),
+            // Megatron-LM runs tensor parallelism over whole nodes too.
             (
                 Rule::TensorParallelOutsideNode,
-                c.tp > gpus_per_node || !gpus_per_node.is_multiple_of(c.tp),
+                if tp_spans_nodes {
+                    !c.tp.is_multiple_of(gpus_per_node)
+                } else {
+                    !gpus_per_node.is_multiple_of(c.tp)
+                },
             ),
             (
                 Rule::HeadsNotDivisible,
@@ -144,23 +308,28 @@ impl ParallelConfig {
                 !global_batch.is_multiple_of(c.micro_batch.saturating_mul(c.dp)),
             ),
             (
-                Rule::LayersNotDivisible,
-                !model
-                    .layers
-                    .is_multiple_of(c.pp.saturating_mul(c.virtual_stages)),
-            ),
-            (
                 Rule::InterleavedShape,
                 c.schedule == ScheduleKind::Interleaved && (c.pp < 2 || c.virtual_stages < 2),
             ),
             (
-                Rule::InterleavedMicroBatches,
-                c.schedule == ScheduleKind::Interleaved
-                    && !c.micro_batches(global_batch).is_multiple_of(c.pp),
-            ),
-            (
                 Rule::VirtualStagesWithoutInterleaving,
                 c.schedule != ScheduleKind::Interleaved && c.virtual_stages != 1,
+            ),
+            (
+                Rule::LayersNotDivisible,
+                c.split_problem(model.layers) == Some(Rule::LayersNotDivisible),
+            ),
+            (
+                Rule::UnevenWithoutPipeline,
+                c.split_problem(model.layers) == Some(Rule::UnevenWithoutPipeline),
+            ),
+            (
+                Rule::UnevenSplit,
+                c.split_problem(model.layers) == Some(Rule::UnevenSplit),
+            ),
+            (
+                Rule::InterleavedMicroBatches,
+                c.schedule == ScheduleKind::Interleaved && c.microbatch_group(m).is_none(),
             ),
             (
                 Rule::SequenceParallelWithoutTp,
@@ -175,8 +344,22 @@ impl ParallelConfig {
                 c.bpipe && (c.schedule != ScheduleKind::OneFOneB || c.pp < 2),
             ),
             (
-                Rule::ShardingWithoutDp,
-                c.optimizer_sharding != OptimizerSharding::None && c.dp == 1,
+                Rule::StageOrderWithoutBpipe,
+                c.stage_order != StageOrder::Megatron && !c.bpipe,
+            ),
+            (
+                Rule::TpOverlapWithoutSp,
+                c.tp_comm_overlap && !c.sequence_parallel,
+            ),
+            (
+                Rule::ParamGatherOverlap,
+                c.overlap_param_gather
+                    && (c.optimizer_sharding != OptimizerSharding::OptimizerStates
+                        || !c.overlap_grad_reduce),
+            ),
+            (
+                Rule::CudaGraphsWithFullRecompute,
+                c.cuda_graphs && c.recompute == Recompute::Full,
             ),
         ];
         rules
@@ -218,7 +401,20 @@ pub enum Rule {
     /// Sequence parallelism splits the sequence evenly over the tp ranks.
     SequenceNotSplit,
     BpipeSchedule,
-    ShardingWithoutDp,
+    /// Only BPipe moves stages from Megatron-LM's order.
+    StageOrderWithoutBpipe,
+    /// An uneven split on one stage.
+    UnevenWithoutPipeline,
+    /// First or last stage layers that leave the others no even share.
+    UnevenSplit,
+    /// Megatron-LM's `--tp-comm-overlap` needs `--sequence-parallel`.
+    TpOverlapWithoutSp,
+    /// `--overlap-param-gather` needs the distributed optimizer and
+    /// `--overlap-grad-reduce`.
+    ParamGatherOverlap,
+    /// CUDA graphs capture a fixed kernel sequence; Megatron-LM refuses them
+    /// with full recomputation.
+    CudaGraphsWithFullRecompute,
 }
 
 impl Rule {
@@ -227,18 +423,25 @@ impl Rule {
         match self {
             Rule::ZeroDegree => "a degree is zero",
             Rule::GpuCount => "tp x pp x dp differs from the GPU count",
-            Rule::TensorParallelOutsideNode => "tp does not divide the node",
+            Rule::TensorParallelOutsideNode => "tp neither divides the node nor spans whole nodes",
             Rule::HeadsNotDivisible => "heads not divisible by tp",
             Rule::FfnNotDivisible => "ffn hidden not divisible by tp",
             Rule::BatchNotDivisible => "global batch not divisible by micro-batch x dp",
             Rule::LayersNotDivisible => "layers not divisible by pp x virtual stages",
             Rule::InterleavedShape => "interleaving needs pp >= 2 and v >= 2",
-            Rule::InterleavedMicroBatches => "interleaving needs micro-batches divisible by pp",
+            Rule::InterleavedMicroBatches => "interleaving needs at least pp micro-batches",
             Rule::VirtualStagesWithoutInterleaving => "virtual stages need interleaving",
             Rule::SequenceParallelWithoutTp => "sequence parallelism needs tp >= 2",
             Rule::SequenceNotSplit => "sequence parallelism needs tp to divide the sequence",
             Rule::BpipeSchedule => "BPipe needs 1f1b and pp >= 2",
-            Rule::ShardingWithoutDp => "optimizer sharding needs dp >= 2",
+            Rule::StageOrderWithoutBpipe => "the BPipe stage order needs BPipe",
+            Rule::UnevenWithoutPipeline => "an uneven split needs pp >= 2",
+            Rule::UnevenSplit => "first/last stage layers leave no even split",
+            Rule::TpOverlapWithoutSp => "tp comm overlap needs sequence parallelism",
+            Rule::ParamGatherOverlap => {
+                "param-gather overlap needs the distributed optimizer and grad-reduce overlap"
+            }
+            Rule::CudaGraphsWithFullRecompute => "CUDA graphs do not run with full recomputation",
         }
     }
 
@@ -262,7 +465,7 @@ impl Rule {
                 c.gpus()
             ),
             Rule::TensorParallelOutsideNode => format!(
-                "tp {} must divide the {gpus_per_node} GPUs of a node (tensor parallelism stays within a node)",
+                "tp {} must divide the {gpus_per_node} GPUs of a node, or be a multiple of them (tensor parallelism over whole nodes)",
                 c.tp
             ),
             Rule::HeadsNotDivisible => format!(
@@ -278,16 +481,16 @@ impl Rule {
                 c.micro_batch, c.dp
             ),
             Rule::LayersNotDivisible => format!(
-                "layers ({}) must divide evenly over pp x virtual stages = {} x {}",
+                "layers ({}) must divide evenly over pp x virtual stages = {} x {}, or give the end stages fewer with --first-stage-layers/--last-stage-layers",
                 model.layers, c.pp, c.virtual_stages
             ),
             Rule::InterleavedShape => {
                 "the interleaved schedule needs pp >= 2 and --virtual-stages >= 2".into()
             }
             Rule::InterleavedMicroBatches => format!(
-                "the interleaved schedule needs the micro-batch count ({}) to be a multiple of pp ({})",
-                c.micro_batches(global_batch),
-                c.pp
+                "the interleaved schedule needs at least pp ({}) micro-batches per iteration, found {}; raise --global-batch or lower --micro-batch",
+                c.pp,
+                c.micro_batches(global_batch)
             ),
             Rule::VirtualStagesWithoutInterleaving => {
                 "virtual stages other than 1 need --schedule interleaved".into()
@@ -298,12 +501,46 @@ impl Rule {
                 model.seq_len, c.tp
             ),
             Rule::BpipeSchedule => "BPipe needs --schedule 1f1b and pp >= 2".into(),
-            Rule::ShardingWithoutDp => "optimizer sharding needs dp >= 2".into(),
+            Rule::StageOrderWithoutBpipe => {
+                "--stage-order bpipe-pairs places BPipe's stage pairs side by side; it needs --bpipe on".into()
+            }
+            Rule::UnevenWithoutPipeline => {
+                "--first-stage-layers and --last-stage-layers need pp >= 2".into()
+            }
+            Rule::UnevenSplit => {
+                let given = c.first_stage_layers.unwrap_or(0) + c.last_stage_layers.unwrap_or(0);
+                format!(
+                    "first/last stage layers {}/{} leave {} of the {} layers for the other {} stage(s), which must share them evenly{}, at least one each; change --first-stage-layers/--last-stage-layers",
+                    c.first_stage_layers.map_or("even".to_string(), |n| n.to_string()),
+                    c.last_stage_layers.map_or("even".to_string(), |n| n.to_string()),
+                    model.layers as i64 - given as i64,
+                    model.layers,
+                    c.pp - u64::from(c.first_stage_layers.is_some()) - u64::from(c.last_stage_layers.is_some()),
+                    if c.virtual_stages > 1 {
+                        format!(" in multiples of the {} virtual stages", c.virtual_stages)
+                    } else {
+                        String::new()
+                    }
+                )
+            }
+            Rule::TpOverlapWithoutSp => {
+                "--tp-comm-overlap needs --sequence-parallel on (Megatron-LM overlaps the sequence-parallel all-gathers and reduce-scatters)".into()
+            }
+            Rule::ParamGatherOverlap => {
+                "--overlap-param-gather needs --optimizer-sharding optimizer-states (the distributed optimizer) and --overlap-grad-reduce on".into()
+            }
+            Rule::CudaGraphsWithFullRecompute => {
+                "--cuda-graphs on does not run with --recompute full (Megatron-LM refuses it); use selective or none".into()
+            }
         }
     }
 }
 
 impl fmt::Display for ParallelConfig {
+    /// `tp4 pp8 dp32 mb1 interleavedx6 rc=none sp=on shard=optimizer-states
+    /// bpipe=off attn=flash`, then what differs from the defaults: the end
+    /// stages' layers (`first=7 last=7`), the overlaps Megatron-LM runs
+    /// (`overlap=grad,param,tp`), `graphs=on`, `order=bpipe-pairs`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
@@ -323,7 +560,32 @@ impl fmt::Display for ParallelConfig {
             self.optimizer_sharding.name(),
             on_off(self.bpipe),
             self.attention.name(),
-        )
+        )?;
+        if let Some(n) = self.first_stage_layers {
+            write!(f, " first={n}")?;
+        }
+        if let Some(n) = self.last_stage_layers {
+            write!(f, " last={n}")?;
+        }
+        let overlaps: Vec<&str> = [
+            (self.overlap_grad_reduce, "grad"),
+            (self.overlap_param_gather, "param"),
+            (self.tp_comm_overlap, "tp"),
+        ]
+        .iter()
+        .filter(|(on, _)| *on)
+        .map(|(_, name)| *name)
+        .collect();
+        if !overlaps.is_empty() {
+            write!(f, " overlap={}", overlaps.join(","))?;
+        }
+        if self.cuda_graphs {
+            f.write_str(" graphs=on")?;
+        }
+        if self.stage_order != StageOrder::Megatron {
+            write!(f, " order={}", self.stage_order.name())?;
+        }
+        Ok(())
     }
 }
 

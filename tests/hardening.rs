@@ -418,6 +418,13 @@ fn plan_json(dir: &Path) -> serde_json::Value {
             "64",
             "--top",
             "3",
+            // What Megatron-LM runs: no ZeRO-3, BPipe or GPipe.
+            "--optimizer-sharding",
+            "none,optimizer-states",
+            "--bpipe",
+            "off",
+            "--schedule",
+            "1f1b,interleaved",
             "--format",
             "json",
         ],
@@ -881,4 +888,117 @@ fn a_profile_update_killed_after_its_journal_is_finished_by_the_next_reader() {
             .starts_with(".paratune")),
         "the journal and the staged file are gone"
     );
+}
+
+/// The new dimensions' bad input: an uneven split that cannot hold, a
+/// switch its prerequisites rule out, tp over nodes without a network.
+#[test]
+fn impossible_layouts_and_switches_name_the_flag_and_the_fix() {
+    let predict = [
+        "predict",
+        "--model",
+        "gpt3-13b",
+        "--gpu",
+        "a100-80gb",
+        "--nodes",
+        "2",
+        "--global-batch",
+        "64",
+    ];
+    let with = |extra: &[&str]| -> Vec<String> {
+        predict.iter().chain(extra).map(|s| s.to_string()).collect()
+    };
+    for (args, names) in [
+        (
+            with(&[
+                "--pp",
+                "4",
+                "--first-stage-layers",
+                "30",
+                "--last-stage-layers",
+                "20",
+            ]),
+            &["first/last stage layers 30/20", "--first-stage-layers"][..],
+        ),
+        (
+            with(&["--pp", "4", "--first-stage-layers", "0"]),
+            &["--first-stage-layers", "at least 1"][..],
+        ),
+        (
+            with(&["--pp", "1", "--last-stage-layers", "10"]),
+            &["--last-stage-layers", "pp >= 2"][..],
+        ),
+        (
+            with(&["--cuda-graphs", "on", "--recompute", "full"]),
+            &["--cuda-graphs on", "--recompute full"][..],
+        ),
+        (
+            with(&["--tp", "8", "--tp-comm-overlap", "on"]),
+            &["--tp-comm-overlap", "--sequence-parallel on"][..],
+        ),
+        (
+            with(&[
+                "--overlap-param-gather",
+                "on",
+                "--overlap-grad-reduce",
+                "on",
+            ]),
+            &[
+                "--overlap-param-gather",
+                "--optimizer-sharding optimizer-states",
+            ][..],
+        ),
+        (
+            [
+                "predict",
+                "--model",
+                "gpt3-13b",
+                "--gpu",
+                "a100-80gb",
+                "--nodes",
+                "3",
+                "--global-batch",
+                "64",
+                "--tp",
+                "12",
+            ]
+            .map(String::from)
+            .to_vec(),
+            &["tp 12", "or be a multiple of them"][..],
+        ),
+        (
+            with(&["--overlap-grad-reduce", "maybe"]),
+            &["overlap-grad-reduce", "on or off"][..],
+        ),
+    ] {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let err = common::fails(&args);
+        for part in names {
+            assert!(err.contains(part), "{args:?}: expected `{part}` in:\n{err}");
+        }
+    }
+    // A cluster of a GPU described inline, without its network: tp 16 over
+    // two such nodes has no link to run on.
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = dir.path().join("cluster.toml");
+    std::fs::write(
+        &cluster,
+        "[[nodes]]\ngpu = { name = \"x\", peak_tflops = 312.0, memory = \"80GiB\", hbm_bandwidth = \"2TB/s\" }\ncount = 2\nintra_node_bw = \"300GB/s\"\n",
+    )
+    .unwrap();
+    let err = fails_in(
+        dir.path(),
+        &[
+            "predict",
+            "--model",
+            "gpt3-13b",
+            "--cluster",
+            "cluster.toml",
+            "--global-batch",
+            "64",
+            "--tp",
+            "16",
+        ],
+    );
+    says(&err, &["inter_node_bw", "missing"]);
 }

@@ -5,9 +5,10 @@
 
 use paratune::cluster::{NodeGroup, builtin_node};
 use paratune::coefficients::{Coefficients, CollectiveAlgorithm, CostModel};
-use paratune::config::{OptimizerSharding, ParallelConfig, Recompute, ScheduleKind};
-use paratune::cost::{Scenario, memory_per_stage, peak_memory, predict};
+use paratune::config::{OptimizerSharding, ParallelConfig, Recompute, ScheduleKind, StageOrder};
+use paratune::cost::{Scenario, busiest_link_seconds, memory_per_stage, peak_memory, predict};
 use paratune::model::{AttentionKind, ModelSpec, builtin_model, builtin_model_names};
+use paratune::search::default_splits;
 use proptest::prelude::*;
 use proptest::test_runner::Config;
 
@@ -34,13 +35,18 @@ impl Case {
     }
 }
 
-const GPUS: [&str; 6] = [
+/// Every built-in GPU on 8-GPU nodes (GB200's 72-GPU domain is built
+/// below with whole-node counts of its own).
+const GPUS: [&str; 9] = [
     "a100-40gb",
     "a100-80gb",
     "h100-sxm",
     "h100-pcie",
     "h200",
     "v100-32gb",
+    "b200",
+    "h20",
+    "mi300x",
 ];
 
 fn divisors(n: u64) -> Vec<u64> {
@@ -138,6 +144,11 @@ struct Picks {
     sharding: usize,
     bpipe: bool,
     attention: usize,
+    /// Engine switches, an uneven split, tp over two nodes, BPipe's stage order.
+    switches: (bool, bool, bool, bool),
+    uneven: usize,
+    tp_over_nodes: bool,
+    pairs: bool,
 }
 
 fn picks() -> impl Strategy<Value = Picks> {
@@ -156,12 +167,19 @@ fn picks() -> impl Strategy<Value = Picks> {
             any::<bool>(),
             0usize..2,
         ),
+        (
+            any::<(bool, bool, bool, bool)>(),
+            any::<usize>(),
+            prop::bool::weighted(0.1),
+            any::<bool>(),
+        ),
     )
         .prop_map(
             |(
                 (gpu, tp, pp, dp),
                 (micro_batch, micro_batches, schedule, virtual_stages),
                 (recompute, sequence_parallel, sharding, bpipe, attention),
+                (switches, uneven, tp_over_nodes, pairs),
             )| Picks {
                 gpu,
                 tp,
@@ -176,21 +194,30 @@ fn picks() -> impl Strategy<Value = Picks> {
                 sharding,
                 bpipe,
                 attention,
+                switches,
+                uneven,
+                tp_over_nodes,
+                pairs,
             },
         )
 }
 
 fn build(model: ModelSpec, cost: CostModel, p: Picks) -> Case {
-    let tps: Vec<u64> = [1u64, 2, 4, 8]
-        .into_iter()
-        .filter(|t| {
-            model.heads.is_multiple_of(*t)
-                && model.kv_heads.is_multiple_of(*t)
-                && model.ffn_hidden.is_multiple_of(*t)
-        })
+    let divides_model = |t: &u64| {
+        model.heads.is_multiple_of(*t)
+            && model.kv_heads.is_multiple_of(*t)
+            && model.ffn_hidden.is_multiple_of(*t)
+    };
+    let tps: Vec<u64> = [1u64, 2, 4, 8].into_iter().filter(divides_model).collect();
+    let tp = if p.tp_over_nodes && divides_model(&16) {
+        16
+    } else {
+        tps[p.tp % tps.len()]
+    };
+    // Stages an even or a default uneven split can fill.
+    let pps: Vec<u64> = (1..=model.layers.min(24))
+        .filter(|&pp| !default_splits(model.layers, pp, 1).is_empty())
         .collect();
-    let tp = tps[p.tp % tps.len()];
-    let pps = divisors(model.layers);
     let pp = pps[p.pp % pps.len()];
     let mut dp = p.dp;
     let ranks = tp * pp * dp;
@@ -206,9 +233,8 @@ fn build(model: ModelSpec, cost: CostModel, p: Picks) -> Case {
     ][p.schedule];
     let mut virtual_stages = 1;
     if schedule == ScheduleKind::Interleaved {
-        let vs: Vec<u64> = divisors(model.layers / pp)
-            .into_iter()
-            .filter(|v| *v >= 2)
+        let vs: Vec<u64> = (2..=model.layers / pp.max(1))
+            .filter(|&v| !default_splits(model.layers, pp, v).is_empty())
             .collect();
         if pp < 2 || vs.is_empty() {
             schedule = ScheduleKind::OneFOneB;
@@ -216,11 +242,23 @@ fn build(model: ModelSpec, cost: CostModel, p: Picks) -> Case {
             virtual_stages = vs[p.virtual_stages % vs.len()];
         }
     }
+    let splits = default_splits(model.layers, pp, virtual_stages);
+    let (first_stage_layers, last_stage_layers) = splits[p.uneven % splits.len()];
     let micro_batches = if schedule == ScheduleKind::Interleaved {
         pp * p.micro_batches
     } else {
         p.micro_batches
     };
+    let recompute = Recompute::ALL[p.recompute];
+    let sequence_parallel = p.sequence_parallel && tp > 1;
+    let optimizer_sharding = if dp > 1 {
+        OptimizerSharding::ALL[p.sharding]
+    } else {
+        OptimizerSharding::None
+    };
+    let bpipe = p.bpipe && schedule == ScheduleKind::OneFOneB && pp >= 2;
+    let (grad, param, tp_overlap, graphs) = p.switches;
+    let overlap_grad_reduce = grad && dp > 1;
     let config = ParallelConfig {
         tp,
         pp,
@@ -228,15 +266,24 @@ fn build(model: ModelSpec, cost: CostModel, p: Picks) -> Case {
         micro_batch: p.micro_batch,
         schedule,
         virtual_stages,
-        recompute: Recompute::ALL[p.recompute],
-        sequence_parallel: p.sequence_parallel && tp > 1,
-        optimizer_sharding: if dp > 1 {
-            OptimizerSharding::ALL[p.sharding]
-        } else {
-            OptimizerSharding::None
-        },
-        bpipe: p.bpipe && schedule == ScheduleKind::OneFOneB && pp >= 2,
+        recompute,
+        sequence_parallel,
+        optimizer_sharding,
+        bpipe,
         attention: AttentionKind::ALL[p.attention],
+        first_stage_layers,
+        last_stage_layers,
+        overlap_grad_reduce,
+        overlap_param_gather: param
+            && overlap_grad_reduce
+            && optimizer_sharding == OptimizerSharding::OptimizerStates,
+        tp_comm_overlap: tp_overlap && sequence_parallel,
+        cuda_graphs: graphs && recompute != Recompute::Full,
+        stage_order: if bpipe && p.pairs {
+            StageOrder::BpipePairs
+        } else {
+            StageOrder::Megatron
+        },
     };
     Case {
         group: builtin_node(GPUS[p.gpu], gpus.div_ceil(8)).unwrap(),
@@ -314,6 +361,45 @@ proptest! {
                 intra, inter, t, base, case.config
             );
         }
+    }
+
+    /// (i b) Slower collectives (every latency doubled, every link at half
+    /// its efficiency) never make a configuration faster: more
+    /// communication time is never hidden into a gain.
+    #[test]
+    fn more_communication_is_never_faster(case in case()) {
+        let s = case.scenario();
+        let base = predict(&s, &case.config).iteration_s;
+        let mut slower_cost = case.cost.clone();
+        let k = &mut slower_cost.coefficients;
+        for name in ["collective_base_latency_us", "collective_step_latency_us", "p2p_latency_us"] {
+            let info = Coefficients::info(name).unwrap();
+            k.set(name, (k.get(name).unwrap() * 2.0).min(info.max));
+        }
+        for name in ["intra_node_efficiency", "inter_node_efficiency"] {
+            let info = Coefficients::info(name).unwrap();
+            k.set(name, (k.get(name).unwrap() / 2.0).max(info.min));
+        }
+        let mut slower = s;
+        slower.cost = &slower_cost;
+        let t = predict(&slower, &case.config).iteration_s;
+        prop_assert!(at_most(base, t), "{} s with slower links < {} s for {}", t, base, case.config);
+    }
+
+    /// (i c) Overlap hides transfers behind compute, never behind each
+    /// other: an iteration takes at least as long as its computation alone
+    /// (every link infinitely fast) and as its busiest link alone.
+    #[test]
+    fn never_faster_than_its_computation_or_its_busiest_link_alone(case in case()) {
+        let s = case.scenario();
+        let t = predict(&s, &case.config).iteration_s;
+        let mut free = s;
+        free.intra_node_bw *= 1e9;
+        free.inter_node_bw *= 1e9;
+        let compute_alone = predict(&free, &case.config).iteration_s;
+        prop_assert!(at_most(compute_alone, t), "{} s < computation alone {} s for {}", t, compute_alone, case.config);
+        let link = busiest_link_seconds(&s, &case.config);
+        prop_assert!(at_most(link, t), "{} s < busiest link {} s for {}", t, link, case.config);
     }
 
     /// (ii) Weights, gradients and optimizer states of all stages add up to
@@ -473,6 +559,7 @@ fn bpipe_with_fewer_micro_batches_than_stages_peaks_in_the_middle() {
         optimizer_sharding: OptimizerSharding::None,
         bpipe: true,
         attention: AttentionKind::Standard,
+        ..ParallelConfig::default()
     };
     let case = Case {
         model,

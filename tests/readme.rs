@@ -12,9 +12,11 @@
 //!   runs that need libtorch, whose output the repository keeps).
 //! - `<!-- check-layers: DIR -->` before a `profile layer` table: each row
 //!   must be a point of that committed profile.
-//! - `<!-- figures: A | B | ... from: ARGS -->` before a paragraph or a
-//!   table: `paratune ARGS` must print every figure, and the paragraph
-//!   must quote every one.
+//! - `<!-- figures: A | B | ... from: ARGS -->` in a section:
+//!   `paratune ARGS` must print every figure, and the text after the
+//!   marker, up to the next heading, must quote every one.
+//! - `<!-- check-rows from: ARGS -->` before a Markdown table: every row
+//!   of it but the header must be a line `paratune ARGS` prints.
 //!
 //! Timings that change from run to run (`searched N configurations in X
 //! ms`) are masked on both sides.
@@ -73,8 +75,14 @@ fn excerpts(readme: &str) -> Vec<Excerpt> {
                 }
                 i += 1;
             }
+        } else if directive.starts_with("figures") {
+            // Figures: the text up to the next heading.
+            while i < lines.len() && !lines[i].starts_with('#') {
+                body.push(lines[i].to_string());
+                i += 1;
+            }
         } else {
-            // A paragraph or a table: up to the next blank line.
+            // A table: up to the next blank line.
             while i < lines.len() && !lines[i].trim().is_empty() {
                 body.push(lines[i].to_string());
                 i += 1;
@@ -291,11 +299,29 @@ fn check_figures(directive: &str, body: &[String], at: usize) {
     }
 }
 
+fn check_rows(directive: &str, body: &[String], at: usize) {
+    let command = directive.strip_prefix("check-rows from:").unwrap().trim();
+    let dir = sandbox();
+    let output = run(dir.path(), &shell_words(command), at, true);
+    let lines: Vec<&str> = output.lines().map(str::trim_end).collect();
+    let rows: Vec<&String> = body.iter().skip(2).collect();
+    assert!(!rows.is_empty(), "README line {at}: no table rows");
+    for row in rows {
+        assert!(
+            lines.contains(&row.trim_end()),
+            "README line {at}: this row is not what `paratune {command}` prints:\n{row}\n\nit prints:\n{output}"
+        );
+    }
+}
+
 fn check(excerpt: &Excerpt) {
     let at = excerpt.line;
     let directive = excerpt.directive.as_str();
     if directive.starts_with("figures:") {
         return check_figures(directive, &excerpt.body, at);
+    }
+    if directive.starts_with("check-rows") {
+        return check_rows(directive, &excerpt.body, at);
     }
     let (command, expected): (Option<Vec<String>>, &[String]) = match leading_command(&excerpt.body)
     {

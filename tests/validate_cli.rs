@@ -24,6 +24,13 @@ fn plan_json(dir: &Path) -> serde_json::Value {
             "64",
             "--top",
             "3",
+            // What Megatron-LM runs: no ZeRO-3, BPipe or GPipe.
+            "--optimizer-sharding",
+            "none,optimizer-states",
+            "--bpipe",
+            "off",
+            "--schedule",
+            "1f1b,interleaved",
             "--format",
             "json",
         ],

@@ -77,6 +77,41 @@ pub fn figures(
     out
 }
 
+/// Figures of `predicted` over `subset`, grouped by `key` (an order and a
+/// label), in key order: the error by tensor-parallel degree, by pipeline
+/// depth, by model size.
+pub fn breakdown(
+    rows: &[Row],
+    subset: &[usize],
+    predicted: &[f64],
+    dataset_names: &[String],
+    key: impl Fn(&Row) -> (u64, String),
+) -> Vec<(String, ErrorFigures)> {
+    let mut groups: BTreeMap<(u64, String), Vec<usize>> = BTreeMap::new();
+    for &i in subset {
+        groups.entry(key(&rows[i])).or_default().push(i);
+    }
+    groups
+        .into_iter()
+        .map(|((_, label), members)| (label, figures_of(rows, &members, predicted, dataset_names)))
+        .collect()
+}
+
+/// A model's size class by parameter count, for the error by model size.
+pub fn size_class(params: f64) -> (u64, String) {
+    const CLASSES: [(f64, &str); 4] = [
+        (1e9, "under 1B"),
+        (10e9, "1B to 10B"),
+        (100e9, "10B to 100B"),
+        (f64::INFINITY, "100B and more"),
+    ];
+    let i = CLASSES
+        .iter()
+        .position(|(upper, _)| params < *upper)
+        .unwrap_or(3);
+    (i as u64, CLASSES[i].1.to_string())
+}
+
 /// The overall entry of a figures list (its last).
 pub fn overall(list: &[(String, ErrorFigures)]) -> Option<&ErrorFigures> {
     list.last().map(|(_, f)| f)

@@ -154,6 +154,9 @@ pub struct Calibration {
     pub prior_cross_validated: Vec<(String, ErrorFigures)>,
     /// Out-of-fold predictions of group k-fold; empty when skipped.
     pub cross_validated: Vec<(String, ErrorFigures)>,
+    /// The same out-of-fold predictions over all datasets, by tensor-parallel
+    /// degree, by pipeline depth and by model size: `("tp", [("1", ..), ..])`.
+    pub cross_validated_by: Vec<(&'static str, Vec<(String, ErrorFigures)>)>,
     /// The prior and the fit on held-out rows, with `FitOptions::holdout`.
     pub prior_holdout: Option<Vec<(String, ErrorFigures)>>,
     pub holdout: Option<Vec<(String, ErrorFigures)>>,
@@ -484,6 +487,7 @@ pub fn calibrate(
 
     // Out-of-fold predictions.
     let mut cross_validated = Vec::new();
+    let mut cross_validated_by = Vec::new();
     if let Some((_, of)) = &fold_of {
         let mut oof = vec![f64::NAN; rows.len()];
         for (k, (z, _)) in results[1..].iter().enumerate() {
@@ -493,6 +497,22 @@ pub fn calibrate(
             }
         }
         cross_validated = figures::figures(&rows, &train, &oof, &names);
+        let by =
+            |key: fn(&Row) -> (u64, String)| figures::breakdown(&rows, &train, &oof, &names, key);
+        cross_validated_by = vec![
+            (
+                "tp",
+                by(|r| (r.run.config.tp, format!("tp {}", r.run.config.tp))),
+            ),
+            (
+                "pp",
+                by(|r| (r.run.config.pp, format!("pp {}", r.run.config.pp))),
+            ),
+            (
+                "model size",
+                by(|r| figures::size_class(r.run.model.total_params())),
+            ),
+        ];
     }
 
     // Bootstrap: resample rows per dataset, refit from the fit.
@@ -614,6 +634,7 @@ pub fn calibrate(
         in_sample,
         prior_cross_validated,
         cross_validated,
+        cross_validated_by,
         prior_holdout,
         holdout,
         data_hash,

@@ -365,6 +365,7 @@ pub fn render_report(c: &Calibration) -> String {
             &c.prior_cross_validated,
             &c.cross_validated,
         );
+        breakdown_table(&mut out, &c.cross_validated_by);
     }
     if let (Some(prior), Some(fitted)) = (&c.prior_holdout, &c.holdout) {
         comparison(
@@ -389,4 +390,29 @@ pub fn render_report(c: &Calibration) -> String {
         }
     }
     out
+}
+
+/// The cross-validated error over all rows by tensor-parallel degree, by
+/// pipeline depth and by model size.
+fn breakdown_table(out: &mut String, by: &[(&'static str, Vec<(String, ErrorFigures)>)]) {
+    if by.is_empty() {
+        return;
+    }
+    out.push_str(
+        "\nThe same out-of-fold predictions over all rows, by tensor-parallel degree, pipeline depth and model size:\n\n\
+         | by | rows | MAPE | median APE | 90th pct APE | worst row |\n|---|---:|---:|---:|---:|---|\n",
+    );
+    for (_, groups) in by {
+        for (label, f) in groups {
+            let _ = writeln!(
+                out,
+                "| {label} | {} | {} | {} | {} | {} |",
+                f.rows,
+                pct(f.mape),
+                pct(f.median_ape),
+                pct(f.p90_ape),
+                signed_pct(f.worst_error)
+            );
+        }
+    }
 }

@@ -286,6 +286,32 @@ pub struct SpaceArgs {
     /// Attention kernel: flash, standard.
     #[arg(long, value_delimiter = ',')]
     pub attention: Option<Vec<String>>,
+    /// Layers of the first pipeline stage, when fewer (or more) than the even share
+    /// (Megatron-LM's --decoder-first-pipeline-num-layers); the other stages share the rest.
+    #[arg(long, value_delimiter = ',', value_parser = count(1 << 16))]
+    pub first_stage_layers: Option<Vec<u64>>,
+    /// Layers of the last pipeline stage (--decoder-last-pipeline-num-layers).
+    #[arg(long, value_delimiter = ',', value_parser = count(1 << 16))]
+    pub last_stage_layers: Option<Vec<u64>>,
+    /// Data-parallel gradient reduction under the backward pass (Megatron-LM's
+    /// --overlap-grad-reduce): on, off.
+    #[arg(long, value_delimiter = ',')]
+    pub overlap_grad_reduce: Option<Vec<String>>,
+    /// The distributed optimizer's all-gather under the next forward pass
+    /// (--overlap-param-gather): on, off.
+    #[arg(long, value_delimiter = ',')]
+    pub overlap_param_gather: Option<Vec<String>>,
+    /// Tensor-parallel collectives pipelined with their GEMMs (--tp-comm-overlap,
+    /// needs sequence parallelism): on, off.
+    #[arg(long, value_delimiter = ',')]
+    pub tp_comm_overlap: Option<Vec<String>>,
+    /// CUDA graphs (--cuda-graph-impl; torch.compile's cudagraphs): on, off.
+    #[arg(long, value_delimiter = ',')]
+    pub cuda_graphs: Option<Vec<String>>,
+    /// Where pipeline stages sit: megatron (neighbours side by side), bpipe-pairs
+    /// (BPipe's evictor and acceptor side by side).
+    #[arg(long, value_delimiter = ',')]
+    pub stage_order: Option<Vec<String>>,
 }
 
 #[derive(Args, Debug, Clone)]

@@ -126,7 +126,7 @@ pub fn plan(args: &PlanArgs) -> Result<()> {
                 let _ = writeln!(
                     out,
                     "{}",
-                    render::ranking_row(i + 1, &c.config, &c.prediction, band)
+                    render::ranking_row(i + 1, &c.config, job.model.layers, &c.prediction, band)
                 );
             }
             explain_winner(&mut out, &job, &cost, &result, args.top);
@@ -284,25 +284,49 @@ fn explain_winner(
             }
         }
     }
-    let launch = launch_job(job, &winner.config);
     let _ = writeln!(out, "\nMegatron-LM arguments (pretrain_gpt.py):");
-    match megatron_command_line(&launch) {
-        Ok(line) => {
-            let _ = writeln!(out, "    {line}");
-        }
-        Err(e) => {
-            let _ = writeln!(out, "    not exportable: {e}");
-        }
-    }
+    export_best(out, job, result, |launch| {
+        megatron_command_line(launch).map(|line| format!("    {line}\n"))
+    });
     let _ = writeln!(out, "\ntorchtitan job config (TOML fragment):");
-    match torchtitan_toml(&launch) {
-        Ok(toml) => {
-            for line in toml.lines() {
-                let _ = writeln!(out, "    {line}");
-            }
-        }
+    export_best(out, job, result, |launch| {
+        torchtitan_toml(launch).map(|toml| toml.lines().map(|l| format!("    {l}\n")).collect())
+    });
+}
+
+/// Writes the winner's export, or, when the engine cannot run the winner,
+/// why, and the export of the fastest candidate it can run.
+fn export_best(
+    out: &mut String,
+    job: &Job,
+    result: &SearchResult,
+    export: impl Fn(&LaunchJob) -> Result<String, paratune::export::ExportError>,
+) {
+    let winner = &result.candidates[0];
+    match export(&launch_job(job, &winner.config)) {
+        Ok(text) => out.push_str(&text),
         Err(e) => {
-            let _ = writeln!(out, "    not exportable: {e}");
+            let _ = writeln!(out, "    #1 is not exportable: {e}");
+            let runnable = result
+                .candidates
+                .iter()
+                .enumerate()
+                .skip(1)
+                .find_map(|(i, c)| {
+                    export(&launch_job(job, &c.config))
+                        .ok()
+                        .map(|text| (i, c, text))
+                });
+            if let Some((i, c, text)) = runnable {
+                let _ = writeln!(
+                    out,
+                    "    the fastest it runs is #{} ({} slower): {}",
+                    i + 1,
+                    percent(c.prediction.iteration_s / winner.prediction.iteration_s - 1.0),
+                    c.config
+                );
+                out.push_str(&text);
+            }
         }
     }
 }
@@ -403,7 +427,9 @@ pub(super) fn plan_file(
     }
 }
 
-const CONFIG_COLUMNS: [&str; 11] = [
+/// The configuration's columns, named as run tables name them (so a plan's
+/// CSV reads back as a run table).
+const CONFIG_COLUMNS: [&str; 18] = [
     "tp",
     "pp",
     "dp",
@@ -415,6 +441,13 @@ const CONFIG_COLUMNS: [&str; 11] = [
     "optimizer_sharding",
     "bpipe",
     "attention",
+    "first_stage_layers",
+    "last_stage_layers",
+    "overlap_grad_reduce",
+    "overlap_param_gather",
+    "tp_comm_overlap",
+    "cuda_graphs",
+    "stage_order",
 ];
 
 fn config_cells(c: &ParallelConfig) -> Vec<String> {
@@ -430,6 +463,17 @@ fn config_cells(c: &ParallelConfig) -> Vec<String> {
         c.optimizer_sharding.name().into(),
         on_off(c.bpipe).into(),
         c.attention.name().into(),
+        c.first_stage_layers
+            .map(|n| n.to_string())
+            .unwrap_or_default(),
+        c.last_stage_layers
+            .map(|n| n.to_string())
+            .unwrap_or_default(),
+        on_off(c.overlap_grad_reduce).into(),
+        on_off(c.overlap_param_gather).into(),
+        on_off(c.tp_comm_overlap).into(),
+        on_off(c.cuda_graphs).into(),
+        c.stage_order.name().into(),
     ]
 }
 

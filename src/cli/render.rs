@@ -33,7 +33,7 @@ pub fn percent(x: f64) -> String {
 /// Header and cells of the ranking table.
 pub fn ranking_header(with_band: bool) -> String {
     let header = format!(
-        "{:>4} {:>3} {:>3} {:>5} {:>4} {:<16} {:<9} {:>3} {:<16} {:>5} {:>9} {:>11} {:>7} {:>6} {:>12}",
+        "{:>4} {:>3} {:>3} {:>5} {:>4} {:<16} {:<9} {:>3} {:<16} {:>5} {:<9} {:<12} {:>6} {:>9} {:>11} {:>7} {:>6} {:>12}",
         "#",
         "tp",
         "pp",
@@ -44,6 +44,9 @@ pub fn ranking_header(with_band: bool) -> String {
         "sp",
         "sharding",
         "bpipe",
+        "layers",
+        "overlap",
+        "graphs",
         "iter",
         "tokens/s",
         "TFLOP/s",
@@ -65,11 +68,48 @@ pub fn schedule_name(c: &ParallelConfig) -> String {
     }
 }
 
+/// Layers per stage: `even`, or first/others/last (`7/8/7`).
+pub fn split_name(c: &ParallelConfig, layers: u64) -> String {
+    if !c.uneven() {
+        return "even".into();
+    }
+    format!(
+        "{}/{}/{}",
+        c.stage_layers(layers, 0),
+        c.middle_stage_layers(layers),
+        c.stage_layers(layers, c.pp - 1)
+    )
+}
+
+/// The overlaps a configuration runs (`grad,param,tp`), or `-`.
+pub fn overlap_name(c: &ParallelConfig) -> String {
+    let on: Vec<&str> = [
+        (c.overlap_grad_reduce, "grad"),
+        (c.overlap_param_gather, "param"),
+        (c.tp_comm_overlap, "tp"),
+    ]
+    .iter()
+    .filter(|(on, _)| *on)
+    .map(|(_, name)| *name)
+    .collect();
+    if on.is_empty() {
+        "-".into()
+    } else {
+        on.join(",")
+    }
+}
+
 /// One row of the ranking; `band` is the relative error that nine
 /// predictions in ten stay within, when the cost model has measured it.
-pub fn ranking_row(rank: usize, c: &ParallelConfig, p: &Prediction, band: Option<f64>) -> String {
+pub fn ranking_row(
+    rank: usize,
+    c: &ParallelConfig,
+    layers: u64,
+    p: &Prediction,
+    band: Option<f64>,
+) -> String {
     let row = format!(
-        "{:>4} {:>3} {:>3} {:>5} {:>4} {:<16} {:<9} {:>3} {:<16} {:>5} {:>9} {:>11} {:>7.1} {:>6} {:>12}",
+        "{:>4} {:>3} {:>3} {:>5} {:>4} {:<16} {:<9} {:>3} {:<16} {:>5} {:<9} {:<12} {:>6} {:>9} {:>11} {:>7.1} {:>6} {:>12}",
         rank,
         c.tp,
         c.pp,
@@ -80,6 +120,9 @@ pub fn ranking_row(rank: usize, c: &ParallelConfig, p: &Prediction, band: Option
         on_off(c.sequence_parallel),
         c.optimizer_sharding.name(),
         on_off(c.bpipe),
+        split_name(c, layers),
+        overlap_name(c),
+        on_off(c.cuda_graphs),
         seconds(p.iteration_s),
         thousands(p.tokens_per_s),
         p.tflops_per_gpu,

@@ -5,10 +5,9 @@ use super::args::{ClusterArgs, CommonArgs, ModelArgs, SpaceArgs};
 use anyhow::{Context, Result, anyhow, bail};
 use paratune::cluster::{NodeGroup, builtin_gpu_names, builtin_node, load_cluster_file};
 use paratune::coefficients::{
-    CostModel, builtin_cost_model, builtin_cost_model_names, default_cost_model_name,
-    parse_cost_model,
+    CostModel, builtin_cost_model, builtin_cost_model_names, default_cost_model, parse_cost_model,
 };
-use paratune::config::{OptimizerSharding, ParallelConfig, Recompute, ScheduleKind};
+use paratune::config::{OptimizerSharding, ParallelConfig, Recompute, ScheduleKind, StageOrder};
 use paratune::model::{
     AttentionKind, ModelSpec, builtin_model, builtin_model_names, load_model_file,
 };
@@ -160,7 +159,7 @@ pub fn job(common: &CommonArgs) -> Result<Job> {
 
 pub fn cost_model(name: Option<&str>, gpu_name: &str) -> Result<CostModel> {
     match name {
-        None => Ok(builtin_cost_model(default_cost_model_name(gpu_name)).expect("shipped")),
+        None => Ok(default_cost_model(gpu_name)),
         Some(name) => {
             if let Some(model) = builtin_cost_model(name) {
                 return Ok(model);
@@ -251,6 +250,17 @@ pub fn space(args: &SpaceArgs) -> Result<SearchSpace> {
             &args.attention,
             &AttentionKind::ALL.map(|k| (k.name(), k)),
         )?,
+        first_stage_layers: positive("--first-stage-layers", &args.first_stage_layers)?,
+        last_stage_layers: positive("--last-stage-layers", &args.last_stage_layers)?,
+        overlap_grad_reduce: switches("--overlap-grad-reduce", &args.overlap_grad_reduce)?,
+        overlap_param_gather: switches("--overlap-param-gather", &args.overlap_param_gather)?,
+        tp_comm_overlap: switches("--tp-comm-overlap", &args.tp_comm_overlap)?,
+        cuda_graphs: switches("--cuda-graphs", &args.cuda_graphs)?,
+        stage_order: choices(
+            "--stage-order",
+            &args.stage_order,
+            &StageOrder::ALL.map(|k| (k.name(), k)),
+        )?,
     })
 }
 
@@ -262,6 +272,14 @@ fn single<T: Clone>(flag: &str, values: &Option<Vec<T>>, default: T) -> Result<T
         Some(_) => bail!(
             "predict evaluates one configuration: give one value for {flag} (or use `paratune plan` to compare several)"
         ),
+    }
+}
+
+/// The single value of an optional dimension (an uneven split's end).
+fn single_optional(flag: &str, values: &Option<Vec<u64>>) -> Result<Option<u64>> {
+    match values.as_deref() {
+        None => Ok(None),
+        Some(_) => single(flag, values, 0).map(Some),
     }
 }
 
@@ -312,6 +330,13 @@ pub fn single_config(args: &SpaceArgs, job: &Job) -> Result<ParallelConfig> {
         )?,
         bpipe: single("--bpipe", &space.bpipe, false)?,
         attention: single("--attention", &space.attention, job.model.attention)?,
+        first_stage_layers: single_optional("--first-stage-layers", &space.first_stage_layers)?,
+        last_stage_layers: single_optional("--last-stage-layers", &space.last_stage_layers)?,
+        overlap_grad_reduce: single("--overlap-grad-reduce", &space.overlap_grad_reduce, false)?,
+        overlap_param_gather: single("--overlap-param-gather", &space.overlap_param_gather, false)?,
+        tp_comm_overlap: single("--tp-comm-overlap", &space.tp_comm_overlap, false)?,
+        cuda_graphs: single("--cuda-graphs", &space.cuda_graphs, false)?,
+        stage_order: single("--stage-order", &space.stage_order, StageOrder::Megatron)?,
     };
     config
         .check(&job.model, job.global_batch, job.gpus, job.gpus_per_node())
@@ -320,7 +345,10 @@ pub fn single_config(args: &SpaceArgs, job: &Job) -> Result<ParallelConfig> {
 }
 
 /// Column defaults for run tables: the flags' single values.
-pub fn row_defaults(args: &SpaceArgs, model: ModelSpec) -> Result<RowDefaults> {
+pub fn row_defaults(
+    args: &SpaceArgs,
+    (model, model_is_given): (ModelSpec, bool),
+) -> Result<RowDefaults> {
     let space = space(args)?;
     let mut model = model;
     model.attention = single("--attention", &space.attention, model.attention)?;
@@ -335,17 +363,24 @@ pub fn row_defaults(args: &SpaceArgs, model: ModelSpec) -> Result<RowDefaults> {
             &space.optimizer_sharding,
             OptimizerSharding::None,
         )?,
+        overlap_grad_reduce: single("--overlap-grad-reduce", &space.overlap_grad_reduce, false)?,
+        overlap_param_gather: single("--overlap-param-gather", &space.overlap_param_gather, false)?,
+        tp_comm_overlap: single("--tp-comm-overlap", &space.tp_comm_overlap, false)?,
+        cuda_graphs: single("--cuda-graphs", &space.cuda_graphs, false)?,
         model,
+        model_is_given,
     })
 }
 
-/// The model template for run tables: `--model` or GPT-style defaults, the
-/// rows filling in their own dimensions.
-pub fn row_model(args: &ModelArgs) -> Result<ModelSpec> {
+/// The model template for run tables: `--model` (or its dimensions as
+/// flags), which a table without model columns takes whole, or GPT-style
+/// defaults that the rows fill in with their own dimensions. Returns the
+/// model and whether it is the user's.
+pub fn row_model(args: &ModelArgs) -> Result<(ModelSpec, bool)> {
     if args.model.is_some()
         || (args.hidden.is_some() && args.heads.is_some() && args.layers.is_some())
     {
-        return model(args);
+        return Ok((model(args)?, true));
     }
     let mut m = ModelSpec::gpt(
         "runs",
@@ -358,7 +393,7 @@ pub fn row_model(args: &ModelArgs) -> Result<ModelSpec> {
     if let Some(text) = &args.tied_embeddings {
         m.tied_embeddings = parse_switch("--tied-embeddings", text).map_err(|e| anyhow!(e))?;
     }
-    Ok(m)
+    Ok((m, false))
 }
 
 /// Reads a `key=value,...` configuration for `--explain`; keys not given
@@ -381,6 +416,17 @@ pub fn config_spec(spec: &str, base: &ParallelConfig) -> Result<ParallelConfig> 
         "optimizer_sharding",
         "bpipe",
         "attention",
+        "first",
+        "first_stage_layers",
+        "last",
+        "last_stage_layers",
+        "overlap_grad_reduce",
+        "overlap_param_gather",
+        "tp_comm_overlap",
+        "cuda_graphs",
+        "graphs",
+        "order",
+        "stage_order",
     ];
     for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
         let (key, value) = item
@@ -432,12 +478,63 @@ pub fn config_spec(spec: &str, base: &ParallelConfig) -> Result<ParallelConfig> 
                 c.attention = parse_choice(key, value, &AttentionKind::ALL.map(|k| (k.name(), k)))
                     .map_err(e)?
             }
+            "first" | "first_stage_layers" => {
+                c.first_stage_layers = (value != "even").then(&number).transpose()?
+            }
+            "last" | "last_stage_layers" => {
+                c.last_stage_layers = (value != "even").then(&number).transpose()?
+            }
+            "overlap_grad_reduce" => c.overlap_grad_reduce = parse_switch(key, value).map_err(e)?,
+            "overlap_param_gather" => {
+                c.overlap_param_gather = parse_switch(key, value).map_err(e)?
+            }
+            "tp_comm_overlap" => c.tp_comm_overlap = parse_switch(key, value).map_err(e)?,
+            "graphs" | "cuda_graphs" => c.cuda_graphs = parse_switch(key, value).map_err(e)?,
+            "order" | "stage_order" => {
+                c.stage_order =
+                    parse_choice(key, value, &StageOrder::ALL.map(|k| (k.name(), k))).map_err(e)?
+            }
             _ => bail!("--explain: unknown key `{key}`{}", did_you_mean(key, &keys)),
         }
     }
     // A new tp or pp without a dp keeps the GPU count.
     if (spec.contains("tp=") || spec.contains("pp=")) && !spec.contains("dp=") {
         c.dp = (base.tp * base.pp * base.dp) / (c.tp * c.pp).max(1);
+    }
+    // Switches taken from the winner that the given keys rule out follow
+    // them, unless given too: sp=off drops the tp overlap, another sharding
+    // the param-gather overlap, full recomputation the CUDA graphs, bpipe=off
+    // its stage order, a new pp the winner's uneven split.
+    let given = |keys: &[&str]| {
+        spec.split(',')
+            .filter_map(|item| item.split_once('='))
+            .any(|(k, _)| keys.contains(&k.trim()))
+    };
+    if !c.sequence_parallel && !given(&["tp_comm_overlap"]) {
+        c.tp_comm_overlap = false;
+    }
+    if (c.optimizer_sharding != OptimizerSharding::OptimizerStates || !c.overlap_grad_reduce)
+        && !given(&["overlap_param_gather"])
+    {
+        c.overlap_param_gather = false;
+    }
+    if c.dp == 1 && !given(&["overlap_grad_reduce"]) {
+        c.overlap_grad_reduce = false;
+        c.overlap_param_gather = false;
+    }
+    if c.recompute == Recompute::Full && !given(&["graphs", "cuda_graphs"]) {
+        c.cuda_graphs = false;
+    }
+    if !c.bpipe && !given(&["order", "stage_order"]) {
+        c.stage_order = StageOrder::Megatron;
+    }
+    if c.pp != base.pp || c.virtual_stages != base.virtual_stages {
+        if !given(&["first", "first_stage_layers"]) {
+            c.first_stage_layers = None;
+        }
+        if !given(&["last", "last_stage_layers"]) {
+            c.last_stage_layers = None;
+        }
     }
     Ok(c)
 }

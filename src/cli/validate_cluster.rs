@@ -243,6 +243,7 @@ fn refit_and_rerank(
     let job = job_of(plan);
     let defaults = RowDefaults {
         model: plan.model.clone(),
+        model_is_given: true,
         ..RowDefaults::gpt(
             plan.model.vocab,
             plan.model.seq_len,

@@ -1,9 +1,12 @@
 //! Built-in GPUs and their usual nodes, from vendor datasheets.
 //!
-//! Peaks are dense (no structured sparsity) 16-bit tensor-core FLOP/s.
-//! Memory is what the driver reports (`nvidia-smi`): the "80GB" parts hold
-//! 80 GiB. Intra-node bandwidth is per GPU and per direction; inter-node
-//! bandwidth is per node, all NICs together.
+//! Peaks are dense (no structured sparsity) 16-bit tensor-core FLOP/s;
+//! datasheets that quote sparse figures are halved. Memory is what the
+//! driver reports (`nvidia-smi`): the "80GB" parts hold 80 GiB. Intra-node
+//! bandwidth is per GPU and per direction (half the bidirectional figure
+//! datasheets quote); inter-node bandwidth is per node, all NICs together.
+//! A "node" is the GPUs one fast link joins: 8 on HGX/DGX/OAM boards, 72 in
+//! a GB200 NVL72 rack (one NVLink domain).
 
 use super::{GpuSpec, NodeGroup};
 use crate::units::Bandwidth;
@@ -23,29 +26,46 @@ struct Entry {
     /// NICs per node and gigabits per second of each.
     nics: f64,
     nic_gbit_s: f64,
+    /// GPUs joined by the intra-node link.
+    gpus_per_node: u64,
 }
 
-const GPUS_PER_NODE: u64 = 8;
-
 #[rustfmt::skip]
-const CATALOGUE: [Entry; 6] = [
+const CATALOGUE: [Entry; 10] = [
     // NVIDIA A100 Tensor Core GPU datasheet (2021): 312 TFLOPS BF16, 40GB HBM2
     // at 1,555 GB/s, NVLink3 600 GB/s bidirectional; DGX A100: 8x HDR 200Gb/s.
-    Entry { name: "a100-40gb", peak_tflops: 312.0, memory_bytes: 40.0 * GIB, hbm_tb_s: 1.555, intra_gb_s: 300.0, nics: 8.0, nic_gbit_s: 200.0 },
+    Entry { name: "a100-40gb", peak_tflops: 312.0, memory_bytes: 40.0 * GIB, hbm_tb_s: 1.555, intra_gb_s: 300.0, nics: 8.0, nic_gbit_s: 200.0, gpus_per_node: 8 },
     // NVIDIA A100 datasheet, 80GB SXM: HBM2e at 2,039 GB/s (81,920 MiB reported).
-    Entry { name: "a100-80gb", peak_tflops: 312.0, memory_bytes: 80.0 * GIB, hbm_tb_s: 2.039, intra_gb_s: 300.0, nics: 8.0, nic_gbit_s: 200.0 },
+    Entry { name: "a100-80gb", peak_tflops: 312.0, memory_bytes: 80.0 * GIB, hbm_tb_s: 2.039, intra_gb_s: 300.0, nics: 8.0, nic_gbit_s: 200.0, gpus_per_node: 8 },
     // NVIDIA H100 datasheet, SXM5: 1,979 TFLOPS BF16 with sparsity (989.4 dense),
     // 80GB HBM3 at 3.35 TB/s, NVLink4 900 GB/s bidirectional; DGX H100: 8x NDR 400Gb/s.
-    Entry { name: "h100-sxm", peak_tflops: 989.4, memory_bytes: 80.0 * GIB, hbm_tb_s: 3.35, intra_gb_s: 450.0, nics: 8.0, nic_gbit_s: 400.0 },
+    Entry { name: "h100-sxm", peak_tflops: 989.4, memory_bytes: 80.0 * GIB, hbm_tb_s: 3.35, intra_gb_s: 450.0, nics: 8.0, nic_gbit_s: 400.0, gpus_per_node: 8 },
     // NVIDIA H100 datasheet, PCIe: 1,513 TFLOPS BF16 with sparsity (756 dense),
     // 80GB HBM2e at 2.0 TB/s; GPUs talk over PCIe Gen5 x16, 64 GB/s per direction.
-    Entry { name: "h100-pcie", peak_tflops: 756.0, memory_bytes: 80.0 * GIB, hbm_tb_s: 2.0, intra_gb_s: 64.0, nics: 8.0, nic_gbit_s: 400.0 },
+    Entry { name: "h100-pcie", peak_tflops: 756.0, memory_bytes: 80.0 * GIB, hbm_tb_s: 2.0, intra_gb_s: 64.0, nics: 8.0, nic_gbit_s: 400.0, gpus_per_node: 8 },
     // NVIDIA H200 datasheet, SXM: H100's 989.4 TFLOPS dense BF16, "141GB" HBM3e
     // (143,771 MiB reported by nvidia-smi) at 4.8 TB/s, NVLink4; HGX H200: 8x NDR 400Gb/s.
-    Entry { name: "h200", peak_tflops: 989.4, memory_bytes: 143_771.0 * MIB, hbm_tb_s: 4.8, intra_gb_s: 450.0, nics: 8.0, nic_gbit_s: 400.0 },
+    Entry { name: "h200", peak_tflops: 989.4, memory_bytes: 143_771.0 * MIB, hbm_tb_s: 4.8, intra_gb_s: 450.0, nics: 8.0, nic_gbit_s: 400.0, gpus_per_node: 8 },
     // NVIDIA V100 datasheet, SXM2 32GB: 125 TFLOPS FP16 tensor, HBM2 at 900 GB/s,
     // NVLink2 300 GB/s bidirectional; DGX-1V: 4x EDR 100Gb/s.
-    Entry { name: "v100-32gb", peak_tflops: 125.0, memory_bytes: 32.0 * GIB, hbm_tb_s: 0.9, intra_gb_s: 150.0, nics: 4.0, nic_gbit_s: 100.0 },
+    Entry { name: "v100-32gb", peak_tflops: 125.0, memory_bytes: 32.0 * GIB, hbm_tb_s: 0.9, intra_gb_s: 150.0, nics: 4.0, nic_gbit_s: 100.0, gpus_per_node: 8 },
+    // NVIDIA DGX B200 datasheet: 8 B200 with 1,440 GB HBM3e in all (180 GB each) at
+    // 8 TB/s each, 72 PFLOPS FP8 training per system with sparsity (4.5 PF dense FP8,
+    // 2.25 PF dense BF16 per GPU), NVLink5 1.8 TB/s bidirectional per GPU, 8x
+    // ConnectX-7 400Gb/s for the compute fabric.
+    Entry { name: "b200", peak_tflops: 2250.0, memory_bytes: 180.0 * GIB, hbm_tb_s: 8.0, intra_gb_s: 900.0, nics: 8.0, nic_gbit_s: 400.0, gpus_per_node: 8 },
+    // NVIDIA GB200 NVL72 datasheet: 72 Blackwell GPUs in one NVLink domain, 360 PFLOPS
+    // FP16/BF16 with sparsity (2.5 PF dense per GPU), up to 13.4 TB HBM3e (186 GB each)
+    // at 576 TB/s (8 TB/s each), NVLink5 1.8 TB/s bidirectional per GPU; one
+    // ConnectX-7 400Gb/s per GPU to the scale-out network.
+    Entry { name: "gb200", peak_tflops: 2500.0, memory_bytes: 186.0 * GIB, hbm_tb_s: 8.0, intra_gb_s: 900.0, nics: 72.0, nic_gbit_s: 400.0, gpus_per_node: 72 },
+    // NVIDIA H20 (HGX H20 product brief): 148 TFLOPS dense BF16, 96 GB HBM3 at
+    // 4.0 TB/s, NVLink 900 GB/s bidirectional; 8x 400Gb/s NICs as on HGX H100.
+    Entry { name: "h20", peak_tflops: 148.0, memory_bytes: 96.0 * GIB, hbm_tb_s: 4.0, intra_gb_s: 450.0, nics: 8.0, nic_gbit_s: 400.0, gpus_per_node: 8 },
+    // AMD Instinct MI300X datasheet: 1,307.4 TFLOPS dense BF16, 192 GB HBM3 at 5.3 TB/s,
+    // seven Infinity Fabric links of 128 GB/s bidirectional to the other seven GPUs of
+    // an OAM platform (448 GB/s per direction in all); 8x 400Gb/s NICs.
+    Entry { name: "mi300x", peak_tflops: 1307.4, memory_bytes: 192.0 * GIB, hbm_tb_s: 5.3, intra_gb_s: 448.0, nics: 8.0, nic_gbit_s: 400.0, gpus_per_node: 8 },
 ];
 
 fn entry(name: &str) -> Option<&'static Entry> {
@@ -74,14 +94,15 @@ pub fn builtin_gpu(name: &str) -> Option<GpuSpec> {
     entry(name).map(Entry::gpu)
 }
 
-/// `nodes` typical 8-GPU nodes of that GPU (case-insensitive name): its usual
-/// intra-node link and the NICs of the vendor's reference system.
+/// `nodes` typical nodes of that GPU (case-insensitive name): its usual
+/// intra-node link domain (8 GPUs, 72 for GB200 NVL72) and the NICs of the
+/// vendor's reference system.
 pub fn builtin_node(gpu: &str, nodes: u64) -> Option<NodeGroup> {
     let e = entry(gpu)?;
     Some(NodeGroup {
         gpu: e.gpu(),
         nodes,
-        gpus_per_node: GPUS_PER_NODE,
+        gpus_per_node: e.gpus_per_node,
         intra_node_bw: Bandwidth(e.intra_gb_s * 1e9),
         inter_node_bw: Bandwidth(e.nics * e.nic_gbit_s * 1e9 / 8.0),
     })
@@ -94,13 +115,14 @@ mod tests {
     #[test]
     fn every_name_resolves_to_a_gpu_and_a_node_of_that_name() {
         let names = builtin_gpu_names();
-        assert_eq!(names.len(), 6);
+        assert_eq!(names.len(), 10);
         for name in names {
             let gpu = builtin_gpu(name).unwrap();
             assert_eq!(gpu.name, name);
             assert!(gpu.peak_flops > 0.0 && gpu.memory_bytes > 0.0 && gpu.hbm_bandwidth > 0.0);
             let node = builtin_node(name, 4).unwrap();
-            assert_eq!((node.nodes, node.gpus_per_node), (4, 8));
+            let per_node = if name == "gb200" { 72 } else { 8 };
+            assert_eq!((node.nodes, node.gpus_per_node), (4, per_node));
             assert_eq!(node.gpu, gpu);
         }
     }
@@ -111,7 +133,7 @@ mod tests {
         assert_eq!(builtin_node("A100-80GB", 1).unwrap().gpu.name, "a100-80gb");
         assert!(builtin_gpu("h100").is_none());
         assert!(builtin_gpu("").is_none());
-        assert!(builtin_node("mi300x", 2).is_none());
+        assert!(builtin_node("mi250x", 2).is_none());
     }
 
     #[test]

@@ -128,6 +128,14 @@ impl Placement {
     /// Ranks spaced `stride` apart, `count` of them starting at 0: how many
     /// nodes they span and how many share each node.
     pub fn span(&self, stride: u64, count: u64) -> GroupSpan {
+        if stride >= self.gpus_per_node {
+            // Every rank on a node of its own (strides of whole nodes and
+            // more, as data parallelism over tensor parallelism across nodes).
+            return GroupSpan {
+                nodes: count,
+                per_node: 1,
+            };
+        }
         let last = stride * (count - 1);
         let nodes = self.node_of(last) + 1;
         GroupSpan {

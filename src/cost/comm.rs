@@ -162,10 +162,12 @@ pub fn all_reduce_intra(s: &Scenario, ranks: u64, bytes: f64, usage: &mut Profil
     collective(s, Collective::AllReduce, within_node(ranks), bytes, usage)
 }
 
+#[cfg(test)]
 pub fn all_gather_intra(s: &Scenario, ranks: u64, bytes: f64, usage: &mut ProfileUsage) -> f64 {
     collective(s, Collective::AllGather, within_node(ranks), bytes, usage)
 }
 
+#[cfg(test)]
 pub fn reduce_scatter_intra(s: &Scenario, ranks: u64, bytes: f64, usage: &mut ProfileUsage) -> f64 {
     collective(
         s,
@@ -174,6 +176,36 @@ pub fn reduce_scatter_intra(s: &Scenario, ranks: u64, bytes: f64, usage: &mut Pr
         bytes,
         usage,
     )
+}
+
+/// The tensor-parallel group: consecutive ranks, within a node or over
+/// whole nodes (Megatron-LM runs both; the second pays the network).
+pub fn tensor_parallel_span(s: &Scenario, c: &ParallelConfig) -> GroupSpan {
+    s.placement.span(1, c.tp)
+}
+
+/// The data-parallel group: ranks `tp` apart.
+pub fn data_parallel_span(s: &Scenario, c: &ParallelConfig) -> GroupSpan {
+    s.placement.span(c.tp, c.dp)
+}
+
+/// Which link a group's collectives load: the node's network as soon as
+/// the group spans nodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Link {
+    #[default]
+    IntraNode,
+    InterNode,
+}
+
+impl Link {
+    pub fn of(span: GroupSpan) -> Self {
+        if span.nodes > 1 {
+            Link::InterNode
+        } else {
+            Link::IntraNode
+        }
+    }
 }
 
 /// Point-to-point bandwidth between two ranks, depending on whether they share a node.
@@ -185,9 +217,19 @@ fn p2p_bw(s: &Scenario, crosses_nodes: bool) -> f64 {
     }
 }
 
-/// First rank of pipeline stage `stage`.
+/// First rank of pipeline stage `stage`, in the configuration's stage order.
 fn stage_rank(c: &ParallelConfig, stage: u64) -> u64 {
-    stage * c.tp * c.dp
+    c.stage_order.position(stage, c.pp) * c.tp * c.dp
+}
+
+/// The link pipeline sends use: the network if any two neighbouring stages
+/// sit on different nodes (the slowest send sets the pace).
+pub fn pipeline_link(s: &Scenario, c: &ParallelConfig) -> Link {
+    if c.pp > 1 && (0..c.pp - 1).any(|i| !stages_share_node(s, c, i, i + 1)) {
+        Link::InterNode
+    } else {
+        Link::IntraNode
+    }
 }
 
 pub fn stages_share_node(s: &Scenario, c: &ParallelConfig, a: u64, b: u64) -> bool {
@@ -227,51 +269,139 @@ pub fn pipeline_p2p_per_microbatch(
     2.0 * c.virtual_stages as f64 * one
 }
 
-/// Exposed time of synchronising one parameter group over the data-parallel
-/// ranks in one iteration.
-pub fn data_parallel_sync(
+/// Megatron-LM's default gradient bucket: `max(40M, 1M x dp)` parameters
+/// (`DistributedDataParallelConfig.bucket_size` when unset, in
+/// `megatron/core/distributed/distributed_data_parallel.py`).
+fn bucket_params(c: &ParallelConfig) -> f64 {
+    (40e6_f64).max(1e6 * c.dp as f64)
+}
+
+/// What one stage synchronises over the data-parallel ranks at the end of
+/// an iteration (no sharding, or the distributed optimizer), before any
+/// overlap: whole times of the collectives on the data-parallel group.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StageSync {
+    /// Gradient all-reduce (no sharding) or reduce-scatter (distributed optimizer).
+    pub grads: f64,
+    /// The grads' last bucket, which no backward is left to hide.
+    pub grads_last_bucket: f64,
+    /// The distributed optimizer's all-gather of the updated weights.
+    pub gather: f64,
+    /// Its first bucket, needed before any forward can start.
+    pub gather_first_bucket: f64,
+    pub link: Link,
+}
+
+/// The end-of-iteration data-parallel collectives of one stage's parameter
+/// groups; zero under ZeRO-3 (see [`zero3_per_microbatch`]) or with dp 1.
+pub fn stage_sync(
     s: &Scenario,
     c: &ParallelConfig,
-    group: &ParamGroup,
+    groups: &[ParamGroup],
     usage: &mut ProfileUsage,
-) -> f64 {
-    if c.dp == 1 {
-        return 0.0;
+) -> StageSync {
+    let span = data_parallel_span(s, c);
+    let mut sync = StageSync {
+        link: Link::of(span),
+        ..StageSync::default()
+    };
+    if c.dp == 1 || c.optimizer_sharding == OptimizerSharding::Full {
+        return sync;
     }
     let k = s.coef();
-    let span = s.placement.span(c.tp, c.dp);
-    let grads = group.params * k.gradient_bytes_per_param;
-    let weights = group.params * k.weight_bytes_per_param;
-    match (group.sync, c.optimizer_sharding) {
-        (SyncMethod::AllReduce, OptimizerSharding::None) => {
-            collective(s, Collective::AllReduce, span, grads, usage) * (1.0 - k.dp_overlap)
+    let params: f64 = groups.iter().map(|g| g.params).sum();
+    let bucket = (bucket_params(c) / params.max(1.0)).min(1.0);
+    for group in groups {
+        let SyncMethod::AllReduce = group.sync;
+        let grads = group.params * k.gradient_bytes_per_param;
+        let weights = group.params * k.weight_bytes_per_param;
+        match c.optimizer_sharding {
+            OptimizerSharding::None => {
+                sync.grads += collective(s, Collective::AllReduce, span, grads, usage);
+            }
+            _ => {
+                sync.grads += collective(s, Collective::ReduceScatter, span, grads, usage);
+                sync.gather += collective(s, Collective::AllGather, span, weights, usage);
+            }
         }
-        (SyncMethod::AllReduce, OptimizerSharding::OptimizerStates) => {
-            (collective(s, Collective::ReduceScatter, span, grads, usage)
-                + collective(s, Collective::AllGather, span, weights, usage))
-                * (1.0 - k.dp_overlap)
-        }
-        (SyncMethod::AllReduce, OptimizerSharding::Full) => {
-            // ZeRO-3 gathers weights for every forward, recomputation and
-            // backward pass of every micro-batch, and reduce-scatters gradients.
-            let gathers = if c.recompute == Recompute::Full {
-                3.0
-            } else {
-                2.0
-            };
-            let m = c.micro_batches(s.global_batch) as f64;
-            let per_microbatch = gathers
-                * collective(s, Collective::AllGather, span, weights, usage)
-                + collective(s, Collective::ReduceScatter, span, grads, usage);
-            m * per_microbatch * (1.0 - k.zero3_prefetch_overlap)
-        }
+    }
+    sync.grads_last_bucket = sync.grads * bucket;
+    sync.gather_first_bucket = sync.gather * bucket;
+    sync
+}
+
+/// ZeRO-3/FSDP's collectives per micro-batch on one stage: each layer's
+/// weights gathered for every forward, recomputation and backward pass, and
+/// its gradients reduce-scattered. Returns (all of them, the part no
+/// prefetch can hide: the first layer's gather and the embedding tables').
+pub fn zero3_per_microbatch(
+    s: &Scenario,
+    c: &ParallelConfig,
+    groups: &[ParamGroup],
+    layers: f64,
+    usage: &mut ProfileUsage,
+) -> (f64, f64) {
+    if c.dp == 1 || c.optimizer_sharding != OptimizerSharding::Full {
+        return (0.0, 0.0);
+    }
+    let k = s.coef();
+    let span = data_parallel_span(s, c);
+    let gathers = if c.recompute == Recompute::Full {
+        3.0
+    } else {
+        2.0
+    };
+    let mut total = 0.0;
+    let mut unhidden = 0.0;
+    for (i, group) in groups.iter().enumerate() {
+        let weights = group.params * k.weight_bytes_per_param;
+        let grads = group.params * k.gradient_bytes_per_param;
+        let time = gathers * collective(s, Collective::AllGather, span, weights, usage)
+            + collective(s, Collective::ReduceScatter, span, grads, usage);
+        total += time;
+        // The layers' group: one layer's gather comes before any compute;
+        // the embeddings' tables are used whole at the stage's ends.
+        unhidden += if i == 0 {
+            time / (gathers * layers.max(1.0))
+        } else {
+            time
+        };
+    }
+    (total, unhidden.min(total))
+}
+
+/// BPipe's transfer per micro-batch on stage `stage`: an evictor sends a
+/// share of its micro-batches' activations to its acceptor after the
+/// forward pass and takes them back before the backward pass, on the link
+/// that joins the pair. Before any overlap.
+pub fn bpipe_transfer_per_microbatch(s: &Scenario, c: &ParallelConfig, stage: u64) -> f64 {
+    let m = c.micro_batches(s.global_batch);
+    let partner = c.pp - 1 - stage;
+    let (evictor, acceptor) = (stage.min(partner), stage.max(partner));
+    let own = super::memory::schedule_in_flight(c, m, evictor);
+    let evicted = own - super::memory::in_flight(c, m, evictor);
+    if evicted <= 0.0 {
+        return 0.0;
+    }
+    let layers = c.stage_layers(s.model.layers, evictor) as f64;
+    let bytes_per_microbatch = layers * super::memory::layer_activation_bytes(s, c);
+    let both_ways = 2.0 * evicted / own * bytes_per_microbatch;
+    stage_transfer(s, c, evictor, acceptor, both_ways)
+}
+
+/// The link joining BPipe's pair of `stage`.
+pub fn bpipe_link(s: &Scenario, c: &ParallelConfig, stage: u64) -> Link {
+    if stages_share_node(s, c, stage, c.pp - 1 - stage) {
+        Link::IntraNode
+    } else {
+        Link::InterNode
     }
 }
 
 /// All-reduce of the tied word-embedding gradient between the first and the
 /// last stage (Megatron keeps a copy on each).
-pub fn tied_embedding_sync(s: &Scenario, c: &ParallelConfig) -> f64 {
-    if c.pp == 1 || !s.model.tied_embeddings {
+pub fn tied_embedding_sync(s: &Scenario, c: &ParallelConfig, stage: u64) -> f64 {
+    if c.pp == 1 || !s.model.tied_embeddings || (stage != 0 && stage != c.pp - 1) {
         return 0.0;
     }
     let bytes = s.model.embedding_params() / c.tp as f64 * s.coef().gradient_bytes_per_param;

@@ -23,12 +23,21 @@ use crate::profile::{LayerArch, LayerShape};
 /// Seconds per layer per micro-batch, forward + backward + recomputation.
 #[derive(Debug, Clone, Copy)]
 pub struct LayerTime {
-    /// GPU compute: GEMMs, attention core, element-wise passes.
+    /// GPU compute: GEMMs, attention core, element-wise passes (and the
+    /// SMs that overlapped tensor-parallel collectives take from them).
     pub gpu_compute: f64,
-    /// Tensor-parallel collectives (on the compute stream in Megatron-LM).
+    /// Tensor-parallel collectives not hidden: all of them on Megatron-LM's
+    /// compute stream, what the GEMMs cannot cover with `--tp-comm-overlap`.
     pub tensor_parallel: f64,
     /// Host launch time not hidden behind the GPU work.
     pub host_excess: f64,
+    /// The tensor-parallel collectives' whole time on their link, hidden or
+    /// not: what other transfers on that link queue behind.
+    pub tp_link: f64,
+    /// GPU time of the forward pass, and of the backward pass with its
+    /// recomputation (the windows that overlapped transfers hide under).
+    pub forward: f64,
+    pub backward: f64,
 }
 
 /// GPU time of one forward pass of a layer, split by kind.
@@ -147,17 +156,19 @@ fn elementwise_bytes(s: &Scenario, c: &ParallelConfig) -> Traffic {
 }
 
 /// Forward-pass collectives of one layer: two all-reduces, or with sequence
-/// parallelism two all-gathers and two reduce-scatters.
+/// parallelism two all-gathers and two reduce-scatters, over the
+/// tensor-parallel group (within a node, or over whole nodes).
 fn tensor_parallel_forward(s: &Scenario, c: &ParallelConfig, usage: &mut ProfileUsage) -> f64 {
     if c.tp == 1 {
         return 0.0;
     }
+    let span = comm::tensor_parallel_span(s, c);
     let bytes = HALF * (c.micro_batch * s.model.seq_len * s.model.hidden) as f64;
     if c.sequence_parallel {
-        2.0 * (comm::all_gather_intra(s, c.tp, bytes, usage)
-            + comm::reduce_scatter_intra(s, c.tp, bytes, usage))
+        2.0 * (comm::collective(s, comm::Collective::AllGather, span, bytes, usage)
+            + comm::collective(s, comm::Collective::ReduceScatter, span, bytes, usage))
     } else {
-        2.0 * comm::all_reduce_intra(s, c.tp, bytes, usage)
+        2.0 * comm::collective(s, comm::Collective::AllReduce, span, bytes, usage)
     }
 }
 
@@ -211,53 +222,84 @@ fn tensor_parallel_total(tp_fwd: f64, recompute: Recompute) -> f64 {
     2.0 * tp_fwd + recomputed
 }
 
+/// What `--tp-comm-overlap` leaves of `tp` seconds of tensor-parallel
+/// collectives beside `gemm` seconds of the GEMMs they feed: Transformer
+/// Engine pipelines each all-gather and reduce-scatter with its GEMM in tp
+/// chunks, so the collectives hide under the GEMMs up to the overlap
+/// efficiency, and never the first chunk. Returns (exposed, hidden).
+fn tp_overlap(s: &Scenario, c: &ParallelConfig, tp: f64, gemm: f64) -> (f64, f64) {
+    if !c.tp_comm_overlap || tp <= 0.0 {
+        return (tp, 0.0);
+    }
+    let exposed = (tp - s.coef().tp_overlap_efficiency * gemm).max(tp / c.tp as f64);
+    (exposed, tp - exposed)
+}
+
 pub fn layer_time(s: &Scenario, c: &ParallelConfig, usage: &mut ProfileUsage) -> LayerTime {
+    let k = s.coef();
+    let (fwd, bwd) = layer_passes(s, c);
+    let tp_fwd = tensor_parallel_forward(s, c, usage);
+    let tp_total = tensor_parallel_total(tp_fwd, c.recompute);
+    // Forward-equivalent passes the host launches, and the recomputed work.
+    let (host_passes, recomputed_gpu, recomputed_gemm) = match c.recompute {
+        Recompute::None => (3.0, 0.0, 0.0),
+        // Selective recomputation redoes the attention core: about a quarter
+        // of a layer's operators.
+        Recompute::Selective => (3.25, fwd.attention + fwd.score_passes, 0.0),
+        Recompute::Full => (4.0, fwd.total(), fwd.gemm),
+    };
+    let gemm = fwd.gemm + bwd.gemm + recomputed_gemm;
+    let formula_compute = fwd.total() + bwd.total() + recomputed_gpu;
     if let Some(profile) = s.profile {
         match profile.layer(&shape(s, c), c.micro_batch) {
             Some(measured) => {
                 usage.layer_lookups += 1;
                 usage.layer_extrapolated += u64::from(measured.extrapolated);
                 let total = measured.total();
-                let tp = tensor_parallel_total(tensor_parallel_forward(s, c, usage), c.recompute);
-                // A shard timed alone lacks its collectives: add them.
-                if !measured.includes_tp_comm {
-                    return LayerTime {
-                        gpu_compute: total,
-                        tensor_parallel: tp,
-                        host_excess: 0.0,
-                    };
-                }
-                let tp = tp.min(total);
+                // A shard timed alone lacks its collectives: add them. A
+                // layer timed in a real run holds them: carve them out.
+                let (compute, tp) = if measured.includes_tp_comm {
+                    let tp = tp_total.min(total);
+                    (total - tp, tp)
+                } else {
+                    (total, tp_total)
+                };
+                // The GEMMs' share of the measured time, from the formulas.
+                let measured_gemm = compute * gemm / formula_compute.max(f64::MIN_POSITIVE);
+                let (exposed, hidden) = tp_overlap(s, c, tp, measured_gemm);
+                let forward = measured.forward.min(compute);
                 return LayerTime {
-                    gpu_compute: total - tp,
-                    tensor_parallel: tp,
+                    gpu_compute: compute + k.overlap_sm_cost * hidden,
+                    tensor_parallel: exposed,
                     host_excess: 0.0,
+                    tp_link: tp,
+                    forward,
+                    backward: compute - forward,
                 };
             }
             None => usage.layer_modelled += 1,
         }
     }
-    let k = s.coef();
-    let (fwd, bwd) = layer_passes(s, c);
-    let tp_fwd = tensor_parallel_forward(s, c, usage);
-    // Forward-equivalent passes the host launches, and the recomputed work.
-    let (host_passes, recomputed_gpu) = match c.recompute {
-        Recompute::None => (3.0, 0.0),
-        // Selective recomputation redoes the attention core: about a quarter
-        // of a layer's operators.
-        Recompute::Selective => (3.25, fwd.attention + fwd.score_passes),
-        Recompute::Full => (4.0, fwd.total()),
+    let (exposed, hidden) = tp_overlap(s, c, tp_total, gemm);
+    let gpu_compute = formula_compute + k.overlap_sm_cost * hidden;
+    // CUDA graphs replay a captured layer: the host launches one graph
+    // instead of every kernel.
+    let launch = if c.cuda_graphs {
+        k.cuda_graph_host_fraction
+    } else {
+        1.0
     };
-    let gpu_compute = fwd.total() + bwd.total() + recomputed_gpu;
-    let tensor_parallel = tensor_parallel_total(tp_fwd, c.recompute);
-    let host = (host_passes * k.host_us_per_layer_pass
+    let host = (host_passes * k.host_us_per_layer_pass * launch
         + tensor_parallel_calls(c) * (c.tp - 1) as f64 * k.host_sync_us_per_rank)
         * 1e-6;
-    let gpu = gpu_compute + tensor_parallel;
+    let gpu = gpu_compute + exposed;
     LayerTime {
         gpu_compute,
-        tensor_parallel,
+        tensor_parallel: exposed,
         host_excess: soft_max(host, gpu, k.host_overlap_exponent) - gpu,
+        tp_link: tp_total,
+        forward: fwd.total(),
+        backward: bwd.total() + recomputed_gpu,
     }
 }
 

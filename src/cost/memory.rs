@@ -3,7 +3,6 @@
 //! balancing), buffers and runtime overhead.
 
 use super::Scenario;
-use super::comm;
 use super::kernels::HALF;
 use crate::config::{OptimizerSharding, ParallelConfig, Recompute, ScheduleKind};
 use crate::model::{AttentionKind, ModelSpec};
@@ -32,7 +31,7 @@ pub struct ParamGroup {
 pub fn parameter_groups(s: &Scenario, c: &ParallelConfig, stage: u64) -> [ParamGroup; 2] {
     let t = c.tp as f64;
     let model = s.model;
-    let layers = (model.layers / c.pp) as f64 * layer_params_per_rank(model, c.tp);
+    let layers = c.stage_layers(model.layers, stage) as f64 * layer_params_per_rank(model, c.tp);
     let mut embeddings = 0.0;
     if stage == 0 {
         embeddings += model.embedding_params() / t + model.position_params();
@@ -157,10 +156,13 @@ pub fn schedule_in_flight(c: &ParallelConfig, m: u64, stage: u64) -> f64 {
         ScheduleKind::Gpipe => m as f64,
         ScheduleKind::OneFOneB => (p - stage).min(m) as f64,
         ScheduleKind::Interleaved => {
-            // Megatron's warm-up: (p - i - 1) * 2 + (v - 1) * p chunks, plus
-            // the one in progress; each chunk is 1/v of the stage's layers.
+            // Megatron's warm-up: (p - i - 1) * 2 + (v - 1) * n chunks, plus
+            // the one in progress, n the micro-batch group (pp unless the
+            // micro-batch count needs more); each chunk is 1/v of the stage's
+            // layers.
             let v = c.virtual_stages;
-            let chunks = ((p - stage - 1) * 2 + (v - 1) * p + 1).min(m * v);
+            let n = c.microbatch_group(m).unwrap_or(p);
+            let chunks = ((p - stage - 1) * 2 + (v - 1) * n + 1).min(m * v);
             chunks as f64 / v as f64
         }
     }
@@ -192,25 +194,6 @@ pub fn in_flight(c: &ParallelConfig, m: u64, stage: u64) -> f64 {
     }
 }
 
-/// BPipe transfer time charged per micro-batch on stage `stage`: an evictor
-/// sends a share of its micro-batches' activations to its acceptor after the
-/// forward pass and takes them back before the backward pass.
-pub fn bpipe_transfer_per_microbatch(s: &Scenario, c: &ParallelConfig, stage: u64) -> f64 {
-    let m = c.micro_batches(s.global_batch);
-    let partner = c.pp - 1 - stage;
-    let (evictor, acceptor) = (stage.min(partner), stage.max(partner));
-    let own = schedule_in_flight(c, m, evictor);
-    let evicted = own - bpipe_in_flight(c, m, evictor);
-    if evicted <= 0.0 {
-        return 0.0;
-    }
-    let layers = (s.model.layers / c.pp) as f64;
-    let bytes_per_microbatch = layers * layer_activation_bytes(s, c);
-    let share = evicted / own;
-    let both_ways = 2.0 * share * bytes_per_microbatch;
-    comm::stage_transfer(s, c, evictor, acceptor, both_ways) * (1.0 - s.coef().bpipe_overlap)
-}
-
 pub fn stage_memory(s: &Scenario, c: &ParallelConfig, stage: u64) -> StageMemory {
     let k = s.coef();
     let model = s.model;
@@ -229,7 +212,7 @@ pub fn stage_memory(s: &Scenario, c: &ParallelConfig, stage: u64) -> StageMemory
     let b = c.micro_batch as f64;
     let seq = model.seq_len as f64;
     let h = model.hidden as f64;
-    let layers = (model.layers / c.pp) as f64;
+    let layers = c.stage_layers(model.layers, stage) as f64;
     let held = in_flight(c, m, stage);
     let mut activations = held * layers * layer_activation_bytes(s, c);
     if c.recompute == Recompute::Full {
@@ -253,6 +236,14 @@ pub fn stage_memory(s: &Scenario, c: &ParallelConfig, stage: u64) -> StageMemory
         0.0
     };
     buffers += gathered_weight_bytes(s, c, stage);
+    if c.tp_comm_overlap {
+        // Transformer Engine's userbuffers: a gathered (whole-sequence)
+        // 16-bit buffer for each of the layer's four overlapped GEMMs.
+        buffers += 4.0 * HALF * seq * b * h;
+    }
+    if c.cuda_graphs {
+        buffers += k.cuda_graph_memory_gib * GIB;
+    }
     StageMemory {
         stage,
         weights: params * k.weight_bytes_per_param / state_shards,
@@ -265,27 +256,28 @@ pub fn stage_memory(s: &Scenario, c: &ParallelConfig, stage: u64) -> StageMemory
     }
 }
 
-/// The stage with the most memory and its bytes. Without BPipe only the
-/// first and the last stage can be it: the first holds the most in-flight
-/// micro-batches (under every schedule) and the embedding, the last holds the
-/// output head and the logits; stages between hold less of everything. BPipe
-/// with fewer micro-batches than stages can leave a middle pair holding more
-/// than the ends, so there every stage is looked at.
+/// The stages that can hold the most memory: the first (the most in-flight
+/// micro-batches under every schedule, and the embedding) and the last (the
+/// output head and the logits); with an uneven split also their neighbours,
+/// which may hold more layers than the ends. Stages between hold less of
+/// everything.
+pub fn peak_candidates(c: &ParallelConfig) -> impl Iterator<Item = u64> {
+    let p = c.pp;
+    // A stage listed twice (p <= 3) is harmless where the largest is taken.
+    let stages = [0, p - 1, 1.min(p - 1), p.saturating_sub(2)];
+    stages.into_iter().take(if c.uneven() { 4 } else { 2 })
+}
+
+/// The stage with the most memory and its bytes: among
+/// [`peak_candidates`], or, under BPipe with fewer micro-batches than
+/// stages (a middle pair can then hold more than the ends), every stage.
 pub fn peak_stage(s: &Scenario, c: &ParallelConfig) -> (u64, f64) {
+    let best = |best: (u64, f64), x: (u64, f64)| if x.1 > best.1 { x } else { best };
+    let total = |i: u64| (i, stage_memory(s, c, i).total());
     if c.bpipe {
-        return (0..c.pp).map(|i| (i, stage_memory(s, c, i).total())).fold(
-            (0, f64::NEG_INFINITY),
-            |best, x| if x.1 > best.1 { x } else { best },
-        );
+        return (0..c.pp).map(total).fold((0, f64::NEG_INFINITY), best);
     }
-    let first = stage_memory(s, c, 0).total();
-    if c.pp == 1 {
-        return (0, first);
-    }
-    let last = stage_memory(s, c, c.pp - 1).total();
-    if last > first {
-        (c.pp - 1, last)
-    } else {
-        (0, first)
-    }
+    peak_candidates(c)
+        .map(total)
+        .fold((0, f64::NEG_INFINITY), best)
 }

@@ -234,15 +234,36 @@ pub struct StageTime {
     /// output head where the stage has them.
     pub compute: f64,
     pub host: f64,
+    /// Tensor-parallel collectives not hidden.
     pub tensor_parallel: f64,
     pub p2p: f64,
+    /// BPipe's transfers not hidden behind the stage's compute.
     pub bpipe: f64,
+    /// ZeRO-3's per-micro-batch gathers and reduce-scatters not hidden.
+    #[serde(default)]
+    pub data_parallel: f64,
 }
 
 impl StageTime {
     pub fn total(&self) -> f64 {
-        self.compute + self.host + self.tensor_parallel + self.p2p + self.bpipe
+        self.compute + self.host + self.tensor_parallel + self.p2p + self.bpipe + self.data_parallel
     }
+}
+
+/// What an overlapped transfer of `transfer` seconds leaves exposed beside
+/// `window` seconds of concurrent compute it may hide under at `efficiency`
+/// (the fraction of the window the streams can share), never less than
+/// `floor` (the part that has nothing to hide under). Returns (exposed,
+/// hidden); the hidden part still costs `overlap_sm_cost` of itself in
+/// compute (the SMs its kernels take), which callers add.
+pub fn overlapped(transfer: f64, window: f64, efficiency: f64, floor: f64) -> (f64, f64) {
+    if transfer <= 0.0 {
+        return (0.0, 0.0);
+    }
+    let exposed = (transfer - efficiency * window.max(0.0))
+        .max(floor.min(transfer))
+        .max(0.0);
+    (exposed, transfer - exposed)
 }
 
 /// Per-micro-batch GPU time of the work only the first stage (embedding)
@@ -272,13 +293,15 @@ fn stage_time(
     i: u64,
 ) -> StageTime {
     let p = c.pp;
-    let layers_per_stage = (s.model.layers / p) as f64;
+    let k = s.coef();
+    let layers = c.stage_layers(s.model.layers, i) as f64;
     let mut t = StageTime {
-        compute: layers_per_stage * layer.gpu_compute,
-        host: layers_per_stage * layer.host_excess + s.coef().microbatch_overhead_ms * 1e-3,
-        tensor_parallel: layers_per_stage * layer.tensor_parallel,
+        compute: layers * layer.gpu_compute,
+        host: layers * layer.host_excess + k.microbatch_overhead_ms * 1e-3,
+        tensor_parallel: layers * layer.tensor_parallel,
         p2p: if p > 1 { p2p } else { 0.0 },
         bpipe: 0.0,
+        data_parallel: 0.0,
     };
     if i == 0 {
         t.compute += ends.first;
@@ -286,8 +309,20 @@ fn stage_time(
     if i == p - 1 {
         t.compute += ends.last;
     }
+    let window = layers * (layer.forward + layer.backward);
     if c.bpipe {
-        t.bpipe = memory::bpipe_transfer_per_microbatch(s, c, i);
+        let transfer = comm::bpipe_transfer_per_microbatch(s, c, i);
+        let (exposed, hidden) = overlapped(transfer, window, k.bpipe_overlap, 0.0);
+        t.bpipe = exposed;
+        t.compute += k.overlap_sm_cost * hidden;
+    }
+    if c.optimizer_sharding == OptimizerSharding::Full {
+        let groups = memory::parameter_groups(s, c, i);
+        let (gathers, unhidden) =
+            comm::zero3_per_microbatch(s, c, &groups, layers, &mut ProfileUsage::default());
+        let (exposed, hidden) = overlapped(gathers, window, k.zero3_prefetch_overlap, unhidden);
+        t.data_parallel = exposed;
+        t.compute += k.overlap_sm_cost * hidden;
     }
     t
 }
@@ -323,18 +358,25 @@ pub fn predict_with_usage(s: &Scenario, c: &ParallelConfig) -> (Prediction, Prof
     }
     let bubble = (sum - slowest.total()) / v;
 
-    let sync = data_parallel_and_optimizer(s, c, &mut usage);
-    let time = TimeBreakdown {
+    let sync = data_parallel_and_optimizer(s, c, &layer, &mut usage);
+    let mut time = TimeBreakdown {
         compute: m * slowest.compute,
         host: m * slowest.host,
         bubble,
         tensor_parallel: m * slowest.tensor_parallel,
         pipeline_p2p: m * slowest.p2p,
-        data_parallel: sync.exposed_comm,
+        data_parallel: m * slowest.data_parallel + sync.exposed_comm,
         optimizer: sync.optimizer,
         bpipe_transfer: m * slowest.bpipe,
         fixed: s.coef().iteration_overhead_ms * 1e-3,
     };
+    // Overlap hides transfers behind compute, never behind each other: the
+    // iteration takes at least as long as its busiest link is busy.
+    let links = link_busy(s, c, &layer, m, p2p, &sync);
+    let busiest = links.intra.max(links.inter);
+    if busiest > time.total() {
+        time.data_parallel += busiest - time.total();
+    }
     let iteration_s = time.total();
 
     let memory = peak_memory(s, c);
@@ -352,6 +394,67 @@ pub fn predict_with_usage(s: &Scenario, c: &ParallelConfig) -> (Prediction, Prof
         fits: memory.fits,
     };
     (prediction, usage)
+}
+
+/// The time the busiest link of a GPU is busy in one iteration, hidden or
+/// not: a floor under the iteration time (overlap hides transfers behind
+/// compute, not behind each other).
+pub fn busiest_link_seconds(s: &Scenario, c: &ParallelConfig) -> f64 {
+    let mut usage = ProfileUsage::default();
+    let m = c.micro_batches(s.global_batch) as f64;
+    let layer = layer::layer_time(s, c, &mut usage);
+    let p2p = comm::pipeline_p2p_per_microbatch(s, c, &mut usage);
+    let sync = data_parallel_and_optimizer(s, c, &layer, &mut usage);
+    let links = link_busy(s, c, &layer, m, p2p, &sync);
+    links.intra.max(links.inter)
+}
+
+/// Seconds per iteration each kind of link of a GPU is busy, hidden or not.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct LinkBusy {
+    pub intra: f64,
+    pub inter: f64,
+}
+
+impl LinkBusy {
+    fn add(&mut self, link: comm::Link, seconds: f64) {
+        match link {
+            comm::Link::IntraNode => self.intra += seconds,
+            comm::Link::InterNode => self.inter += seconds,
+        }
+    }
+}
+
+/// How long each link is busy in one iteration on the busiest stage: every
+/// tensor-parallel collective, pipeline send, BPipe transfer and
+/// data-parallel collective, on the link its group uses.
+fn link_busy(
+    s: &Scenario,
+    c: &ParallelConfig,
+    layer: &layer::LayerTime,
+    m: f64,
+    p2p: f64,
+    sync: &SyncTime,
+) -> LinkBusy {
+    let mut busy = LinkBusy::default();
+    let most_layers = (0..c.pp)
+        .map(|i| c.stage_layers(s.model.layers, i))
+        .max()
+        .unwrap_or(0) as f64;
+    let tp_link = comm::Link::of(comm::tensor_parallel_span(s, c));
+    busy.add(tp_link, m * most_layers * layer.tp_link);
+    busy.add(comm::pipeline_link(s, c), m * p2p);
+    let dp_link = comm::Link::of(comm::data_parallel_span(s, c));
+    busy.add(dp_link, sync.link_seconds);
+    if c.bpipe {
+        for i in 0..c.pp / 2 {
+            busy.add(
+                comm::bpipe_link(s, c, i),
+                m * comm::bpipe_transfer_per_microbatch(s, c, i),
+            );
+        }
+    }
+    busy
 }
 
 /// The memory verdict alone, cheaper than a whole prediction: the search
@@ -407,44 +510,107 @@ pub fn hardware_flops(s: &Scenario, c: &ParallelConfig) -> f64 {
 }
 
 struct SyncTime {
+    /// Data-parallel collectives at the iteration's ends not hidden, on the
+    /// stage whose tail is longest.
     exposed_comm: f64,
     optimizer: f64,
+    /// All data-parallel traffic of that stage per iteration, hidden or not
+    /// (ZeRO-3's per-micro-batch collectives included).
+    link_seconds: f64,
 }
 
-/// Data-parallel synchronisation and the optimizer step, for the stage that
-/// takes longest (the first or last, which hold the embeddings).
+/// Data-parallel synchronisation and the optimizer step at the end of an
+/// iteration, for the stage whose tail is longest. Stage `i` finishes its
+/// last backward pass earlier than stage 0, by the backward passes of the
+/// stages before it, and its tail runs in that time; with
+/// `--overlap-grad-reduce` the first stage also reduces its gradients in
+/// buckets under its last backward pass (Megatron-LM buckets on the first
+/// stage only), and with `--overlap-param-gather` the updated weights are
+/// gathered under the next iteration's first forward passes.
 fn data_parallel_and_optimizer(
     s: &Scenario,
     c: &ParallelConfig,
+    layer: &layer::LayerTime,
     usage: &mut ProfileUsage,
 ) -> SyncTime {
     let k = s.coef();
-    let d = c.dp;
-    let stages: &[u64] = if c.pp == 1 { &[0] } else { &[0, c.pp - 1] };
+    let d = c.dp as f64;
+    let v = c.virtual_stages as f64;
+    let tp_link = comm::Link::of(comm::tensor_parallel_span(s, c));
+    // The share of a layer's tensor-parallel traffic in its backward pass
+    // (with full recomputation the recomputed forward's too).
+    let tp_backward_share = if c.recompute == Recompute::Full {
+        2.0 / 3.0
+    } else {
+        0.5
+    };
     let mut worst = SyncTime {
         exposed_comm: 0.0,
         optimizer: 0.0,
+        link_seconds: 0.0,
     };
-    for &stage in stages {
-        let mut comm = 0.0;
-        for group in memory::parameter_groups(s, c, stage) {
-            comm += comm::data_parallel_sync(s, c, &group, usage);
-        }
-        comm += comm::tied_embedding_sync(s, c);
+    let mut worst_tail = f64::NEG_INFINITY;
+    let mut gather_ahead = 0.0_f64;
+    let m = c.micro_batches(s.global_batch) as f64;
+    for stage in memory::peak_candidates(c) {
+        let groups = memory::parameter_groups(s, c, stage);
+        let layers = c.stage_layers(s.model.layers, stage) as f64;
+        let before: f64 = (0..stage)
+            .map(|j| c.stage_layers(s.model.layers, j) as f64)
+            .sum();
+        let sync = comm::stage_sync(s, c, &groups, usage);
+        let same_link = sync.link == tp_link;
+        // Gradients: bucketed under the last backward on the first stage.
+        let grads = if c.overlap_grad_reduce && stage == 0 {
+            let busy = if same_link {
+                layers * layer.tp_link * tp_backward_share
+            } else {
+                0.0
+            };
+            let window = layers * layer.backward - busy;
+            let (exposed, hidden) =
+                overlapped(sync.grads, window, k.dp_overlap, sync.grads_last_bucket);
+            exposed + k.overlap_sm_cost * hidden
+        } else {
+            sync.grads
+        };
+        // Weights: after the optimizer step, or under the next forwards.
+        let gather = if c.overlap_param_gather {
+            let busy = if same_link {
+                layers * layer.tp_link * (1.0 - tp_backward_share)
+            } else {
+                0.0
+            };
+            let window = layers * layer.forward - busy + before * layer.forward / v;
+            let (exposed, hidden) =
+                overlapped(sync.gather, window, k.dp_overlap, sync.gather_first_bucket);
+            gather_ahead = gather_ahead.max(exposed + k.overlap_sm_cost * hidden);
+            0.0
+        } else {
+            sync.gather
+        };
+        let comm = grads + gather + comm::tied_embedding_sync(s, c, stage);
         let owned = memory::stage_params(s, c, stage)
             / match c.optimizer_sharding {
                 OptimizerSharding::None => 1.0,
-                _ => d as f64,
+                _ => d,
             };
         let optimizer = owned * k.optimizer_step_bytes_per_param
             / (s.gpu.hbm_bandwidth * k.hbm_efficiency * s.measured_hbm_scale);
-        if comm + optimizer > worst.exposed_comm + worst.optimizer {
-            worst = SyncTime {
-                exposed_comm: comm,
-                optimizer,
-            };
+        // Stage `stage` ended its schedule this much before stage 0.
+        let slack = before * layer.backward / v;
+        let tail = comm + optimizer - slack;
+        let (zero3, _) = comm::zero3_per_microbatch(s, c, &groups, layers, usage);
+        let link_seconds = sync.grads + sync.gather + m * zero3;
+        worst.link_seconds = worst.link_seconds.max(link_seconds);
+        if tail > worst_tail {
+            worst_tail = tail;
+            let optimizer = optimizer.min(tail.max(0.0));
+            worst.optimizer = optimizer;
+            worst.exposed_comm = tail.max(0.0) - optimizer;
         }
     }
+    worst.exposed_comm += gather_ahead;
     worst
 }
 

@@ -68,14 +68,69 @@ pub fn megatron_args(job: &LaunchJob) -> Result<Vec<String>, ExportError> {
         });
     }
 
+    if c.uneven()
+        && c.virtual_stages > 1
+        && [c.first_stage_layers, c.last_stage_layers]
+            .iter()
+            .flatten()
+            .any(|n| !n.is_multiple_of(c.virtual_stages))
+    {
+        return Err(ExportError::Unsupported {
+            engine: ENGINE,
+            feature: format!(
+                "first/last stage layers {}/{} that are not multiples of the {} virtual stages",
+                c.first_stage_layers
+                    .map_or("even".into(), |n| n.to_string()),
+                c.last_stage_layers.map_or("even".into(), |n| n.to_string()),
+                c.virtual_stages
+            ),
+            hint: "Megatron-LM's --decoder-first/last-pipeline-num-layers need whole chunks with \
+                   interleaving; pick multiples of --virtual-stages, or use \
+                   --account-for-embedding-in-pipeline-split by hand"
+                .into(),
+        });
+    }
+
     let mut args = Args::default();
     args.pair("--tensor-model-parallel-size", c.tp);
     args.pair("--pipeline-model-parallel-size", c.pp);
+    if let Some(first) = c.first_stage_layers {
+        args.pair("--decoder-first-pipeline-num-layers", first);
+    }
+    if let Some(last) = c.last_stage_layers {
+        args.pair("--decoder-last-pipeline-num-layers", last);
+    }
     if c.schedule == ScheduleKind::Interleaved {
-        args.pair(
-            "--num-layers-per-virtual-pipeline-stage",
-            model.layers / (c.pp * c.virtual_stages),
-        );
+        // With an uneven split chunks differ in size, so Megatron-LM takes
+        // the chunk count instead of the layers per chunk.
+        if c.uneven() {
+            args.pair("--num-virtual-stages-per-pipeline-rank", c.virtual_stages);
+        } else {
+            args.pair(
+                "--num-layers-per-virtual-pipeline-stage",
+                model.layers / (c.pp * c.virtual_stages),
+            );
+        }
+        let m = c.micro_batches(job.global_batch);
+        if let Some(group) = c.microbatch_group(m)
+            && group != c.pp
+        {
+            args.pair("--microbatch-group-size-per-virtual-pipeline-stage", group);
+        }
+    }
+    if c.overlap_grad_reduce {
+        args.flag("--overlap-grad-reduce");
+    }
+    if c.overlap_param_gather {
+        args.flag("--overlap-param-gather");
+    }
+    if c.tp_comm_overlap {
+        args.flag("--tp-comm-overlap");
+    }
+    if c.cuda_graphs {
+        // Transformer Engine's make_graphed_callables, per layer (the
+        // default --cuda-graph-scope full).
+        args.pair("--cuda-graph-impl", "transformer_engine");
     }
     if c.sequence_parallel {
         args.flag("--sequence-parallel");

@@ -78,6 +78,7 @@ mod tests {
             optimizer_sharding: OptimizerSharding::OptimizerStates,
             bpipe: false,
             attention: AttentionKind::Flash,
+            ..ParallelConfig::default()
         }
     }
 
@@ -122,6 +123,7 @@ mod tests {
             optimizer_sharding: OptimizerSharding::None,
             bpipe: false,
             attention: AttentionKind::Flash,
+            ..ParallelConfig::default()
         }
     }
 

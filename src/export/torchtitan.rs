@@ -58,6 +58,16 @@ pub fn torchtitan_toml(job: &LaunchJob) -> Result<String, ExportError> {
             hint: "torchtitan has no BPipe; search again with --bpipe off".into(),
         });
     }
+    if c.cuda_graphs {
+        return Err(ExportError::Unsupported {
+            engine: ENGINE,
+            feature: "CUDA graphs".into(),
+            hint: "the TOML job config of torchtitan 0.2 has no CUDA-graph switch (0.3 captures \
+                   whole steps by default, without pipeline parallelism); search again with \
+                   --cuda-graphs off"
+                .into(),
+        });
+    }
 
     let mut out = String::new();
     let w = &mut out;
@@ -188,7 +198,30 @@ pub fn torchtitan_toml(job: &LaunchJob) -> Result<String, ExportError> {
         );
     }
     line(w, format_args!("tensor_parallel_degree = {}", c.tp));
-    line(w, format_args!("enable_async_tensor_parallel = false"));
+    if c.tp_comm_overlap {
+        line(
+            w,
+            format_args!(
+                "# --tp-comm-overlap: torchtitan's async tensor parallelism (needs [compile] enable = true)"
+            ),
+        );
+    }
+    line(
+        w,
+        format_args!("enable_async_tensor_parallel = {}", c.tp_comm_overlap),
+    );
+    if c.dp > 1 && !c.overlap_grad_reduce {
+        line(
+            w,
+            format_args!(
+                "# torchtitan always overlaps gradient reduction with the backward pass (FSDP/DDP);"
+            ),
+        );
+        line(
+            w,
+            format_args!("# the plan had it off, so the step may take less time than planned"),
+        );
+    }
     line(w, format_args!("pipeline_parallel_degree = {}", c.pp));
     if let Some(microbatch) = microbatch {
         let schedule = match c.schedule {
@@ -204,20 +237,27 @@ pub fn torchtitan_toml(job: &LaunchJob) -> Result<String, ExportError> {
             w,
             format_args!("pipeline_parallel_microbatch_size = {microbatch}"),
         );
+        // Per chunk: the middle stages' share, the end stages fewer.
+        let v = c.virtual_stages;
+        let per_chunk = c.middle_stage_layers(model.layers) / v;
+        let less = |end: Option<u64>| end.map_or(0, |n| (per_chunk * v).saturating_sub(n));
+        line(
+            w,
+            format_args!("pipeline_parallel_layers_per_stage = {per_chunk}"),
+        );
         line(
             w,
             format_args!(
-                "pipeline_parallel_layers_per_stage = {}",
-                model.layers / (c.pp * c.virtual_stages)
+                "pipeline_parallel_first_stage_less_layers = {}",
+                less(c.first_stage_layers)
             ),
         );
         line(
             w,
-            format_args!("pipeline_parallel_first_stage_less_layers = 0"),
-        );
-        line(
-            w,
-            format_args!("pipeline_parallel_last_stage_less_layers = 0"),
+            format_args!(
+                "pipeline_parallel_last_stage_less_layers = {}",
+                less(c.last_stage_layers)
+            ),
         );
     }
 

@@ -13,7 +13,7 @@ mod table;
 pub use history::{HistoryError, RunHistory, TailRepair};
 pub use table::{RunTable, write_csv};
 
-use crate::config::{OptimizerSharding, ParallelConfig, Recompute, ScheduleKind};
+use crate::config::{OptimizerSharding, ParallelConfig, Recompute, ScheduleKind, StageOrder};
 use crate::model::{AttentionKind, ModelSpec};
 
 /// Column values for what a row does not say.
@@ -22,12 +22,22 @@ pub struct RowDefaults {
     /// Dimensions the row does not give come from here; `ffn_hidden` scales
     /// with `hidden` when only `hidden` is given.
     pub model: ModelSpec,
+    /// Whether `model` is the user's (`--model`, or its dimensions as
+    /// flags): a table without the model's columns then takes it whole. A
+    /// placeholder model cannot stand in for columns a table lacks.
+    pub model_is_given: bool,
     pub recompute: Recompute,
     pub sequence_parallel: bool,
     pub schedule: ScheduleKind,
     pub virtual_stages: u64,
     pub bpipe: bool,
     pub optimizer_sharding: OptimizerSharding,
+    /// The engine switches, as the engine runs by default (all off in
+    /// Megatron-LM) unless the flags say otherwise.
+    pub overlap_grad_reduce: bool,
+    pub overlap_param_gather: bool,
+    pub tp_comm_overlap: bool,
+    pub cuda_graphs: bool,
 }
 
 impl RowDefaults {
@@ -40,12 +50,17 @@ impl RowDefaults {
         model.attention = attention;
         RowDefaults {
             model,
+            model_is_given: false,
             recompute,
             sequence_parallel: false,
             schedule: ScheduleKind::OneFOneB,
             virtual_stages: 1,
             bpipe: false,
             optimizer_sharding: OptimizerSharding::None,
+            overlap_grad_reduce: false,
+            overlap_param_gather: false,
+            tp_comm_overlap: false,
+            cuda_graphs: false,
         }
     }
 }
@@ -97,6 +112,19 @@ pub fn runs_from_table(
     gpus_per_node: u64,
 ) -> Result<Vec<Run>, RunsError> {
     check_column_names(table)?;
+    if !defaults.model_is_given
+        && let Some(missing) = MODEL_COLUMNS
+            .iter()
+            .find(|c| !table.headers.iter().any(|h| h == *c))
+    {
+        return Err(RunsError::Table {
+            path: table.path.clone(),
+            message: format!(
+                "no `{missing}` column; give the model's dimensions as columns ({}) or the model with --model",
+                MODEL_COLUMNS.join(", ")
+            ),
+        });
+    }
     let mut runs = Vec::with_capacity(table.rows.len());
     for (index, _) in table.rows.iter().enumerate() {
         let line = table.line(index);
@@ -175,6 +203,14 @@ fn parse_row(table: &RunTable, index: usize, defaults: &RowDefaults) -> Result<R
             *field = v;
         }
     }
+    for (name, field) in [
+        ("gated_mlp", &mut model.gated_mlp),
+        ("tied_embeddings", &mut model.tied_embeddings),
+    ] {
+        if let Some(text) = cell(name) {
+            *field = parse_switch(name, text)?;
+        }
+    }
     if let Some(text) = cell("attention") {
         model.attention = parse_choice(
             "attention",
@@ -216,6 +252,35 @@ fn parse_row(table: &RunTable, index: usize, defaults: &RowDefaults) -> Result<R
     if schedule != ScheduleKind::Interleaved {
         virtual_stages = 1;
     }
+    let switch = |name: &str, default: bool| -> Result<bool, String> {
+        cell(name).map_or(Ok(default), |text| parse_switch(name, text))
+    };
+    let optimizer_sharding = match (cell("optimizer_sharding"), cell("distributed_optimizer")) {
+        (Some(text), _) => parse_choice(
+            "optimizer_sharding",
+            text,
+            &OptimizerSharding::ALL.map(|k| (k.name(), k)),
+        )?,
+        // Megatron-LM's own switch, as megatron_ci_runs.csv has it.
+        (None, Some(text)) => {
+            if parse_switch("distributed_optimizer", text)? {
+                OptimizerSharding::OptimizerStates
+            } else {
+                OptimizerSharding::None
+            }
+        }
+        (None, None) if dp == 1 => OptimizerSharding::None,
+        (None, None) => defaults.optimizer_sharding,
+    };
+    let (first_stage_layers, last_stage_layers) = end_stage_layers(
+        &model,
+        pp,
+        virtual_stages,
+        int("first_stage_layers")?,
+        int("last_stage_layers")?,
+        switch("account_for_embedding_in_split", false)?,
+        switch("account_for_loss_in_split", false)?,
+    )?;
     let config = ParallelConfig {
         tp,
         pp,
@@ -231,20 +296,21 @@ fn parse_row(table: &RunTable, index: usize, defaults: &RowDefaults) -> Result<R
             Some(text) => parse_switch("sequence_parallel", text)?,
             None => defaults.sequence_parallel && tp > 1,
         },
-        optimizer_sharding: match cell("optimizer_sharding") {
-            Some(text) => parse_choice(
-                "optimizer_sharding",
-                text,
-                &OptimizerSharding::ALL.map(|k| (k.name(), k)),
-            )?,
-            None if dp == 1 => OptimizerSharding::None,
-            None => defaults.optimizer_sharding,
-        },
-        bpipe: match cell("bpipe") {
-            Some(text) => parse_switch("bpipe", text)?,
-            None => defaults.bpipe,
-        },
+        optimizer_sharding,
+        bpipe: switch("bpipe", defaults.bpipe)?,
         attention: model.attention,
+        first_stage_layers,
+        last_stage_layers,
+        overlap_grad_reduce: switch("overlap_grad_reduce", defaults.overlap_grad_reduce)?,
+        overlap_param_gather: switch("overlap_param_gather", defaults.overlap_param_gather)?,
+        tp_comm_overlap: switch("tp_comm_overlap", defaults.tp_comm_overlap)?,
+        cuda_graphs: switch("cuda_graphs", defaults.cuda_graphs)?,
+        stage_order: match cell("stage_order") {
+            Some(text) => {
+                parse_choice("stage_order", text, &StageOrder::ALL.map(|k| (k.name(), k)))?
+            }
+            None => StageOrder::Megatron,
+        },
     };
 
     let measured_s = match (real("iter_ms")?, real("tflops_per_gpu")?) {
@@ -265,6 +331,44 @@ fn parse_row(table: &RunTable, index: usize, defaults: &RowDefaults) -> Result<R
         gpus,
         measured_s,
     })
+}
+
+/// The first and last stage layers a row gives: its own columns, or
+/// Megatron-LM's `--account-for-embedding-in-pipeline-split` and
+/// `--account-for-loss-in-pipeline-split`, which count the embedding and the
+/// loss as one layer each and split `layers + 1 (+ 1)` evenly, so the first
+/// (last) stage holds one layer fewer.
+fn end_stage_layers(
+    model: &ModelSpec,
+    pp: u64,
+    virtual_stages: u64,
+    first: Option<u64>,
+    last: Option<u64>,
+    embedding_in_split: bool,
+    loss_in_split: bool,
+) -> Result<(Option<u64>, Option<u64>), String> {
+    if !(embedding_in_split || loss_in_split) {
+        return Ok((first, last));
+    }
+    if first.is_some() || last.is_some() {
+        return Err(
+            "account_for_*_in_split and first_stage_layers/last_stage_layers exclude each other (as in Megatron-LM); give one or the other"
+                .into(),
+        );
+    }
+    let counted = model.layers + u64::from(embedding_in_split) + u64::from(loss_in_split);
+    let chunks = pp.saturating_mul(virtual_stages).max(1);
+    if !counted.is_multiple_of(chunks) {
+        return Err(format!(
+            "layers {} with the embedding and loss counted make {counted}, which does not divide over pp x virtual stages = {chunks}",
+            model.layers
+        ));
+    }
+    let per_stage = counted / pp.max(1);
+    Ok((
+        embedding_in_split.then(|| per_stage.saturating_sub(1)),
+        loss_in_split.then(|| per_stage.saturating_sub(1)),
+    ))
 }
 
 /// The largest value a whole-number column may hold: far above any model
@@ -316,8 +420,11 @@ pub fn parse_switch(field: &str, text: &str) -> Result<bool, String> {
     }
 }
 
+/// The model's columns a table needs unless the model is given with it.
+const MODEL_COLUMNS: [&str; 3] = ["hidden", "heads", "layers"];
+
 /// Every column a run table may use; others are carried through untouched.
-pub const KNOWN_COLUMNS: [&str; 23] = [
+pub const KNOWN_COLUMNS: [&str; 35] = [
     "gpus",
     "global_batch",
     "micro_batch",
@@ -325,6 +432,18 @@ pub const KNOWN_COLUMNS: [&str; 23] = [
     "heads",
     "kv_heads",
     "ffn_hidden",
+    "gated_mlp",
+    "tied_embeddings",
+    "first_stage_layers",
+    "last_stage_layers",
+    "account_for_embedding_in_split",
+    "account_for_loss_in_split",
+    "distributed_optimizer",
+    "overlap_grad_reduce",
+    "overlap_param_gather",
+    "tp_comm_overlap",
+    "cuda_graphs",
+    "stage_order",
     "layers",
     "seq_len",
     "vocab",

@@ -5,17 +5,10 @@ use super::RunsError;
 use std::collections::HashMap;
 use std::path::Path;
 
-/// Columns every row needs; `dp` may be derived and `seq_len` defaulted.
-pub(super) const REQUIRED: [&str; 8] = [
-    "gpus",
-    "global_batch",
-    "micro_batch",
-    "hidden",
-    "heads",
-    "layers",
-    "tp",
-    "pp",
-];
+/// Columns every row needs; `dp` may be derived, and the model's columns
+/// (`hidden`, `heads`, `layers`, ...) come from the model given with the
+/// table when absent.
+pub(super) const REQUIRED: [&str; 5] = ["gpus", "global_batch", "micro_batch", "tp", "pp"];
 
 #[derive(Debug, Clone)]
 pub struct RunTable {

@@ -6,7 +6,7 @@ mod explain;
 mod space;
 
 pub use explain::{Explanation, explain};
-pub use space::SearchSpace;
+pub use space::{SearchSpace, default_splits};
 
 use crate::cluster::NodeGroup;
 use crate::coefficients::CostModel;

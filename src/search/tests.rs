@@ -115,16 +115,11 @@ fn explanations_say_why_a_configuration_lost_or_does_not_fit() {
         }
         other => panic!("{other:?}"),
     }
-    let mut unsharded = winner;
-    unsharded.tp = 1;
-    unsharded.pp = 1;
-    unsharded.dp = 128;
-    unsharded.schedule = ScheduleKind::OneFOneB;
-    unsharded.virtual_stages = 1;
-    unsharded.sequence_parallel = false;
-    unsharded.bpipe = false;
-    unsharded.micro_batch = 1;
-    unsharded.optimizer_sharding = OptimizerSharding::None;
+    let unsharded = ParallelConfig {
+        dp: 128,
+        attention: winner.attention,
+        ..ParallelConfig::default()
+    };
     match explain(&job, &cost, &result, &unsharded) {
         Explanation::DoesNotFit {
             needs_gib,
@@ -165,6 +160,7 @@ fn sequence_parallelism_needs_a_tp_that_divides_the_sequence() {
         optimizer_sharding: crate::config::OptimizerSharding::None,
         bpipe: false,
         attention: crate::model::AttentionKind::Flash,
+        ..ParallelConfig::default()
     };
     let err = c.check(&job.model, 256, 128, 8).unwrap_err();
     assert!(

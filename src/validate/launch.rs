@@ -567,7 +567,7 @@ mod tests {
     /// `_add_validation_args` (`--eval-iters`), `_add_data_args`
     /// (`--mock-data`, `--seq-length`), `_add_tokenizer_args`
     /// (`--tokenizer-type`, `--vocab-size`), `_add_learning_rate_args` (`--lr`).
-    const MEGATRON_FLAGS: [&str; 32] = [
+    const MEGATRON_FLAGS: [&str; 40] = [
         "--tensor-model-parallel-size",
         "--pipeline-model-parallel-size",
         "--num-layers-per-virtual-pipeline-stage",
@@ -602,6 +602,17 @@ mod tests {
         // `_add_distributed_args`; not emitted today, listed so that a
         // future export of context parallelism passes.
         "--context-parallel-size",
+        // `_add_distributed_args` (uneven pipelines, interleaving's micro-batch
+        // group, the overlaps) and `_add_inference_args` (`--cuda-graph-impl`,
+        // which training reads too), arguments.py at 000c4ac.
+        "--decoder-first-pipeline-num-layers",
+        "--decoder-last-pipeline-num-layers",
+        "--num-virtual-stages-per-pipeline-rank",
+        "--microbatch-group-size-per-virtual-pipeline-stage",
+        "--overlap-grad-reduce",
+        "--overlap-param-gather",
+        "--tp-comm-overlap",
+        "--cuda-graph-impl",
     ];
 
     /// Launcher options the scripts use: torchrun's (`torch.distributed.run`)

@@ -96,7 +96,7 @@ pub fn stage_job(
     } else {
         (0, held.saturating_sub(schedule))
     };
-    let layers = s.model.layers / c.pp;
+    let layers = c.stage_layers(s.model.layers, stage);
     let shards = |sharded: bool| if sharded { c.dp } else { 1 };
     // The trial runs the configuration's attention kernel.
     let mut model = s.model.clone();
@@ -144,7 +144,7 @@ pub fn implied_layer_point(
         return None;
     }
     let predicted = cost::stage_times(s, c)[stage as usize];
-    let layers = (s.model.layers / c.pp) as f64;
+    let layers = c.stage_layers(s.model.layers, stage) as f64;
     // The predicted time of the layers alone: the stage's compute less its ends.
     let ends = cost::pipeline_ends(s, c);
     let end_time =
@@ -366,6 +366,7 @@ mod tests {
             optimizer_sharding: sharding,
             bpipe: false,
             attention: AttentionKind::Flash,
+            ..ParallelConfig::default()
         }
     }
 

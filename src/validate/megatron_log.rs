@@ -886,6 +886,7 @@ impl MegatronConfig {
             },
             bpipe: false,
             attention: self.attention(),
+            ..ParallelConfig::default()
         }
     }
 
