@@ -170,15 +170,24 @@ coefficients! {
     logit_bytes: "bytes", [0.0, 32.0], 6.0, Carries,
         "resident bytes per output logit on the last stage (16-bit logits plus an fp32 copy)",
         "Megatron-LM's vocab-parallel cross-entropy upcasts the logits to fp32";
-    runtime_overhead_gib: "GiB", [0.0, 32.0], 2.5, Carries,
-        "memory the runtime takes per GPU outside the model (CUDA context, cuBLAS workspace, NCCL buffers)",
-        "CUDA context about 0.5 GiB, NCCL buffers about 1 GiB, cuBLAS/cuDNN workspaces (PyTorch memory docs)";
+    runtime_overhead_gib: "GiB", [0.0, 32.0], 2.0, Carries,
+        "device memory outside PyTorch's caching allocator per GPU: the CUDA context and NCCL's own buffers",
+        "CUDA context about 0.5-1 GiB (CUDA programming guide, lazy loading), NCCL's buffers about 1 GiB for the communicators of a 3D-parallel job (NCCL_BUFFSIZE 4 MiB per channel and peer)";
+    workspace_gib: "GiB", [0.0, 8.0], 0.1, Carries,
+        "kernel workspaces PyTorch allocates per GPU (cuBLAS, Transformer Engine's cuBLASLt)",
+        "CUBLAS_WORKSPACE_CONFIG=:4096:8 is 8 x 4 MiB per stream; Transformer Engine takes 32 MiB per stream for cuBLASLt";
+    allocator_fragmentation: "fraction of allocated", [0.0, 1.0], 0.12, Carries,
+        "blocks PyTorch's caching allocator reserves beyond the tensors it holds, as a share of the allocated peak (reserved = allocated x (1 + this))",
+        "GMLake (Guo et al., ASPLOS'24) measures reserved/allocated of PyTorch's caching allocator at 1.1-1.3 in LLM training";
     cuda_graph_memory_gib: "GiB", [0.0, 32.0], 1.0, Carries,
         "memory CUDA graphs take per GPU beyond eager execution (static input and output buffers and private pools of the captured layers)",
         "Megatron-LM's CUDA-graph documentation warns of extra memory for captured graphs; about a GiB per rank is a guess for calibration, no published figure";
-    memory_reserve_fraction: "fraction of capacity", [0.0, 0.5], 0.05, Carries,
-        "capacity kept free for allocator fragmentation",
-        "PyTorch caching-allocator fragmentation of a few percent in long runs";
+    memory_reserve_fraction: "fraction of capacity", [0.0, 0.5], 0.02, Carries,
+        "capacity a plan leaves free for what varies from run to run",
+        "a margin over the modelled reserved peak; the fragmentation itself is allocator_fragmentation";
+    compile_elementwise_fraction: "fraction", [0.05, 1.0], 0.6, Carries,
+        "share of the element-wise memory traffic left once torch.compile fuses the pointwise kernels",
+        "TorchInductor fuses chains of pointwise kernels into one, reading and writing each tensor once (Ansel et al., ASPLOS'24, PyTorch 2: 1.4x mean training speed-up)";
 }
 
 impl Coefficients {
@@ -487,7 +496,18 @@ pub fn builtin_cost_model_names() -> Vec<&'static str> {
     BUILTIN.iter().map(|(name, _)| *name).collect()
 }
 
+/// A shipped cost model by name, or one carried to a GPU by the name
+/// [`CostModel::carried_to`] gives it (`a100-megatron@h100-sxm`, as plan
+/// files record it).
 pub fn builtin_cost_model(name: &str) -> Option<CostModel> {
+    // Any GPU name: a cluster file names its own; the scenario's GPU
+    // supplies the datasheet the carried coefficients scale with.
+    if let Some((shipped, gpu)) = name.split_once('@') {
+        if gpu.is_empty() || gpu.chars().any(char::is_control) {
+            return None;
+        }
+        return Some(builtin_cost_model(shipped)?.carried_to(gpu));
+    }
     let (file, text) = BUILTIN.iter().find(|(n, _)| *n == name)?;
     Some(
         parse_cost_model(text, &format!("cost_models/{file}.toml"))
@@ -539,6 +559,17 @@ impl CostModel {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_carried_model_is_found_by_the_name_plan_files_record() {
+        let carried = default_cost_model("h100-sxm");
+        assert_eq!(carried.name, "a100-megatron@h100-sxm");
+        assert_eq!(builtin_cost_model(&carried.name), Some(carried));
+        // A GPU of a cluster file is named by the file.
+        assert!(builtin_cost_model("a100-megatron@cpu").is_some());
+        assert_eq!(builtin_cost_model("a100-megatron@"), None);
+        assert_eq!(builtin_cost_model("no-such-model@h100-sxm"), None);
+    }
 
     #[test]
     fn shipped_cost_models_parse_and_the_datasheet_file_holds_the_priors() {

@@ -34,23 +34,87 @@ impl ScheduleKind {
 
 /// Activation recomputation policy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "kebab-case")]
 pub enum Recompute {
     None,
-    /// Recompute only the attention core (Korthikanti et al.).
+    /// Megatron-LM's selective recomputation: the attention core only
+    /// (Korthikanti et al.).
     Selective,
     /// Keep only each layer's input and recompute the whole layer.
     Full,
+    /// torchtitan's per-op selective checkpointing: the outputs of every
+    /// other matrix multiply and of the attention kernel are kept, the rest
+    /// (norms, activations, the other matrix multiplies) recomputed.
+    SelectiveOp,
+    /// torchtitan's per-layer selective checkpointing: every
+    /// `ac_frequency`-th layer fully checkpointed, the others keep all.
+    SelectiveLayer,
 }
 
 impl Recompute {
-    pub const ALL: [Recompute; 3] = [Recompute::None, Recompute::Selective, Recompute::Full];
+    pub const ALL: [Recompute; 5] = [
+        Recompute::None,
+        Recompute::Selective,
+        Recompute::Full,
+        Recompute::SelectiveOp,
+        Recompute::SelectiveLayer,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             Recompute::None => "none",
             Recompute::Selective => "selective",
             Recompute::Full => "full",
+            Recompute::SelectiveOp => "selective-op",
+            Recompute::SelectiveLayer => "selective-layer",
+        }
+    }
+
+    /// The policies `engine` runs.
+    pub fn of(engine: Engine) -> &'static [Recompute] {
+        match engine {
+            Engine::Megatron => &[Recompute::None, Recompute::Selective, Recompute::Full],
+            Engine::Torchtitan => &[
+                Recompute::None,
+                Recompute::SelectiveOp,
+                Recompute::SelectiveLayer,
+                Recompute::Full,
+            ],
+        }
+    }
+}
+
+/// The training engine a configuration runs on: its memory and time
+/// semantics and its primary export.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Engine {
+    /// Megatron-LM (Megatron-Core): 16-bit weights, fp32 main gradients,
+    /// Adam with fp32 master weights (sharded by the distributed optimizer),
+    /// the vocabulary padded to a multiple of 128 x tp.
+    #[default]
+    Megatron,
+    /// torchtitan: FSDP2 mixed precision (fp32 parameters, gradients and
+    /// Adam states sharded, 16-bit copies gathered for compute), its
+    /// activation checkpointing modes and torch.compile.
+    Torchtitan,
+}
+
+impl Engine {
+    pub const ALL: [Engine; 2] = [Engine::Megatron, Engine::Torchtitan];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Engine::Megatron => "megatron",
+            Engine::Torchtitan => "torchtitan",
+        }
+    }
+
+    /// The training software, as its users write it.
+    pub fn product(self) -> &'static str {
+        match self {
+            Engine::Megatron => "Megatron-LM",
+            Engine::Torchtitan => "torchtitan",
         }
     }
 }
@@ -161,6 +225,20 @@ pub struct ParallelConfig {
     pub cuda_graphs: bool,
     #[serde(default)]
     pub stage_order: StageOrder,
+    #[serde(default)]
+    pub engine: Engine,
+    /// torch.compile (torchtitan): element-wise work fused into fewer,
+    /// larger kernels, which keep fewer intermediates.
+    #[serde(default)]
+    pub compile: bool,
+    /// Every how many layers one is checkpointed under
+    /// [`Recompute::SelectiveLayer`] (torchtitan's `selective_ac_option`).
+    #[serde(default = "default_ac_frequency")]
+    pub ac_frequency: u64,
+}
+
+fn default_ac_frequency() -> u64 {
+    2
 }
 
 impl Default for ParallelConfig {
@@ -186,6 +264,9 @@ impl Default for ParallelConfig {
             tp_comm_overlap: false,
             cuda_graphs: false,
             stage_order: StageOrder::Megatron,
+            engine: Engine::Megatron,
+            compile: false,
+            ac_frequency: default_ac_frequency(),
         }
     }
 }
@@ -358,8 +439,29 @@ impl ParallelConfig {
                         || !c.overlap_grad_reduce),
             ),
             (
+                // Megatron-LM's restriction; torchtitan 0.3 captures
+                // fully checkpointed steps (its llama3_70b config).
                 Rule::CudaGraphsWithFullRecompute,
-                c.cuda_graphs && c.recompute == Recompute::Full,
+                c.cuda_graphs && c.recompute == Recompute::Full && c.engine == Engine::Megatron,
+            ),
+            (
+                Rule::RecomputeForEngine,
+                !Recompute::of(c.engine).contains(&c.recompute),
+            ),
+            (
+                Rule::AcFrequency,
+                c.recompute == Recompute::SelectiveLayer && c.ac_frequency < 1,
+            ),
+            (
+                Rule::CompileWithoutTorchtitan,
+                c.compile && c.engine != Engine::Torchtitan,
+            ),
+            (
+                Rule::EngineCannotRun,
+                c.engine == Engine::Torchtitan
+                    && (c.bpipe
+                        || (c.tp_comm_overlap && !c.compile)
+                        || (c.cuda_graphs && c.pp > 1)),
             ),
         ];
         rules
@@ -415,6 +517,14 @@ pub enum Rule {
     /// CUDA graphs capture a fixed kernel sequence; Megatron-LM refuses them
     /// with full recomputation.
     CudaGraphsWithFullRecompute,
+    /// A recomputation policy of the other engine.
+    RecomputeForEngine,
+    AcFrequency,
+    /// torch.compile is torchtitan's.
+    CompileWithoutTorchtitan,
+    /// torchtitan has no BPipe, runs async tensor parallelism only
+    /// compiled, and CUDA graphs only without a pipeline.
+    EngineCannotRun,
 }
 
 impl Rule {
@@ -442,6 +552,40 @@ impl Rule {
                 "param-gather overlap needs the distributed optimizer and grad-reduce overlap"
             }
             Rule::CudaGraphsWithFullRecompute => "CUDA graphs do not run with full recomputation",
+            Rule::RecomputeForEngine => "a recomputation policy the engine lacks",
+            Rule::AcFrequency => "selective-layer checkpointing needs a frequency of 1 or more",
+            Rule::CompileWithoutTorchtitan => "torch.compile needs the torchtitan engine",
+            Rule::EngineCannotRun => "a switch torchtitan cannot run",
+        }
+    }
+
+    /// The explanation of a rule about what an engine runs, which needs
+    /// only the configuration (the CLI checks a search space with it).
+    pub fn explain_engine(self, c: &ParallelConfig) -> String {
+        match self {
+            Rule::CompileWithoutTorchtitan => {
+                "--compile on needs --engine torchtitan (Megatron-LM does not run torch.compile)"
+                    .into()
+            }
+            _ => {
+                let other = Engine::ALL
+                    .into_iter()
+                    .find(|e| Recompute::of(*e).contains(&c.recompute));
+                format!(
+                    "--recompute {} is not a policy of the {} engine; it runs {}{}",
+                    c.recompute.name(),
+                    c.engine.name(),
+                    Recompute::of(c.engine)
+                        .iter()
+                        .map(|r| r.name())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    other.map_or(String::new(), |e| format!(
+                        " (add --engine {}, which does)",
+                        e.name()
+                    ))
+                )
+            }
         }
     }
 
@@ -532,6 +676,18 @@ impl Rule {
             Rule::CudaGraphsWithFullRecompute => {
                 "--cuda-graphs on does not run with --recompute full (Megatron-LM refuses it); use selective or none".into()
             }
+            Rule::RecomputeForEngine | Rule::CompileWithoutTorchtitan => self.explain_engine(c),
+            Rule::AcFrequency => "--ac-frequency must be at least 1".into(),
+            Rule::EngineCannotRun => {
+                let what = if c.bpipe {
+                    "BPipe (--bpipe off)"
+                } else if c.tp_comm_overlap && !c.compile {
+                    "tensor-parallel overlap without torch.compile (its async tensor parallelism needs --compile on)"
+                } else {
+                    "CUDA graphs with a pipeline (--cuda-graphs off, or pp 1)"
+                };
+                format!("the torchtitan engine cannot run {what}")
+            }
         }
     }
 }
@@ -584,6 +740,15 @@ impl fmt::Display for ParallelConfig {
         }
         if self.stage_order != StageOrder::Megatron {
             write!(f, " order={}", self.stage_order.name())?;
+        }
+        if self.recompute == Recompute::SelectiveLayer {
+            write!(f, " every={}", self.ac_frequency)?;
+        }
+        if self.engine != Engine::Megatron {
+            write!(f, " engine={}", self.engine.name())?;
+        }
+        if self.compile {
+            f.write_str(" compile=on")?;
         }
         Ok(())
     }

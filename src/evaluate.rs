@@ -35,10 +35,34 @@ pub struct GroupScore {
     pub top1_regret: f64,
 }
 
+/// Predicted against measured peak memory for one row, bytes: the rank's
+/// the measurement names (the last stage, or the peak over all).
+#[derive(Debug, Clone, Serialize)]
+pub struct MemoryRowError {
+    pub line: usize,
+    pub predicted_allocated: f64,
+    pub measured_allocated: Option<f64>,
+    pub predicted_reserved: f64,
+    pub measured_reserved: Option<f64>,
+    /// Whether the prediction says it fits the GPU (at the datasheet
+    /// capacity, or the memory limit given); the measured run ran, so it did.
+    pub predicted_fits: bool,
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct Evaluation {
     pub rows: Vec<RowError>,
     pub groups: Vec<GroupScore>,
+    /// Rows with a measured peak memory.
+    pub memory: Vec<MemoryRowError>,
+}
+
+/// What one run is predicted on: its nodes, the cost model, a profile.
+#[derive(Debug, Clone, Copy)]
+pub struct Setting<'a> {
+    pub group: &'a NodeGroup,
+    pub cost: &'a CostModel,
+    pub profile: Option<&'a Measurements>,
 }
 
 /// Predicts every run that has a measured time. `gpus` per run come from the
@@ -55,20 +79,50 @@ pub fn evaluate_with_profile(
     cost: &CostModel,
     profile: Option<&Measurements>,
 ) -> Evaluation {
-    let rows: Vec<RowError> = runs
-        .iter()
-        .filter_map(|run| {
-            let measured_s = run.measured_s?;
-            let scenario = Scenario::new(&run.model, run.global_batch, group, run.gpus, cost)
-                .with_profile(profile);
-            Some(RowError {
+    evaluate_with(runs, |_| Setting {
+        group,
+        cost,
+        profile,
+    })
+}
+
+/// [`evaluate`] with each run's own setting (runs of several GPUs in one
+/// table, each with its nodes and cost model).
+pub fn evaluate_with<'a>(runs: &[Run], setting: impl Fn(&Run) -> Setting<'a>) -> Evaluation {
+    let mut rows = Vec::new();
+    let mut memory = Vec::new();
+    for run in runs {
+        if run.measured_s.is_none() && run.measured_memory.is_none() {
+            continue;
+        }
+        let Setting {
+            group,
+            cost,
+            profile,
+        } = setting(run);
+        let scenario = Scenario::new(&run.model, run.global_batch, group, run.gpus, cost)
+            .with_profile(profile);
+        let prediction = predict(&scenario, &run.config);
+        if let Some(measured_s) = run.measured_s {
+            rows.push(RowError {
                 line: run.line,
                 group: run.group_key(),
-                predicted_s: predict(&scenario, &run.config).iteration_s,
+                predicted_s: prediction.iteration_s,
                 measured_s,
-            })
-        })
-        .collect();
+            });
+        }
+        if let Some(measured) = run.measured_memory {
+            let (predicted_allocated, predicted_reserved) = prediction.peak_on(measured.rank);
+            memory.push(MemoryRowError {
+                line: run.line,
+                predicted_allocated,
+                measured_allocated: measured.allocated,
+                predicted_reserved,
+                measured_reserved: measured.reserved,
+                predicted_fits: prediction.fits,
+            });
+        }
+    }
     let mut by_group: BTreeMap<&str, Vec<&RowError>> = BTreeMap::new();
     for row in &rows {
         by_group.entry(row.group.as_str()).or_default().push(row);
@@ -87,7 +141,92 @@ pub fn evaluate_with_profile(
             }
         })
         .collect();
-    Evaluation { rows, groups }
+    Evaluation {
+        rows,
+        groups,
+        memory,
+    }
+}
+
+/// Headline memory figures of an evaluation: relative errors of the
+/// allocated and the reserved peaks where measured, and the fits verdicts
+/// the measured runs contradict (a run that ran predicted not to fit).
+#[derive(Debug, Clone, Serialize)]
+pub struct MemorySummary {
+    pub rows: usize,
+    pub allocated: Option<Figures>,
+    pub reserved: Option<Figures>,
+    /// Rows predicted not to fit that ran.
+    pub wrong_fits: usize,
+    pub wrong_fits_lines: Vec<usize>,
+}
+
+/// MAPE, median, 90th percentile and worst of relative errors.
+#[derive(Debug, Clone, Serialize)]
+pub struct Figures {
+    pub rows: usize,
+    pub mape: f64,
+    pub median_ape: f64,
+    pub p90_ape: f64,
+    pub worst_line: usize,
+    /// Signed relative error of the worst row.
+    pub worst_error: f64,
+}
+
+/// Figures of `(line, predicted, measured)` triples, `None` when empty.
+pub fn figures_of(triples: &[(usize, f64, f64)]) -> Option<Figures> {
+    let relative: Vec<(usize, f64)> = triples
+        .iter()
+        .map(|&(line, p, m)| (line, (p - m) / m))
+        .collect();
+    let (worst_line, worst_error) = relative
+        .iter()
+        .copied()
+        .max_by(|a, b| a.1.abs().total_cmp(&b.1.abs()))?;
+    let mut ape: Vec<f64> = relative.iter().map(|(_, e)| e.abs()).collect();
+    ape.sort_by(f64::total_cmp);
+    Some(Figures {
+        rows: ape.len(),
+        mape: mean(&ape),
+        median_ape: percentile(&ape, 0.5),
+        p90_ape: percentile(&ape, 0.9),
+        worst_line,
+        worst_error,
+    })
+}
+
+impl Evaluation {
+    pub fn memory_summary(&self) -> MemorySummary {
+        let allocated: Vec<(usize, f64, f64)> = self
+            .memory
+            .iter()
+            .filter_map(|r| {
+                r.measured_allocated
+                    .map(|m| (r.line, r.predicted_allocated, m))
+            })
+            .collect();
+        let reserved: Vec<(usize, f64, f64)> = self
+            .memory
+            .iter()
+            .filter_map(|r| {
+                r.measured_reserved
+                    .map(|m| (r.line, r.predicted_reserved, m))
+            })
+            .collect();
+        let wrong: Vec<usize> = self
+            .memory
+            .iter()
+            .filter(|r| !r.predicted_fits)
+            .map(|r| r.line)
+            .collect();
+        MemorySummary {
+            rows: self.memory.len(),
+            allocated: figures_of(&allocated),
+            reserved: figures_of(&reserved),
+            wrong_fits: wrong.len(),
+            wrong_fits_lines: wrong,
+        }
+    }
 }
 
 impl Evaluation {

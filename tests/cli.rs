@@ -98,7 +98,9 @@ fn plan_prints_ranking_breakdown_memory_and_exports() {
             "--tensor-model-parallel-size",
             "--pipeline-model-parallel-size",
             "--global-batch-size 1536",
-            "torchtitan job config",
+            "torchtitan 0.3 flags",
+            "--parallelism.tensor_parallel_degree 8",
+            "torchtitan 0.2 job config",
             "[parallelism]",
             "tensor_parallel_degree",
             "global_batch_size = 1536",
@@ -494,11 +496,36 @@ fn predict_runs_keeps_every_column_and_adds_predictions() {
             "predicted_iter_ms",
             "predicted_tflops_per_gpu",
             "predicted_peak_memory_gib",
+            "predicted_peak_allocated_gib",
+            "predicted_peak_reserved_gib",
+            "predicted_first_stage_allocated_gib",
+            "predicted_first_stage_reserved_gib",
+            "predicted_last_stage_allocated_gib",
+            "predicted_last_stage_reserved_gib",
             "fits",
         ]
         .map(String::from),
     );
     assert_eq!(header, expected);
+    // Reserved holds allocated; the device needs reserved and more.
+    for row in &read("full").1 {
+        let gib = |name: &str| -> f64 {
+            row[header.iter().position(|h| h == name).unwrap()]
+                .parse()
+                .unwrap()
+        };
+        assert!(gib("predicted_peak_reserved_gib") >= gib("predicted_peak_allocated_gib"));
+        assert!(gib("predicted_peak_memory_gib") >= gib("predicted_peak_reserved_gib"));
+        for stage in ["first", "last"] {
+            let allocated = gib(&format!("predicted_{stage}_stage_allocated_gib"));
+            let reserved = gib(&format!("predicted_{stage}_stage_reserved_gib"));
+            assert!(reserved >= allocated, "{stage} stage: {row:?}");
+            assert!(
+                gib("predicted_peak_reserved_gib") >= reserved,
+                "{stage} stage: {row:?}"
+            );
+        }
+    }
     assert_eq!(full.len(), 3);
     for row in &full {
         assert_eq!(row.len(), header.len(), "{row:?}");
@@ -968,8 +995,8 @@ fn nothing_fits_names_the_smallest_gpu_count_that_would() {
 #[test]
 fn nothing_fits_for_gpt_1t_on_one_node_names_32_nodes() {
     // Fitting is not monotonic in the GPU count (divisibility), so the
-    // smallest count must be found among the counts a configuration can use:
-    // 16 to 31 nodes do not fit, 32 do.
+    // smallest count must be found among the counts a configuration can use
+    // (with the caching allocator's reserve counted, 64 nodes is the first).
     let e = fails(&[
         "plan",
         "--model",
@@ -981,7 +1008,7 @@ fn nothing_fits_for_gpt_1t_on_one_node_names_32_nodes() {
         "--global-batch",
         "512",
     ]);
-    says(&e, &["smallest GPU count", "256 (--nodes 32)"]);
+    says(&e, &["smallest GPU count", "512 (--nodes 64)"]);
 }
 
 #[test]

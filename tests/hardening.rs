@@ -1002,3 +1002,161 @@ fn impossible_layouts_and_switches_name_the_flag_and_the_fix() {
     );
     says(&err, &["inter_node_bw", "missing"]);
 }
+
+#[test]
+fn engines_recomputation_policies_and_memory_columns_name_the_field_and_the_fix() {
+    let plan = |extra: &[&str]| -> Vec<String> {
+        [
+            "plan",
+            "--model",
+            "llama3-8b",
+            "--gpu",
+            "h100-sxm",
+            "--nodes",
+            "1",
+            "--global-batch",
+            "16",
+        ]
+        .iter()
+        .chain(extra)
+        .map(|s| s.to_string())
+        .collect()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    for (args, names) in [
+        (
+            plan(&["--engine", "deepspeed"]),
+            &["--engine", "megatron, torchtitan", "deepspeed"][..],
+        ),
+        (
+            plan(&["--recompute", "selective-op"]),
+            &[
+                "--recompute selective-op",
+                "megatron",
+                "--engine torchtitan",
+            ][..],
+        ),
+        (
+            plan(&["--engine", "torchtitan", "--recompute", "selective"]),
+            &["--recompute selective", "torchtitan", "--engine megatron"][..],
+        ),
+        (
+            plan(&["--compile", "on"]),
+            &["--compile on", "--engine torchtitan"][..],
+        ),
+        (
+            plan(&["--engine", "torchtitan", "--ac-frequency", "0"]),
+            &["--ac-frequency", "at least 1"][..],
+        ),
+    ] {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let err = fails_in(dir.path(), &args);
+        for part in names {
+            assert!(err.contains(part), "{args:?}: expected `{part}` in:\n{err}");
+        }
+    }
+
+    const HEADER: &str = "gpus,global_batch,micro_batch,tp,pp";
+    let cases = vec![
+        case(
+            "a memory column with a unit",
+            format!("{HEADER},peak_allocated_gib\n8,16,1,1,1,40GiB\n"),
+            &["line 2", "peak_allocated_gib", "without a unit"],
+        ),
+        case(
+            "a reserved peak below zero",
+            format!("{HEADER},peak_reserved_gib\n8,16,1,1,1,-3\n"),
+            &["line 2", "peak_reserved_gib"],
+        ),
+        case(
+            "an unknown memory rank",
+            format!("{HEADER},peak_allocated_gib,memory_rank\n8,16,1,1,1,30,middle\n"),
+            &["line 2", "memory_rank", "first, last, max"],
+        ),
+        case(
+            "an unknown engine",
+            format!("{HEADER},engine\n8,16,1,1,1,deepspeed\n"),
+            &["line 2", "engine", "megatron, torchtitan"],
+        ),
+        case(
+            "an AC mode the engine lacks",
+            format!("{HEADER},recompute\n8,16,1,1,1,selective-layer\n"),
+            &["line 2", "selective-layer", "--engine torchtitan"],
+        ),
+        case(
+            "compile without torchtitan",
+            format!("{HEADER},compile\n8,16,1,1,1,on\n"),
+            &["line 2", "compile", "torchtitan"],
+        ),
+    ];
+    for command in ["predict", "evaluate"] {
+        campaign(&cases, "runs.csv", |path| {
+            strings(&[
+                command,
+                "--runs",
+                path,
+                "--model",
+                "llama3-8b",
+                "--gpu",
+                "h100-sxm",
+            ])
+        });
+    }
+}
+
+#[test]
+fn a_torchtitan_base_that_is_neither_a_config_function_nor_toml_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let plan = ok_in(
+        dir.path(),
+        &[
+            "plan",
+            "--model",
+            "llama3-8b",
+            "--gpu",
+            "h100-sxm",
+            "--nodes",
+            "1",
+            "--global-batch",
+            "16",
+            "--engine",
+            "torchtitan",
+            "--format",
+            "json",
+        ],
+    );
+    std::fs::write(dir.path().join("plan.json"), plan).unwrap();
+    std::fs::write(dir.path().join("broken.toml"), "[training\n").unwrap();
+    for (base, names) in [
+        (None, &["--torchtitan-config", "MODULE:CONFIG"][..]),
+        (
+            Some("llama3"),
+            &["--torchtitan-config llama3", "MODULE:CONFIG"][..],
+        ),
+        (
+            Some("llama3:$(touch pwned)"),
+            &["--torchtitan-config", "function name"][..],
+        ),
+        (
+            Some("broken.toml"),
+            &["--torchtitan-config broken.toml", "not TOML"][..],
+        ),
+    ] {
+        let mut args = vec![
+            "validate",
+            "plan.json",
+            "--launch",
+            "torchtitan",
+            "--dry-run",
+        ];
+        if let Some(base) = base {
+            args.extend(["--torchtitan-config", base]);
+        }
+        let err = fails_in(dir.path(), &args);
+        for part in names {
+            assert!(err.contains(part), "{base:?}: expected `{part}` in:\n{err}");
+        }
+    }
+    assert!(!dir.path().join("pwned").exists());
+    assert!(!dir.path().join("reports").exists(), "nothing is written");
+}

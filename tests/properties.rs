@@ -5,7 +5,9 @@
 
 use paratune::cluster::{NodeGroup, builtin_node};
 use paratune::coefficients::{Coefficients, CollectiveAlgorithm, CostModel};
-use paratune::config::{OptimizerSharding, ParallelConfig, Recompute, ScheduleKind, StageOrder};
+use paratune::config::{
+    Engine, OptimizerSharding, ParallelConfig, Recompute, ScheduleKind, StageOrder,
+};
 use paratune::cost::{Scenario, busiest_link_seconds, memory_per_stage, peak_memory, predict};
 use paratune::model::{AttentionKind, ModelSpec, builtin_model, builtin_model_names};
 use paratune::search::default_splits;
@@ -95,6 +97,7 @@ fn synthetic_model() -> impl Strategy<Value = ModelSpec> {
                     seq_len: seq,
                     tied_embeddings: tied,
                     learned_positions: learned,
+                    dropout: learned,
                     attention: if flash {
                         AttentionKind::Flash
                     } else {
@@ -149,6 +152,10 @@ struct Picks {
     uneven: usize,
     tp_over_nodes: bool,
     pairs: bool,
+    /// torchtitan instead of Megatron-LM, compiled, one layer in how many checkpointed.
+    torchtitan: bool,
+    compile: bool,
+    ac_frequency: u64,
 }
 
 fn picks() -> impl Strategy<Value = Picks> {
@@ -173,6 +180,7 @@ fn picks() -> impl Strategy<Value = Picks> {
             prop::bool::weighted(0.1),
             any::<bool>(),
         ),
+        (any::<bool>(), any::<bool>(), 1u64..=4),
     )
         .prop_map(
             |(
@@ -180,6 +188,7 @@ fn picks() -> impl Strategy<Value = Picks> {
                 (micro_batch, micro_batches, schedule, virtual_stages),
                 (recompute, sequence_parallel, sharding, bpipe, attention),
                 (switches, uneven, tp_over_nodes, pairs),
+                (torchtitan, compile, ac_frequency),
             )| Picks {
                 gpu,
                 tp,
@@ -198,6 +207,9 @@ fn picks() -> impl Strategy<Value = Picks> {
                 uneven,
                 tp_over_nodes,
                 pairs,
+                torchtitan,
+                compile,
+                ac_frequency,
             },
         )
 }
@@ -249,14 +261,22 @@ fn build(model: ModelSpec, cost: CostModel, p: Picks) -> Case {
     } else {
         p.micro_batches
     };
-    let recompute = Recompute::ALL[p.recompute];
+    let engine = if p.torchtitan {
+        Engine::Torchtitan
+    } else {
+        Engine::Megatron
+    };
+    let policies = Recompute::of(engine);
+    let recompute = policies[p.recompute % policies.len()];
+    let compile = p.compile && engine == Engine::Torchtitan;
     let sequence_parallel = p.sequence_parallel && tp > 1;
     let optimizer_sharding = if dp > 1 {
         OptimizerSharding::ALL[p.sharding]
     } else {
         OptimizerSharding::None
     };
-    let bpipe = p.bpipe && schedule == ScheduleKind::OneFOneB && pp >= 2;
+    let bpipe =
+        p.bpipe && schedule == ScheduleKind::OneFOneB && pp >= 2 && engine == Engine::Megatron;
     let (grad, param, tp_overlap, graphs) = p.switches;
     let overlap_grad_reduce = grad && dp > 1;
     let config = ParallelConfig {
@@ -277,13 +297,18 @@ fn build(model: ModelSpec, cost: CostModel, p: Picks) -> Case {
         overlap_param_gather: param
             && overlap_grad_reduce
             && optimizer_sharding == OptimizerSharding::OptimizerStates,
-        tp_comm_overlap: tp_overlap && sequence_parallel,
-        cuda_graphs: graphs && recompute != Recompute::Full,
+        tp_comm_overlap: tp_overlap && sequence_parallel && (engine == Engine::Megatron || compile),
+        cuda_graphs: graphs
+            && recompute != Recompute::Full
+            && (engine == Engine::Megatron || pp == 1),
         stage_order: if bpipe && p.pairs {
             StageOrder::BpipePairs
         } else {
             StageOrder::Megatron
         },
+        engine,
+        compile,
+        ac_frequency: p.ac_frequency,
     };
     Case {
         group: builtin_node(GPUS[p.gpu], gpus.div_ceil(8)).unwrap(),
@@ -328,6 +353,12 @@ fn at_most(a: f64, b: f64) -> bool {
 /// embedding and the final layer norm, and the tied word embedding held a
 /// second time on the last stage when there is more than one stage.
 fn expected_params_over_stages(model: &ModelSpec, c: &ParallelConfig) -> f64 {
+    // Megatron-LM pads the vocabulary to a multiple of 128 x tp.
+    let mut padded = model.clone();
+    if c.engine == Engine::Megatron {
+        padded.vocab = model.vocab.div_ceil(128 * c.tp) * 128 * c.tp;
+    }
+    let model = &padded;
     // Position embeddings, the final layer norm, and per layer the two layer
     // norms and two row-parallel biases (6h) are whole on every tp rank.
     let replicated = model.position_params()
@@ -411,15 +442,28 @@ proptest! {
         let stages = memory_per_stage(&case.scenario(), c);
         prop_assert_eq!(stages.len() as u64, c.pp);
         let d = c.dp as f64;
-        let (state_shards, optimizer_shards) = match c.optimizer_sharding {
-            OptimizerSharding::None => (1.0, 1.0),
-            OptimizerSharding::OptimizerStates => (1.0, d),
-            OptimizerSharding::Full => (d, d),
+        // torchtitan's FSDP shards its fp32 parameters and gradients for
+        // either sharding; Megatron-LM's distributed optimizer only the
+        // optimizer states.
+        let (state_shards, optimizer_shards) = match (c.optimizer_sharding, c.engine) {
+            (OptimizerSharding::None, _) => (1.0, 1.0),
+            (OptimizerSharding::OptimizerStates, Engine::Megatron) => (1.0, d),
+            _ => (d, d),
+        };
+        // Megatron-LM: 16-bit weights, fp32 gradients, Adam with an fp32
+        // master copy; torchtitan: fp32 weights (the master copy), fp32
+        // gradients, Adam's moments.
+        let (weights, optimizer) = match c.engine {
+            Engine::Megatron => (k.weight_bytes_per_param, k.optimizer_bytes_per_param),
+            Engine::Torchtitan => (
+                2.0 * k.weight_bytes_per_param,
+                (k.optimizer_bytes_per_param - 2.0 * k.weight_bytes_per_param).max(0.0),
+            ),
         };
         let params = expected_params_over_stages(&case.model, c);
         let expected = params
-            * ((k.weight_bytes_per_param + k.gradient_bytes_per_param) / state_shards
-                + k.optimizer_bytes_per_param / optimizer_shards);
+            * ((weights + k.gradient_bytes_per_param) / state_shards
+                + optimizer / optimizer_shards);
         let got: f64 = stages
             .iter()
             .map(|m| m.weights + m.gradients + m.optimizer_states)
@@ -475,7 +519,14 @@ proptest! {
                 prop_assert!(x.is_finite() && x >= 0.0, "stage {} {} = {}", m.stage, name, x);
             }
             prop_assert!(m.total() > 0.0);
+            // The allocator reserves at least what it allocated, and the
+            // device holds at least what the allocator reserved.
+            prop_assert!(at_most(m.allocated(), m.reserved()), "stage {}", m.stage);
+            prop_assert!(at_most(m.reserved(), m.total()), "stage {}", m.stage);
         }
+        prop_assert!(at_most(p.peak_allocated_bytes, p.peak_reserved_bytes));
+        prop_assert!(at_most(p.peak_reserved_bytes, p.peak_memory_bytes));
+        prop_assert!(at_most(p.last_stage_allocated_bytes, p.last_stage_reserved_bytes));
     }
 
     /// (vi) MFU is at most 1 and at most the hardware FLOP/s, which are at

@@ -178,3 +178,45 @@ fn the_shipped_a100_profile_does_not_worsen_the_single_node_error() {
         );
     }
 }
+
+/// Megatron-LM's CI runs (tests/data/reference/megatron_ci_runs.csv): the
+/// rows paratune can express (dense GPT), their measured allocated peaks of
+/// the last rank against the predicted last stage's, A100 rows with the
+/// fitted model and H100 rows with it carried to the H100. Zero-shot: no
+/// coefficient was fitted to these peaks.
+#[test]
+fn memory_on_megatrons_ci_runs_is_within_five_percent_and_no_fit_verdict_is_wrong() {
+    use paratune::evaluate::{Setting, evaluate_with};
+    use paratune::runs::{MemoryRank, runs_and_skipped};
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/reference/megatron_ci_runs.csv");
+    let table = RunTable::read(&path).unwrap();
+    let mut defaults = RowDefaults::gpt(50257, 1024, AttentionKind::Flash, Recompute::None);
+    defaults.memory_rank = MemoryRank::Last;
+    let runs = runs_and_skipped(&table, &defaults, 8).unwrap();
+    assert!(runs.runs.len() >= 110, "{} runs", runs.runs.len());
+    let a100 = builtin_node("a100-80gb", 1).unwrap();
+    let h100 = builtin_node("h100-sxm", 1).unwrap();
+    let fitted = builtin_cost_model("a100-megatron").unwrap();
+    let carried = fitted.carried_to("h100-sxm");
+    let evaluation = evaluate_with(&runs.runs, |run| match run.gpu.as_deref() {
+        Some("h100-sxm") => Setting {
+            group: &h100,
+            cost: &carried,
+            profile: None,
+        },
+        _ => Setting {
+            group: &a100,
+            cost: &fitted,
+            profile: None,
+        },
+    });
+    let memory = evaluation.memory_summary();
+    let allocated = memory
+        .allocated
+        .expect("the CI runs record allocated peaks");
+    eprintln!("Megatron-LM CI runs, allocated peak: {allocated:?}");
+    assert!(allocated.rows >= 110);
+    assert!(allocated.mape < 0.05, "MAPE {}", allocated.mape);
+    assert_eq!(memory.wrong_fits, 0, "lines {:?}", memory.wrong_fits_lines);
+}

@@ -41,7 +41,15 @@ fn plan_args(extra: &[&str]) -> Vec<String> {
 
 /// The plan, as JSON in DIR/plan.json.
 fn plan(dir: &Path) -> PathBuf {
-    let args = plan_args(&["--top", "5", "--format", "json"]);
+    // The datasheet priors: what a CPU "cluster" starts from.
+    let args = plan_args(&[
+        "--top",
+        "5",
+        "--format",
+        "json",
+        "--cost-model",
+        "datasheet",
+    ]);
     let json = ok(dir, &args.iter().map(String::as_str).collect::<Vec<_>>());
     let path = dir.join("plan.json");
     std::fs::write(&path, json).unwrap();

@@ -215,3 +215,123 @@ fn cluster_trials_run_read_their_logs_keep_them_and_refit() {
     );
     assert!(d.join("reports/plan/round-2").is_dir());
 }
+
+/// A `torchrun` and a `python3` on PATH standing in for torchtitan: the
+/// interpreter imports anything, and torchrun prints a real-format
+/// torchtitan 0.3 log with its printed configuration
+/// (tests/data/torchtitan) and records the arguments it was given.
+fn fake_torchtitan(dir: &Path) -> String {
+    let bin = dir.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let log = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/torchtitan/llama3-debug-tp2-pp2-printed.log");
+    let scripts = [
+        ("python3", "#!/usr/bin/env bash\nexit 0\n".to_string()),
+        (
+            "torchrun",
+            format!(
+                "#!/usr/bin/env bash\nprintf '%s\\n' \"$@\" >> '{args}'\ncat '{log}'\n",
+                args = dir.join("torchrun-args").display(),
+                log = log.display()
+            ),
+        ),
+    ];
+    for (name, text) in scripts {
+        let path = bin.join(name);
+        std::fs::write(&path, text).unwrap();
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+    }
+    format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    )
+}
+
+#[test]
+fn torchtitan_trials_run_read_their_logs_and_refit() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let out = run(
+        d,
+        &[
+            "plan",
+            "--model",
+            "llama3-8b",
+            "--gpu",
+            "h100-sxm",
+            "--nodes",
+            "1",
+            "--global-batch",
+            "16",
+            "--engine",
+            "torchtitan",
+            "--top",
+            "3",
+            "--format",
+            "json",
+        ],
+    );
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    std::fs::write(d.join("plan.json"), &out.stdout).unwrap();
+    let path = fake_torchtitan(d);
+    let out = Command::new(BIN)
+        .args([
+            "validate",
+            "plan.json",
+            "--launch",
+            "torchtitan",
+            "--torchtitan-config",
+            "llama3:llama3_8b",
+            "--top",
+            "2",
+        ])
+        .current_dir(d)
+        .env("PATH", path)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // torchrun got torchtitan 0.3's entry point, the config function, the
+    // trial's settings and the activation-checkpoint word last.
+    let args = std::fs::read_to_string(d.join("torchrun-args")).unwrap();
+    let args: Vec<&str> = args.lines().collect();
+    for word in [
+        "torchtitan.train",
+        "llama3_8b",
+        "--debug.print_config",
+        "--training.steps",
+    ] {
+        assert!(args.contains(&word), "{word} missing: {args:?}");
+    }
+    assert!(args.iter().any(|a| a.starts_with("activation-checkpoint:")));
+    // Both logs were read into the history (rank 0's memory), and refitted on.
+    let history = std::fs::read_to_string(d.join("reports/plan/runs-history.csv")).unwrap();
+    let header: Vec<&str> = history.lines().next().unwrap().split(',').collect();
+    let rank = header.iter().position(|h| *h == "memory_rank").unwrap();
+    let engine = header.iter().position(|h| *h == "engine").unwrap();
+    let rows: Vec<Vec<&str>> = history
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').collect())
+        .collect();
+    assert_eq!(rows.len(), 2, "{history}");
+    for row in &rows {
+        assert_eq!(row[engine], "torchtitan");
+        assert_eq!(row[rank], "first");
+    }
+    assert!(
+        stdout.contains("ms per iteration (steady-state median"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("GiB reserved on rank 0"), "{stdout}");
+    assert!(stdout.contains("refit on 2 measured run(s)"), "{stdout}");
+}

@@ -17,6 +17,7 @@
 mod collectives;
 mod figures;
 mod fit;
+mod memory;
 mod report;
 mod util;
 
@@ -29,6 +30,7 @@ pub use collectives::{
 pub use figures::{ErrorFigures, OVERALL, overall};
 /// The fitting pieces other refits (`validate`'s stage-time refit) share.
 pub(crate) use fit::{FreeParam, Leg, minimise_loss, model_at, prior_pull, soft_l1};
+pub use memory::{MemoryFit, MemoryRow, fit_memory, memory_rows};
 pub use report::render_report;
 
 use crate::cluster::NodeGroup;

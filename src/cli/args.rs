@@ -175,6 +175,9 @@ pub struct ModelArgs {
     /// Input embedding shared with the output head: on/off.
     #[arg(long)]
     pub tied_embeddings: Option<String>,
+    /// Dropout on attention and hidden states (GPT's default; Llama trains without): on/off.
+    #[arg(long)]
+    pub dropout: Option<String>,
 }
 
 /// Where to train.
@@ -312,6 +315,21 @@ pub struct SpaceArgs {
     /// (BPipe's evictor and acceptor side by side).
     #[arg(long, value_delimiter = ',')]
     pub stage_order: Option<Vec<String>>,
+    /// The training engine whose memory and time semantics, recomputation policies and
+    /// export the plan follows: megatron (default), torchtitan.
+    #[arg(long)]
+    pub engine: Option<String>,
+    /// torch.compile (torchtitan): on, off.
+    #[arg(long, value_delimiter = ',')]
+    pub compile: Option<Vec<String>>,
+    /// One layer in N checkpointed under --recompute selective-layer (torchtitan).
+    #[arg(long, value_delimiter = ',', value_parser = count(1 << 10))]
+    pub ac_frequency: Option<Vec<u64>>,
+    /// Run tables: the rank whose memory a table's peak_allocated_gib/peak_reserved_gib
+    /// columns hold when it has no memory_rank column: max (default), or last (Megatron-LM's
+    /// TensorBoard and CI golden values come from the last rank).
+    #[arg(long)]
+    pub memory_rank: Option<String>,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -592,6 +610,7 @@ pub struct ShowProfileArgs {
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LaunchEngine {
     Megatron,
+    Torchtitan,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -637,6 +656,9 @@ pub struct ValidateArgs {
     /// Cluster trials: a Megatron-LM checkout (holding pretrain_gpt.py).
     #[arg(long)]
     pub megatron_path: Option<PathBuf>,
+    /// Cluster trials with torchtitan: MODULE:CONFIG (0.3, e.g. llama3:llama3_8b) or a 0.2 job TOML.
+    #[arg(long)]
+    pub torchtitan_config: Option<String>,
     /// Cluster trials: how the scripts start the ranks.
     #[arg(long, value_enum, default_value_t = Launcher::Torchrun)]
     pub launcher: Launcher,

@@ -9,8 +9,11 @@ use paratune::calibrate::{
     COLLECTIVE_COEFFICIENTS, Dataset, FitOptions, calibrate, fit_collectives, read_nccl_table,
     render_report,
 };
+use paratune::calibrate::{MemoryFit, fit_memory, memory_rows};
+use paratune::cluster::builtin_node;
+use paratune::coefficients::CostModel;
 use paratune::coefficients::save_cost_model_with_report;
-use paratune::runs::{RunTable, runs_from_table};
+use paratune::runs::{Run, RunTable, runs_and_skipped};
 use paratune::units::Bandwidth;
 use std::path::{Path, PathBuf};
 
@@ -51,7 +54,9 @@ fn split_spec(spec: &Path) -> Result<(PathBuf, Vec<(String, String)>)> {
     Ok((PathBuf::from(file), pairs))
 }
 
-fn dataset(spec: &Path, args: &CalibrateArgs) -> Result<Dataset> {
+/// The datasets of one `--runs` file: one per GPU when its `gpu` column
+/// names several (Megatron-LM's CI runs, on A100 and H100).
+fn datasets(spec: &Path, args: &CalibrateArgs) -> Result<Vec<Dataset>> {
     let (file, settings) = split_spec(spec)?;
     let mut model_args = args.common.model.clone();
     let mut space_args = args.space.clone();
@@ -83,7 +88,8 @@ fn dataset(spec: &Path, args: &CalibrateArgs) -> Result<Dataset> {
             _ => unreachable!("split_spec admits only FILE_KEYS"),
         }
     }
-    let (mut group, _) = resolve::nodes(&cluster_args)?;
+    let table = RunTable::read(&file)?;
+    let (mut group, _) = resolve::nodes_or_table_gpu(&cluster_args, &table)?;
     if let Some(bw) = intra {
         group.intra_node_bw = bw;
     }
@@ -91,24 +97,58 @@ fn dataset(spec: &Path, args: &CalibrateArgs) -> Result<Dataset> {
         group.inter_node_bw = bw;
     }
     let defaults = resolve::row_defaults(&space_args, resolve::row_model(&model_args)?)?;
-    let table = RunTable::read(&file)?;
-    let runs = runs_from_table(&table, &defaults, group.gpus_per_node)?;
+    let all = runs_and_skipped(&table, &defaults, group.gpus_per_node)?;
+    if let Some(note) = all.skipped_summary() {
+        eprintln!("note: {}: {note}", file.display());
+    }
     let name = file
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_else(|| "runs".into());
-    Ok(Dataset { name, runs, group })
+    // One dataset per GPU the rows name, each on its own nodes.
+    let mut by_gpu: Vec<(Option<String>, Vec<Run>)> = Vec::new();
+    for run in all.runs {
+        let gpu = run.gpu.clone().filter(|g| *g != group.gpu.name);
+        match by_gpu.iter_mut().find(|(g, _)| *g == gpu) {
+            Some((_, runs)) => runs.push(run),
+            None => by_gpu.push((gpu, vec![run])),
+        }
+    }
+    let several = by_gpu.len() > 1;
+    by_gpu
+        .into_iter()
+        .map(|(gpu, runs)| {
+            let group = match &gpu {
+                None => group.clone(),
+                Some(gpu) => {
+                    let mut other =
+                        builtin_node(gpu, group.nodes).expect("rows name built-in GPUs");
+                    other.gpus_per_node = group.gpus_per_node;
+                    other
+                }
+            };
+            let name = if several {
+                format!("{name} on {}", group.gpu.name)
+            } else {
+                name.clone()
+            };
+            Ok(Dataset { name, runs, group })
+        })
+        .collect()
 }
 
 pub fn run(args: &CalibrateArgs) -> Result<()> {
     if let Some(h) = args.holdout.filter(|h| !(*h > 0.0 && *h < 1.0)) {
         bail!("--holdout must be a fraction between 0 and 1 (e.g. 0.3), found {h}");
     }
-    let datasets = args
+    let datasets: Vec<Dataset> = args
         .runs
         .iter()
-        .map(|spec| dataset(spec, args))
-        .collect::<Result<Vec<_>>>()?;
+        .map(|spec| datasets(spec, args))
+        .collect::<Result<Vec<_>>>()?
+        .into_iter()
+        .flatten()
+        .collect();
     let mut prior = resolve::cost_model(
         Some(args.common.cost_model.as_deref().unwrap_or("datasheet")),
         &datasets[0].group.gpu.name,
@@ -161,6 +201,18 @@ pub fn run(args: &CalibrateArgs) -> Result<()> {
         toml::Value::String(format!("paratune {}", command.join(" "))),
     );
     let mut report = render_report(&calibration);
+    // The memory coefficients, on the measured peaks, from the time fit.
+    let memory_rows: Vec<_> = datasets
+        .iter()
+        .flat_map(|d| memory_rows(&d.runs, &d.group))
+        .collect();
+    if let Some(fit) = fit_memory(&memory_rows, &calibration.model, args.folds, args.seed) {
+        for (name, _, value) in &fit.coefficients {
+            calibration.model.coefficients.set(name, *value);
+        }
+        record_memory_fit(&mut calibration.model, &fit);
+        report.push_str(&memory_report(&fit));
+    }
     if let Some((path, fit)) = collective_note {
         let mut table = toml::Table::new();
         let file = path
@@ -250,4 +302,58 @@ pub fn run(args: &CalibrateArgs) -> Result<()> {
             emit_csv(&headers, &rows)
         }
     }
+}
+
+/// The memory fit's figures in the model's provenance: `memory_cv_mape`,
+/// `memory_cv_worst` (cross-validated), `memory_rows`.
+fn record_memory_fit(model: &mut CostModel, fit: &MemoryFit) {
+    let round = |x: f64| toml::Value::Float((x * 1e4).round() / 1e4);
+    let p = &mut model.provenance;
+    p.insert("memory_rows".into(), toml::Value::Integer(fit.rows as i64));
+    if let Some(f) = &fit.cross_validated {
+        p.insert("memory_cv_mape".into(), round(f.mape));
+        p.insert("memory_cv_p90_ape".into(), round(f.p90_ape));
+        p.insert("memory_cv_worst".into(), round(f.worst_error));
+    }
+    if let Some(f) = &fit.in_sample {
+        p.insert("memory_in_sample_mape".into(), round(f.mape));
+    }
+}
+
+/// The report's memory section.
+fn memory_report(fit: &MemoryFit) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::from("\n## Memory\n\n");
+    let _ = writeln!(
+        out,
+        "The memory coefficients were fitted to {} measured peaks (allocated, and reserved where measured), after the time fit.\n",
+        fit.rows
+    );
+    out.push_str("| coefficient | prior | fitted |\n|---|---:|---:|\n");
+    for (name, prior, value) in &fit.coefficients {
+        let _ = writeln!(out, "| {name} | {prior:.4} | {value:.4} |");
+    }
+    out.push_str("\n| peaks | rows | MAPE | median APE | 90th pct APE | worst row |\n|---|---:|---:|---:|---:|---|\n");
+    let row = |out: &mut String, label: &str, f: &Option<paratune::evaluate::Figures>| {
+        if let Some(f) = f {
+            let _ = writeln!(
+                out,
+                "| {label} | {} | {:.1}% | {:.1}% | {:.1}% | {:+.1}% (line {}) |",
+                f.rows,
+                f.mape * 100.0,
+                f.median_ape * 100.0,
+                f.p90_ape * 100.0,
+                f.worst_error * 100.0,
+                f.worst_line
+            );
+        }
+    };
+    row(&mut out, "prior", &fit.prior);
+    row(&mut out, "fitted, in sample", &fit.in_sample);
+    row(
+        &mut out,
+        &format!("fitted, cross-validated ({}-fold by job)", fit.folds),
+        &fit.cross_validated,
+    );
+    out
 }

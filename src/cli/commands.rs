@@ -7,13 +7,15 @@ use super::resolve;
 use anyhow::{Context, Result, anyhow, bail};
 use paratune::cluster::{builtin_gpu_names, builtin_node};
 use paratune::coefficients::CostModel;
-use paratune::config::{ParallelConfig, on_off};
+use paratune::config::{Engine, ParallelConfig, on_off};
 use paratune::cost::{ProfileUsage, Scenario, memory_per_stage, predict, predict_with_usage};
-use paratune::evaluate::evaluate_with_profile;
-use paratune::export::{LaunchJob, megatron_args, megatron_command_line, torchtitan_toml};
+use paratune::evaluate::{Setting, evaluate_with};
+use paratune::export::{
+    LaunchJob, megatron_args, megatron_command_line, shell_quote, torchtitan_flags, torchtitan_toml,
+};
 use paratune::model::{builtin_model, builtin_model_names};
 use paratune::plan_file::{PLAN_FORMAT, PLAN_VERSION, PlanFile, PlannedCandidate, SearchCounts};
-use paratune::runs::{RunTable, runs_from_table, write_csv};
+use paratune::runs::{RunTable, runs_and_skipped, write_csv};
 use paratune::search::{Explanation, Job, SearchResult, explain, search, smallest_fitting_gpus};
 use std::fmt::Write;
 use std::io::Write as _;
@@ -69,9 +71,9 @@ fn cost_model_line(cost: &CostModel) -> String {
     }
 }
 
-fn job_line(job: &Job, cost: &CostModel) -> String {
+fn job_line(job: &Job, engine: Engine, cost: &CostModel) -> String {
     format!(
-        "{} ({:.1} B parameters, seq {}) on {} x {} ({} per node, intra {} per GPU, inter {} per node), global batch {}\ncost model: {}",
+        "{} ({:.1} B parameters, seq {}) on {} x {} ({} per node, intra {} per GPU, inter {} per node), global batch {}, trained with {}\ncost model: {}",
         job.model.name,
         job.model.total_params() / 1e9,
         job.model.seq_len,
@@ -81,6 +83,7 @@ fn job_line(job: &Job, cost: &CostModel) -> String {
         job.nodes.intra_node_bw,
         job.nodes.inter_node_bw,
         job.global_batch,
+        engine.product(),
         cost_model_line(cost)
     )
 }
@@ -115,7 +118,11 @@ pub fn plan(args: &PlanArgs) -> Result<()> {
         Format::Csv => plan_csv(&result, args.top)?,
         Format::Table => {
             let mut out = String::new();
-            let _ = writeln!(out, "paratune plan: {}", job_line(&job, &cost));
+            let _ = writeln!(
+                out,
+                "paratune plan: {}",
+                job_line(&job, space.engine, &cost)
+            );
             search_counts(&mut out, &result, elapsed.as_secs_f64());
             if let Some(profile) = &profile {
                 plan_profile_usage(&mut out, profile, &job, &cost, &result);
@@ -284,14 +291,60 @@ fn explain_winner(
             }
         }
     }
-    let _ = writeln!(out, "\nMegatron-LM arguments (pretrain_gpt.py):");
-    export_best(out, job, result, |launch| {
-        megatron_command_line(launch).map(|line| format!("    {line}\n"))
-    });
-    let _ = writeln!(out, "\ntorchtitan job config (TOML fragment):");
-    export_best(out, job, result, |launch| {
-        torchtitan_toml(launch).map(|toml| toml.lines().map(|l| format!("    {l}\n")).collect())
-    });
+    // The engine planned for first; the other's export says what differs.
+    let megatron = |out: &mut String| {
+        let _ = writeln!(out, "\nMegatron-LM arguments (pretrain_gpt.py):");
+        export_best(out, job, result, |launch| {
+            megatron_command_line(launch).map(|line| format!("    {line}\n"))
+        });
+    };
+    let torchtitan = |out: &mut String| {
+        let _ = writeln!(
+            out,
+            "\ntorchtitan 0.3 flags (after -m torchtitan.train --module MODULE --config CONFIG):"
+        );
+        export_best(out, job, result, |launch| {
+            torchtitan_flags(launch).map(|words| {
+                let mut text = String::new();
+                let mut line = String::new();
+                for word in words
+                    .flags
+                    .iter()
+                    .map(String::as_str)
+                    .chain([words.activation_checkpoint])
+                {
+                    if word.starts_with("--") || word.starts_with("activation-checkpoint:") {
+                        if !line.is_empty() {
+                            text.push_str(&format!("    {line}\n"));
+                        }
+                        line = word.to_string();
+                    } else {
+                        line = format!("{line} {}", shell_quote(word));
+                    }
+                }
+                text.push_str(&format!("    {line}\n"));
+                text
+            })
+        });
+        let _ = writeln!(out, "\ntorchtitan 0.2 job config (TOML fragment):");
+        export_best(out, job, result, |launch| {
+            torchtitan_toml(launch).map(|toml| toml.lines().map(|l| format!("    {l}\n")).collect())
+        });
+    };
+    match winner.config.engine {
+        Engine::Megatron => {
+            megatron(out);
+            torchtitan(out);
+        }
+        Engine::Torchtitan => {
+            torchtitan(out);
+            let _ = writeln!(
+                out,
+                "\n(planned for torchtitan: Megatron-LM keeps 16-bit weights beside fp32 master weights and pads the vocabulary, so its memory differs from this plan's)"
+            );
+            megatron(out);
+        }
+    }
 }
 
 /// Writes the winner's export, or, when the engine cannot run the winner,
@@ -562,7 +615,11 @@ pub fn predict_command(args: &PredictArgs) -> Result<()> {
         }
         Format::Table => {
             let mut out = String::new();
-            let _ = writeln!(out, "paratune predict: {}", job_line(&job, &cost));
+            let _ = writeln!(
+                out,
+                "paratune predict: {}",
+                job_line(&job, config.engine, &cost)
+            );
             if let Some(profile) = &profile {
                 let _ = writeln!(out, "{}: {}", profile.title(), usage_line(&usage));
             }
@@ -596,37 +653,78 @@ pub fn predict_command(args: &PredictArgs) -> Result<()> {
     Ok(())
 }
 
+/// What `predict --runs` adds to every row: `predicted_peak_memory_gib` is
+/// the device memory the peak stage needs (reserved plus what lives outside
+/// PyTorch), which `fits` is judged on; the allocated and reserved peaks are
+/// PyTorch's, of the peak stage, of the first (which torchtitan logs) and
+/// of the last (which Megatron-LM logs).
+const PREDICTED_COLUMNS: [&str; 10] = [
+    "predicted_iter_ms",
+    "predicted_tflops_per_gpu",
+    "predicted_peak_memory_gib",
+    "predicted_peak_allocated_gib",
+    "predicted_peak_reserved_gib",
+    "predicted_first_stage_allocated_gib",
+    "predicted_first_stage_reserved_gib",
+    "predicted_last_stage_allocated_gib",
+    "predicted_last_stage_reserved_gib",
+    "fits",
+];
+
 /// Predicts every row of a runs CSV and writes the rows back with the predictions.
 fn predict_runs(args: &PredictArgs, path: &std::path::Path) -> Result<()> {
-    let (nodes, _) = resolve::nodes(&args.common.cluster)?;
+    let defaults = resolve::row_defaults(&args.space, resolve::row_model(&args.common.model)?)?;
+    let table = RunTable::read(path)?;
+    let (nodes, _) = resolve::nodes_or_table_gpu(&args.common.cluster, &table)?;
     let cost = resolve::cost_model(args.common.cost_model.as_deref(), &nodes.gpu.name)?;
     let profile = profile_cli::load(args.profile.as_deref(), &nodes.gpu.name)?;
     let measurements = profile.as_ref().map(|p| p.measurements.as_ref());
-    let defaults = resolve::row_defaults(&args.space, resolve::row_model(&args.common.model)?)?;
-    let table = RunTable::read(path)?;
-    let runs = runs_from_table(&table, &defaults, nodes.gpus_per_node)?;
+    let all = runs_and_skipped(&table, &defaults, nodes.gpus_per_node)?;
+    let settings =
+        resolve::per_gpu_settings(&all.runs, &nodes, &cost, args.common.cost_model.as_deref())?;
     let mut headers = table.headers.clone();
-    headers.extend(
-        [
-            "predicted_iter_ms",
-            "predicted_tflops_per_gpu",
-            "predicted_peak_memory_gib",
-            "fits",
-        ]
-        .map(String::from),
-    );
-    let rows: Vec<Vec<String>> = runs
+    headers.extend(PREDICTED_COLUMNS.map(String::from));
+    let by_line: std::collections::HashMap<usize, &paratune::runs::Run> =
+        all.runs.iter().map(|r| (r.line, r)).collect();
+    let skipped: std::collections::HashMap<usize, &str> = all
+        .skipped
         .iter()
-        .zip(&table.rows)
-        .map(|(run, cells)| {
-            let scenario = Scenario::new(&run.model, run.global_batch, &nodes, run.gpus, &cost)
-                .with_profile(measurements);
-            let p = predict(&scenario, &run.config);
+        .map(|s| (s.line, s.reason.as_str()))
+        .collect();
+    let rows: Vec<Vec<String>> = table
+        .rows
+        .iter()
+        .enumerate()
+        .map(|(index, cells)| {
+            let line = table.line(index);
             let mut row = cells.clone();
+            let Some(run) = by_line.get(&line) else {
+                row.extend(std::iter::repeat_n(
+                    String::new(),
+                    PREDICTED_COLUMNS.len() - 1,
+                ));
+                row.push(format!(
+                    "not predicted: {}",
+                    skipped.get(&line).unwrap_or(&"")
+                ));
+                return row;
+            };
+            let (group, cost) = settings.of(run);
+            let own_gpu = run.gpu.as_ref().is_none_or(|g| *g == nodes.gpu.name);
+            let scenario = Scenario::new(&run.model, run.global_batch, group, run.gpus, cost)
+                .with_profile(measurements.filter(|_| own_gpu));
+            let p = predict(&scenario, &run.config);
+            let gib = |bytes: f64| format!("{:.3}", bytes / GIB);
             row.extend([
                 format!("{:.3}", p.iteration_s * 1e3),
                 format!("{:.2}", p.tflops_per_gpu),
                 format!("{:.2}", p.peak_memory_gib()),
+                gib(p.peak_allocated_bytes),
+                gib(p.peak_reserved_bytes),
+                gib(p.first_stage_allocated_bytes),
+                gib(p.first_stage_reserved_bytes),
+                gib(p.last_stage_allocated_bytes),
+                gib(p.last_stage_reserved_bytes),
                 p.fits.to_string(),
             ]);
             row
@@ -652,14 +750,38 @@ fn predict_runs(args: &PredictArgs, path: &std::path::Path) -> Result<()> {
 }
 
 pub fn evaluate_command(args: &EvaluateArgs) -> Result<()> {
-    let (nodes, _) = resolve::nodes(&args.common.cluster)?;
+    let defaults = resolve::row_defaults(&args.space, resolve::row_model(&args.common.model)?)?;
+    let table = RunTable::read(&args.runs)?;
+    let (nodes, _) = resolve::nodes_or_table_gpu(&args.common.cluster, &table)?;
     let cost = resolve::cost_model(args.common.cost_model.as_deref(), &nodes.gpu.name)?;
     let profile = profile_cli::load(args.profile.as_deref(), &nodes.gpu.name)?;
     let measurements = profile.as_ref().map(|p| p.measurements.as_ref());
-    let defaults = resolve::row_defaults(&args.space, resolve::row_model(&args.common.model)?)?;
-    let table = RunTable::read(&args.runs)?;
-    let runs = runs_from_table(&table, &defaults, nodes.gpus_per_node)?;
-    let evaluation = evaluate_with_profile(&runs, &nodes, &cost, measurements);
+    let all = runs_and_skipped(&table, &defaults, nodes.gpus_per_node)?;
+    if let Some(note) = all.skipped_summary() {
+        eprintln!("note: {}: {note}", args.runs.display());
+    }
+    if !all.contradictions.is_empty() {
+        eprintln!(
+            "note: {}: {} row(s) contradict an earlier one (first: line {}, {}); all are kept",
+            args.runs.display(),
+            all.contradictions.len(),
+            all.contradictions[0].0,
+            all.contradictions[0].1
+        );
+    }
+    let runs = all.runs;
+    // Rows of other GPUs than the flags' (a `gpu` column) are predicted on
+    // that GPU's nodes, with the cost model given or that GPU's default.
+    let settings =
+        resolve::per_gpu_settings(&runs, &nodes, &cost, args.common.cost_model.as_deref())?;
+    let evaluation = evaluate_with(&runs, |run| {
+        let (group, cost) = settings.of(run);
+        Setting {
+            group,
+            cost,
+            profile: measurements.filter(|_| run.gpu.as_ref().is_none_or(|g| *g == nodes.gpu.name)),
+        }
+    });
     // What the rows' predictions took from the profile (re-run to count).
     let mut usage = ProfileUsage::default();
     if measurements.is_some() {
@@ -669,16 +791,18 @@ pub fn evaluate_command(args: &EvaluateArgs) -> Result<()> {
             usage.add(&predict_with_usage(&scenario, &run.config).1);
         }
     }
-    if evaluation.rows.is_empty() {
+    if evaluation.rows.is_empty() && evaluation.memory.is_empty() {
         bail!(
-            "{}: no row has a measured time; add an iter_ms column",
+            "{}: no row has a measured time or memory; add an iter_ms or a peak_allocated_gib column",
             args.runs.display()
         );
     }
     let summary = evaluation.summary();
+    let memory = evaluation.memory_summary();
     match args.common.format {
         Format::Json => emit(&json(&serde_json::json!({
             "cost_model": cost.name, "summary": summary, "groups": evaluation.groups, "rows": evaluation.rows,
+            "memory_summary": memory, "memory_rows": evaluation.memory,
             "profile": profile.as_ref().map(|p| serde_json::json!({
                 "path": p.path.display().to_string(), "usage": usage,
             })),
@@ -711,6 +835,16 @@ pub fn evaluate_command(args: &EvaluateArgs) -> Result<()> {
             );
             if let Some(profile) = &profile {
                 let _ = writeln!(out, "{}: {}", profile.title(), usage_line(&usage));
+            }
+            if settings.several() {
+                let _ = writeln!(out, "  per GPU: {}", settings.describe());
+            }
+            if !evaluation.memory.is_empty() {
+                memory_lines(&mut out, &memory);
+            }
+            if evaluation.rows.is_empty() {
+                emit(&out)?;
+                return Ok(());
             }
             let _ = writeln!(out, "  rows with a measured time   {}", summary.rows);
             let _ = writeln!(
@@ -778,6 +912,41 @@ pub fn evaluate_command(args: &EvaluateArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The memory figures of an evaluation, as table lines.
+fn memory_lines(out: &mut String, m: &paratune::evaluate::MemorySummary) {
+    let _ = writeln!(out, "  rows with a measured peak memory {}", m.rows);
+    for (name, figures) in [("allocated", &m.allocated), ("reserved", &m.reserved)] {
+        if let Some(f) = figures {
+            let _ = writeln!(
+                out,
+                "  {name} peak: MAPE {}, median {}, 90th percentile {}, worst line {} ({:+.1}%)",
+                percent(f.mape),
+                percent(f.median_ape),
+                percent(f.p90_ape),
+                f.worst_line,
+                f.worst_error * 100.0
+            );
+        }
+    }
+    let _ = writeln!(
+        out,
+        "  fits verdicts the runs contradict: {} (predicted not to fit, yet they ran){}",
+        m.wrong_fits,
+        if m.wrong_fits_lines.is_empty() {
+            String::new()
+        } else {
+            format!(
+                ": line {}",
+                m.wrong_fits_lines
+                    .iter()
+                    .map(|l| l.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        }
+    );
 }
 
 pub fn models() -> Result<()> {

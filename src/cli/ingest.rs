@@ -1,22 +1,27 @@
 //! `paratune ingest ...`: training logs into rows of a runs CSV, the
 //! measurements `evaluate` and `calibrate` read.
 
+use super::args::ModelArgs;
 use super::commands::emit;
 use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
 use paratune::atomic::write_atomically;
 use paratune::runs::{RunTable, write_csv};
-use paratune::validate::megatron_log::{
-    self, DEFAULT_WARMUP, MegatronRun, ROW_COLUMNS, merge_rows,
-};
+use paratune::validate::megatron_log::{self, DEFAULT_WARMUP, MegatronRun, merge_rows};
+use paratune::validate::torchtitan_log::{self, TorchtitanRun};
 use std::fmt::Write as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 #[derive(Subcommand, Debug)]
 pub enum IngestCommand {
     /// Read Megatron-LM pretrain_gpt.py logs (one run each) into a runs CSV:
     /// the configuration, the steady-state iteration time and the peak memory.
     MegatronLog(MegatronLogArgs),
+    /// Read torchtitan training logs (one run each) into a runs CSV: the
+    /// configuration (printed in the log, its job TOML with --config, or the
+    /// torchrun command line in the log), the steady step time from the
+    /// step lines' tps and rank 0's peak reserved memory.
+    TorchtitanLog(TorchtitanLogArgs),
 }
 
 #[derive(Args, Debug)]
@@ -35,42 +40,89 @@ pub struct MegatronLogArgs {
     pub append: bool,
 }
 
-pub fn run(command: &IngestCommand) -> Result<()> {
-    match command {
-        IngestCommand::MegatronLog(args) => megatron_logs(args),
+#[derive(Args, Debug)]
+pub struct TorchtitanLogArgs {
+    /// Log files: the stdout of torchrun ... -m torchtitan.train runs, one run each.
+    #[arg(required = true)]
+    pub files: Vec<PathBuf>,
+    /// The runs CSV to write (refused if it exists, unless --append).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// The runs' job config, for logs that do not print theirs: a torchtitan
+    /// 0.2 TOML (what --job.config_file read), or the JSON of a saved config.
+    /// The log's printed config and command line take precedence over it.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// The model, where the log's flavor is not one paratune knows: a
+    /// built-in model (`paratune models`) or a model TOML file.
+    #[arg(long, value_name = "NAME|FILE")]
+    pub model: Option<String>,
+    /// The run's GPU count, where neither the log nor the config gives it
+    /// (data_parallel_shard_degree = -1 without a device-mesh line).
+    #[arg(long, value_name = "N", value_parser = gpu_count)]
+    pub gpus: Option<u64>,
+    /// Logged step lines left out of the steady state as warm-up (step 1 always is).
+    #[arg(long, default_value_t = DEFAULT_WARMUP)]
+    pub warmup: usize,
+    /// Add the rows to an existing --out, skipping rows it already holds.
+    #[arg(long)]
+    pub append: bool,
+}
+
+fn gpu_count(text: &str) -> std::result::Result<u64, String> {
+    match text.trim().parse::<u64>() {
+        Ok(n) if (1..=1 << 20).contains(&n) => Ok(n),
+        _ => Err(format!(
+            "`{text}` is not a GPU count; give a whole number such as 8"
+        )),
     }
 }
 
-fn megatron_logs(args: &MegatronLogArgs) -> Result<()> {
-    let out = &args.out;
+pub fn run(command: &IngestCommand) -> Result<()> {
+    match command {
+        IngestCommand::MegatronLog(args) => megatron_logs(args),
+        IngestCommand::TorchtitanLog(args) => torchtitan_logs(args),
+    }
+}
+
+/// One log read into a row, for [`write_rows`].
+struct Ingested {
+    name: String,
+    row: Vec<String>,
+    /// The line printed for the log.
+    summary: String,
+    /// What was odd about the log, printed as warnings.
+    notes: Vec<String>,
+}
+
+/// Whether `out` exists, refusing it unless the rows are to be appended.
+fn check_out(out: &Path, append: bool) -> Result<bool> {
     let exists = out.exists();
-    if exists && !args.append {
+    if exists && !append {
         bail!(
             "--out {} already exists; give --append to add the rows to it, or another --out",
             out.display()
         );
     }
+    Ok(exists)
+}
 
-    let mut runs: Vec<(String, MegatronRun)> = Vec::new();
-    let mut rows = Vec::new();
-    let mut failures = Vec::new();
-    for file in &args.files {
-        let name = file.display().to_string();
-        let parsed = megatron_log::read(file, args.warmup)
-            .and_then(|run| run.row(&name, &name).map(|row| (run, row)));
-        match parsed {
-            Ok((run, row)) => {
-                rows.push(row);
-                runs.push((name, run));
-            }
-            Err(e) => failures.push(e.to_string()),
-        }
-    }
-    if runs.is_empty() {
+/// The flow every `ingest` shares: the rows written to `out` (merged into it
+/// when it `exists`, rows already there skipped), the failures and notes as
+/// warnings, a summary line per log and the count. Fails, writing nothing,
+/// when no log gave a row.
+fn write_rows(
+    out: &Path,
+    exists: bool,
+    columns: &[&str],
+    ingested: &[Ingested],
+    failures: &[String],
+) -> Result<()> {
+    if ingested.is_empty() {
         bail!("{}", failures.join("; "));
     }
-
-    let headers: Vec<String> = ROW_COLUMNS.iter().map(|c| c.to_string()).collect();
+    let headers: Vec<String> = columns.iter().map(|c| c.to_string()).collect();
+    let rows: Vec<Vec<String>> = ingested.iter().map(|i| i.row.clone()).collect();
     let (headers, all_rows, added) = if exists {
         let table =
             RunTable::read(out).with_context(|| format!("--append to {}", out.display()))?;
@@ -83,17 +135,17 @@ fn megatron_logs(args: &MegatronLogArgs) -> Result<()> {
     write_csv(&mut buffer, &headers, &all_rows)?;
     write_atomically(out, &buffer).with_context(|| format!("cannot write {}", out.display()))?;
 
-    for failure in &failures {
+    for failure in failures {
         eprintln!("warning: skipped {failure}");
     }
     let mut text = String::new();
-    for (name, run) in &runs {
-        for note in &run.notes {
-            eprintln!("warning: {name}: {note}");
+    for log in ingested {
+        for note in &log.notes {
+            eprintln!("warning: {}: {note}", log.name);
         }
-        let _ = writeln!(text, "{}", summary(name, run));
+        let _ = writeln!(text, "{}", log.summary);
     }
-    let total = runs.len();
+    let total = ingested.len();
     if exists {
         let _ = writeln!(
             text,
@@ -107,8 +159,81 @@ fn megatron_logs(args: &MegatronLogArgs) -> Result<()> {
     emit(&text)
 }
 
+fn megatron_logs(args: &MegatronLogArgs) -> Result<()> {
+    let exists = check_out(&args.out, args.append)?;
+    let mut ingested = Vec::new();
+    let mut failures = Vec::new();
+    for file in &args.files {
+        let name = file.display().to_string();
+        let parsed = megatron_log::read(file, args.warmup)
+            .and_then(|run| run.row(&name, &name).map(|row| (run, row)));
+        match parsed {
+            Ok((run, row)) => ingested.push(Ingested {
+                summary: megatron_summary(&name, &run),
+                notes: run.notes,
+                name,
+                row,
+            }),
+            Err(e) => failures.push(e.to_string()),
+        }
+    }
+    write_rows(
+        &args.out,
+        exists,
+        &megatron_log::ROW_COLUMNS,
+        &ingested,
+        &failures,
+    )
+}
+
+fn torchtitan_logs(args: &TorchtitanLogArgs) -> Result<()> {
+    let exists = check_out(&args.out, args.append)?;
+    let config = args
+        .config
+        .as_deref()
+        .map(torchtitan_log::read_config_file)
+        .transpose()?;
+    let model = args
+        .model
+        .as_ref()
+        .map(|name| {
+            super::resolve::model(&ModelArgs {
+                model: Some(name.clone()),
+                ..ModelArgs::default()
+            })
+        })
+        .transpose()?;
+    let options = torchtitan_log::Options {
+        warmup: args.warmup,
+        config,
+        model,
+        gpus: args.gpus,
+    };
+    let mut ingested = Vec::new();
+    let mut failures = Vec::new();
+    for file in &args.files {
+        let name = file.display().to_string();
+        match torchtitan_log::read(file, &options) {
+            Ok(run) => ingested.push(Ingested {
+                row: run.row(&name),
+                summary: torchtitan_summary(&name, &run),
+                notes: run.notes,
+                name,
+            }),
+            Err(e) => failures.push(e.to_string()),
+        }
+    }
+    write_rows(
+        &args.out,
+        exists,
+        &torchtitan_log::ROW_COLUMNS,
+        &ingested,
+        &failures,
+    )
+}
+
 /// `run.log: tp2 pp2 dp2 mb2 gb16, L24 h1024 a16 s1024, 8 GPUs: 215.3 ms/iteration ...`
-fn summary(name: &str, run: &MegatronRun) -> String {
+fn megatron_summary(name: &str, run: &MegatronRun) -> String {
     let mut line = format!(
         "{name}: {}: {:.1} ms/iteration (median; mean {:.1}; {} iteration(s) after {} warm-up)",
         run.config.summary(),
@@ -138,6 +263,36 @@ fn summary(name: &str, run: &MegatronRun) -> String {
             ", {} skipped and {} nan iteration(s)",
             run.skipped_iterations, run.nan_iterations
         );
+    }
+    line
+}
+
+/// `run.log: torchtitan 0.2: tp1 pp1 dp8 mb1 gb8 ..., llama3 8B L32 h4096 a32 s8192, 8 GPUs: 1318.5 ms/step ...`
+fn torchtitan_summary(name: &str, run: &TorchtitanRun) -> String {
+    let mut line = format!(
+        "{name}: torchtitan {}: {}: {:.1} ms/step (median; mean {:.1}; {} step line(s) after {} warm-up)",
+        run.release.name(),
+        run.summary(),
+        run.steady_median_ms,
+        run.steady_mean_ms,
+        run.steady_steps,
+        run.warmup
+    );
+    match (run.peak_reserved_gib, run.memory_rank) {
+        (Some(gib), Some(rank)) => {
+            let _ = write!(
+                line,
+                ", peak memory {gib:.2} GiB reserved ({} pipeline stage)",
+                rank.name()
+            );
+        }
+        _ => line.push_str(", peak memory not logged"),
+    }
+    if let Some(tflops) = run.tflops_per_gpu {
+        let _ = write!(line, ", {tflops:.1} TFLOP/s/GPU");
+    }
+    if let Some(mfu) = run.mfu_percent {
+        let _ = write!(line, ", MFU {mfu:.1}%");
     }
     line
 }

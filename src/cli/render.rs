@@ -172,14 +172,18 @@ pub fn stage_memory(out: &mut String, stages: &[StageMemory], usable: f64, peak_
     );
     let _ = writeln!(
         out,
-        "    {:>5} {:>8} {:>9} {:>9} {:>11} {:>9} {:>8} {:>8} {:>8}  fits",
+        "    {:>5} {:>8} {:>9} {:>9} {:>11} {:>9} {:>6} {:>8} {:>9} {:>9} {:>9} {:>8} {:>8}  fits",
         "stage",
         "weights",
         "gradients",
         "optimizer",
         "activations",
         "in-flight",
+        "loss",
         "buffers",
+        "allocated",
+        "allocator",
+        "reserved",
         "runtime",
         "total",
     );
@@ -199,14 +203,18 @@ pub fn stage_memory(out: &mut String, stages: &[StageMemory], usable: f64, peak_
         }
         let _ = writeln!(
             out,
-            "    {:>5} {:>8.2} {:>9.2} {:>9.2} {:>11.2} {:>9.1} {:>8.2} {:>8.2} {:>8.2}  {}",
+            "    {:>5} {:>8.2} {:>9.2} {:>9.2} {:>11.2} {:>9.1} {:>6.2} {:>8.2} {:>9.2} {:>9.2} {:>9.2} {:>8.2} {:>8.2}  {}",
             s.stage,
             s.weights / GIB,
             s.gradients / GIB,
             s.optimizer_states / GIB,
             s.activations / GIB,
             s.in_flight,
+            s.loss / GIB,
             s.buffers / GIB,
+            s.allocated() / GIB,
+            s.allocator_reserve / GIB,
+            s.reserved() / GIB,
             s.runtime_overhead / GIB,
             s.total() / GIB,
             if s.total() <= usable { "yes" } else { "NO" }

@@ -7,11 +7,13 @@ use paratune::cluster::{NodeGroup, builtin_gpu_names, builtin_node, load_cluster
 use paratune::coefficients::{
     CostModel, builtin_cost_model, builtin_cost_model_names, default_cost_model, parse_cost_model,
 };
-use paratune::config::{OptimizerSharding, ParallelConfig, Recompute, ScheduleKind, StageOrder};
+use paratune::config::{
+    Engine, OptimizerSharding, ParallelConfig, Recompute, Rule, ScheduleKind, StageOrder,
+};
 use paratune::model::{
     AttentionKind, ModelSpec, builtin_model, builtin_model_names, load_model_file,
 };
-use paratune::runs::{RowDefaults, parse_choice, parse_switch};
+use paratune::runs::{MemoryRank, RowDefaults, Run, RunTable, parse_choice, parse_switch};
 use paratune::search::{Job, SearchSpace};
 use paratune::suggest::did_you_mean;
 use std::path::Path;
@@ -70,6 +72,9 @@ pub fn model(args: &ModelArgs) -> Result<ModelSpec> {
     if let Some(text) = &args.gated_mlp {
         model.gated_mlp = parse_switch("--gated-mlp", text).map_err(|e| anyhow!(e))?;
     }
+    if let Some(text) = &args.dropout {
+        model.dropout = parse_switch("--dropout", text).map_err(|e| anyhow!(e))?;
+    }
     if let Some(text) = &args.tied_embeddings {
         model.tied_embeddings = parse_switch("--tied-embeddings", text).map_err(|e| anyhow!(e))?;
     }
@@ -126,6 +131,79 @@ pub fn nodes(args: &ClusterArgs) -> Result<(NodeGroup, u64)> {
         group.nodes = group.nodes.max(gpus.div_ceil(group.gpus_per_node));
     }
     Ok((group, gpus))
+}
+
+/// The flags' nodes, or, without `--gpu` and `--cluster`, the nodes of the
+/// first GPU a run table's `gpu` column names.
+pub fn nodes_or_table_gpu(args: &ClusterArgs, table: &RunTable) -> Result<(NodeGroup, u64)> {
+    if args.gpu.is_none()
+        && args.cluster.is_none()
+        && let Some(gpu) = (0..table.rows.len()).find_map(|i| table.cell(i, "gpu"))
+    {
+        let mut with_gpu = args.clone();
+        with_gpu.gpu = Some(gpu.to_string());
+        return nodes(&with_gpu);
+    }
+    nodes(args)
+}
+
+/// The nodes and cost model each GPU of a run table is predicted with.
+pub struct PerGpu {
+    base: (NodeGroup, CostModel),
+    others: Vec<(String, NodeGroup, CostModel)>,
+}
+
+impl PerGpu {
+    pub fn of(&self, run: &Run) -> (&NodeGroup, &CostModel) {
+        match &run.gpu {
+            Some(gpu) if *gpu != self.base.0.gpu.name => self
+                .others
+                .iter()
+                .find(|(name, _, _)| name == gpu)
+                .map(|(_, group, cost)| (group, cost))
+                .expect("every GPU of the runs has its setting"),
+            _ => (&self.base.0, &self.base.1),
+        }
+    }
+
+    pub fn several(&self) -> bool {
+        !self.others.is_empty()
+    }
+
+    /// `a100-80gb with a100-megatron, h100-sxm with a100-megatron@h100-sxm`.
+    pub fn describe(&self) -> String {
+        std::iter::once((&self.base.0.gpu.name, &self.base.1.name))
+            .chain(self.others.iter().map(|(gpu, _, cost)| (gpu, &cost.name)))
+            .map(|(gpu, cost)| format!("{gpu} with {cost}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+/// Nodes of the same shape as `base` for every other GPU the runs name,
+/// and the cost model given (`--cost-model`) or each GPU's default.
+pub fn per_gpu_settings(
+    runs: &[Run],
+    base: &NodeGroup,
+    cost: &CostModel,
+    given: Option<&str>,
+) -> Result<PerGpu> {
+    let mut others: Vec<(String, NodeGroup, CostModel)> = Vec::new();
+    for gpu in runs.iter().filter_map(|r| r.gpu.as_ref()) {
+        if *gpu == base.gpu.name || others.iter().any(|(name, _, _)| name == gpu) {
+            continue;
+        }
+        let mut group = builtin_node(gpu, base.nodes).expect("run tables name built-in GPUs");
+        group.nodes = base.nodes.max(1 << 10);
+        let cost = cost_model(given, gpu)?;
+        others.push((gpu.clone(), group, cost));
+    }
+    let mut base = base.clone();
+    base.nodes = base.nodes.max(1 << 10);
+    Ok(PerGpu {
+        base: (base, cost.clone()),
+        others,
+    })
 }
 
 pub fn job(common: &CommonArgs) -> Result<Job> {
@@ -222,7 +300,7 @@ fn positive(flag: &str, values: &Option<Vec<u64>>) -> Result<Option<Vec<u64>>> {
 }
 
 pub fn space(args: &SpaceArgs) -> Result<SearchSpace> {
-    Ok(SearchSpace {
+    let space = SearchSpace {
         tp: positive("--tp", &args.tp)?,
         pp: positive("--pp", &args.pp)?,
         dp: positive("--dp", &args.dp)?,
@@ -261,7 +339,45 @@ pub fn space(args: &SpaceArgs) -> Result<SearchSpace> {
             &args.stage_order,
             &StageOrder::ALL.map(|k| (k.name(), k)),
         )?,
-    })
+        engine: engine(args)?,
+        compile: switches("--compile", &args.compile)?,
+        ac_frequency: positive("--ac-frequency", &args.ac_frequency)?,
+    };
+    check_engine_choices(&space)?;
+    Ok(space)
+}
+
+/// A search restricted to what its engine cannot run would only count
+/// broken rules: say so up front, with the rule's own explanation.
+fn check_engine_choices(space: &SearchSpace) -> Result<()> {
+    for &recompute in space.recompute.as_deref().unwrap_or_default() {
+        if !Recompute::of(space.engine).contains(&recompute) {
+            let c = ParallelConfig {
+                recompute,
+                engine: space.engine,
+                ..ParallelConfig::default()
+            };
+            bail!("{}", Rule::RecomputeForEngine.explain_engine(&c));
+        }
+    }
+    if space.engine != Engine::Torchtitan && space.compile.as_deref() == Some(&[true]) {
+        let c = ParallelConfig {
+            compile: true,
+            engine: space.engine,
+            ..ParallelConfig::default()
+        };
+        bail!("{}", Rule::CompileWithoutTorchtitan.explain_engine(&c));
+    }
+    Ok(())
+}
+
+/// `--engine`, Megatron-LM unless given.
+fn engine(args: &SpaceArgs) -> Result<Engine> {
+    match &args.engine {
+        None => Ok(Engine::Megatron),
+        Some(text) => parse_choice("--engine", text, &Engine::ALL.map(|k| (k.name(), k)))
+            .map_err(|e| anyhow!(e)),
+    }
 }
 
 /// The single value of a dimension for `predict`, or its default.
@@ -337,6 +453,9 @@ pub fn single_config(args: &SpaceArgs, job: &Job) -> Result<ParallelConfig> {
         tp_comm_overlap: single("--tp-comm-overlap", &space.tp_comm_overlap, false)?,
         cuda_graphs: single("--cuda-graphs", &space.cuda_graphs, false)?,
         stage_order: single("--stage-order", &space.stage_order, StageOrder::Megatron)?,
+        engine: space.engine,
+        compile: single("--compile", &space.compile, false)?,
+        ac_frequency: single("--ac-frequency", &space.ac_frequency, 2)?,
     };
     config
         .check(&job.model, job.global_batch, job.gpus, job.gpus_per_node())
@@ -367,6 +486,18 @@ pub fn row_defaults(
         overlap_param_gather: single("--overlap-param-gather", &space.overlap_param_gather, false)?,
         tp_comm_overlap: single("--tp-comm-overlap", &space.tp_comm_overlap, false)?,
         cuda_graphs: single("--cuda-graphs", &space.cuda_graphs, false)?,
+        engine: space.engine,
+        compile: single("--compile", &space.compile, false)?,
+        ac_frequency: single("--ac-frequency", &space.ac_frequency, 2)?,
+        memory_rank: match &args.memory_rank {
+            None => MemoryRank::Max,
+            Some(text) => parse_choice(
+                "--memory-rank",
+                text,
+                &MemoryRank::ALL.map(|k| (k.name(), k)),
+            )
+            .map_err(|e| anyhow!(e))?,
+        },
         model,
         model_is_given,
     })
@@ -390,6 +521,9 @@ pub fn row_model(args: &ModelArgs) -> Result<(ModelSpec, bool)> {
         args.vocab.unwrap_or(51200),
         args.seq_len.unwrap_or(2048),
     );
+    if let Some(text) = &args.dropout {
+        m.dropout = parse_switch("--dropout", text).map_err(|e| anyhow!(e))?;
+    }
     if let Some(text) = &args.tied_embeddings {
         m.tied_embeddings = parse_switch("--tied-embeddings", text).map_err(|e| anyhow!(e))?;
     }
@@ -427,6 +561,9 @@ pub fn config_spec(spec: &str, base: &ParallelConfig) -> Result<ParallelConfig> 
         "graphs",
         "order",
         "stage_order",
+        "compile",
+        "every",
+        "ac_frequency",
     ];
     for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
         let (key, value) = item
@@ -490,6 +627,8 @@ pub fn config_spec(spec: &str, base: &ParallelConfig) -> Result<ParallelConfig> 
             }
             "tp_comm_overlap" => c.tp_comm_overlap = parse_switch(key, value).map_err(e)?,
             "graphs" | "cuda_graphs" => c.cuda_graphs = parse_switch(key, value).map_err(e)?,
+            "compile" => c.compile = parse_switch(key, value).map_err(e)?,
+            "every" | "ac_frequency" => c.ac_frequency = number()?,
             "order" | "stage_order" => {
                 c.stage_order =
                     parse_choice(key, value, &StageOrder::ALL.map(|k| (k.name(), k))).map_err(e)?

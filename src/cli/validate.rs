@@ -1,7 +1,7 @@
 //! `paratune validate`: trial runs of a plan's top candidates, predicted
 //! against measured, fed back, re-ranked; the report under `--out`.
 
-use super::args::{LaunchEngine, ValidateArgs};
+use super::args::ValidateArgs;
 use super::commands::emit;
 use super::measure::{check_writable, parse_device, parse_dtype, spawn_worker};
 use super::resolve;
@@ -63,7 +63,7 @@ pub fn run(args: &ValidateArgs) -> Result<()> {
     .with_context(|| "the plan's cost model; give --cost-model NAME or FILE")?;
     let out = args.out.clone().unwrap_or_else(|| default_out(&args.plan));
     match args.launch {
-        Some(LaunchEngine::Megatron) => super::validate_cluster::run(args, &plan, &out),
+        Some(engine) => super::validate_cluster::run(args, engine, &plan, &out),
         None => local_trials(args, &plan, &cost, &out),
     }
 }

@@ -1,10 +1,10 @@
-//! `paratune validate --launch megatron`: cluster trials through Megatron-LM.
-//! Writes one launch script per candidate; unless `--dry-run`, runs each
-//! (killed after `--timeout`), reads its log into a run row (append-only,
-//! fsync per row), refits the cost model on every row measured so far and
-//! re-ranks the plan's candidates.
+//! `paratune validate --launch megatron|torchtitan`: cluster trials through
+//! Megatron-LM or torchtitan. Writes one launch script per candidate; unless
+//! `--dry-run`, runs each (killed after `--timeout`), reads its log into a
+//! run row (append-only, fsync per row), refits the cost model on every row
+//! measured so far and re-ranks the plan's candidates.
 
-use super::args::{Launcher as LauncherArg, ValidateArgs};
+use super::args::{LaunchEngine, Launcher as LauncherArg, ValidateArgs};
 use super::commands::emit;
 use super::measure::{check_writable, wait_with_timeout};
 use super::resolve;
@@ -18,22 +18,141 @@ use paratune::plan_file::PlanFile;
 use paratune::report::{ranking_change, render_markdown};
 use paratune::runs::{RowDefaults, RunHistory, RunTable, runs_from_table};
 use paratune::search::{SearchSpace, search};
-use paratune::validate::launch::{LaunchSettings, Launcher, ScriptOutcome, write_launch_scripts};
+use paratune::validate::launch::{
+    LaunchError, LaunchSettings, Launcher, ScriptOutcome, write_launch_scripts,
+};
 use paratune::validate::local::job_of;
 use paratune::validate::megatron_log::{self, DEFAULT_WARMUP, ROW_COLUMNS};
+use paratune::validate::torchtitan_launch::{
+    TorchtitanBase, TorchtitanSettings, torchtitan_script, write_torchtitan_scripts,
+};
+use paratune::validate::torchtitan_log;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-pub fn run(args: &ValidateArgs, plan: &PlanFile, out: &Path) -> Result<()> {
+/// The engine the trials run on, with what its scripts share.
+enum Cluster {
+    Megatron(LaunchSettings),
+    Torchtitan(TorchtitanSettings),
+}
+
+impl Cluster {
+    fn of(args: &ValidateArgs, engine: LaunchEngine) -> Result<Cluster> {
+        let launcher = match args.launcher {
+            LauncherArg::Torchrun => Launcher::Torchrun,
+            LauncherArg::Srun => Launcher::Srun,
+        };
+        let train_iters = args.iterations as u64;
+        Ok(match engine {
+            LaunchEngine::Megatron => {
+                let mut settings = LaunchSettings::new(args.megatron_path.clone(), launcher);
+                settings.train_iters = train_iters;
+                Cluster::Megatron(settings)
+            }
+            LaunchEngine::Torchtitan => {
+                let Some(base) = &args.torchtitan_config else {
+                    return Err(LaunchError::BadTorchtitanConfig {
+                        value: "(not given)".into(),
+                        problem: "--launch torchtitan needs it".into(),
+                    }
+                    .into());
+                };
+                Cluster::Torchtitan(TorchtitanSettings {
+                    base: TorchtitanBase::parse(base)?,
+                    launcher,
+                    train_iters,
+                })
+            }
+        })
+    }
+
+    /// `megatron` or `torchtitan`, as `paratune ingest` names the log.
+    fn log_kind(&self) -> &'static str {
+        match self {
+            Cluster::Megatron(_) => "megatron-log",
+            Cluster::Torchtitan(_) => "torchtitan-log",
+        }
+    }
+
+    fn write(&self, plan: &PlanFile, dir: &Path) -> Result<Vec<ScriptOutcome>, LaunchError> {
+        match self {
+            Cluster::Megatron(settings) => write_launch_scripts(plan, settings, dir),
+            Cluster::Torchtitan(settings) => write_torchtitan_scripts(plan, settings, dir),
+        }
+    }
+
+    /// Whether the engine can run a candidate of `plan`.
+    fn runs(&self, plan: &PlanFile, candidate: &paratune::plan_file::PlannedCandidate) -> bool {
+        match self {
+            Cluster::Megatron(_) => candidate.megatron_args.is_some(),
+            Cluster::Torchtitan(settings) => torchtitan_script(plan, candidate, settings).is_ok(),
+        }
+    }
+
+    fn columns(&self) -> &'static [&'static str] {
+        match self {
+            Cluster::Megatron(_) => &ROW_COLUMNS,
+            Cluster::Torchtitan(_) => &torchtitan_log::ROW_COLUMNS,
+        }
+    }
+
+    /// The run row of a finished trial's log, and a line about it.
+    fn read(&self, log: &Path) -> Result<(Vec<String>, String), String> {
+        let name = log.display().to_string();
+        match self {
+            Cluster::Megatron(_) => {
+                let run = megatron_log::read(log, DEFAULT_WARMUP).map_err(|e| e.to_string())?;
+                let row = run
+                    .row(&name, "paratune validate")
+                    .map_err(|e| e.to_string())?;
+                let line = format!(
+                    "{}: {:.1} ms per iteration (steady-state median, {} iterations){}",
+                    run.config.summary(),
+                    run.steady_median_ms,
+                    run.steady_iterations,
+                    run.peak_allocated_bytes
+                        .map(|b| format!(", peak {:.1} GiB allocated", b / 1024f64.powi(3)))
+                        .unwrap_or_default()
+                );
+                Ok((row, line))
+            }
+            Cluster::Torchtitan(settings) => {
+                // A 0.2 trial's configuration is its job.toml; a 0.3 trial
+                // prints its own (`--debug.print_config`).
+                let config = match &settings.base {
+                    TorchtitanBase::JobToml { .. } => Some(
+                        torchtitan_log::read_config_file(&log.with_file_name("job.toml"))
+                            .map_err(|e| e.to_string())?,
+                    ),
+                    TorchtitanBase::Registry { .. } => None,
+                };
+                let options = torchtitan_log::Options {
+                    warmup: DEFAULT_WARMUP,
+                    config,
+                    ..torchtitan_log::Options::default()
+                };
+                let run = torchtitan_log::read(log, &options).map_err(|e| e.to_string())?;
+                let line = format!(
+                    "{}: {:.1} ms per iteration (steady-state median, {} steps){}",
+                    run.summary(),
+                    run.steady_median_ms,
+                    run.steady_steps,
+                    run.peak_reserved_gib
+                        .map(|g| format!(", peak {g:.1} GiB reserved on rank 0"))
+                        .unwrap_or_default()
+                );
+                Ok((run.row("paratune validate"), line))
+            }
+        }
+    }
+}
+
+pub fn run(args: &ValidateArgs, engine: LaunchEngine, plan: &PlanFile, out: &Path) -> Result<()> {
+    // The base is checked before anything is written.
+    let cluster = Cluster::of(args, engine)?;
     check_writable(out, "--out")?;
-    let launcher = match args.launcher {
-        LauncherArg::Torchrun => Launcher::Torchrun,
-        LauncherArg::Srun => Launcher::Srun,
-    };
-    let mut settings = LaunchSettings::new(args.megatron_path.clone(), launcher);
-    settings.train_iters = args.iterations as u64;
     let mut report = String::new();
     let history_path = out.join("runs-history.csv");
     let mut history = None;
@@ -53,7 +172,7 @@ pub fn run(args: &ValidateArgs, plan: &PlanFile, out: &Path) -> Result<()> {
         top.candidates.truncate(args.top);
         top.candidates.retain(|c| !tried.contains(&c.config));
         tried.extend(top.candidates.iter().map(|c| c.config));
-        let scripts = write_scripts(&top, &settings, &dir, &mut report)?;
+        let scripts = write_scripts(&top, &cluster, &dir, &mut report)?;
         if scripts.is_empty() {
             let _ = writeln!(report, "round {round}: no new candidate to run; stopping");
             break;
@@ -61,13 +180,14 @@ pub fn run(args: &ValidateArgs, plan: &PlanFile, out: &Path) -> Result<()> {
         if args.dry_run {
             let _ = writeln!(
                 report,
-                "dry run: nothing was started. Run a script on the cluster, then `paratune ingest megatron-log {}/candidate-N/run.log --out runs.csv` (or rerun without --dry-run to let validate run them, read their logs and refit)",
+                "dry run: nothing was started. Run a script on the cluster, then `paratune ingest {} {}/candidate-N/run.log --out runs.csv` (or rerun without --dry-run to let validate run them, read their logs and refit)",
+                cluster.log_kind(),
                 dir.display()
             );
             return emit(&report);
         }
         if history.is_none() {
-            let (opened, repaired) = RunHistory::open(&history_path, &ROW_COLUMNS)?;
+            let (opened, repaired) = RunHistory::open(&history_path, cluster.columns())?;
             if let Some(repair) = repaired {
                 let _ = writeln!(report, "note: {repair}");
             }
@@ -75,16 +195,24 @@ pub fn run(args: &ValidateArgs, plan: &PlanFile, out: &Path) -> Result<()> {
         }
         let history = history.as_mut().expect("opened above");
         for (rank, script) in &scripts {
-            run_and_read(*rank, script, timeout, history, &mut report)?;
+            run_and_read(&cluster, *rank, script, timeout, history, &mut report)?;
         }
         let Some(fitted) = refit_and_rerank(args, plan, &history_path, &mut report)? else {
             break;
         };
         // Plan again with the refitted model: its leaders are the next round's trials.
-        // Only what Megatron-LM can run is a candidate for a cluster trial.
-        let result = search(&job, &SearchSpace::default(), &fitted);
+        // Only what the engine can run is a candidate for a cluster trial.
+        let space = SearchSpace {
+            engine: plan
+                .candidates
+                .first()
+                .map_or(Default::default(), |c| c.config.engine),
+            ..SearchSpace::default()
+        };
+        let result = search(&job, &space, &fitted);
         round_plan = super::commands::plan_file(&job, &fitted, &result, result.candidates.len());
-        round_plan.candidates.retain(|c| c.megatron_args.is_some());
+        let runnable = round_plan.clone();
+        round_plan.candidates.retain(|c| cluster.runs(&runnable, c));
         round_plan.candidates.truncate(args.top.max(5));
         for (i, c) in round_plan.candidates.iter_mut().enumerate() {
             c.rank = i + 1;
@@ -110,12 +238,12 @@ pub fn run(args: &ValidateArgs, plan: &PlanFile, out: &Path) -> Result<()> {
 /// each and returns the written ones.
 fn write_scripts(
     plan: &PlanFile,
-    settings: &LaunchSettings,
+    cluster: &Cluster,
     dir: &Path,
     report: &mut String,
 ) -> Result<Vec<(usize, PathBuf)>> {
     let mut scripts = Vec::new();
-    for outcome in write_launch_scripts(plan, settings, dir)? {
+    for outcome in cluster.write(plan, dir)? {
         match outcome {
             ScriptOutcome::Written { rank, path } => {
                 let _ = writeln!(report, "candidate #{rank}: {}", path.display());
@@ -131,6 +259,7 @@ fn write_scripts(
 
 /// Runs one script, reads its log into the history, says what happened.
 fn run_and_read(
+    cluster: &Cluster,
     rank: usize,
     script: &Path,
     timeout: Duration,
@@ -147,21 +276,11 @@ fn run_and_read(
         );
         return Ok(());
     }
-    match megatron_log::read(&log, DEFAULT_WARMUP) {
-        Ok(run) => {
-            let row = run.row(&log.display().to_string(), "paratune validate")?;
+    match cluster.read(&log) {
+        Ok((row, line)) => {
             // Kept before anything else: an interruption loses no finished run.
             history.append(&row)?;
-            let _ = writeln!(
-                report,
-                "candidate #{rank}: {}: {:.1} ms per iteration (steady-state median, {} iterations){}",
-                run.config.summary(),
-                run.steady_median_ms,
-                run.steady_iterations,
-                run.peak_allocated_bytes
-                    .map(|b| format!(", peak {:.1} GiB allocated", b / 1024f64.powi(3)))
-                    .unwrap_or_default()
-            );
+            let _ = writeln!(report, "candidate #{rank}: {line}");
         }
         Err(e) => {
             let _ = writeln!(report, "candidate #{rank}: its log does not read: {e}");

@@ -15,7 +15,7 @@ use super::memory::{ParamGroup, SyncMethod};
 use super::{ProfileUsage, Scenario};
 use crate::cluster::GroupSpan;
 use crate::coefficients::CollectiveAlgorithm;
-use crate::config::{OptimizerSharding, ParallelConfig, Recompute};
+use crate::config::{Engine, OptimizerSharding, ParallelConfig, Recompute};
 use crate::profile::{CollectiveLookup, CollectiveOp, Measurements};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -292,8 +292,17 @@ pub struct StageSync {
     pub link: Link,
 }
 
+/// Whether the data-parallel collectives run per micro-batch (FSDP-style:
+/// ZeRO-3, and torchtitan's FSDP for any sharding) rather than once at the
+/// end of the iteration.
+pub fn syncs_per_microbatch(c: &ParallelConfig) -> bool {
+    c.optimizer_sharding == OptimizerSharding::Full
+        || (c.engine == Engine::Torchtitan && c.optimizer_sharding != OptimizerSharding::None)
+}
+
 /// The end-of-iteration data-parallel collectives of one stage's parameter
-/// groups; zero under ZeRO-3 (see [`zero3_per_microbatch`]) or with dp 1.
+/// groups; zero when they run per micro-batch (see [`zero3_per_microbatch`])
+/// or with dp 1.
 pub fn stage_sync(
     s: &Scenario,
     c: &ParallelConfig,
@@ -305,7 +314,7 @@ pub fn stage_sync(
         link: Link::of(span),
         ..StageSync::default()
     };
-    if c.dp == 1 || c.optimizer_sharding == OptimizerSharding::Full {
+    if c.dp == 1 || syncs_per_microbatch(c) {
         return sync;
     }
     let k = s.coef();
@@ -331,9 +340,11 @@ pub fn stage_sync(
 }
 
 /// ZeRO-3/FSDP's collectives per micro-batch on one stage: each layer's
-/// weights gathered for every forward, recomputation and backward pass, and
-/// its gradients reduce-scattered. Returns (all of them, the part no
-/// prefetch can hide: the first layer's gather and the embedding tables').
+/// weights gathered for every forward, recomputation and backward pass (once
+/// per micro-batch when torchtitan keeps them gathered from forward to
+/// backward, its export of optimizer-state sharding), and its gradients
+/// reduce-scattered. Returns (all of them, the part no prefetch can hide:
+/// the first layer's gather and the embedding tables').
 pub fn zero3_per_microbatch(
     s: &Scenario,
     c: &ParallelConfig,
@@ -341,15 +352,15 @@ pub fn zero3_per_microbatch(
     layers: f64,
     usage: &mut ProfileUsage,
 ) -> (f64, f64) {
-    if c.dp == 1 || c.optimizer_sharding != OptimizerSharding::Full {
+    if c.dp == 1 || !syncs_per_microbatch(c) {
         return (0.0, 0.0);
     }
     let k = s.coef();
     let span = data_parallel_span(s, c);
-    let gathers = if c.recompute == Recompute::Full {
-        3.0
-    } else {
-        2.0
+    let gathers = match (c.optimizer_sharding, c.recompute) {
+        (OptimizerSharding::OptimizerStates, _) => 1.0,
+        (_, Recompute::Full) => 3.0,
+        _ => 2.0,
     };
     let mut total = 0.0;
     let mut unhidden = 0.0;
@@ -404,7 +415,8 @@ pub fn tied_embedding_sync(s: &Scenario, c: &ParallelConfig, stage: u64) -> f64 
     if c.pp == 1 || !s.model.tied_embeddings || (stage != 0 && stage != c.pp - 1) {
         return 0.0;
     }
-    let bytes = s.model.embedding_params() / c.tp as f64 * s.coef().gradient_bytes_per_param;
+    let bytes =
+        super::vocab_per_rank(s, c) * s.model.hidden as f64 * s.coef().gradient_bytes_per_param;
     let crosses = !stages_share_node(s, c, 0, c.pp - 1);
     s.coef().collective_base_latency_us * 1e-6 + bytes / p2p_bw(s, crosses)
 }

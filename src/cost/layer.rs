@@ -104,7 +104,13 @@ fn layer_passes(s: &Scenario, c: &ParallelConfig) -> (PassTime, PassTime) {
     };
 
     let traffic = elementwise_bytes(s, c);
-    let pass = |bytes: f64| kernels::memory_pass(s, bytes) * k.elementwise_traffic_scale;
+    // torch.compile fuses the pointwise kernels: each tensor read and written once.
+    let fused = if c.compile {
+        k.compile_elementwise_fraction
+    } else {
+        1.0
+    };
+    let pass = |bytes: f64| kernels::memory_pass(s, bytes) * k.elementwise_traffic_scale * fused;
     let forward = PassTime {
         gemm: gemm_fwd,
         attention: attention_fwd,
@@ -174,18 +180,24 @@ fn tensor_parallel_forward(s: &Scenario, c: &ParallelConfig, usage: &mut Profile
 
 /// Tensor-parallel collective calls per layer per micro-batch: two per
 /// forward (four with sequence parallelism), as many backward, and a
-/// forward's worth again under full recomputation.
+/// forward's worth again for every layer recomputed whole.
 fn tensor_parallel_calls(c: &ParallelConfig) -> f64 {
     if c.tp == 1 {
         return 0.0;
     }
     let forward = if c.sequence_parallel { 4.0 } else { 2.0 };
-    let passes = if c.recompute == Recompute::Full {
-        3.0
-    } else {
-        2.0
-    };
-    forward * passes
+    forward * (2.0 + recomputed_forwards(c))
+}
+
+/// Whole forward passes recomputed per layer: one under full recomputation,
+/// one in `ac_frequency` under per-layer checkpointing, none otherwise (the
+/// selective policies recompute inside the layer, between its collectives).
+fn recomputed_forwards(c: &ParallelConfig) -> f64 {
+    match c.recompute {
+        Recompute::Full => 1.0,
+        Recompute::SelectiveLayer => 1.0 / c.ac_frequency.max(1) as f64,
+        _ => 0.0,
+    }
 }
 
 /// `(a^k + b^k)^(1/k)`: the time of two streams of work that overlap, as
@@ -212,14 +224,9 @@ fn shape(s: &Scenario, c: &ParallelConfig) -> LayerShape {
 }
 
 /// Tensor-parallel collective time of a layer's passes: forward, backward,
-/// and the recomputed forward under full recomputation.
-fn tensor_parallel_total(tp_fwd: f64, recompute: Recompute) -> f64 {
-    let recomputed = if recompute == Recompute::Full {
-        tp_fwd
-    } else {
-        0.0
-    };
-    2.0 * tp_fwd + recomputed
+/// and the recomputed forwards.
+fn tensor_parallel_total(tp_fwd: f64, c: &ParallelConfig) -> f64 {
+    (2.0 + recomputed_forwards(c)) * tp_fwd
 }
 
 /// What `--tp-comm-overlap` leaves of `tp` seconds of tensor-parallel
@@ -239,14 +246,18 @@ pub fn layer_time(s: &Scenario, c: &ParallelConfig, usage: &mut ProfileUsage) ->
     let k = s.coef();
     let (fwd, bwd) = layer_passes(s, c);
     let tp_fwd = tensor_parallel_forward(s, c, usage);
-    let tp_total = tensor_parallel_total(tp_fwd, c.recompute);
+    let tp_total = tensor_parallel_total(tp_fwd, c);
     // Forward-equivalent passes the host launches, and the recomputed work.
+    let every = c.ac_frequency.max(1) as f64;
     let (host_passes, recomputed_gpu, recomputed_gemm) = match c.recompute {
         Recompute::None => (3.0, 0.0, 0.0),
         // Selective recomputation redoes the attention core: about a quarter
         // of a layer's operators.
         Recompute::Selective => (3.25, fwd.attention + fwd.score_passes, 0.0),
         Recompute::Full => (4.0, fwd.total(), fwd.gemm),
+        // Every other matrix multiply and the element-wise work between.
+        Recompute::SelectiveOp => (3.5, fwd.gemm / 2.0 + fwd.elementwise, fwd.gemm / 2.0),
+        Recompute::SelectiveLayer => (3.0 + 1.0 / every, fwd.total() / every, fwd.gemm / every),
     };
     let gemm = fwd.gemm + bwd.gemm + recomputed_gemm;
     let formula_compute = fwd.total() + bwd.total() + recomputed_gpu;
@@ -314,10 +325,9 @@ pub struct EndsTime {
 pub fn pipeline_ends_time(s: &Scenario, c: &ParallelConfig) -> EndsTime {
     let model = s.model;
     let k = s.coef();
-    let t = c.tp as f64;
     let tokens = (c.micro_batch * model.seq_len) as f64;
     let h = model.hidden as f64;
-    let vocab_shard = model.vocab as f64 / t;
+    let vocab_shard = super::vocab_per_rank(s, c);
     // Embedding backward writes a dense gradient of the vocabulary shard and
     // accumulates it into the fp32 main gradient: about 12 bytes per entry.
     let embedding_grad =

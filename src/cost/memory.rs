@@ -1,10 +1,13 @@
-//! Memory of one pipeline stage on one GPU: model states by sharding,
-//! activations by the schedule's in-flight micro-batches (and BPipe's
-//! balancing), buffers and runtime overhead.
+//! Memory of one pipeline stage on one GPU, as PyTorch's caching allocator
+//! and the device see it: model states by engine and sharding, activations
+//! of the schedule's in-flight micro-batches (and BPipe's balancing), the
+//! loss's logits, buffers and workspaces (together PyTorch's allocated
+//! peak), the blocks the allocator reserves beyond them (its reserved
+//! peak), and what lives outside PyTorch (CUDA context, NCCL's buffers).
 
 use super::Scenario;
 use super::kernels::HALF;
-use crate::config::{OptimizerSharding, ParallelConfig, Recompute, ScheduleKind};
+use crate::config::{Engine, OptimizerSharding, ParallelConfig, Recompute, ScheduleKind};
 use crate::model::{AttentionKind, ModelSpec};
 use serde::{Deserialize, Serialize};
 
@@ -29,18 +32,18 @@ pub struct ParamGroup {
 /// The parameter groups of stage `stage` on one GPU: the transformer layers
 /// first, then the embeddings where the stage holds them.
 pub fn parameter_groups(s: &Scenario, c: &ParallelConfig, stage: u64) -> [ParamGroup; 2] {
-    let t = c.tp as f64;
     let model = s.model;
     let layers = c.stage_layers(model.layers, stage) as f64 * layer_params_per_rank(model, c.tp);
+    let table = super::vocab_per_rank(s, c) * model.hidden as f64;
     let mut embeddings = 0.0;
     if stage == 0 {
-        embeddings += model.embedding_params() / t + model.position_params();
+        embeddings += table + model.position_params();
     }
     if stage == c.pp - 1 {
         // The output head: its own matrix when untied, and a copy of the
         // tied embedding when it lives on another stage.
         if !model.tied_embeddings || c.pp > 1 {
-            embeddings += model.embedding_params() / t;
+            embeddings += table;
         }
         embeddings += 2.0 * model.hidden as f64; // final layer norm
     }
@@ -60,20 +63,26 @@ pub fn stage_params(s: &Scenario, c: &ParallelConfig, stage: u64) -> f64 {
     parameter_groups(s, c, stage).iter().map(|g| g.params).sum()
 }
 
-/// Under ZeRO-3 / FSDP, the weights a rank of `stage` holds gathered at a
-/// time: two layers (the one computing and the one prefetched), and on the
-/// first and last stage the embedding or output table while it is used;
-/// 0 under other sharding.
+/// Under ZeRO-3 / FSDP, the 16-bit weights a rank of `stage` holds
+/// gathered at a time: two layers (the one computing and the one
+/// prefetched), and on the first and last stage the embedding or output
+/// table while it is used. torchtitan's FSDP keeps the gathered copies of
+/// the whole stage from forward to backward for optimizer-state sharding
+/// (`reshard_after_forward = never`, how it is exported). 0 otherwise.
 pub fn gathered_weight_bytes(s: &Scenario, c: &ParallelConfig, stage: u64) -> f64 {
-    if c.optimizer_sharding != OptimizerSharding::Full {
-        return 0.0;
+    let w = s.coef().weight_bytes_per_param;
+    match (c.engine, c.optimizer_sharding) {
+        (_, OptimizerSharding::Full) => {
+            let table = if stage == 0 || stage == c.pp - 1 {
+                super::vocab_per_rank(s, c) * s.model.hidden as f64
+            } else {
+                0.0
+            };
+            (2.0 * layer_params_per_rank(s.model, c.tp) + table) * w
+        }
+        (Engine::Torchtitan, OptimizerSharding::OptimizerStates) => stage_params(s, c, stage) * w,
+        _ => 0.0,
     }
-    let table = if stage == 0 || stage == c.pp - 1 {
-        s.model.embedding_params() / c.tp as f64
-    } else {
-        0.0
-    };
-    (2.0 * layer_params_per_rank(s.model, c.tp) + table) * s.coef().weight_bytes_per_param
 }
 
 /// Parameters of one layer on one tensor-parallel rank: the split ones
@@ -84,45 +93,108 @@ fn layer_params_per_rank(model: &ModelSpec, tp: u64) -> f64 {
     (model.params_per_layer() - replicated) / tp as f64 + replicated
 }
 
-/// Bytes of one stage on one GPU, by kind.
+/// Bytes of one stage on one GPU at its peak, by kind.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct StageMemory {
     pub stage: u64,
     pub weights: f64,
     pub gradients: f64,
     pub optimizer_states: f64,
+    /// What the in-flight micro-batches keep for their backward passes, and
+    /// the layer being recomputed.
     pub activations: f64,
     /// Micro-batches whose activations the stage holds at its peak.
     pub in_flight: f64,
+    /// The logits and their gradient around the loss (last stage only),
+    /// live at the last stage's peak.
+    #[serde(default)]
+    pub loss: f64,
+    /// Pipeline send/receive buffers, ZeRO-3/FSDP's gathered weights,
+    /// userbuffers, CUDA graphs' pools, cuBLAS and Transformer Engine
+    /// workspaces.
     pub buffers: f64,
+    /// Blocks PyTorch's caching allocator holds beyond the tensors
+    /// (fragmentation): reserved less allocated.
+    #[serde(default)]
+    pub allocator_reserve: f64,
+    /// Outside PyTorch's allocator: the CUDA context, NCCL's buffers.
     pub runtime_overhead: f64,
 }
 
 impl StageMemory {
-    pub fn total(&self) -> f64 {
+    /// What PyTorch counts as allocated at the peak (`max allocated`).
+    pub fn allocated(&self) -> f64 {
         self.weights
             + self.gradients
             + self.optimizer_states
             + self.activations
+            + self.loss
             + self.buffers
-            + self.runtime_overhead
     }
 
-    pub fn parts_gib(&self) -> [(&'static str, f64); 6] {
+    /// What PyTorch's caching allocator reserves at the peak (`max reserved`).
+    pub fn reserved(&self) -> f64 {
+        self.allocated() + self.allocator_reserve
+    }
+
+    /// Device memory needed: reserved plus what lives outside PyTorch. Fits
+    /// are judged on it.
+    pub fn total(&self) -> f64 {
+        self.reserved() + self.runtime_overhead
+    }
+
+    pub fn parts_gib(&self) -> [(&'static str, f64); 8] {
         [
             ("weights", self.weights / GIB),
             ("gradients", self.gradients / GIB),
             ("optimizer states", self.optimizer_states / GIB),
             ("activations", self.activations / GIB),
+            ("loss", self.loss / GIB),
             ("buffers", self.buffers / GIB),
+            ("allocator reserve", self.allocator_reserve / GIB),
             ("runtime overhead", self.runtime_overhead / GIB),
         ]
     }
 }
 
+/// Bytes per parameter an engine keeps of its weights, gradients and
+/// optimizer states, before sharding.
+#[derive(Debug, Clone, Copy)]
+pub struct StateBytes {
+    pub weights: f64,
+    pub gradients: f64,
+    pub optimizer: f64,
+}
+
+/// Megatron-LM keeps 16-bit weights, fp32 main gradients and Adam with an
+/// fp32 master copy (2 + 4 + 12 bytes, `theoretical_memory_usage.py`'s 18);
+/// torchtitan's FSDP2 keeps fp32 parameters (the master copy itself),
+/// fp32 gradients and Adam's two moments (4 + 4 + 8), with 16-bit copies
+/// gathered for compute (see [`gathered_weight_bytes`]).
+pub fn state_bytes(s: &Scenario, c: &ParallelConfig) -> StateBytes {
+    let k = s.coef();
+    match c.engine {
+        Engine::Megatron => StateBytes {
+            weights: k.weight_bytes_per_param,
+            gradients: k.gradient_bytes_per_param,
+            optimizer: k.optimizer_bytes_per_param,
+        },
+        Engine::Torchtitan => StateBytes {
+            weights: 2.0 * k.weight_bytes_per_param,
+            gradients: k.gradient_bytes_per_param,
+            optimizer: (k.optimizer_bytes_per_param - 2.0 * k.weight_bytes_per_param).max(0.0),
+        },
+    }
+}
+
 /// Activation bytes one layer keeps for backward, per micro-batch, on one
-/// GPU (Korthikanti et al., generalised to GQA and gated MLPs).
+/// GPU (Korthikanti et al., generalised to GQA, gated MLPs, models without
+/// dropout, torch.compile and torchtitan's checkpointing policies).
 pub fn layer_activation_bytes(s: &Scenario, c: &ParallelConfig) -> f64 {
+    layer_kept(s, c, c.recompute)
+}
+
+fn layer_kept(s: &Scenario, c: &ParallelConfig, recompute: Recompute) -> f64 {
     let model = s.model;
     let t = c.tp as f64;
     let b = c.micro_batch as f64;
@@ -131,21 +203,45 @@ pub fn layer_activation_bytes(s: &Scenario, c: &ParallelConfig) -> f64 {
     let f = model.ffn_hidden as f64;
     let sb = seq * b;
     let sp = if c.sequence_parallel { t } else { 1.0 };
-    if c.recompute == Recompute::Full {
-        return HALF * sb * h / sp;
+    match recompute {
+        Recompute::Full => return HALF * sb * h / sp,
+        Recompute::SelectiveLayer => {
+            // One layer in n checkpointed whole, the others keeping all.
+            let n = c.ac_frequency.max(1) as f64;
+            return (layer_kept(s, c, Recompute::Full)
+                + (n - 1.0) * layer_kept(s, c, Recompute::None))
+                / n;
+        }
+        _ => {}
     }
-    // Layer-norm inputs (2 x 2), QKV and MLP inputs (2 x 2), two 1-byte dropout
-    // masks: 10 bytes per hidden element, replicated over tp without SP.
-    let replicated = 10.0 * sb * h / sp;
-    // Q, K, V, the projection input, and the MLP activation's input and output.
-    let mlp = if model.gated_mlp { 6.0 } else { 4.0 } * f;
-    let sharded = sb * (2.0 * h + HALF * model.kv_width() as f64 + 2.0 * h + mlp) / t;
-    // Softmax output (2), dropout mask (1) and dropout output (2) per score.
-    let scores = match (c.attention, c.recompute) {
-        (AttentionKind::Standard, Recompute::None) => 5.0 * model.heads as f64 * seq * seq * b / t,
+    // Two 1-byte dropout masks per hidden element, where the model has dropout.
+    let masks = if model.dropout { 2.0 } else { 0.0 };
+    // Layer-norm inputs (2 x 2 bytes), QKV and MLP inputs (2 x 2), the masks:
+    // replicated over tp without SP.
+    let replicated = (8.0 + masks) * sb * h / sp;
+    // Q, K, V and the attention output (the projection's input)...
+    let attention_io = sb * HALF * (2.0 * h + model.kv_width() as f64) / t;
+    // ...and the MLP activation's input and output: a gated MLP keeps both
+    // projections and their product, torch.compile fuses the product away.
+    let mlp_width = match (model.gated_mlp, c.compile) {
+        (true, false) => 3.0,
+        _ => 2.0,
+    };
+    let mlp = sb * HALF * mlp_width * f / t;
+    // Softmax output (2 bytes), with dropout its mask (1) and output (2).
+    let scores = match (c.attention, recompute) {
+        (AttentionKind::Standard, Recompute::None) => {
+            (if model.dropout { 5.0 } else { 2.0 }) * model.heads as f64 * seq * seq * b / t
+        }
         _ => 0.0,
     };
-    replicated + sharded + scores
+    match recompute {
+        // torchtitan's per-op policy keeps the attention kernel's inputs and
+        // output and every other matrix multiply's output; the element-wise
+        // results between are recomputed: about half the rest.
+        Recompute::SelectiveOp => attention_io + (replicated + mlp) / 2.0,
+        _ => replicated + attention_io + mlp + scores,
+    }
 }
 
 /// Micro-batches (in units of a whole stage's layers) whose activations
@@ -200,8 +296,11 @@ pub fn stage_memory(s: &Scenario, c: &ParallelConfig, stage: u64) -> StageMemory
     let d = c.dp as f64;
     let m = c.micro_batches(s.global_batch);
     let params = stage_params(s, c, stage);
+    let bytes = state_bytes(s, c);
     let state_shards = match c.optimizer_sharding {
         OptimizerSharding::Full => d,
+        // torchtitan's FSDP shards the fp32 parameters and gradients too.
+        OptimizerSharding::OptimizerStates if c.engine == Engine::Torchtitan => d,
         _ => 1.0,
     };
     let optimizer_shards = match c.optimizer_sharding {
@@ -215,20 +314,21 @@ pub fn stage_memory(s: &Scenario, c: &ParallelConfig, stage: u64) -> StageMemory
     let layers = c.stage_layers(model.layers, stage) as f64;
     let held = in_flight(c, m, stage);
     let mut activations = held * layers * layer_activation_bytes(s, c);
-    if c.recompute == Recompute::Full {
-        // Recomputing one layer rebuilds its full activations for one micro-batch.
-        let mut no_recompute = *c;
-        no_recompute.recompute = Recompute::None;
-        activations += layer_activation_bytes(s, &no_recompute);
+    if c.recompute != Recompute::None && c.recompute != Recompute::Selective {
+        // Recomputing rebuilds one layer's activations for one micro-batch.
+        activations += layer_kept(s, c, Recompute::None) - layer_activation_bytes(s, c);
     }
     if stage == 0 {
-        // Embedding output and its dropout mask, per in-flight micro-batch.
-        activations += held * 3.0 * seq * b * h / if c.sequence_parallel { t } else { 1.0 };
+        // Embedding output (and its dropout mask), per in-flight micro-batch.
+        let per_element = if model.dropout { 3.0 } else { HALF };
+        activations += held * per_element * seq * b * h / if c.sequence_parallel { t } else { 1.0 };
     }
-    if stage == c.pp - 1 {
-        // Logits of the micro-batch in flight on the last stage.
-        activations += k.logit_bytes * seq * b * model.vocab as f64 / t;
-    }
+    // Logits of the micro-batch at the loss on the last stage.
+    let loss = if stage == c.pp - 1 {
+        k.logit_bytes * seq * b * super::vocab_per_rank(s, c)
+    } else {
+        0.0
+    };
     // Pipeline send/receive buffers; ZeRO-3 keeps two layers gathered.
     let mut buffers = if c.pp > 1 {
         4.0 * HALF * seq * b * h / t
@@ -244,16 +344,21 @@ pub fn stage_memory(s: &Scenario, c: &ParallelConfig, stage: u64) -> StageMemory
     if c.cuda_graphs {
         buffers += k.cuda_graph_memory_gib * GIB;
     }
-    StageMemory {
+    buffers += k.workspace_gib * GIB;
+    let mut memory = StageMemory {
         stage,
-        weights: params * k.weight_bytes_per_param / state_shards,
-        gradients: params * k.gradient_bytes_per_param / state_shards,
-        optimizer_states: params * k.optimizer_bytes_per_param / optimizer_shards,
+        weights: params * bytes.weights / state_shards,
+        gradients: params * bytes.gradients / state_shards,
+        optimizer_states: params * bytes.optimizer / optimizer_shards,
         activations,
         in_flight: held,
+        loss,
         buffers,
+        allocator_reserve: 0.0,
         runtime_overhead: k.runtime_overhead_gib * GIB,
-    }
+    };
+    memory.allocator_reserve = k.allocator_fragmentation * memory.allocated();
+    memory
 }
 
 /// The stages that can hold the most memory: the first (the most in-flight
@@ -268,16 +373,14 @@ pub fn peak_candidates(c: &ParallelConfig) -> impl Iterator<Item = u64> {
     stages.into_iter().take(if c.uneven() { 4 } else { 2 })
 }
 
-/// The stage with the most memory and its bytes: among
-/// [`peak_candidates`], or, under BPipe with fewer micro-batches than
-/// stages (a middle pair can then hold more than the ends), every stage.
-pub fn peak_stage(s: &Scenario, c: &ParallelConfig) -> (u64, f64) {
-    let best = |best: (u64, f64), x: (u64, f64)| if x.1 > best.1 { x } else { best };
-    let total = |i: u64| (i, stage_memory(s, c, i).total());
+/// The stage with the most memory: among [`peak_candidates`], or, under
+/// BPipe with fewer micro-batches than stages (a middle pair can then hold
+/// more than the ends), every stage.
+pub fn peak_stage(s: &Scenario, c: &ParallelConfig) -> StageMemory {
+    let best = |best: StageMemory, x: StageMemory| if x.total() > best.total() { x } else { best };
+    let memory = |i: u64| stage_memory(s, c, i);
     if c.bpipe {
-        return (0..c.pp).map(total).fold((0, f64::NEG_INFINITY), best);
+        return (1..c.pp).map(memory).fold(memory(0), best);
     }
-    peak_candidates(c)
-        .map(total)
-        .fold((0, f64::NEG_INFINITY), best)
+    peak_candidates(c).map(memory).fold(memory(0), best)
 }

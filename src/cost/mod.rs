@@ -178,11 +178,72 @@ pub struct Prediction {
     pub tflops_per_gpu: f64,
     /// Model FLOPs utilisation: model FLOPs (no recomputation) over peak.
     pub mfu: f64,
+    /// Device memory of the peak stage: PyTorch's reserved peak plus what
+    /// lives outside its allocator. `fits` is judged on it.
     pub peak_memory_bytes: f64,
     /// The pipeline stage with the highest memory.
     pub peak_stage: u64,
+    /// That stage's peaks as PyTorch reports them (`max allocated`, `max
+    /// reserved`).
+    #[serde(default)]
+    pub peak_allocated_bytes: f64,
+    #[serde(default)]
+    pub peak_reserved_bytes: f64,
+    /// The first stage's, which torchtitan logs (from rank 0).
+    #[serde(default)]
+    pub first_stage_allocated_bytes: f64,
+    #[serde(default)]
+    pub first_stage_reserved_bytes: f64,
+    /// The last stage's, which Megatron-LM logs (from its last rank).
+    #[serde(default)]
+    pub last_stage_allocated_bytes: f64,
+    #[serde(default)]
+    pub last_stage_reserved_bytes: f64,
     pub usable_memory_bytes: f64,
     pub fits: bool,
+}
+
+/// Which rank a measured peak was read on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MemoryRank {
+    /// Rank 0 (the first pipeline stage): torchtitan's step line.
+    First,
+    /// The last rank (the last pipeline stage): Megatron-LM's TensorBoard
+    /// memory, its functional tests' golden values.
+    Last,
+    /// The largest over all ranks.
+    Max,
+}
+
+impl MemoryRank {
+    pub const ALL: [MemoryRank; 3] = [MemoryRank::First, MemoryRank::Last, MemoryRank::Max];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            MemoryRank::First => "first",
+            MemoryRank::Last => "last",
+            MemoryRank::Max => "max",
+        }
+    }
+}
+
+impl Prediction {
+    /// The predicted (allocated, reserved) peak on the rank a measurement
+    /// was read on, bytes.
+    pub fn peak_on(&self, rank: MemoryRank) -> (f64, f64) {
+        match rank {
+            MemoryRank::First => (
+                self.first_stage_allocated_bytes,
+                self.first_stage_reserved_bytes,
+            ),
+            MemoryRank::Last => (
+                self.last_stage_allocated_bytes,
+                self.last_stage_reserved_bytes,
+            ),
+            MemoryRank::Max => (self.peak_allocated_bytes, self.peak_reserved_bytes),
+        }
+    }
 }
 
 impl Prediction {
@@ -266,6 +327,25 @@ pub fn overlapped(transfer: f64, window: f64, efficiency: f64, floor: f64) -> (f
     (exposed, transfer - exposed)
 }
 
+/// Megatron-LM pads the vocabulary to a multiple of this times tp
+/// (`--make-vocab-size-divisible-by`, default 128), so that every
+/// tensor-parallel shard of the embedding and the head is tile-aligned.
+const MEGATRON_VOCAB_MULTIPLE: u64 = 128;
+
+/// Rows of the embedding and columns of the output head one
+/// tensor-parallel rank holds: the vocabulary, padded as Megatron-LM pads it
+/// (torchtitan takes it as given), split over tp.
+pub fn vocab_per_rank(s: &Scenario, c: &ParallelConfig) -> f64 {
+    let vocab = match c.engine {
+        crate::config::Engine::Megatron => {
+            let multiple = MEGATRON_VOCAB_MULTIPLE * c.tp;
+            s.model.vocab.div_ceil(multiple) * multiple
+        }
+        crate::config::Engine::Torchtitan => s.model.vocab,
+    };
+    vocab as f64 / c.tp as f64
+}
+
 /// Per-micro-batch GPU time of the work only the first stage (embedding)
 /// and only the last stage (output head, loss) do.
 pub fn pipeline_ends(s: &Scenario, c: &ParallelConfig) -> layer::EndsTime {
@@ -316,7 +396,7 @@ fn stage_time(
         t.bpipe = exposed;
         t.compute += k.overlap_sm_cost * hidden;
     }
-    if c.optimizer_sharding == OptimizerSharding::Full {
+    if comm::syncs_per_microbatch(c) {
         let groups = memory::parameter_groups(s, c, i);
         let (gathers, unhidden) =
             comm::zero3_per_microbatch(s, c, &groups, layers, &mut ProfileUsage::default());
@@ -380,6 +460,8 @@ pub fn predict_with_usage(s: &Scenario, c: &ParallelConfig) -> (Prediction, Prof
     let iteration_s = time.total();
 
     let memory = peak_memory(s, c);
+    let first = memory::stage_memory(s, c, 0);
+    let last = memory::stage_memory(s, c, c.pp - 1);
     let gpus = c.gpus() as f64;
     let model_flops = s.model.model_flops_per_iteration(s.global_batch);
     let prediction = Prediction {
@@ -390,6 +472,12 @@ pub fn predict_with_usage(s: &Scenario, c: &ParallelConfig) -> (Prediction, Prof
         mfu: model_flops / iteration_s / gpus / s.gpu.peak_flops,
         peak_memory_bytes: memory.bytes,
         peak_stage: memory.stage,
+        peak_allocated_bytes: memory.allocated,
+        peak_reserved_bytes: memory.reserved,
+        first_stage_allocated_bytes: first.allocated(),
+        first_stage_reserved_bytes: first.reserved(),
+        last_stage_allocated_bytes: last.allocated(),
+        last_stage_reserved_bytes: last.reserved(),
         usable_memory_bytes: memory.usable,
         fits: memory.fits,
     };
@@ -462,19 +550,26 @@ fn link_busy(
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct MemoryCheck {
     pub stage: u64,
+    /// Device memory the peak stage needs (reserved plus what lives
+    /// outside PyTorch); fits are judged on it.
     pub bytes: f64,
+    /// PyTorch's allocated and reserved peaks of that stage.
+    pub allocated: f64,
+    pub reserved: f64,
     pub usable: f64,
     pub fits: bool,
 }
 
 pub fn peak_memory(s: &Scenario, c: &ParallelConfig) -> MemoryCheck {
-    let (stage, bytes) = memory::peak_stage(s, c);
+    let peak = memory::peak_stage(s, c);
     let usable = s.usable_memory();
     MemoryCheck {
-        stage,
-        bytes,
+        stage: peak.stage,
+        bytes: peak.total(),
+        allocated: peak.allocated(),
+        reserved: peak.reserved(),
         usable,
-        fits: bytes <= usable,
+        fits: peak.total() <= usable,
     }
 }
 
@@ -499,13 +594,8 @@ pub fn hardware_flops(s: &Scenario, c: &ParallelConfig) -> f64 {
     let model = s.model;
     let tokens = (s.global_batch * model.seq_len) as f64;
     let layers = model.layers as f64;
-    let recomputed_per_token = match c.recompute {
-        Recompute::None => 0.0,
-        Recompute::Selective => layers * model.layer_attention_flops_per_token(),
-        Recompute::Full => {
-            layers * (model.layer_gemm_flops_per_token() + model.layer_attention_flops_per_token())
-        }
-    };
+    let recomputed_per_token =
+        layers * model.recomputed_flops_per_token(c.recompute, c.ac_frequency);
     model.model_flops_per_iteration(s.global_batch) + tokens * recomputed_per_token
 }
 

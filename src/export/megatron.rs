@@ -47,6 +47,15 @@ pub fn megatron_args(job: &LaunchJob) -> Result<Vec<String>, ExportError> {
                 .into(),
         });
     }
+    if c.compile {
+        return Err(ExportError::Unsupported {
+            engine: ENGINE,
+            feature: "torch.compile".into(),
+            hint: "Megatron-LM fuses its kernels by hand and does not run torch.compile; \
+                   search again with --compile off, or export to torchtitan"
+                .into(),
+        });
+    }
     if c.bpipe {
         return Err(ExportError::Unsupported {
             engine: ENGINE,
@@ -169,6 +178,16 @@ pub fn megatron_args(job: &LaunchJob) -> Result<Vec<String>, ExportError> {
         },
     );
     match c.recompute {
+        Recompute::SelectiveOp | Recompute::SelectiveLayer => {
+            return Err(ExportError::Unsupported {
+                engine: ENGINE,
+                feature: format!("torchtitan's {} checkpointing", c.recompute.name()),
+                hint: "Megatron-LM recomputes the attention core (selective) or whole layers \
+                       (full); search again with --recompute selective or full, or export to \
+                       torchtitan"
+                    .into(),
+            });
+        }
         Recompute::None => {}
         Recompute::Selective => args.pair("--recompute-granularity", "selective"),
         Recompute::Full => {

@@ -1,7 +1,8 @@
 //! Turn a winning [`ParallelConfig`] into launch settings for a training
 //! framework: Megatron-LM command-line arguments ([`megatron_args`],
-//! [`megatron_command_line`]) or a torchtitan job-config TOML fragment
-//! ([`torchtitan_toml`]).
+//! [`megatron_command_line`]), a torchtitan 0.2 job-config TOML fragment
+//! ([`torchtitan_toml`], [`merge_job_config`]) or torchtitan 0.3 command-line
+//! overrides ([`torchtitan_flags`]).
 //!
 //! Export refuses, with an [`ExportError`] that names the way out, whatever
 //! the target framework cannot run as planned (Megatron-LM has no GPipe
@@ -13,7 +14,7 @@ mod megatron;
 mod torchtitan;
 
 pub use megatron::{megatron_args, megatron_command_line};
-pub use torchtitan::torchtitan_toml;
+pub use torchtitan::{TorchtitanFlags, merge_job_config, torchtitan_flags, torchtitan_toml};
 
 use crate::config::ParallelConfig;
 use crate::model::ModelSpec;
@@ -55,7 +56,7 @@ fn check_job(job: &LaunchJob) -> Result<(), ExportError> {
 pub use crate::text::shell_quote;
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::config::{OptimizerSharding, Recompute, ScheduleKind};
     use crate::model::AttentionKind;
@@ -106,6 +107,7 @@ mod tests {
             seq_len: 8192,
             tied_embeddings: false,
             learned_positions: false,
+            dropout: false,
             attention: AttentionKind::Flash,
         }
     }
@@ -239,7 +241,7 @@ mod tests {
     #[test]
     fn every_exported_flag_is_a_megatron_flag() {
         let model = llama3_8b();
-        for recompute in Recompute::ALL {
+        for &recompute in Recompute::of(crate::config::Engine::Megatron) {
             for attention in AttentionKind::ALL {
                 let plan = ParallelConfig {
                     recompute,
@@ -563,5 +565,184 @@ mod tests {
         let (engine, feature) = unsupported_feature(error);
         assert_eq!(engine, "torchtitan");
         assert!(feature.contains("BPipe"));
+    }
+
+    /// Every `section.field` of torchtitan 0.3.0's `Trainer.Config` that a
+    /// plan sets, from the PyPI wheel `torchtitan-0.3.0-py3-none-any.whl`
+    /// (sha256 5563ccf9...af42): `torchtitan/config/configs.py`
+    /// `TrainingConfig` (local_batch_size, global_batch_size, seq_len, steps,
+    /// disable_cuda_graphs, mixed_precision_param), `ParallelismConfig`
+    /// (the data_parallel_*, fsdp_reshard_after_forward, tensor_parallel_degree,
+    /// enable_sequence_parallel, pipeline_parallel_* and
+    /// context_parallel_degree fields), `CompileConfig` (enable,
+    /// enable_async_tensor_parallel), `DebugConfig.print_config`,
+    /// `components/metrics.py` `MetricsProcessor.Config` (log_freq,
+    /// disable_color_printing) and `components/checkpointer/base.py`
+    /// (enable). The activation-checkpoint subcommands are those of
+    /// `torchtitan/distributed/activation_checkpoint.py` L332-337.
+    pub(crate) const TORCHTITAN_0_3_0_FIELDS: [&str; 25] = [
+        "training.local_batch_size",
+        "training.global_batch_size",
+        "training.seq_len",
+        "training.steps",
+        "training.disable_cuda_graphs",
+        "training.mixed_precision_param",
+        "parallelism.data_parallel_replicate_degree",
+        "parallelism.data_parallel_shard_degree",
+        "parallelism.fsdp_reshard_after_forward",
+        "parallelism.tensor_parallel_degree",
+        "parallelism.enable_sequence_parallel",
+        "parallelism.pipeline_parallel_degree",
+        "parallelism.pipeline_parallel_schedule",
+        "parallelism.pipeline_parallel_microbatch_size",
+        "parallelism.pipeline_parallel_layers_per_stage",
+        "parallelism.pipeline_parallel_first_stage_less_layers",
+        "parallelism.pipeline_parallel_last_stage_less_layers",
+        "parallelism.context_parallel_degree",
+        "compile.enable",
+        "compile.enable_async_tensor_parallel",
+        "debug.print_config",
+        "metrics.log_freq",
+        "metrics.disable_color_printing",
+        "checkpoint.enable",
+        "activation_checkpoint",
+    ];
+    const TORCHTITAN_0_3_0_AC: [&str; 3] = [
+        "activation-checkpoint:none",
+        "activation-checkpoint:full",
+        "activation-checkpoint:selective",
+    ];
+
+    /// `--section.field` or `--section.no-field` as `section.field`.
+    pub(crate) fn torchtitan_field(word: &str) -> Option<String> {
+        let name = word.strip_prefix("--")?;
+        let (section, field) = name.split_once('.')?;
+        let field = field.strip_prefix("no-").unwrap_or(field);
+        Some(format!("{section}.{field}"))
+    }
+
+    #[test]
+    fn torchtitan_flags_use_only_options_of_the_0_3_0_release() {
+        let model = llama3_8b();
+        let mut plans = vec![llama_plan()];
+        for (pp, schedule, v) in [
+            (4, ScheduleKind::OneFOneB, 1),
+            (4, ScheduleKind::Interleaved, 2),
+            (2, ScheduleKind::Gpipe, 1),
+        ] {
+            plans.push(ParallelConfig {
+                pp,
+                dp: 32 / pp,
+                schedule,
+                virtual_stages: v,
+                ..llama_plan()
+            });
+        }
+        plans.push(ParallelConfig {
+            tp: 1,
+            dp: 64,
+            compile: true,
+            cuda_graphs: true,
+            engine: crate::config::Engine::Torchtitan,
+            recompute: Recompute::None,
+            ..llama_plan()
+        });
+        for plan in &plans {
+            let words = torchtitan_flags(&job(&model, plan)).unwrap();
+            for word in words.flags.iter().filter(|w| w.starts_with("--")) {
+                let field = torchtitan_field(word).unwrap_or_else(|| panic!("{word}"));
+                assert!(
+                    TORCHTITAN_0_3_0_FIELDS.contains(&field.as_str()),
+                    "{word} is not an option of torchtitan 0.3.0"
+                );
+            }
+            assert!(TORCHTITAN_0_3_0_AC.contains(&words.activation_checkpoint));
+            // Values follow their flag; no value is a flag.
+            for pair in words.flags.windows(2) {
+                if !pair[0].starts_with("--") {
+                    assert!(pair[1].starts_with("--"), "{pair:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn torchtitan_flags_carry_the_plan() {
+        let model = llama3_8b();
+        let plan = ParallelConfig {
+            pp: 4,
+            dp: 8,
+            schedule: ScheduleKind::Interleaved,
+            virtual_stages: 2,
+            micro_batch: 2,
+            ..llama_plan()
+        };
+        let words = torchtitan_flags(&job(&model, &plan)).unwrap();
+        let value = |name: &str| -> &str {
+            let i = words
+                .flags
+                .iter()
+                .position(|w| w == &format!("--{name}"))
+                .unwrap_or_else(|| panic!("{name} missing: {:?}", words.flags));
+            &words.flags[i + 1]
+        };
+        assert_eq!(value("parallelism.tensor_parallel_degree"), "2");
+        assert_eq!(value("parallelism.pipeline_parallel_degree"), "4");
+        assert_eq!(value("parallelism.data_parallel_shard_degree"), "8");
+        assert_eq!(
+            value("parallelism.pipeline_parallel_schedule"),
+            "Interleaved1F1B"
+        );
+        assert_eq!(value("parallelism.pipeline_parallel_microbatch_size"), "2");
+        // 32 layers over 4 x 2 chunks; embedding and head not counted.
+        assert_eq!(value("parallelism.pipeline_parallel_layers_per_stage"), "4");
+        assert_eq!(
+            value("parallelism.pipeline_parallel_first_stage_less_layers"),
+            "0"
+        );
+        // 1536 sequences over 8 data-parallel ranks, split into micro-batches of 2.
+        assert_eq!(value("training.local_batch_size"), "192");
+        assert_eq!(value("training.global_batch_size"), "1536");
+        assert_eq!(words.activation_checkpoint, "activation-checkpoint:full");
+        // Pipelines cannot run CUDA graphs: 0.3.0 must be told.
+        assert!(
+            words
+                .flags
+                .contains(&"--training.disable_cuda_graphs".to_string())
+        );
+        assert!(words.flags.contains(&"--compile.no-enable".to_string()));
+
+        let layered = ParallelConfig {
+            recompute: Recompute::SelectiveLayer,
+            engine: crate::config::Engine::Torchtitan,
+            ..llama_plan()
+        };
+        let (engine, feature) =
+            unsupported_feature(torchtitan_flags(&job(&model, &layered)).unwrap_err());
+        assert_eq!(engine, "torchtitan");
+        assert!(feature.contains("per-layer"), "{feature}");
+        // 0.2 has it.
+        assert!(torchtitan_toml(&job(&model, &layered)).is_ok());
+    }
+
+    #[test]
+    fn a_base_job_config_keeps_its_keys_and_takes_the_plan() {
+        let model = llama3_8b();
+        let plan = llama_plan();
+        let base: toml::Table = toml::from_str(
+            "[job]\ndump_folder = \"./out\"\n[model]\nname = \"llama3\"\nflavor = \"8B\"\n[training]\ndataset = \"c4\"\nlocal_batch_size = 8\n[parallelism]\ntensor_parallel_degree = 1\n",
+        )
+        .unwrap();
+        let extra: toml::Table = toml::from_str("[training]\nsteps = 20\n").unwrap();
+        let text = merge_job_config(&base, &job(&model, &plan), &extra).unwrap();
+        let value = parse(&text);
+        assert_eq!(string(&value, "job", "dump_folder"), "./out");
+        assert_eq!(string(&value, "training", "dataset"), "c4");
+        assert_eq!(string(&value, "model", "flavor"), "8B");
+        assert_eq!(int(&value, "training", "steps"), 20);
+        assert_eq!(int(&value, "training", "local_batch_size"), 1);
+        assert_eq!(int(&value, "parallelism", "tensor_parallel_degree"), 2);
+        assert_eq!(value["compile"]["enable"].as_bool(), Some(false));
+        assert!(text.starts_with(&format!("# paratune plan: {plan}\n")));
     }
 }

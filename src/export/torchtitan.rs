@@ -1,14 +1,28 @@
-//! torchtitan job-config TOML.
+//! torchtitan: the job-config TOML of the 0.2 releases and the command line
+//! of 0.3.
 //!
-//! Keys match the TOML `JobConfig` of pytorch/torchtitan's 2025 line
-//! (`torchtitan/config/job_config.py` at commit 6404b93, the version with
-//! `pipeline_parallel_first_stage_less_layers`, read with
-//! `--job.config_file`). Later torchtitan main moves configuration into
-//! Python recipes (`Trainer.Config`); the section and field names below are
-//! the ones to set there too. Behaviour relied on (DDP only without other
-//! parallelism, FSDP reshard policy, pipeline stage split) is that of
-//! `torchtitan/models/llama3/infra/parallelize.py` and
-//! `torchtitan/distributed/pipeline_parallel.py` of the same period.
+//! Two releases, two forms (checked against the PyPI wheels):
+//! - torchtitan 0.2.2, the last with TOML job configs (`JobConfig` in
+//!   `torchtitan/config/job_config.py`, read with `--job.config_file`);
+//!   [`torchtitan_toml`] writes its `[model]`, `[training]`, `[parallelism]`,
+//!   `[compile]` and `[activation_checkpoint]` keys.
+//! - torchtitan 0.3.0 (PR pytorch/torchtitan#2386 moved configuration into
+//!   Python config functions): `-m torchtitan.train --module M --config F`
+//!   and tyro flags `--section.field value` (booleans as `--x` / `--section.no-x`),
+//!   activation checkpointing as the last word
+//!   (`activation-checkpoint:none|full|selective`); [`torchtitan_flags`]
+//!   writes them. In 0.3.0 the model comes from the config function, async
+//!   tensor parallelism moved to `compile.enable_async_tensor_parallel`,
+//!   sequence parallelism has its own switch
+//!   (`parallelism.enable_sequence_parallel`), CUDA graphs capture every step
+//!   unless `training.disable_cuda_graphs` (not with pipelines), and the
+//!   per-layer selective policy is gone (PR #2357: per-op is the only
+//!   selective mode).
+//!
+//! Behaviour both rely on (DDP only without other parallelism, the FSDP
+//! reshard policy, the stage split counting embedding and head as
+//! `*_less_layers` layers) is that of `torchtitan/models/llama3/infra/parallelize.py`
+//! and `torchtitan/distributed/pipeline_parallel.py` of those releases.
 
 use super::{ExportError, LaunchJob, check_job};
 use crate::config::{OptimizerSharding, Recompute, ScheduleKind};
@@ -17,15 +31,31 @@ use std::fmt::Write;
 
 const ENGINE: &str = "torchtitan";
 
-/// A torchtitan job-config TOML fragment for the plan: the `[model]`,
-/// `[training]`, `[parallelism]` and `[activation_checkpoint]` keys, starting
-/// with the comment line `# paratune plan: <plan>`. Merge it into a full job
-/// config (dataset, optimiser, checkpointing are the user's).
-///
+/// How a plan maps onto torchtitan's degrees and batches: one mapping for
+/// both releases.
+struct Layout {
+    replicate: u64,
+    shard: u64,
+    /// `fsdp_reshard_after_forward`, when FSDP shards.
+    reshard: Option<&'static str>,
+    local_batch: u64,
+    pipeline: Option<Pipeline>,
+    /// What runs differently from the plan, for comments and notes.
+    notes: Vec<&'static str>,
+}
+
+struct Pipeline {
+    schedule: &'static str,
+    microbatch: u64,
+    layers_per_stage: u64,
+    first_less: u64,
+    last_less: u64,
+}
+
 /// Mapping:
 /// - Data parallelism. Full sharding (ZeRO-3) is FSDP over dp ranks
 ///   (`data_parallel_shard_degree = dp`). Optimizer-state sharding has no
-///   torchtitan switch of its own; it is exported as FSDP with
+///   torchtitan switch of its own; it is FSDP with
 ///   `fsdp_reshard_after_forward = "never"`, which keeps weights gathered
 ///   from forward to backward like ZeRO-1/2 and needs no more memory; under
 ///   a pipeline it moves the same bytes per step (one all-gather, one
@@ -33,24 +63,17 @@ const ENGINE: &str = "torchtitan";
 ///   for every accumulated micro-batch. Without sharding, plain DDP
 ///   (`data_parallel_replicate_degree = dp`) is used only when tp = pp = 1,
 ///   because torchtitan refuses DDP combined with other parallelism; with
-///   tp or pp > 1 the export falls back to the same FSDP form, and says so.
+///   tp or pp > 1 it falls back to the same FSDP form, and says so.
 /// - Pipeline. Schedules `GPipe`, `1F1B`, `Interleaved1F1B`; stages hold
 ///   L/(pp*v) layers each with the embedding and head not counted as layers
-///   (the even split paratune models). `training.local_batch_size` is the
-///   per-data-parallel-rank batch and `pipeline_parallel_microbatch_size`
-///   the micro-batch. Without a pipeline, `local_batch_size` is the
-///   micro-batch and torchtitan accumulates gradients up to
-///   `global_batch_size`.
-/// - Tensor parallelism always shards sequences in torchtitan; a plan with
-///   sequence parallelism off gets a comment saying so.
-/// - Recomputation: `mode = "none" | "selective" | "full"`, selective as
-///   torchtitan's per-op policy (`selective_ac_option = "op"`).
-///
-/// Errors: the plan fails [`ParallelConfig::check`](crate::config::ParallelConfig::check)
-/// for the job, or uses BPipe, which torchtitan does not have.
-pub fn torchtitan_toml(job: &LaunchJob) -> Result<String, ExportError> {
+///   (the even split paratune models), the end stages fewer where the plan
+///   says. `training.local_batch_size` is the per-data-parallel-rank batch
+///   and `pipeline_parallel_microbatch_size` the micro-batch. Without a
+///   pipeline, `local_batch_size` is the micro-batch and torchtitan
+///   accumulates gradients up to `global_batch_size`.
+fn layout(job: &LaunchJob) -> Result<Layout, ExportError> {
     check_job(job)?;
-    let (model, c) = (job.model, job.config);
+    let c = job.config;
     if c.bpipe {
         return Err(ExportError::Unsupported {
             engine: ENGINE,
@@ -58,6 +81,109 @@ pub fn torchtitan_toml(job: &LaunchJob) -> Result<String, ExportError> {
             hint: "torchtitan has no BPipe; search again with --bpipe off".into(),
         });
     }
+    let mut notes = Vec::new();
+    let (replicate, shard, reshard) = match c.optimizer_sharding {
+        _ if c.dp == 1 => (1, 1, None),
+        OptimizerSharding::Full => (1, c.dp, Some("default")),
+        OptimizerSharding::OptimizerStates => {
+            notes.push(
+                "optimizer-state sharding: FSDP keeping weights gathered between forward and backward",
+            );
+            (1, c.dp, Some("never"))
+        }
+        OptimizerSharding::None if c.tp == 1 && c.pp == 1 => (c.dp, 1, None),
+        OptimizerSharding::None => {
+            notes.push(
+                "torchtitan runs DDP only without tensor or pipeline parallelism, so the unsharded plan runs as FSDP keeping weights gathered (no more memory than planned)",
+            );
+            (1, c.dp, Some("never"))
+        }
+    };
+    if c.dp > 1 && !c.overlap_grad_reduce {
+        notes.push(
+            "torchtitan always overlaps gradient reduction with the backward pass (FSDP/DDP); the plan had it off, so the step may take less time than planned",
+        );
+    }
+    let (local_batch, pipeline) = if c.pp > 1 {
+        let schedule = match c.schedule {
+            ScheduleKind::Gpipe => "GPipe",
+            ScheduleKind::OneFOneB => "1F1B",
+            ScheduleKind::Interleaved => "Interleaved1F1B",
+        };
+        // Per chunk: the middle stages' share, the end stages fewer.
+        let v = c.virtual_stages;
+        let per_chunk = c.middle_stage_layers(job.model.layers) / v;
+        let less = |end: Option<u64>| end.map_or(0, |n| (per_chunk * v).saturating_sub(n));
+        let pipeline = Pipeline {
+            schedule,
+            microbatch: c.micro_batch,
+            layers_per_stage: per_chunk,
+            first_less: less(c.first_stage_layers),
+            last_less: less(c.last_stage_layers),
+        };
+        (job.global_batch / c.dp, Some(pipeline))
+    } else {
+        (c.micro_batch, None)
+    };
+    Ok(Layout {
+        replicate,
+        shard,
+        reshard,
+        local_batch,
+        pipeline,
+        notes,
+    })
+}
+
+/// What the model needs and llama3 lacks, for the comment above the model.
+fn unlike_llama(job: &LaunchJob) -> Vec<&'static str> {
+    let model = job.model;
+    let mut unlike = Vec::new();
+    if !model.gated_mlp {
+        unlike.push("a plain MLP");
+    }
+    if model.learned_positions {
+        unlike.push("learned positions");
+    }
+    if model.tied_embeddings {
+        unlike.push("tied embeddings");
+    }
+    unlike
+}
+
+/// The model's dimensions, for a comment: torchtitan picks the network by
+/// name, and this is what that name must build.
+fn dimensions(job: &LaunchJob) -> String {
+    let model = job.model;
+    format!(
+        "{} layers, hidden {}, {} heads ({} kv), ffn {}, vocab {}, seq {}",
+        model.layers,
+        model.hidden,
+        model.heads,
+        model.kv_heads,
+        model.ffn_hidden,
+        model.vocab,
+        model.seq_len
+    )
+}
+
+/// A torchtitan 0.2.2 job-config TOML fragment for the plan: the `[model]`,
+/// `[training]`, `[parallelism]`, `[compile]` and `[activation_checkpoint]`
+/// keys, starting with the comment line `# paratune plan: <plan>`. Merge it
+/// into a full job config (dataset, optimiser, checkpointing are the
+/// user's); [`merge_job_config`] does.
+///
+/// See [`layout`] for the mapping; besides, tensor parallelism always shards
+/// sequences in 0.2 (a plan with sequence parallelism off gets a comment
+/// saying so), and recomputation is `mode = "none" | "selective" | "full"`,
+/// selective as the per-op policy (`selective_ac_option = "op"`) or every
+/// N-th layer (`selective_ac_option = "N"`).
+///
+/// Errors: the plan fails [`ParallelConfig::check`](crate::config::ParallelConfig::check)
+/// for the job, or uses BPipe or CUDA graphs, which 0.2 does not have.
+pub fn torchtitan_toml(job: &LaunchJob) -> Result<String, ExportError> {
+    let layout = layout(job)?;
+    let (model, c) = (job.model, job.config);
     if c.cuda_graphs {
         return Err(ExportError::Unsupported {
             engine: ENGINE,
@@ -83,41 +209,19 @@ pub fn torchtitan_toml(job: &LaunchJob) -> Result<String, ExportError> {
         ),
     );
 
-    // [model]
     line(w, format_args!("\n[model]"));
     line(
         w,
         format_args!("# torchtitan builds the network from name and flavor; the flavor needs"),
     );
-    line(
-        w,
-        format_args!(
-            "# {} layers, hidden {}, {} heads ({} kv), ffn {}, vocab {}, seq {}",
-            model.layers,
-            model.hidden,
-            model.heads,
-            model.kv_heads,
-            model.ffn_hidden,
-            model.vocab,
-            model.seq_len
-        ),
-    );
-    let mut unlike_llama = Vec::new();
-    if !model.gated_mlp {
-        unlike_llama.push("a plain MLP");
-    }
-    if model.learned_positions {
-        unlike_llama.push("learned positions");
-    }
-    if model.tied_embeddings {
-        unlike_llama.push("tied embeddings");
-    }
-    if !unlike_llama.is_empty() {
+    line(w, format_args!("# {}", dimensions(job)));
+    let unlike = unlike_llama(job);
+    if !unlike.is_empty() {
         line(
             w,
             format_args!(
                 "# llama3 has SwiGLU, rotary positions and an untied head; this model has {}: give it its own model",
-                unlike_llama.join(", ")
+                unlike.join(", ")
             ),
         );
     }
@@ -132,55 +236,25 @@ pub fn torchtitan_toml(job: &LaunchJob) -> Result<String, ExportError> {
     line(w, format_args!("name = \"llama3\""));
     line(w, format_args!("flavor = {}", toml_string(&model.name)));
 
-    // [training]
-    let (local_batch, microbatch) = if c.pp > 1 {
-        (job.global_batch / c.dp, Some(c.micro_batch))
-    } else {
-        (c.micro_batch, None)
-    };
     line(w, format_args!("\n[training]"));
-    line(w, format_args!("local_batch_size = {local_batch}"));
+    line(w, format_args!("local_batch_size = {}", layout.local_batch));
     line(w, format_args!("global_batch_size = {}", job.global_batch));
     line(w, format_args!("seq_len = {}", model.seq_len));
     line(w, format_args!("mixed_precision_param = \"bfloat16\""));
 
-    // [parallelism]
     line(w, format_args!("\n[parallelism]"));
-    let (replicate, shard, reshard) = match c.optimizer_sharding {
-        _ if c.dp == 1 => (1, 1, None),
-        OptimizerSharding::Full => (1, c.dp, Some("default")),
-        OptimizerSharding::OptimizerStates => {
-            line(
-                w,
-                format_args!(
-                    "# optimizer-state sharding: FSDP keeping weights gathered between forward and backward"
-                ),
-            );
-            (1, c.dp, Some("never"))
-        }
-        OptimizerSharding::None if c.tp == 1 && c.pp == 1 => (c.dp, 1, None),
-        OptimizerSharding::None => {
-            line(
-                w,
-                format_args!(
-                    "# torchtitan runs DDP only without tensor or pipeline parallelism, so the"
-                ),
-            );
-            line(
-                w,
-                format_args!(
-                    "# unsharded plan runs as FSDP keeping weights gathered (no more memory than planned)"
-                ),
-            );
-            (1, c.dp, Some("never"))
-        }
-    };
+    for note in &layout.notes {
+        line(w, format_args!("# {note}"));
+    }
     line(
         w,
-        format_args!("data_parallel_replicate_degree = {replicate}"),
+        format_args!("data_parallel_replicate_degree = {}", layout.replicate),
     );
-    line(w, format_args!("data_parallel_shard_degree = {shard}"));
-    if let Some(policy) = reshard {
+    line(
+        w,
+        format_args!("data_parallel_shard_degree = {}", layout.shard),
+    );
+    if let Some(policy) = layout.reshard {
         line(w, format_args!("fsdp_reshard_after_forward = \"{policy}\""));
     }
     if c.tp > 1 && !c.sequence_parallel {
@@ -210,63 +284,58 @@ pub fn torchtitan_toml(job: &LaunchJob) -> Result<String, ExportError> {
         w,
         format_args!("enable_async_tensor_parallel = {}", c.tp_comm_overlap),
     );
-    if c.dp > 1 && !c.overlap_grad_reduce {
+    line(w, format_args!("pipeline_parallel_degree = {}", c.pp));
+    if let Some(p) = &layout.pipeline {
+        line(
+            w,
+            format_args!("pipeline_parallel_schedule = \"{}\"", p.schedule),
+        );
+        line(
+            w,
+            format_args!("pipeline_parallel_microbatch_size = {}", p.microbatch),
+        );
         line(
             w,
             format_args!(
-                "# torchtitan always overlaps gradient reduction with the backward pass (FSDP/DDP);"
+                "pipeline_parallel_layers_per_stage = {}",
+                p.layers_per_stage
             ),
-        );
-        line(
-            w,
-            format_args!("# the plan had it off, so the step may take less time than planned"),
-        );
-    }
-    line(w, format_args!("pipeline_parallel_degree = {}", c.pp));
-    if let Some(microbatch) = microbatch {
-        let schedule = match c.schedule {
-            ScheduleKind::Gpipe => "GPipe",
-            ScheduleKind::OneFOneB => "1F1B",
-            ScheduleKind::Interleaved => "Interleaved1F1B",
-        };
-        line(
-            w,
-            format_args!("pipeline_parallel_schedule = \"{schedule}\""),
-        );
-        line(
-            w,
-            format_args!("pipeline_parallel_microbatch_size = {microbatch}"),
-        );
-        // Per chunk: the middle stages' share, the end stages fewer.
-        let v = c.virtual_stages;
-        let per_chunk = c.middle_stage_layers(model.layers) / v;
-        let less = |end: Option<u64>| end.map_or(0, |n| (per_chunk * v).saturating_sub(n));
-        line(
-            w,
-            format_args!("pipeline_parallel_layers_per_stage = {per_chunk}"),
         );
         line(
             w,
             format_args!(
                 "pipeline_parallel_first_stage_less_layers = {}",
-                less(c.first_stage_layers)
+                p.first_less
             ),
         );
         line(
             w,
-            format_args!(
-                "pipeline_parallel_last_stage_less_layers = {}",
-                less(c.last_stage_layers)
-            ),
+            format_args!("pipeline_parallel_last_stage_less_layers = {}", p.last_less),
         );
     }
 
-    // [activation_checkpoint]
+    line(w, format_args!("\n[compile]"));
+    line(w, format_args!("enable = {}", c.compile));
+
     line(w, format_args!("\n[activation_checkpoint]"));
     match c.recompute {
         Recompute::None => line(w, format_args!("mode = \"none\"")),
         Recompute::Full => line(w, format_args!("mode = \"full\"")),
-        Recompute::Selective => {
+        Recompute::SelectiveLayer => {
+            line(
+                w,
+                format_args!(
+                    "# per-layer policy: one layer in {} checkpointed whole",
+                    c.ac_frequency
+                ),
+            );
+            line(w, format_args!("mode = \"selective\""));
+            line(
+                w,
+                format_args!("selective_ac_option = \"{}\"", c.ac_frequency),
+            );
+        }
+        Recompute::SelectiveOp | Recompute::Selective => {
             line(
                 w,
                 format_args!(
@@ -278,6 +347,151 @@ pub fn torchtitan_toml(job: &LaunchJob) -> Result<String, ExportError> {
         }
     }
     Ok(out)
+}
+
+/// `base`, a torchtitan 0.2.2 job config, with the plan's keys
+/// ([`torchtitan_toml`]) and `extra` (a trial's steps and logging) set over
+/// it: a whole job config, as TOML. The base keeps its model (name and
+/// flavor), dataset, tokenizer, optimiser and whatever else the plan does
+/// not say.
+pub fn merge_job_config(
+    base: &toml::Table,
+    job: &LaunchJob,
+    extra: &toml::Table,
+) -> Result<String, ExportError> {
+    let mut fragment: toml::Table =
+        toml::from_str(&torchtitan_toml(job)?).expect("the fragment is TOML this module wrote");
+    // The base names its model by torchtitan's flavor; the fragment only by
+    // paratune's name.
+    if base.contains_key("model") {
+        fragment.remove("model");
+    }
+    let mut merged = base.clone();
+    merge_into(&mut merged, &fragment);
+    merge_into(&mut merged, extra);
+    let text = toml::to_string(&merged).expect("a TOML table serialises");
+    Ok(format!(
+        "# paratune plan: {}\n# {}\n{text}",
+        job.config,
+        dimensions(job)
+    ))
+}
+
+/// Sets every key of `over` in `into`, tables merged key by key.
+fn merge_into(into: &mut toml::Table, over: &toml::Table) {
+    for (key, value) in over {
+        match (into.get_mut(key), value) {
+            (Some(toml::Value::Table(inner)), toml::Value::Table(over_inner)) => {
+                merge_into(inner, over_inner)
+            }
+            _ => {
+                into.insert(key.clone(), value.clone());
+            }
+        }
+    }
+}
+
+/// The torchtitan 0.3.0 words for a plan.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TorchtitanFlags {
+    /// `--section.field value` and boolean `--section.field` /
+    /// `--section.no-field` words, in order.
+    pub flags: Vec<String>,
+    /// The activation-checkpointing subcommand, which must come last.
+    pub activation_checkpoint: &'static str,
+    /// What runs differently from the plan.
+    pub notes: Vec<&'static str>,
+}
+
+/// The torchtitan 0.3.0 command-line overrides that run the plan, given to
+/// `-m torchtitan.train --module M --config F` (the config function builds
+/// the model; these set every degree, batch and switch the plan decides).
+/// See [`layout`] for the mapping.
+///
+/// Errors: as [`torchtitan_toml`], except CUDA graphs (0.3.0 runs them
+/// without pipelines), and the per-layer selective policy, which 0.3.0
+/// removed.
+pub fn torchtitan_flags(job: &LaunchJob) -> Result<TorchtitanFlags, ExportError> {
+    let layout = layout(job)?;
+    let c = job.config;
+    let activation_checkpoint = match c.recompute {
+        Recompute::None => "activation-checkpoint:none",
+        Recompute::Full => "activation-checkpoint:full",
+        Recompute::SelectiveOp | Recompute::Selective => "activation-checkpoint:selective",
+        Recompute::SelectiveLayer => {
+            return Err(ExportError::Unsupported {
+                engine: ENGINE,
+                feature: "per-layer selective checkpointing".into(),
+                hint: "torchtitan 0.3.0 removed it (per-op is its only selective mode); search \
+                       again with --recompute selective-op, or give a torchtitan 0.2 job TOML"
+                    .into(),
+            });
+        }
+    };
+    let mut flags = Vec::new();
+    let mut value = |name: &str, v: String| {
+        flags.push(format!("--{name}"));
+        flags.push(v);
+    };
+    value(
+        "parallelism.data_parallel_replicate_degree",
+        layout.replicate.to_string(),
+    );
+    value(
+        "parallelism.data_parallel_shard_degree",
+        layout.shard.to_string(),
+    );
+    if let Some(policy) = layout.reshard {
+        value("parallelism.fsdp_reshard_after_forward", policy.into());
+    }
+    value("parallelism.tensor_parallel_degree", c.tp.to_string());
+    value("parallelism.pipeline_parallel_degree", c.pp.to_string());
+    value("parallelism.context_parallel_degree", "1".into());
+    if let Some(p) = &layout.pipeline {
+        value("parallelism.pipeline_parallel_schedule", p.schedule.into());
+        value(
+            "parallelism.pipeline_parallel_microbatch_size",
+            p.microbatch.to_string(),
+        );
+        value(
+            "parallelism.pipeline_parallel_layers_per_stage",
+            p.layers_per_stage.to_string(),
+        );
+        value(
+            "parallelism.pipeline_parallel_first_stage_less_layers",
+            p.first_less.to_string(),
+        );
+        value(
+            "parallelism.pipeline_parallel_last_stage_less_layers",
+            p.last_less.to_string(),
+        );
+    }
+    value("training.local_batch_size", layout.local_batch.to_string());
+    value("training.global_batch_size", job.global_batch.to_string());
+    value("training.seq_len", job.model.seq_len.to_string());
+    value("training.mixed_precision_param", "bfloat16".into());
+    let mut switch = |section: &str, field: &str, on: bool| {
+        flags.push(if on {
+            format!("--{section}.{field}")
+        } else {
+            format!("--{section}.no-{field}")
+        });
+    };
+    if c.tp > 1 {
+        switch(
+            "parallelism",
+            "enable_sequence_parallel",
+            c.sequence_parallel,
+        );
+    }
+    switch("compile", "enable", c.compile);
+    switch("compile", "enable_async_tensor_parallel", c.tp_comm_overlap);
+    switch("training", "disable_cuda_graphs", !c.cuda_graphs);
+    Ok(TorchtitanFlags {
+        flags,
+        activation_checkpoint,
+        notes: layout.notes,
+    })
 }
 
 fn line(out: &mut String, args: std::fmt::Arguments) {

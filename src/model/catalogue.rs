@@ -73,6 +73,7 @@ impl Llama {
             tied_embeddings: false,
             learned_positions: false,
             attention: AttentionKind::Flash,
+            dropout: false,
         }
     }
 }

@@ -14,6 +14,7 @@
 //! seq_len = 32768
 //! tied_embeddings = false    # default: true
 //! learned_positions = false  # default: true
+//! dropout = false            # default: true (GPT's 0.1; Llama trains without)
 //! attention = "flash"        # or "standard"; default: flash
 //! ```
 //!
@@ -41,7 +42,7 @@ pub enum ModelFileError {
 }
 
 /// Keys a model file may hold, in the order they are documented.
-const KEYS: [&str; 13] = [
+const KEYS: [&str; 14] = [
     "base",
     "name",
     "hidden",
@@ -55,6 +56,7 @@ const KEYS: [&str; 13] = [
     "tied_embeddings",
     "learned_positions",
     "attention",
+    "dropout",
 ];
 
 /// Keys that must be given when there is no `base`.
@@ -147,6 +149,7 @@ fn parse(text: &str, path: &str) -> Result<ModelSpec, String> {
                 tied_embeddings: true,
                 learned_positions: true,
                 attention: AttentionKind::Flash,
+                dropout: true,
             }
         }
     };
@@ -165,10 +168,11 @@ fn parse(text: &str, path: &str) -> Result<ModelSpec, String> {
             *field = value;
         }
     }
-    let flags: [(&str, &mut bool); 3] = [
+    let flags: [(&str, &mut bool); 4] = [
         ("gated_mlp", &mut model.gated_mlp),
         ("tied_embeddings", &mut model.tied_embeddings),
         ("learned_positions", &mut model.learned_positions),
+        ("dropout", &mut model.dropout),
     ];
     for (key, field) in flags {
         if let Some(value) = boolean(&table, key)? {
@@ -300,6 +304,7 @@ mod tests {
         tied_embeddings = false
         learned_positions = false
         attention = "flash"
+        dropout = false
     "#;
 
     #[test]

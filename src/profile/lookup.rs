@@ -31,6 +31,8 @@ impl LayerShape {
             Recompute::None => 0,
             Recompute::Selective => 1,
             Recompute::Full => 2,
+            Recompute::SelectiveOp => 3,
+            Recompute::SelectiveLayer => 4,
         };
         let attention = match self.arch.attention {
             AttentionKind::Flash => 0,

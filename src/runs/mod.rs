@@ -13,7 +13,10 @@ mod table;
 pub use history::{HistoryError, RunHistory, TailRepair};
 pub use table::{RunTable, write_csv};
 
-use crate::config::{OptimizerSharding, ParallelConfig, Recompute, ScheduleKind, StageOrder};
+use crate::config::{
+    Engine, OptimizerSharding, ParallelConfig, Recompute, ScheduleKind, StageOrder,
+};
+pub use crate::cost::MemoryRank;
 use crate::model::{AttentionKind, ModelSpec};
 
 /// Column values for what a row does not say.
@@ -38,6 +41,11 @@ pub struct RowDefaults {
     pub overlap_param_gather: bool,
     pub tp_comm_overlap: bool,
     pub cuda_graphs: bool,
+    pub engine: Engine,
+    pub compile: bool,
+    pub ac_frequency: u64,
+    /// Which rank measured memory columns were read on (`memory_rank`).
+    pub memory_rank: MemoryRank,
 }
 
 impl RowDefaults {
@@ -61,6 +69,10 @@ impl RowDefaults {
             overlap_param_gather: false,
             tp_comm_overlap: false,
             cuda_graphs: false,
+            engine: Engine::Megatron,
+            compile: false,
+            ac_frequency: 2,
+            memory_rank: MemoryRank::Max,
         }
     }
 }
@@ -74,8 +86,22 @@ pub struct Run {
     pub config: ParallelConfig,
     pub global_batch: u64,
     pub gpus: u64,
+    /// The row's own GPU (a `gpu` column), when the table mixes GPUs.
+    pub gpu: Option<String>,
     /// Measured iteration time, if the row has one.
     pub measured_s: Option<f64>,
+    /// Measured peak memory, if the row has it.
+    pub measured_memory: Option<MeasuredMemory>,
+}
+
+/// A measured peak as PyTorch's caching allocator reports it, bytes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MeasuredMemory {
+    /// `max allocated`.
+    pub allocated: Option<f64>,
+    /// `max reserved`.
+    pub reserved: Option<f64>,
+    pub rank: MemoryRank,
 }
 
 impl Run {
@@ -84,8 +110,18 @@ impl Run {
     pub fn group_key(&self) -> String {
         let m = &self.model;
         format!(
-            "h{} a{} L{} s{} V{} gpus{} B{}",
-            m.hidden, m.heads, m.layers, m.seq_len, m.vocab, self.gpus, self.global_batch
+            "h{} a{} L{} s{} V{} gpus{}{} B{}",
+            m.hidden,
+            m.heads,
+            m.layers,
+            m.seq_len,
+            m.vocab,
+            self.gpus,
+            self.gpu
+                .as_deref()
+                .map(|g| format!(" {g}"))
+                .unwrap_or_default(),
+            self.global_batch
         )
     }
 }
@@ -104,13 +140,102 @@ pub enum RunsError {
     Table { path: String, message: String },
 }
 
+/// A row paratune cannot express (context parallelism, a mixture of
+/// experts, an encoder-decoder model...), left out with the reason.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Skipped {
+    pub line: usize,
+    pub reason: String,
+}
+
+/// The runs of a table and the rows it could not express.
+#[derive(Debug, Clone)]
+pub struct Runs {
+    pub runs: Vec<Run>,
+    pub skipped: Vec<Skipped>,
+    /// Rows with the same configuration as an earlier one (as paratune
+    /// describes it) whose times differ by more than half: measurements
+    /// that cannot both be right, or knobs paratune does not model
+    /// (deterministic mode, a fused loss).
+    pub contradictions: Vec<(usize, String)>,
+}
+
+impl Runs {
+    /// `12 rows left out: context parallelism (cp 2) in 10, ...`, or `None`.
+    pub fn skipped_summary(&self) -> Option<String> {
+        if self.skipped.is_empty() {
+            return None;
+        }
+        let mut reasons: Vec<(String, usize)> = Vec::new();
+        for s in &self.skipped {
+            match reasons.iter_mut().find(|(r, _)| *r == s.reason) {
+                Some((_, n)) => *n += 1,
+                None => reasons.push((s.reason.clone(), 1)),
+            }
+        }
+        reasons.sort_by_key(|r| std::cmp::Reverse(r.1));
+        Some(format!(
+            "{} row(s) left out, which paratune cannot express: {}",
+            self.skipped.len(),
+            reasons
+                .iter()
+                .map(|(r, n)| format!("{r} ({n})"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))
+    }
+}
+
+/// Why a row was not turned into a run.
+enum RowProblem {
+    /// Impossible or unreadable: an error naming the line.
+    Invalid(String),
+    /// Valid but beyond what paratune models: left out.
+    Unsupported(String),
+}
+
+impl From<String> for RowProblem {
+    fn from(message: String) -> Self {
+        RowProblem::Invalid(message)
+    }
+}
+
 /// Turns every row of `table` into a [`Run`]. A row whose configuration is
-/// impossible is reported by its line number.
+/// impossible, or one paratune cannot express, is reported by its line
+/// number.
 pub fn runs_from_table(
     table: &RunTable,
     defaults: &RowDefaults,
     gpus_per_node: u64,
 ) -> Result<Vec<Run>, RunsError> {
+    let runs = runs_and_skipped(table, defaults, gpus_per_node)?;
+    if let Some(first) = runs.skipped.first() {
+        return Err(RunsError::Row {
+            path: table.path.clone(),
+            line: first.line,
+            message: format!("{}, which paratune cannot express", first.reason),
+        });
+    }
+    if let Some((line, message)) = runs.contradictions.first() {
+        return Err(RunsError::Row {
+            path: table.path.clone(),
+            line: *line,
+            message: format!("{message}; remove the wrong measurement"),
+        });
+    }
+    Ok(runs.runs)
+}
+
+/// [`runs_from_table`], leaving out (and listing) the rows paratune cannot
+/// express instead of refusing the table, and listing contradicting rows
+/// instead of refusing them: Megatron-LM's CI runs hold mixtures of
+/// experts, context parallelism and encoder-decoder models beside the GPT
+/// rows, and the same configuration in several tests.
+pub fn runs_and_skipped(
+    table: &RunTable,
+    defaults: &RowDefaults,
+    gpus_per_node: u64,
+) -> Result<Runs, RunsError> {
     check_column_names(table)?;
     if !defaults.model_is_given
         && let Some(missing) = MODEL_COLUMNS
@@ -126,6 +251,7 @@ pub fn runs_from_table(
         });
     }
     let mut runs = Vec::with_capacity(table.rows.len());
+    let mut skipped = Vec::new();
     for (index, _) in table.rows.iter().enumerate() {
         let line = table.line(index);
         let row_error = |message: String| RunsError::Row {
@@ -133,19 +259,97 @@ pub fn runs_from_table(
             line,
             message,
         };
-        let run = parse_row(table, index, defaults).map_err(row_error)?;
+        let run = match parse_row(table, index, defaults) {
+            Ok(run) => run,
+            Err(RowProblem::Unsupported(reason)) => {
+                skipped.push(Skipped { line, reason });
+                continue;
+            }
+            Err(RowProblem::Invalid(message)) => return Err(row_error(message)),
+        };
         run.model.check().map_err(row_error)?;
+        let per_node = run
+            .gpu
+            .as_deref()
+            .and_then(|g| crate::cluster::builtin_node(g, 1))
+            .map_or(gpus_per_node, |node| node.gpus_per_node);
         run.config
-            .check(&run.model, run.global_batch, run.gpus, gpus_per_node)
+            .check(&run.model, run.global_batch, run.gpus, per_node)
             .map_err(row_error)?;
         runs.push(Run { line, ..run });
     }
-    check_duplicates(&runs, &table.path)?;
-    Ok(runs)
+    let contradictions = contradictions(&runs);
+    Ok(Runs {
+        runs,
+        skipped,
+        contradictions,
+    })
 }
 
-fn parse_row(table: &RunTable, index: usize, defaults: &RowDefaults) -> Result<Run, String> {
+/// What a row asks for that paratune does not model yet, if anything:
+/// Megatron-LM's CI runs (`megatron_ci_runs.csv`) hold these beside the
+/// GPT rows.
+fn unsupported(cell: &dyn Fn(&str) -> Option<String>) -> Option<String> {
+    let above_one = |name: &str| {
+        cell(name)
+            .and_then(|v| v.parse::<u64>().ok())
+            .filter(|&n| n > 1)
+    };
+    if let Some(family) = cell("model_family")
+        && !matches!(family.as_str(), "gpt" | "llama")
+    {
+        return Some(match family.as_str() {
+            "t5" => "an encoder-decoder model (T5)".into(),
+            "bert" => "an encoder with BERT's heads".into(),
+            "hybrid" => "a hybrid Mamba model".into(),
+            "multimodal" => "a multimodal model".into(),
+            "moe" => "a mixture of experts".into(),
+            other => format!("a `{other}` model"),
+        });
+    }
+    if let Some(cp) = above_one("cp") {
+        return Some(format!("context parallelism (cp {cp})"));
+    }
+    if cell("num_experts").is_some() || above_one("ep").is_some() {
+        return Some("a mixture of experts".into());
+    }
+    if cell("multi_latent_attention").is_some_and(|v| parse_switch("", &v).unwrap_or(false)) {
+        return Some("multi-latent attention".into());
+    }
+    if let Some(precision) = cell("precision") {
+        let p = precision.to_lowercase();
+        if p.contains("fp8") || p.contains("fp4") {
+            return Some(format!("precision {precision}"));
+        }
+        if p == "fp32" {
+            return Some("fp32 training".into());
+        }
+    }
+    let method = cell("recompute_method");
+    let layers = cell("recompute_num_layers");
+    if cell("recompute").as_deref() == Some("full")
+        && (method.as_deref().is_some_and(|m| m != "uniform")
+            || layers.as_deref().is_some_and(|n| n != "1"))
+    {
+        return Some(format!(
+            "full recomputation by {} of {} layers",
+            method.unwrap_or_default(),
+            layers.unwrap_or_default()
+        ));
+    }
+    if cell("recompute").as_deref() == Some("selective")
+        && cell("recompute_modules").is_some_and(|m| m != "core_attn")
+    {
+        return Some("selective recomputation of other modules than the attention core".into());
+    }
+    None
+}
+
+fn parse_row(table: &RunTable, index: usize, defaults: &RowDefaults) -> Result<Run, RowProblem> {
     let cell = |name: &str| table.cell(index, name);
+    if let Some(reason) = unsupported(&|name| cell(name).map(str::to_string)) {
+        return Err(RowProblem::Unsupported(reason));
+    }
     let int = |name: &str| -> Result<Option<u64>, String> {
         match cell(name) {
             None => Ok(None),
@@ -206,10 +410,33 @@ fn parse_row(table: &RunTable, index: usize, defaults: &RowDefaults) -> Result<R
     for (name, field) in [
         ("gated_mlp", &mut model.gated_mlp),
         ("tied_embeddings", &mut model.tied_embeddings),
+        ("dropout", &mut model.dropout),
     ] {
         if let Some(text) = cell(name) {
             *field = parse_switch(name, text)?;
         }
+    }
+    // Megatron-LM's names, as its CI runs' table has them.
+    if let Some(text) = cell("position_embedding") {
+        model.learned_positions = match text {
+            "learned_absolute" => true,
+            "rope" | "none" | "yarn" | "mrope" => false,
+            other => {
+                return Err(RowProblem::Invalid(format!(
+                    "`position_embedding` must be learned_absolute, rope or none, found `{other}`"
+                )));
+            }
+        };
+    }
+    if let Some(text) = cell("attention_backend") {
+        // Megatron-LM's `local` backend is its own unfused attention, and so
+        // is every backend of its local (non-Transformer Engine) layers.
+        let local_layers = cell("transformer_impl") == Some("local");
+        model.attention = match text {
+            "unfused" | "local" => AttentionKind::Standard,
+            _ if local_layers => AttentionKind::Standard,
+            _ => AttentionKind::Flash,
+        };
     }
     if let Some(text) = cell("attention") {
         model.attention = parse_choice(
@@ -237,10 +464,10 @@ fn parse_row(table: &RunTable, index: usize, defaults: &RowDefaults) -> Result<R
     let mut virtual_stages = int("virtual_stages")?.unwrap_or(defaults.virtual_stages);
     if let Some(per_chunk) = int("layers_per_virtual_stage")? {
         if per_chunk == 0 || !model.layers.is_multiple_of(pp * per_chunk) {
-            return Err(format!(
+            return Err(RowProblem::Invalid(format!(
                 "layers_per_virtual_stage {per_chunk} does not divide the {} layers of each of {pp} stages",
                 model.layers / pp.max(1)
-            ));
+            )));
         }
         virtual_stages = model.layers / (pp * per_chunk);
         schedule = if virtual_stages > 1 {
@@ -249,11 +476,20 @@ fn parse_row(table: &RunTable, index: usize, defaults: &RowDefaults) -> Result<R
             ScheduleKind::OneFOneB
         };
     }
+    // Model chunks per stage without a schedule column: interleaved (how
+    // Megatron-LM runs them).
+    if cell("schedule").is_none() && virtual_stages > 1 && pp > 1 {
+        schedule = ScheduleKind::Interleaved;
+    }
     if schedule != ScheduleKind::Interleaved {
         virtual_stages = 1;
     }
     let switch = |name: &str, default: bool| -> Result<bool, String> {
         cell(name).map_or(Ok(default), |text| parse_switch(name, text))
+    };
+    let engine = match cell("engine") {
+        Some(text) => parse_choice("engine", text, &Engine::ALL.map(|k| (k.name(), k)))?,
+        None => defaults.engine,
     };
     let optimizer_sharding = match (cell("optimizer_sharding"), cell("distributed_optimizer")) {
         (Some(text), _) => parse_choice(
@@ -311,6 +547,9 @@ fn parse_row(table: &RunTable, index: usize, defaults: &RowDefaults) -> Result<R
             }
             None => StageOrder::Megatron,
         },
+        engine,
+        compile: switch("compile", defaults.compile)?,
+        ac_frequency: int("ac_frequency")?.unwrap_or(defaults.ac_frequency),
     };
 
     let measured_s = match (real("iter_ms")?, real("tflops_per_gpu")?) {
@@ -323,15 +562,52 @@ fn parse_row(table: &RunTable, index: usize, defaults: &RowDefaults) -> Result<R
         }
         (None, None) => None,
     };
+    let gpu = cell("gpu").map(|name| {
+        crate::cluster::builtin_gpu(name)
+            .map(|g| g.name)
+            .ok_or_else(|| {
+                format!(
+                    "column `gpu` is `{name}`, not a built-in GPU{}",
+                    crate::suggest::did_you_mean(name, &crate::cluster::builtin_gpu_names())
+                )
+            })
+    });
+    let gpu = gpu.transpose()?;
+    let gib = |name: &str| -> Result<Option<f64>, String> {
+        match cell(name) {
+            None => Ok(None),
+            Some(text) => match text.parse::<f64>() {
+                Ok(v) if v.is_finite() && v > 0.0 && v < 1e6 => Ok(Some(v * GIB)),
+                _ => Err(format!(
+                    "column `{name}` must be a positive number of GiB without a unit, found `{text}`"
+                )),
+            },
+        }
+    };
+    let allocated = gib("peak_allocated_gib")?;
+    let reserved = gib("peak_reserved_gib")?;
+    let rank = match cell("memory_rank") {
+        Some(text) => parse_choice("memory_rank", text, &MemoryRank::ALL.map(|k| (k.name(), k)))?,
+        None => defaults.memory_rank,
+    };
+    let measured_memory = (allocated.is_some() || reserved.is_some()).then_some(MeasuredMemory {
+        allocated,
+        reserved,
+        rank,
+    });
     Ok(Run {
         line: 0,
         model,
         config,
         global_batch,
         gpus,
+        gpu,
         measured_s,
+        measured_memory,
     })
 }
+
+const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 
 /// The first and last stage layers a row gives: its own columns, or
 /// Megatron-LM's `--account-for-embedding-in-pipeline-split` and
@@ -385,12 +661,7 @@ fn column_limit(name: &str) -> u64 {
 fn measured_flops(model: &ModelSpec, config: &ParallelConfig, global_batch: u64) -> f64 {
     let tokens = (global_batch * model.seq_len) as f64;
     let layers = model.layers as f64;
-    let fwd_layer = model.layer_gemm_flops_per_token() + model.layer_attention_flops_per_token();
-    let recomputed = match config.recompute {
-        Recompute::None => 0.0,
-        Recompute::Selective => model.layer_attention_flops_per_token(),
-        Recompute::Full => fwd_layer,
-    };
+    let recomputed = model.recomputed_flops_per_token(config.recompute, config.ac_frequency);
     model.model_flops_per_iteration(global_batch) + tokens * layers * recomputed
 }
 
@@ -424,7 +695,7 @@ pub fn parse_switch(field: &str, text: &str) -> Result<bool, String> {
 const MODEL_COLUMNS: [&str; 3] = ["hidden", "heads", "layers"];
 
 /// Every column a run table may use; others are carried through untouched.
-pub const KNOWN_COLUMNS: [&str; 35] = [
+pub const KNOWN_COLUMNS: [&str; 58] = [
     "gpus",
     "global_batch",
     "micro_batch",
@@ -460,6 +731,31 @@ pub const KNOWN_COLUMNS: [&str; 35] = [
     "optimizer_sharding",
     "iter_ms",
     "tflops_per_gpu",
+    "dropout",
+    "engine",
+    "compile",
+    "ac_frequency",
+    "gpu",
+    "peak_allocated_gib",
+    "peak_reserved_gib",
+    "memory_rank",
+    "position_embedding",
+    "attention_backend",
+    // Megatron-LM's CI runs: rows with these beyond 1 are left out (context
+    // and expert parallelism), the rest describe the run.
+    "cp",
+    "ep",
+    "etp",
+    "num_experts",
+    "moe_topk",
+    "moe_ffn_hidden",
+    "multi_latent_attention",
+    "precision",
+    "model_family",
+    "recompute_method",
+    "recompute_num_layers",
+    "recompute_modules",
+    "transformer_impl",
 ];
 
 /// A column one or two letters away from a known one is a typo, not a
@@ -489,29 +785,29 @@ fn check_column_names(table: &RunTable) -> Result<(), RunsError> {
 
 /// Two rows with the same configuration whose times differ by more than a
 /// factor of 1.5 cannot both be right.
-fn check_duplicates(runs: &[Run], path: &str) -> Result<(), RunsError> {
+fn contradictions(runs: &[Run]) -> Vec<(usize, String)> {
     let mut seen: std::collections::HashMap<(String, ParallelConfig), (usize, f64)> =
         std::collections::HashMap::new();
+    let mut found = Vec::new();
     for run in runs {
         let Some(time) = run.measured_s else { continue };
         let key = (run.group_key(), run.config);
         if let Some(&(line, other)) = seen.get(&key) {
             if time.max(other) / time.min(other) > 1.5 {
-                return Err(RunsError::Row {
-                    path: path.to_string(),
-                    line: run.line,
-                    message: format!(
-                        "same configuration as line {line} but {:.1} ms against {:.1} ms; remove the wrong measurement",
+                found.push((
+                    run.line,
+                    format!(
+                        "same configuration as line {line} but {:.1} ms against {:.1} ms",
                         time * 1e3,
                         other * 1e3
                     ),
-                });
+                ));
             }
         } else {
             seen.insert(key, (run.line, time));
         }
     }
-    Ok(())
+    found
 }
 
 #[cfg(test)]

@@ -4,7 +4,9 @@
 //! a rule are counted as dropped rather than silently skipped.
 
 use super::Job;
-use crate::config::{OptimizerSharding, ParallelConfig, Recompute, ScheduleKind, StageOrder};
+use crate::config::{
+    Engine, OptimizerSharding, ParallelConfig, Recompute, ScheduleKind, StageOrder,
+};
 use crate::model::AttentionKind;
 
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -28,6 +30,10 @@ pub struct SearchSpace {
     pub tp_comm_overlap: Option<Vec<bool>>,
     pub cuda_graphs: Option<Vec<bool>>,
     pub stage_order: Option<Vec<StageOrder>>,
+    /// The one engine the search plans for.
+    pub engine: Engine,
+    pub compile: Option<Vec<bool>>,
+    pub ac_frequency: Option<Vec<u64>>,
 }
 
 /// How many layers the search may take off an end stage (or put on the
@@ -71,6 +77,25 @@ pub fn default_splits(layers: u64, pp: u64, v: u64) -> Vec<(Option<u64>, Option<
         }
     }
     splits
+}
+
+/// Replaces every configuration of `configs` by one per value `values`
+/// gives for it, set with `set`: one dimension of the cartesian product,
+/// whose values may depend on the dimensions already set.
+fn expand<T: Copy>(
+    configs: &mut Vec<ParallelConfig>,
+    values: impl Fn(&ParallelConfig) -> Vec<T>,
+    set: impl Fn(&mut ParallelConfig, T),
+) {
+    let mut expanded = Vec::with_capacity(configs.len() * 2);
+    for config in configs.iter() {
+        for value in values(config) {
+            let mut next = *config;
+            set(&mut next, value);
+            expanded.push(next);
+        }
+    }
+    *configs = expanded;
 }
 
 /// Divisors of `n` in increasing order, found up to its square root.
@@ -217,7 +242,12 @@ impl SearchSpace {
                 stages.into_iter().map(move |v| (schedule, v))
             })
             .collect();
-        let recompute = self.recompute.clone().unwrap_or(Recompute::ALL.to_vec());
+        let engine = self.engine;
+        let recompute = self
+            .recompute
+            .clone()
+            .unwrap_or(Recompute::of(engine).to_vec());
+        let torchtitan = engine == Engine::Torchtitan;
         let sequence_parallel = self.sequence_parallel.clone().unwrap_or(if o.tp > 1 {
             vec![false, true]
         } else {
@@ -237,24 +267,30 @@ impl SearchSpace {
                 vec![false]
             })
         };
-        let grad_overlaps = switch(&self.overlap_grad_reduce, o.dp > 1);
-        let graphs = switch(&self.cuda_graphs, true);
+        // torchtitan's FSDP and DDP always overlap the gradient reduction and
+        // prefetch the weights; it runs CUDA graphs only without a pipeline.
+        let grad_overlaps = match (&self.overlap_grad_reduce, torchtitan) {
+            (None, true) => vec![o.dp > 1],
+            (given, _) => switch(given, o.dp > 1),
+        };
+        let graphs = switch(&self.cuda_graphs, !torchtitan || o.pp == 1);
+        let compiles = switch(&self.compile, torchtitan);
+        let frequencies = self.ac_frequency.clone().unwrap_or(vec![2]);
         let gpus_per_node = job.gpus_per_node();
 
         let mut configs = Vec::new();
         for &(schedule, virtual_stages) in &schedules {
-            let bpipe =
-                bpipe_given
-                    .clone()
-                    .unwrap_or(if schedule == ScheduleKind::OneFOneB && o.pp >= 2 {
-                        vec![false, true]
-                    } else {
-                        vec![false]
-                    });
+            let bpipe = bpipe_given.clone().unwrap_or(
+                if schedule == ScheduleKind::OneFOneB && o.pp >= 2 && !torchtitan {
+                    vec![false, true]
+                } else {
+                    vec![false]
+                },
+            );
             for (first_stage_layers, last_stage_layers) in
                 self.splits(job.model.layers, o.pp, virtual_stages)
             {
-                let base = ParallelConfig {
+                let mut variants = vec![ParallelConfig {
                     tp: o.tp,
                     pp: o.pp,
                     dp: o.dp,
@@ -263,62 +299,80 @@ impl SearchSpace {
                     virtual_stages,
                     first_stage_layers,
                     last_stage_layers,
+                    engine,
                     ..ParallelConfig::default()
-                };
-                for &recompute in &recompute {
-                    for &sequence_parallel in &sequence_parallel {
-                        let tp_overlaps = switch(&self.tp_comm_overlap, sequence_parallel);
-                        for &optimizer_sharding in &sharding {
-                            for &bpipe in &bpipe {
-                                // BPipe's pairs share a node only if two
-                                // stages fit in one.
-                                let pairs_fit = bpipe && 2 * o.tp * o.dp <= gpus_per_node;
-                                let orders = self.stage_order.clone().unwrap_or(if pairs_fit {
-                                    StageOrder::ALL.to_vec()
-                                } else {
-                                    vec![StageOrder::Megatron]
-                                });
-                                for &attention in &attention {
-                                    for &overlap_grad_reduce in &grad_overlaps {
-                                        let gathers = switch(
-                                            &self.overlap_param_gather,
-                                            overlap_grad_reduce
-                                                && optimizer_sharding
-                                                    == OptimizerSharding::OptimizerStates,
-                                        );
-                                        for &overlap_param_gather in &gathers {
-                                            for &tp_comm_overlap in &tp_overlaps {
-                                                for &cuda_graphs in &graphs {
-                                                    if cuda_graphs
-                                                        && recompute == Recompute::Full
-                                                        && self.cuda_graphs.is_none()
-                                                    {
-                                                        continue;
-                                                    }
-                                                    for &stage_order in &orders {
-                                                        configs.push(ParallelConfig {
-                                                            recompute,
-                                                            sequence_parallel,
-                                                            optimizer_sharding,
-                                                            bpipe,
-                                                            attention,
-                                                            overlap_grad_reduce,
-                                                            overlap_param_gather,
-                                                            tp_comm_overlap,
-                                                            cuda_graphs,
-                                                            stage_order,
-                                                            ..base
-                                                        });
-                                                    }
-                                                }
-                                            }
-                                        }
-                                    }
-                                }
-                            }
-                        }
-                    }
-                }
+                }];
+                expand(&mut variants, |_| recompute.clone(), |c, r| c.recompute = r);
+                expand(
+                    &mut variants,
+                    |c| match c.recompute {
+                        Recompute::SelectiveLayer => frequencies.clone(),
+                        _ => vec![ParallelConfig::default().ac_frequency],
+                    },
+                    |c, n| c.ac_frequency = n,
+                );
+                expand(
+                    &mut variants,
+                    |_| sequence_parallel.clone(),
+                    |c, sp| c.sequence_parallel = sp,
+                );
+                expand(
+                    &mut variants,
+                    |_| sharding.clone(),
+                    |c, z| c.optimizer_sharding = z,
+                );
+                expand(&mut variants, |_| bpipe.clone(), |c, b| c.bpipe = b);
+                // BPipe's pairs share a node only if two stages fit in one.
+                expand(
+                    &mut variants,
+                    |c| {
+                        let pairs_fit = c.bpipe && 2 * o.tp * o.dp <= gpus_per_node;
+                        self.stage_order.clone().unwrap_or(if pairs_fit {
+                            StageOrder::ALL.to_vec()
+                        } else {
+                            vec![StageOrder::Megatron]
+                        })
+                    },
+                    |c, order| c.stage_order = order,
+                );
+                expand(&mut variants, |_| attention.clone(), |c, a| c.attention = a);
+                expand(
+                    &mut variants,
+                    |_| grad_overlaps.clone(),
+                    |c, on| c.overlap_grad_reduce = on,
+                );
+                expand(
+                    &mut variants,
+                    |c| {
+                        let applies = c.overlap_grad_reduce
+                            && c.optimizer_sharding == OptimizerSharding::OptimizerStates
+                            && !torchtitan;
+                        switch(&self.overlap_param_gather, applies)
+                    },
+                    |c, on| c.overlap_param_gather = on,
+                );
+                expand(&mut variants, |_| compiles.clone(), |c, on| c.compile = on);
+                // torchtitan runs its tensor-parallel overlap compiled only.
+                expand(
+                    &mut variants,
+                    |c| {
+                        switch(
+                            &self.tp_comm_overlap,
+                            c.sequence_parallel && (!torchtitan || c.compile),
+                        )
+                    },
+                    |c, on| c.tp_comm_overlap = on,
+                );
+                // CUDA graphs do not capture full recomputation.
+                expand(
+                    &mut variants,
+                    |c| match (&self.cuda_graphs, c.recompute) {
+                        (None, Recompute::Full) => vec![false],
+                        _ => graphs.clone(),
+                    },
+                    |c, on| c.cuda_graphs = on,
+                );
+                configs.extend(variants);
             }
         }
         configs.into_iter()

@@ -33,6 +33,7 @@ pub const DEFAULT_TRAIN_ITERS: u64 = 20;
 /// Fewer iterations leave nothing after the default warm-up of
 /// [`crate::validate::megatron_log::DEFAULT_WARMUP`] logged iterations.
 pub const MIN_TRAIN_ITERS: u64 = crate::validate::megatron_log::DEFAULT_WARMUP as u64 + 1;
+const MEGATRON: &str = "Megatron-LM";
 /// The learning rate of the trial: any positive value times the same.
 const TRIAL_LR: &str = "1.0e-4";
 
@@ -88,8 +89,16 @@ pub enum LaunchError {
         "--megatron-path {path}: {problem}; pass the folder of a Megatron-LM clone (git clone https://github.com/NVIDIA/Megatron-LM) that holds pretrain_gpt.py"
     )]
     BadMegatronPath { path: String, problem: String },
-    #[error("candidate {rank}: Megatron-LM cannot run it as planned: {reason}")]
-    Unsupported { rank: usize, reason: String },
+    #[error("candidate {rank}: {engine} cannot run it as planned: {reason}")]
+    Unsupported {
+        rank: usize,
+        engine: &'static str,
+        reason: String,
+    },
+    #[error(
+        "--torchtitan-config {value}: {problem}; give MODULE:CONFIG for torchtitan 0.3 (a config function, e.g. llama3:llama3_8b) or a torchtitan 0.2 job-config TOML"
+    )]
+    BadTorchtitanConfig { value: String, problem: String },
     #[error(
         "candidate {rank}: the plan file's megatron_args do not match its config ({difference}); the file was edited: re-run `paratune plan ... --format json`"
     )]
@@ -142,7 +151,7 @@ pub fn check_megatron_path(path: Option<&Path>) -> Result<PathBuf, LaunchError> 
 }
 
 /// Processes per node and nodes for `gpus` GPUs on nodes of `gpus_per_node`.
-fn node_shape(
+pub(crate) fn node_shape(
     gpus: u64,
     gpus_per_node: u64,
     launcher: Launcher,
@@ -161,8 +170,70 @@ fn node_shape(
     }
 }
 
+/// The script lines that say where the ranks run (`GPUS_PER_NODE`,
+/// `NNODES`, `NODE_RANK`, `MASTER_ADDR`, `MASTER_PORT`, each overridable
+/// from the environment), check that they add up to the plan's GPUs, and
+/// name the log (`LOG_FILE`: `run.log`, or `run-node<rank>.log` per node).
+pub(crate) fn rank_environment(
+    s: &mut String,
+    launcher: Launcher,
+    gpus: u64,
+    gpus_per_node: u64,
+    nodes: u64,
+) {
+    let _ = writeln!(s, "# Where the {gpus} GPUs are.");
+    match launcher {
+        Launcher::Torchrun => {
+            let _ = writeln!(s, "GPUS_PER_NODE=\"${{GPUS_PER_NODE:-{gpus_per_node}}}\"");
+            let _ = writeln!(s, "NNODES=\"${{NNODES:-{nodes}}}\"");
+            let _ = writeln!(s, "NODE_RANK=\"${{NODE_RANK:-0}}\"");
+            let _ = writeln!(s, "MASTER_ADDR=\"${{MASTER_ADDR:-localhost}}\"");
+            let _ = writeln!(s, "MASTER_PORT=\"${{MASTER_PORT:-6000}}\"");
+        }
+        Launcher::Srun => {
+            let _ = writeln!(s, "if [[ -z \"${{SLURM_JOB_ID:-}}\" ]]; then");
+            let _ = writeln!(
+                s,
+                "    echo \"error: run this script inside a Slurm allocation of {nodes} node(s) with {gpus_per_node} GPUs each (sbatch or salloc)\" >&2"
+            );
+            let _ = writeln!(s, "    exit 2");
+            let _ = writeln!(s, "fi");
+            let _ = writeln!(s, "GPUS_PER_NODE=\"${{GPUS_PER_NODE:-{gpus_per_node}}}\"");
+            let _ = writeln!(s, "NNODES=\"${{NNODES:-${{SLURM_NNODES:-{nodes}}}}}\"");
+            let _ = writeln!(
+                s,
+                "MASTER_ADDR=\"${{MASTER_ADDR:-$(scontrol show hostnames \"${{SLURM_JOB_NODELIST}}\" | head -n 1)}}\""
+            );
+            let _ = writeln!(s, "MASTER_PORT=\"${{MASTER_PORT:-6000}}\"");
+        }
+    }
+    let _ = writeln!(s, "if (( GPUS_PER_NODE * NNODES != {gpus} )); then");
+    let _ = writeln!(
+        s,
+        "    echo \"error: GPUS_PER_NODE x NNODES = $(( GPUS_PER_NODE * NNODES )) GPUs, but the plan is for {gpus}\" >&2"
+    );
+    let _ = writeln!(s, "    exit 2");
+    let _ = writeln!(s, "fi");
+    match launcher {
+        Launcher::Torchrun => {
+            let _ = writeln!(s, "if (( NNODES > 1 )); then");
+            let _ = writeln!(
+                s,
+                "    LOG_FILE=\"${{SCRIPT_DIR}}/run-node${{NODE_RANK}}.log\""
+            );
+            let _ = writeln!(s, "else");
+            let _ = writeln!(s, "    LOG_FILE=\"${{SCRIPT_DIR}}/run.log\"");
+            let _ = writeln!(s, "fi");
+        }
+        Launcher::Srun => {
+            let _ = writeln!(s, "LOG_FILE=\"${{SCRIPT_DIR}}/run.log\"");
+        }
+    }
+    let _ = writeln!(s);
+}
+
 /// A bash array `NAME=(...)` with one flag and its values per line.
-fn bash_array(out: &mut String, name: &str, args: &[String]) {
+pub(crate) fn bash_array(out: &mut String, name: &str, args: &[String]) {
     let mut groups: Vec<Vec<String>> = Vec::new();
     for arg in args {
         match groups.last_mut() {
@@ -195,6 +266,7 @@ pub fn candidate_megatron_args(
     };
     let rebuilt = megatron_args(&job).map_err(|e| LaunchError::Unsupported {
         rank: candidate.rank,
+        engine: MEGATRON,
         reason: e.to_string(),
     })?;
     if let Some(given) = &candidate.megatron_args
@@ -240,6 +312,7 @@ pub fn launch_script(
     if candidate.megatron_args.is_none() {
         return Err(LaunchError::Unsupported {
             rank: candidate.rank,
+            engine: MEGATRON,
             reason: candidate
                 .megatron_unsupported
                 .as_deref()
@@ -353,56 +426,7 @@ pub fn launch_script(
     let _ = writeln!(s, "fi");
     let _ = writeln!(s);
 
-    let _ = writeln!(s, "# Where the {gpus} GPUs are.");
-    match launcher {
-        Launcher::Torchrun => {
-            let _ = writeln!(s, "GPUS_PER_NODE=\"${{GPUS_PER_NODE:-{gpus_per_node}}}\"");
-            let _ = writeln!(s, "NNODES=\"${{NNODES:-{nodes}}}\"");
-            let _ = writeln!(s, "NODE_RANK=\"${{NODE_RANK:-0}}\"");
-            let _ = writeln!(s, "MASTER_ADDR=\"${{MASTER_ADDR:-localhost}}\"");
-            let _ = writeln!(s, "MASTER_PORT=\"${{MASTER_PORT:-6000}}\"");
-        }
-        Launcher::Srun => {
-            let _ = writeln!(s, "if [[ -z \"${{SLURM_JOB_ID:-}}\" ]]; then");
-            let _ = writeln!(
-                s,
-                "    echo \"error: run this script inside a Slurm allocation of {nodes} node(s) with {gpus_per_node} GPUs each (sbatch or salloc)\" >&2"
-            );
-            let _ = writeln!(s, "    exit 2");
-            let _ = writeln!(s, "fi");
-            let _ = writeln!(s, "GPUS_PER_NODE=\"${{GPUS_PER_NODE:-{gpus_per_node}}}\"");
-            let _ = writeln!(s, "NNODES=\"${{NNODES:-${{SLURM_NNODES:-{nodes}}}}}\"");
-            let _ = writeln!(
-                s,
-                "MASTER_ADDR=\"${{MASTER_ADDR:-$(scontrol show hostnames \"${{SLURM_JOB_NODELIST}}\" | head -n 1)}}\""
-            );
-            let _ = writeln!(s, "MASTER_PORT=\"${{MASTER_PORT:-6000}}\"");
-        }
-    }
-    let _ = writeln!(s, "if (( GPUS_PER_NODE * NNODES != {gpus} )); then");
-    let _ = writeln!(
-        s,
-        "    echo \"error: GPUS_PER_NODE x NNODES = $(( GPUS_PER_NODE * NNODES )) GPUs, but the plan is for {gpus}\" >&2"
-    );
-    let _ = writeln!(s, "    exit 2");
-    let _ = writeln!(s, "fi");
-    match launcher {
-        Launcher::Torchrun => {
-            let _ = writeln!(s, "if (( NNODES > 1 )); then");
-            let _ = writeln!(
-                s,
-                "    LOG_FILE=\"${{SCRIPT_DIR}}/run-node${{NODE_RANK}}.log\""
-            );
-            let _ = writeln!(s, "else");
-            let _ = writeln!(s, "    LOG_FILE=\"${{SCRIPT_DIR}}/run.log\"");
-            let _ = writeln!(s, "fi");
-        }
-        Launcher::Srun => {
-            let _ = writeln!(s, "LOG_FILE=\"${{SCRIPT_DIR}}/run.log\"");
-        }
-    }
-    let _ = writeln!(s);
-
+    rank_environment(&mut s, launcher, gpus, gpus_per_node, nodes);
     let _ = writeln!(
         s,
         "# The candidate's Megatron-LM arguments, as `paratune plan` exported them."
@@ -517,7 +541,7 @@ pub fn write_launch_scripts(
     for candidate in &plan.candidates {
         let text = match launch_script(plan, candidate, &settings) {
             Ok(text) => text,
-            Err(LaunchError::Unsupported { rank, reason }) => {
+            Err(LaunchError::Unsupported { rank, reason, .. }) => {
                 outcomes.push(ScriptOutcome::Skipped { rank, reason });
                 continue;
             }
@@ -539,7 +563,7 @@ pub fn write_launch_scripts(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::cluster::builtin_node;
     use crate::coefficients::CostModel;
@@ -630,7 +654,7 @@ mod tests {
         plan_on(model, nodes, nodes * 8, global_batch, space)
     }
 
-    fn plan_on(
+    pub(crate) fn plan_on(
         model: &str,
         nodes: u64,
         gpus: u64,
@@ -729,7 +753,7 @@ mod tests {
     }
 
     /// The words inside the bash array `name=( ... )`.
-    fn array<'a>(script: &'a str, name: &str) -> Vec<&'a str> {
+    pub(crate) fn array<'a>(script: &'a str, name: &str) -> Vec<&'a str> {
         let start = script
             .find(&format!("{name}=(\n"))
             .expect("the array is there");
@@ -742,7 +766,7 @@ mod tests {
             .collect()
     }
 
-    fn bash_accepts(script: &str) {
+    pub(crate) fn bash_accepts(script: &str) {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("run.sh");
         std::fs::write(&path, script).unwrap();

@@ -72,8 +72,9 @@ pub fn stage_prediction(s: &Scenario, c: &ParallelConfig, stage: u64) -> StagePr
             + memory.gradients
             + memory.optimizer_states
             + memory.activations
+            + memory.loss
             + gathered,
-        other_bytes: memory.buffers - gathered + memory.runtime_overhead,
+        other_bytes: memory.buffers - gathered + memory.allocator_reserve + memory.runtime_overhead,
         usable_bytes: s.usable_memory(),
     }
 }

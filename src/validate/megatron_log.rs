@@ -450,7 +450,7 @@ pub fn parse(text: &str, path: &str, warmup: usize) -> Result<MegatronRun, Megat
 const OUTLIER_FACTOR: f64 = 3.0;
 
 /// The median of `values` (not empty).
-fn median(values: &[f64]) -> f64 {
+pub(crate) fn median(values: &[f64]) -> f64 {
     let mut sorted = values.to_vec();
     sorted.sort_by(f64::total_cmp);
     let mid = sorted.len() / 2;
@@ -469,7 +469,8 @@ enum DumpState {
     Second,
 }
 
-fn list<T: ToString>(items: &[T]) -> String {
+/// Up to five items, then how many more.
+pub(crate) fn list<T: ToString>(items: &[T]) -> String {
     const SHOWN: usize = 5;
     let mut text: Vec<String> = items.iter().take(SHOWN).map(T::to_string).collect();
     if items.len() > SHOWN {
@@ -924,7 +925,7 @@ impl MegatronConfig {
 /// The columns of the run-table row [`MegatronRun::row`] gives: paratune's
 /// run-table schema (see `runs::KNOWN_COLUMNS`), then measurements the
 /// schema does not read, carried through as the user's own columns.
-pub const ROW_COLUMNS: [&str; 29] = [
+pub const ROW_COLUMNS: [&str; 30] = [
     "gpus",
     "global_batch",
     "micro_batch",
@@ -946,10 +947,11 @@ pub const ROW_COLUMNS: [&str; 29] = [
     "attention",
     "optimizer_sharding",
     "iter_ms",
+    "peak_allocated_gib",
+    "peak_reserved_gib",
+    "memory_rank",
     "iter_ms_mean",
     "tflops_per_gpu_measured",
-    "peak_memory_bytes",
-    "peak_reserved_bytes",
     "steady_iterations",
     "skipped_iterations",
     "nan_iterations",
@@ -1022,10 +1024,17 @@ impl MegatronRun {
             c.attention.name().to_string(),
             c.optimizer_sharding.name().to_string(),
             format!("{:.3}", self.steady_median_ms),
+            optional(self.peak_allocated_gib(), 4),
+            optional(self.peak_reserved_gib(), 4),
+            // The largest over the ranks that report (data-parallel rank 0 of
+            // every model-parallel group).
+            if self.peak_allocated_bytes.is_some() {
+                "max".into()
+            } else {
+                String::new()
+            },
             format!("{:.3}", self.steady_mean_ms),
             optional(self.tflops_per_gpu, 2),
-            optional(self.peak_allocated_bytes.map(f64::round), 0),
-            optional(self.peak_reserved_bytes.map(f64::round), 0),
             self.steady_iterations.to_string(),
             self.skipped_iterations.to_string(),
             self.nan_iterations.to_string(),

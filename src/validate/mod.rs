@@ -4,3 +4,5 @@
 pub mod launch;
 pub mod local;
 pub mod megatron_log;
+pub mod torchtitan_launch;
+pub mod torchtitan_log;
