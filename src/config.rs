@@ -235,6 +235,12 @@ pub struct ParallelConfig {
     /// [`Recompute::SelectiveLayer`] (torchtitan's `selective_ac_option`).
     #[serde(default = "default_ac_frequency")]
     pub ac_frequency: u64,
+    /// Hybrid sharding (torchtitan's HSDP): the model state is sharded
+    /// over groups of this many data-parallel ranks and replicated over
+    /// `dp / dp_shard` such groups (`data_parallel_shard_degree` and
+    /// `data_parallel_replicate_degree`). `None`: over all of dp.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dp_shard: Option<u64>,
 }
 
 fn default_ac_frequency() -> u64 {
@@ -267,11 +273,24 @@ impl Default for ParallelConfig {
             engine: Engine::Megatron,
             compile: false,
             ac_frequency: default_ac_frequency(),
+            dp_shard: None,
         }
     }
 }
 
 impl ParallelConfig {
+    /// The data-parallel ranks the sharded state is spread over: all of dp,
+    /// or the shard group under hybrid sharding.
+    pub fn shard_degree(&self) -> u64 {
+        self.dp_shard.unwrap_or(self.dp)
+    }
+
+    /// How many copies of the sharded state there are: 1, or the replicas
+    /// under hybrid sharding.
+    pub fn replicas(&self) -> u64 {
+        self.dp / self.shard_degree().max(1)
+    }
+
     pub fn gpus(&self) -> u64 {
         self.tp.saturating_mul(self.pp).saturating_mul(self.dp)
     }
@@ -463,6 +482,16 @@ impl ParallelConfig {
                         || (c.tp_comm_overlap && !c.compile)
                         || (c.cuda_graphs && c.pp > 1)),
             ),
+            (
+                Rule::HybridSharding,
+                c.dp_shard.is_some_and(|n| {
+                    n < 2
+                        || n >= c.dp
+                        || !c.dp.is_multiple_of(n)
+                        || c.engine != Engine::Torchtitan
+                        || c.optimizer_sharding == OptimizerSharding::None
+                }),
+            ),
         ];
         rules
             .into_iter()
@@ -525,6 +554,9 @@ pub enum Rule {
     /// torchtitan has no BPipe, runs async tensor parallelism only
     /// compiled, and CUDA graphs only without a pipeline.
     EngineCannotRun,
+    /// Hybrid sharding: a shard group that divides dp and is smaller than
+    /// it, of a sharded torchtitan configuration.
+    HybridSharding,
 }
 
 impl Rule {
@@ -556,6 +588,7 @@ impl Rule {
             Rule::AcFrequency => "selective-layer checkpointing needs a frequency of 1 or more",
             Rule::CompileWithoutTorchtitan => "torch.compile needs the torchtitan engine",
             Rule::EngineCannotRun => "a switch torchtitan cannot run",
+            Rule::HybridSharding => "a hybrid-sharding group that cannot be",
         }
     }
 
@@ -688,6 +721,11 @@ impl Rule {
                 };
                 format!("the torchtitan engine cannot run {what}")
             }
+            Rule::HybridSharding => format!(
+                "--dp-shard {} must be at least 2, below dp {} and divide it, for --engine torchtitan with --optimizer-sharding full or optimizer-states (torchtitan's HSDP; leave it out to shard over all of dp)",
+                c.dp_shard.unwrap_or(0),
+                c.dp
+            ),
         }
     }
 }
@@ -740,6 +778,9 @@ impl fmt::Display for ParallelConfig {
         }
         if self.stage_order != StageOrder::Megatron {
             write!(f, " order={}", self.stage_order.name())?;
+        }
+        if let Some(shard) = self.dp_shard {
+            write!(f, " hsdp={}x{shard}", self.replicas())?;
         }
         if self.recompute == Recompute::SelectiveLayer {
             write!(f, " every={}", self.ac_frequency)?;

@@ -156,6 +156,8 @@ struct Picks {
     torchtitan: bool,
     compile: bool,
     ac_frequency: u64,
+    /// Hybrid sharding over the smallest proper group of dp (torchtitan).
+    hybrid: bool,
 }
 
 fn picks() -> impl Strategy<Value = Picks> {
@@ -180,7 +182,7 @@ fn picks() -> impl Strategy<Value = Picks> {
             prop::bool::weighted(0.1),
             any::<bool>(),
         ),
-        (any::<bool>(), any::<bool>(), 1u64..=4),
+        (any::<bool>(), any::<bool>(), 1u64..=4, any::<bool>()),
     )
         .prop_map(
             |(
@@ -188,7 +190,7 @@ fn picks() -> impl Strategy<Value = Picks> {
                 (micro_batch, micro_batches, schedule, virtual_stages),
                 (recompute, sequence_parallel, sharding, bpipe, attention),
                 (switches, uneven, tp_over_nodes, pairs),
-                (torchtitan, compile, ac_frequency),
+                (torchtitan, compile, ac_frequency, hybrid),
             )| Picks {
                 gpu,
                 tp,
@@ -210,6 +212,7 @@ fn picks() -> impl Strategy<Value = Picks> {
                 torchtitan,
                 compile,
                 ac_frequency,
+                hybrid,
             },
         )
 }
@@ -309,6 +312,11 @@ fn build(model: ModelSpec, cost: CostModel, p: Picks) -> Case {
         engine,
         compile,
         ac_frequency: p.ac_frequency,
+        dp_shard: (2..dp).find(|n| dp.is_multiple_of(*n)).filter(|_| {
+            p.hybrid
+                && engine == Engine::Torchtitan
+                && optimizer_sharding != OptimizerSharding::None
+        }),
     };
     Case {
         group: builtin_node(GPUS[p.gpu], gpus.div_ceil(8)).unwrap(),
@@ -441,7 +449,8 @@ proptest! {
         let k = &case.cost.coefficients;
         let stages = memory_per_stage(&case.scenario(), c);
         prop_assert_eq!(stages.len() as u64, c.pp);
-        let d = c.dp as f64;
+        // Sharded over all of dp, or over the group hybrid sharding names.
+        let d = c.dp_shard.unwrap_or(c.dp) as f64;
         // torchtitan's FSDP shards its fp32 parameters and gradients for
         // either sharding; Megatron-LM's distributed optimizer only the
         // optimizer states.

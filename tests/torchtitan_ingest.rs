@@ -380,11 +380,18 @@ fn features_paratune_cannot_describe_are_refused() {
         "data_parallel_replicate_degree = 1\ndata_parallel_shard_degree = -1",
         "data_parallel_replicate_degree = 2\ndata_parallel_shard_degree = 4",
     );
-    refuse(
+    // HSDP is read: two replicas of a four-rank shard group.
+    let hsdp_out = dir.path().join("hsdp.csv");
+    let read = ok(&[
+        "ingest",
+        "torchtitan-log",
         &data(FSDP8),
-        Some(&hsdp),
-        &["HSDP", "data_parallel_replicate_degree = 1"],
-    );
+        "--out",
+        path_text(&hsdp_out),
+        "--config",
+        &hsdp,
+    ]);
+    assert!(read.stdout.contains("hsdp=2x4"), "{}", read.stdout);
     let zbv = edited(
         "zbv.toml",
         "pipeline_parallel_degree = 1",

@@ -325,6 +325,10 @@ pub struct SpaceArgs {
     /// One layer in N checkpointed under --recompute selective-layer (torchtitan).
     #[arg(long, value_delimiter = ',', value_parser = count(1 << 10))]
     pub ac_frequency: Option<Vec<u64>>,
+    /// Hybrid sharding (torchtitan's HSDP): shard the state over groups of N data-parallel ranks,
+    /// replicated over the rest (default: all of dp, and within a node's ranks).
+    #[arg(long, value_delimiter = ',', value_parser = count(1 << 20))]
+    pub dp_shard: Option<Vec<u64>>,
     /// Run tables: the rank whose memory a table's peak_allocated_gib/peak_reserved_gib
     /// columns hold when it has no memory_rank column: max (default), or last (Megatron-LM's
     /// TensorBoard and CI golden values come from the last rank).

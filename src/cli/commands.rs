@@ -482,7 +482,7 @@ pub(super) fn plan_file(
 
 /// The configuration's columns, named as run tables name them (so a plan's
 /// CSV reads back as a run table).
-const CONFIG_COLUMNS: [&str; 18] = [
+const CONFIG_COLUMNS: [&str; 22] = [
     "tp",
     "pp",
     "dp",
@@ -501,6 +501,10 @@ const CONFIG_COLUMNS: [&str; 18] = [
     "tp_comm_overlap",
     "cuda_graphs",
     "stage_order",
+    "engine",
+    "compile",
+    "ac_frequency",
+    "dp_shard",
 ];
 
 fn config_cells(c: &ParallelConfig) -> Vec<String> {
@@ -527,6 +531,10 @@ fn config_cells(c: &ParallelConfig) -> Vec<String> {
         on_off(c.tp_comm_overlap).into(),
         on_off(c.cuda_graphs).into(),
         c.stage_order.name().into(),
+        c.engine.name().into(),
+        on_off(c.compile).into(),
+        c.ac_frequency.to_string(),
+        c.dp_shard.map(|n| n.to_string()).unwrap_or_default(),
     ]
 }
 

@@ -33,7 +33,7 @@ pub fn percent(x: f64) -> String {
 /// Header and cells of the ranking table.
 pub fn ranking_header(with_band: bool) -> String {
     let header = format!(
-        "{:>4} {:>3} {:>3} {:>5} {:>4} {:<16} {:<9} {:>3} {:<16} {:>5} {:<9} {:<12} {:>6} {:>9} {:>11} {:>7} {:>6} {:>12}",
+        "{:>4} {:>3} {:>3} {:>5} {:>4} {:<16} {:<9} {:>3} {:<19} {:>5} {:<9} {:<12} {:>6} {:>9} {:>11} {:>7} {:>6} {:>12}",
         "#",
         "tp",
         "pp",
@@ -99,6 +99,15 @@ pub fn overlap_name(c: &ParallelConfig) -> String {
     }
 }
 
+/// The sharding, with hybrid sharding's group: `full/8` is the state
+/// sharded over groups of 8 data-parallel ranks.
+fn sharding_name(c: &ParallelConfig) -> String {
+    match c.dp_shard {
+        Some(group) => format!("{}/{group}", c.optimizer_sharding.name()),
+        None => c.optimizer_sharding.name().to_string(),
+    }
+}
+
 /// One row of the ranking; `band` is the relative error that nine
 /// predictions in ten stay within, when the cost model has measured it.
 pub fn ranking_row(
@@ -109,7 +118,7 @@ pub fn ranking_row(
     band: Option<f64>,
 ) -> String {
     let row = format!(
-        "{:>4} {:>3} {:>3} {:>5} {:>4} {:<16} {:<9} {:>3} {:<16} {:>5} {:<9} {:<12} {:>6} {:>9} {:>11} {:>7.1} {:>6} {:>12}",
+        "{:>4} {:>3} {:>3} {:>5} {:>4} {:<16} {:<9} {:>3} {:<19} {:>5} {:<9} {:<12} {:>6} {:>9} {:>11} {:>7.1} {:>6} {:>12}",
         rank,
         c.tp,
         c.pp,
@@ -118,7 +127,7 @@ pub fn ranking_row(
         schedule_name(c),
         c.recompute.name(),
         on_off(c.sequence_parallel),
-        c.optimizer_sharding.name(),
+        sharding_name(c),
         on_off(c.bpipe),
         split_name(c, layers),
         overlap_name(c),

@@ -342,6 +342,7 @@ pub fn space(args: &SpaceArgs) -> Result<SearchSpace> {
         engine: engine(args)?,
         compile: switches("--compile", &args.compile)?,
         ac_frequency: positive("--ac-frequency", &args.ac_frequency)?,
+        dp_shard: positive("--dp-shard", &args.dp_shard)?,
     };
     check_engine_choices(&space)?;
     Ok(space)
@@ -430,7 +431,7 @@ pub fn single_config(args: &SpaceArgs, job: &Job) -> Result<ParallelConfig> {
             "--schedule interleaved needs --virtual-stages N (model chunks per pipeline rank, at least 2)"
         );
     }
-    let config = ParallelConfig {
+    let mut config = ParallelConfig {
         tp,
         pp,
         dp,
@@ -456,7 +457,12 @@ pub fn single_config(args: &SpaceArgs, job: &Job) -> Result<ParallelConfig> {
         engine: space.engine,
         compile: single("--compile", &space.compile, false)?,
         ac_frequency: single("--ac-frequency", &space.ac_frequency, 2)?,
+        dp_shard: single_optional("--dp-shard", &space.dp_shard)?,
     };
+    // A group of all of dp is plain sharding.
+    if config.dp_shard == Some(config.dp) {
+        config.dp_shard = None;
+    }
     config
         .check(&job.model, job.global_batch, job.gpus, job.gpus_per_node())
         .map_err(|e| anyhow!(e))?;
@@ -564,6 +570,7 @@ pub fn config_spec(spec: &str, base: &ParallelConfig) -> Result<ParallelConfig> 
         "compile",
         "every",
         "ac_frequency",
+        "dp_shard",
     ];
     for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
         let (key, value) = item
@@ -629,6 +636,7 @@ pub fn config_spec(spec: &str, base: &ParallelConfig) -> Result<ParallelConfig> 
             "graphs" | "cuda_graphs" => c.cuda_graphs = parse_switch(key, value).map_err(e)?,
             "compile" => c.compile = parse_switch(key, value).map_err(e)?,
             "every" | "ac_frequency" => c.ac_frequency = number()?,
+            "dp_shard" => c.dp_shard = Some(number()?),
             "order" | "stage_order" => {
                 c.stage_order =
                     parse_choice(key, value, &StageOrder::ALL.map(|k| (k.name(), k))).map_err(e)?

@@ -189,6 +189,41 @@ pub fn data_parallel_span(s: &Scenario, c: &ParallelConfig) -> GroupSpan {
     s.placement.span(c.tp, c.dp)
 }
 
+/// The ranks one sharded copy of the state is spread over: all of dp, or
+/// under hybrid sharding a group of `dp_shard` neighbours (torchtitan's
+/// mesh puts `dp_shard` inside `dp_replicate`).
+pub fn shard_group_span(s: &Scenario, c: &ParallelConfig) -> GroupSpan {
+    s.placement.span(c.tp, c.shard_degree())
+}
+
+/// Hybrid sharding's replicas of one shard: `tp x dp_shard` ranks apart.
+pub fn replica_span(s: &Scenario, c: &ParallelConfig) -> GroupSpan {
+    s.placement.span(c.tp * c.shard_degree(), c.replicas())
+}
+
+/// Hybrid sharding's all-reduce of each reduce-scattered gradient shard
+/// over the replicas, per micro-batch (FSDP2 with a replicate mesh
+/// dimension reduces as it reduce-scatters); 0 without replicas.
+pub fn replica_all_reduce_per_microbatch(
+    s: &Scenario,
+    c: &ParallelConfig,
+    groups: &[ParamGroup],
+    usage: &mut ProfileUsage,
+) -> f64 {
+    if c.replicas() < 2 || !syncs_per_microbatch(c) {
+        return 0.0;
+    }
+    let span = replica_span(s, c);
+    let shard = c.shard_degree() as f64;
+    groups
+        .iter()
+        .map(|g| {
+            let shard_bytes = g.params * s.coef().gradient_bytes_per_param / shard;
+            collective(s, Collective::AllReduce, span, shard_bytes, usage)
+        })
+        .sum()
+}
+
 /// Which link a group's collectives load: the node's network as soon as
 /// the group spans nodes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -343,7 +378,8 @@ pub fn stage_sync(
 /// weights gathered for every forward, recomputation and backward pass (once
 /// per micro-batch when torchtitan keeps them gathered from forward to
 /// backward, its export of optimizer-state sharding), and its gradients
-/// reduce-scattered. Returns (all of them, the part no prefetch can hide:
+/// reduce-scattered, within the shard group; under hybrid sharding each
+/// gradient shard is then all-reduced over the replicas. Returns (all of them, the part no prefetch can hide:
 /// the first layer's gather and the embedding tables').
 pub fn zero3_per_microbatch(
     s: &Scenario,
@@ -356,7 +392,9 @@ pub fn zero3_per_microbatch(
         return (0.0, 0.0);
     }
     let k = s.coef();
-    let span = data_parallel_span(s, c);
+    let span = shard_group_span(s, c);
+    let replica = replica_span(s, c);
+    let shard = c.shard_degree() as f64;
     let gathers = match (c.optimizer_sharding, c.recompute) {
         (OptimizerSharding::OptimizerStates, _) => 1.0,
         (_, Recompute::Full) => 3.0,
@@ -367,8 +405,11 @@ pub fn zero3_per_microbatch(
     for (i, group) in groups.iter().enumerate() {
         let weights = group.params * k.weight_bytes_per_param;
         let grads = group.params * k.gradient_bytes_per_param;
-        let time = gathers * collective(s, Collective::AllGather, span, weights, usage)
+        let mut time = gathers * collective(s, Collective::AllGather, span, weights, usage)
             + collective(s, Collective::ReduceScatter, span, grads, usage);
+        if c.replicas() > 1 {
+            time += collective(s, Collective::AllReduce, replica, grads / shard, usage);
+        }
         total += time;
         // The layers' group: one layer's gather comes before any compute;
         // the embeddings' tables are used whole at the stage's ends.

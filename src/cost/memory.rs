@@ -293,7 +293,9 @@ pub fn in_flight(c: &ParallelConfig, m: u64, stage: u64) -> f64 {
 pub fn stage_memory(s: &Scenario, c: &ParallelConfig, stage: u64) -> StageMemory {
     let k = s.coef();
     let model = s.model;
-    let d = c.dp as f64;
+    // Sharded state is spread over the shard group (all of dp unless
+    // hybrid sharding keeps replicas).
+    let d = c.shard_degree() as f64;
     let m = c.micro_batches(s.global_batch);
     let params = stage_params(s, c, stage);
     let bytes = state_bytes(s, c);

@@ -532,8 +532,14 @@ fn link_busy(
     let tp_link = comm::Link::of(comm::tensor_parallel_span(s, c));
     busy.add(tp_link, m * most_layers * layer.tp_link);
     busy.add(comm::pipeline_link(s, c), m * p2p);
-    let dp_link = comm::Link::of(comm::data_parallel_span(s, c));
-    busy.add(dp_link, sync.link_seconds);
+    busy.add(
+        comm::Link::of(comm::shard_group_span(s, c)),
+        sync.link_seconds,
+    );
+    busy.add(
+        comm::Link::of(comm::replica_span(s, c)),
+        sync.replica_link_seconds,
+    );
     if c.bpipe {
         for i in 0..c.pp / 2 {
             busy.add(
@@ -604,9 +610,12 @@ struct SyncTime {
     /// stage whose tail is longest.
     exposed_comm: f64,
     optimizer: f64,
-    /// All data-parallel traffic of that stage per iteration, hidden or not
-    /// (ZeRO-3's per-micro-batch collectives included).
+    /// All data-parallel traffic of that stage per iteration within its
+    /// shard group, hidden or not (ZeRO-3's per-micro-batch collectives
+    /// included).
     link_seconds: f64,
+    /// Hybrid sharding's all-reduces over the replicas, on their own link.
+    replica_link_seconds: f64,
 }
 
 /// Data-parallel synchronisation and the optimizer step at the end of an
@@ -624,7 +633,6 @@ fn data_parallel_and_optimizer(
     usage: &mut ProfileUsage,
 ) -> SyncTime {
     let k = s.coef();
-    let d = c.dp as f64;
     let v = c.virtual_stages as f64;
     let tp_link = comm::Link::of(comm::tensor_parallel_span(s, c));
     // The share of a layer's tensor-parallel traffic in its backward pass
@@ -638,6 +646,7 @@ fn data_parallel_and_optimizer(
         exposed_comm: 0.0,
         optimizer: 0.0,
         link_seconds: 0.0,
+        replica_link_seconds: 0.0,
     };
     let mut worst_tail = f64::NEG_INFINITY;
     let mut gather_ahead = 0.0_f64;
@@ -683,7 +692,7 @@ fn data_parallel_and_optimizer(
         let owned = memory::stage_params(s, c, stage)
             / match c.optimizer_sharding {
                 OptimizerSharding::None => 1.0,
-                _ => d,
+                _ => c.shard_degree() as f64,
             };
         let optimizer = owned * k.optimizer_step_bytes_per_param
             / (s.gpu.hbm_bandwidth * k.hbm_efficiency * s.measured_hbm_scale);
@@ -691,8 +700,12 @@ fn data_parallel_and_optimizer(
         let slack = before * layer.backward / v;
         let tail = comm + optimizer - slack;
         let (zero3, _) = comm::zero3_per_microbatch(s, c, &groups, layers, usage);
-        let link_seconds = sync.grads + sync.gather + m * zero3;
-        worst.link_seconds = worst.link_seconds.max(link_seconds);
+        let replica = m * comm::replica_all_reduce_per_microbatch(s, c, &groups, usage);
+        let link_seconds = sync.grads + sync.gather + m * zero3 - replica;
+        if link_seconds > worst.link_seconds {
+            worst.link_seconds = link_seconds;
+            worst.replica_link_seconds = replica;
+        }
         if tail > worst_tail {
             worst_tail = tail;
             let optimizer = optimizer.min(tail.max(0.0));

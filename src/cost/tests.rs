@@ -1652,3 +1652,138 @@ mod allocator_and_engines {
         );
     }
 }
+
+/// torchtitan's hybrid sharding (HSDP): state sharded within a group of
+/// data-parallel ranks, replicated over the groups.
+mod hybrid_sharding {
+    use super::*;
+    use crate::config::{Engine, Rule};
+
+    /// Llama-3 8B on four A100 nodes, FSDP over all 32 ranks or HSDP
+    /// within each node's eight.
+    fn job() -> Fixture {
+        Fixture::new(crate::model::builtin_model("llama3-8b").unwrap(), 32, 64)
+    }
+
+    fn fsdp(dp_shard: Option<u64>) -> ParallelConfig {
+        ParallelConfig {
+            engine: Engine::Torchtitan,
+            optimizer_sharding: OptimizerSharding::Full,
+            recompute: Recompute::Full,
+            overlap_grad_reduce: true,
+            attention: AttentionKind::Flash,
+            dp_shard,
+            ..config(1, 1, 32, 1)
+        }
+    }
+
+    #[test]
+    fn the_state_is_sharded_over_the_group_only() {
+        let f = job();
+        let s = f.scenario();
+        let full = stage_memory(&s, &f.checked(fsdp(None)), 0);
+        let hybrid = stage_memory(&s, &f.checked(fsdp(Some(8))), 0);
+        for (name, a, b) in [
+            ("weights", full.weights, hybrid.weights),
+            ("gradients", full.gradients, hybrid.gradients),
+            ("optimizer", full.optimizer_states, hybrid.optimizer_states),
+        ] {
+            assert_close(b, 4.0 * a, 1e-12, name);
+        }
+        // What is gathered for compute does not depend on the sharding.
+        assert_close(hybrid.activations, full.activations, 1e-12, "activations");
+    }
+
+    #[test]
+    fn gathers_stay_on_nvlink_and_only_the_replicas_cross_nodes() {
+        let f = job();
+        let s = f.scenario();
+        let full = f.checked(fsdp(None));
+        let hybrid = f.checked(fsdp(Some(8)));
+        assert_eq!(
+            comm::Link::of(comm::shard_group_span(&s, &full)),
+            comm::Link::InterNode
+        );
+        assert_eq!(
+            comm::Link::of(comm::shard_group_span(&s, &hybrid)),
+            comm::Link::IntraNode
+        );
+        assert_eq!(
+            comm::Link::of(comm::replica_span(&s, &hybrid)),
+            comm::Link::InterNode
+        );
+        let groups = memory::parameter_groups(&s, &hybrid, 0);
+        let mut usage = ProfileUsage::default();
+        let replica = comm::replica_all_reduce_per_microbatch(&s, &hybrid, &groups, &mut usage);
+        assert!(replica > 0.0);
+        assert_eq!(
+            comm::replica_all_reduce_per_microbatch(&s, &full, &groups, &mut usage),
+            0.0
+        );
+        // Per micro-batch: three gathers (full recomputation) and a
+        // reduce-scatter within the node, then the shard's all-reduce over
+        // the four replicas.
+        let layers = s.model.layers as f64;
+        let (hybrid_time, _) = comm::zero3_per_microbatch(&s, &hybrid, &groups, layers, &mut usage);
+        let k = s.coef();
+        let node = comm::shard_group_span(&s, &hybrid);
+        let within: f64 = groups
+            .iter()
+            .map(|g| {
+                3.0 * comm::collective(
+                    &s,
+                    comm::Collective::AllGather,
+                    node,
+                    g.params * k.weight_bytes_per_param,
+                    &mut usage,
+                ) + comm::collective(
+                    &s,
+                    comm::Collective::ReduceScatter,
+                    node,
+                    g.params * k.gradient_bytes_per_param,
+                    &mut usage,
+                )
+            })
+            .sum();
+        assert_close(
+            hybrid_time,
+            within + replica,
+            1e-12,
+            "hybrid per micro-batch",
+        );
+        // With NCCL's rings over all eight NICs of a node, full sharding's
+        // collectives cross nodes at the node's bandwidth; the replicas'
+        // all-reduce moves an eighth of the gradients through one NIC per
+        // rank, twice: each is priced, neither is free.
+        let (full_time, _) = comm::zero3_per_microbatch(&s, &full, &groups, layers, &mut usage);
+        assert!(full_time > within, "{full_time} s vs {within} s");
+    }
+
+    #[test]
+    fn a_group_must_divide_dp_be_smaller_and_belong_to_sharded_torchtitan() {
+        let f = job();
+        let per_node = 8;
+        for c in [
+            fsdp(Some(5)),
+            fsdp(Some(1)),
+            fsdp(Some(32)),
+            ParallelConfig {
+                engine: Engine::Megatron,
+                recompute: Recompute::Full,
+                optimizer_sharding: OptimizerSharding::OptimizerStates,
+                ..fsdp(Some(8))
+            },
+            ParallelConfig {
+                optimizer_sharding: OptimizerSharding::None,
+                ..fsdp(Some(8))
+            },
+        ] {
+            assert_eq!(
+                c.violation(&f.model, f.global_batch, f.gpus, per_node),
+                Some(Rule::HybridSharding),
+                "{c}"
+            );
+        }
+        assert!(fsdp(Some(8)).to_string().contains("hsdp=4x8"));
+    }
+}

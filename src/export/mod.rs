@@ -745,4 +745,27 @@ pub(crate) mod tests {
         assert_eq!(value["compile"]["enable"].as_bool(), Some(false));
         assert!(text.starts_with(&format!("# paratune plan: {plan}\n")));
     }
+
+    #[test]
+    fn hybrid_sharding_exports_as_replicas_of_a_shard_group() {
+        let model = llama3_8b();
+        let plan = ParallelConfig {
+            tp: 1,
+            dp: 64,
+            engine: crate::config::Engine::Torchtitan,
+            optimizer_sharding: OptimizerSharding::Full,
+            dp_shard: Some(8),
+            ..llama_plan()
+        };
+        let value = parse(&torchtitan_toml(&job(&model, &plan)).unwrap());
+        assert_eq!(
+            int(&value, "parallelism", "data_parallel_replicate_degree"),
+            8
+        );
+        assert_eq!(int(&value, "parallelism", "data_parallel_shard_degree"), 8);
+        let words = torchtitan_flags(&job(&model, &plan)).unwrap().flags;
+        let at = |name: &str| &words[words.iter().position(|w| w == name).unwrap() + 1];
+        assert_eq!(at("--parallelism.data_parallel_replicate_degree"), "8");
+        assert_eq!(at("--parallelism.data_parallel_shard_degree"), "8");
+    }
 }

@@ -84,12 +84,13 @@ fn layout(job: &LaunchJob) -> Result<Layout, ExportError> {
     let mut notes = Vec::new();
     let (replicate, shard, reshard) = match c.optimizer_sharding {
         _ if c.dp == 1 => (1, 1, None),
-        OptimizerSharding::Full => (1, c.dp, Some("default")),
+        // Hybrid sharding (HSDP): replicas of a shard group.
+        OptimizerSharding::Full => (c.replicas(), c.shard_degree(), Some("default")),
         OptimizerSharding::OptimizerStates => {
             notes.push(
                 "optimizer-state sharding: FSDP keeping weights gathered between forward and backward",
             );
-            (1, c.dp, Some("never"))
+            (c.replicas(), c.shard_degree(), Some("never"))
         }
         OptimizerSharding::None if c.tp == 1 && c.pp == 1 => (c.dp, 1, None),
         OptimizerSharding::None => {

@@ -550,6 +550,8 @@ fn parse_row(table: &RunTable, index: usize, defaults: &RowDefaults) -> Result<R
         engine,
         compile: switch("compile", defaults.compile)?,
         ac_frequency: int("ac_frequency")?.unwrap_or(defaults.ac_frequency),
+        // A shard group of all of dp is plain sharding.
+        dp_shard: int("dp_shard")?.filter(|&n| n != dp),
     };
 
     let measured_s = match (real("iter_ms")?, real("tflops_per_gpu")?) {
@@ -695,7 +697,7 @@ pub fn parse_switch(field: &str, text: &str) -> Result<bool, String> {
 const MODEL_COLUMNS: [&str; 3] = ["hidden", "heads", "layers"];
 
 /// Every column a run table may use; others are carried through untouched.
-pub const KNOWN_COLUMNS: [&str; 58] = [
+pub const KNOWN_COLUMNS: [&str; 59] = [
     "gpus",
     "global_batch",
     "micro_batch",
@@ -735,6 +737,7 @@ pub const KNOWN_COLUMNS: [&str; 58] = [
     "engine",
     "compile",
     "ac_frequency",
+    "dp_shard",
     "gpu",
     "peak_allocated_gib",
     "peak_reserved_gib",

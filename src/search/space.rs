@@ -34,6 +34,9 @@ pub struct SearchSpace {
     pub engine: Engine,
     pub compile: Option<Vec<bool>>,
     pub ac_frequency: Option<Vec<u64>>,
+    /// Hybrid-sharding groups (torchtitan's `data_parallel_shard_degree`);
+    /// a value equal to dp is plain sharding.
+    pub dp_shard: Option<Vec<u64>>,
 }
 
 /// How many layers the search may take off an end stage (or put on the
@@ -321,6 +324,29 @@ impl SearchSpace {
                     |_| sharding.clone(),
                     |c, z| c.optimizer_sharding = z,
                 );
+                // Hybrid sharding: by default torchtitan's FSDP also tries
+                // sharding within a node's data-parallel ranks, replicated
+                // across nodes (HSDP), where that is a proper subgroup.
+                expand(
+                    &mut variants,
+                    |c| match &self.dp_shard {
+                        Some(given) => given.iter().map(|&n| (n != c.dp).then_some(n)).collect(),
+                        None => {
+                            let node = gpus_per_node / o.tp.max(1);
+                            let hybrid = torchtitan
+                                && c.optimizer_sharding != OptimizerSharding::None
+                                && node >= 2
+                                && node < o.dp
+                                && o.dp.is_multiple_of(node);
+                            let mut groups = vec![None];
+                            if hybrid {
+                                groups.push(Some(node));
+                            }
+                            groups
+                        }
+                    },
+                    |c, n| c.dp_shard = n,
+                );
                 expand(&mut variants, |_| bpipe.clone(), |c, b| c.bpipe = b);
                 // BPipe's pairs share a node only if two stages fit in one.
                 expand(
@@ -363,11 +389,11 @@ impl SearchSpace {
                     },
                     |c, on| c.tp_comm_overlap = on,
                 );
-                // CUDA graphs do not capture full recomputation.
+                // Megatron-LM's CUDA graphs do not capture full recomputation.
                 expand(
                     &mut variants,
                     |c| match (&self.cuda_graphs, c.recompute) {
-                        (None, Recompute::Full) => vec![false],
+                        (None, Recompute::Full) if !torchtitan => vec![false],
                         _ => graphs.clone(),
                     },
                     |c, on| c.cuda_graphs = on,

@@ -168,3 +168,43 @@ fn sequence_parallelism_needs_a_tp_that_divides_the_sequence() {
         "{err}"
     );
 }
+
+#[test]
+fn torchtitan_searches_hybrid_sharding_within_a_node_and_megatron_does_not() {
+    let job = job("llama3-8b", 4, 64);
+    let cost = CostModel::datasheet();
+    let titan = SearchSpace {
+        engine: crate::config::Engine::Torchtitan,
+        ..SearchSpace::default()
+    };
+    let result = search(&job, &titan, &cost);
+    let hybrid: Vec<_> = result
+        .candidates
+        .iter()
+        .filter(|c| c.config.dp_shard.is_some())
+        .collect();
+    assert!(!hybrid.is_empty());
+    for c in &hybrid {
+        // A node's data-parallel ranks, replicated over the rest.
+        assert_eq!(c.config.dp_shard, Some(8 / c.config.tp));
+        assert_ne!(c.config.optimizer_sharding, OptimizerSharding::None);
+    }
+    let megatron = search(&job, &SearchSpace::default(), &cost);
+    assert!(
+        megatron
+            .candidates
+            .iter()
+            .all(|c| c.config.dp_shard.is_none())
+    );
+    // Asked for, a group that cannot be is counted.
+    let odd = SearchSpace {
+        dp_shard: Some(vec![3]),
+        ..titan
+    };
+    let result = search(&job, &odd, &cost);
+    assert!(
+        result
+            .invalid
+            .contains_key(&crate::config::Rule::HybridSharding)
+    );
+}

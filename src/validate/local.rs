@@ -98,7 +98,7 @@ pub fn stage_job(
         (0, held.saturating_sub(schedule))
     };
     let layers = c.stage_layers(s.model.layers, stage);
-    let shards = |sharded: bool| if sharded { c.dp } else { 1 };
+    let shards = |sharded: bool| if sharded { c.shard_degree() } else { 1 };
     // The trial runs the configuration's attention kernel.
     let mut model = s.model.clone();
     model.attention = c.attention;

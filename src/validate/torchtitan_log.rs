@@ -1968,14 +1968,6 @@ fn resolve(
     } = degrees;
     let gpus = replicate * shard * tp * pp;
     let dp = replicate * shard;
-    if replicate > 1 && shard > 1 {
-        return Err(unsupported(
-            format!(
-                "HSDP (data_parallel_replicate_degree {replicate} x data_parallel_shard_degree {shard})"
-            ),
-            "paratune models one data-parallel dimension (FSDP or DDP) for now; measure with data_parallel_replicate_degree = 1",
-        ));
-    }
 
     // The batch.
     let mut local = r.count("training.local_batch_size", 8)?;
@@ -2124,16 +2116,10 @@ fn resolve(
         engine: crate::config::Engine::Torchtitan,
         compile,
         ac_frequency,
+        // HSDP: replicas of a shard group.
+        dp_shard: (replicate > 1 && shard > 1).then_some(shard),
         ..ParallelConfig::default()
     };
-    if cuda_graphs
-        && config.violation(&model, global, gpus, tp) == Some(Rule::CudaGraphsWithFullRecompute)
-    {
-        config.cuda_graphs = false;
-        notes.push(
-            "the run captured CUDA graphs (torchtitan 0.3's default) with full activation checkpointing, which paratune's configuration rules refuse (Megatron-LM cannot); the row says cuda_graphs off".into(),
-        );
-    }
     if pp > 1 {
         split_layers(&mut config, &model, global, gpus, &rank_layers, notes)
             .map_err(|message| unsupported(message, "set the pipeline split (pipeline_parallel_first_stage_less_layers / _last_stage_less_layers, pipeline_parallel_layers_per_stage) so that the middle stages hold the same layers"))?;
@@ -3024,7 +3010,7 @@ fn finish(
 /// run-table schema (see `runs::KNOWN_COLUMNS`, in its order), then the
 /// log's own measurements, carried through as the user's columns (named as
 /// `megatron_log::ROW_COLUMNS` names them).
-pub const ROW_COLUMNS: [&str; 41] = [
+pub const ROW_COLUMNS: [&str; 42] = [
     "gpus",
     "global_batch",
     "micro_batch",
@@ -3058,6 +3044,7 @@ pub const ROW_COLUMNS: [&str; 41] = [
     "engine",
     "compile",
     "ac_frequency",
+    "dp_shard",
     "peak_reserved_gib",
     "memory_rank",
     "iter_ms_mean",
@@ -3111,6 +3098,7 @@ impl TorchtitanRun {
             c.engine.name().to_string(),
             on_off(c.compile),
             c.ac_frequency.to_string(),
+            optional(c.dp_shard),
             real(self.peak_reserved_gib, 2),
             self.memory_rank
                 .map(|r| r.name().to_string())
@@ -3148,6 +3136,9 @@ impl TorchtitanRun {
         }
         if c.optimizer_sharding != OptimizerSharding::None {
             text.push_str(&format!(" shard={}", c.optimizer_sharding.name()));
+        }
+        if let Some(shard) = c.dp_shard {
+            text.push_str(&format!(" hsdp={}x{shard}", c.replicas()));
         }
         for (on, name) in [
             (c.compile, "compile"),
@@ -3554,12 +3545,6 @@ mod tests {
             "{e}"
         );
         let e = err(
-            "data_parallel_replicate_degree = 2\ndata_parallel_shard_degree = 2",
-            "",
-            None,
-        );
-        assert!(e.contains("HSDP"), "{e}");
-        let e = err(
             "pipeline_parallel_degree = 2\npipeline_parallel_schedule = \"ZBVZeroBubble\"",
             "",
             Some(2),
@@ -3696,6 +3681,22 @@ mod tests {
         );
         // A trainer line with numbers beyond any run is not read.
         assert!(trainer_line("Trainer is initialized with local batch size 99999999999999999999, global batch size 8, gradient accumulation steps 1, sequence length 8192", 1).is_none());
+    }
+
+    #[test]
+    fn hsdp_is_read_as_replicas_of_a_shard_group() {
+        let hsdp = "data_parallel_replicate_degree = 2\ndata_parallel_shard_degree = 4";
+        let run = parse(&steps(4, "1,000"), "r.log", &options(toml(hsdp, ""), None)).unwrap();
+        let c = &run.config;
+        assert_eq!(
+            (run.gpus, c.dp, c.dp_shard, c.replicas()),
+            (8, 8, Some(4), 2)
+        );
+        assert_eq!(c.optimizer_sharding, OptimizerSharding::Full);
+        let row = run.row("r.log");
+        let column = |name: &str| &row[ROW_COLUMNS.iter().position(|c| *c == name).unwrap()];
+        assert_eq!(column("dp_shard"), "4");
+        assert_eq!(column("dp"), "8");
     }
 
     #[test]
