@@ -696,6 +696,39 @@ pub fn parse_switch(field: &str, text: &str) -> Result<bool, String> {
 /// The model's columns a table needs unless the model is given with it.
 const MODEL_COLUMNS: [&str; 3] = ["hidden", "heads", "layers"];
 
+/// Checks that an ingest's row columns start with run-table columns in the
+/// table's order, so a renamed or reordered schema column cannot drift from
+/// what ingest writes, and that the rest (the log's own measurements) are
+/// not near enough to a schema column to be taken for a typo.
+#[cfg(test)]
+pub(crate) fn assert_row_columns_follow_the_schema(columns: &[&str]) {
+    let schema: Vec<&str> = columns
+        .iter()
+        .copied()
+        .filter(|c| KNOWN_COLUMNS.contains(c))
+        .collect();
+    let in_order: Vec<&str> = KNOWN_COLUMNS
+        .iter()
+        .copied()
+        .filter(|c| schema.contains(c))
+        .collect();
+    assert_eq!(schema, in_order);
+    assert!(
+        columns[..schema.len()]
+            .iter()
+            .all(|c| KNOWN_COLUMNS.contains(c))
+    );
+    assert!(schema.contains(&"iter_ms") && schema.len() >= 20);
+    for extra in &columns[schema.len()..] {
+        for known in KNOWN_COLUMNS {
+            assert!(
+                crate::suggest::edit_distance(extra, known) > 2,
+                "{extra} ~ {known}"
+            );
+        }
+    }
+}
+
 /// Every column a run table may use; others are carried through untouched.
 pub const KNOWN_COLUMNS: [&str; 59] = [
     "gpus",

@@ -232,6 +232,40 @@ pub(crate) fn rank_environment(
     let _ = writeln!(s);
 }
 
+/// A trial script's first lines: the shebang, which candidate of which
+/// plan it runs on `engine`, and the model and job, every name from the
+/// plan made comment-safe.
+pub(crate) fn script_header(
+    s: &mut String,
+    engine: &str,
+    plan: &PlanFile,
+    candidate: &PlannedCandidate,
+    (nodes, gpus_per_node): (u64, u64),
+) {
+    let model = &plan.model;
+    let _ = writeln!(s, "#!/usr/bin/env bash");
+    let _ = writeln!(
+        s,
+        "# {engine} trial run of candidate {} of a paratune plan: {}",
+        candidate.rank,
+        comment_safe(&candidate.config.to_string())
+    );
+    let _ = writeln!(
+        s,
+        "#   model {}: {} layers, hidden {}, {} heads ({} kv), ffn {}, vocab {}, sequence {}; global batch {}; {} GPUs ({nodes} x {gpus_per_node})",
+        comment_safe(&model.name),
+        model.layers,
+        model.hidden,
+        model.heads,
+        model.kv_heads,
+        model.ffn_hidden,
+        model.vocab,
+        model.seq_len,
+        plan.global_batch,
+        plan.gpus,
+    );
+}
+
 /// A bash array `NAME=(...)` with one flag and its values per line.
 pub(crate) fn bash_array(out: &mut String, name: &str, args: &[String]) {
     let mut groups: Vec<Vec<String>> = Vec::new();
@@ -331,24 +365,7 @@ pub fn launch_script(
     let gpus = plan.gpus;
 
     let mut s = String::new();
-    let _ = writeln!(s, "#!/usr/bin/env bash");
-    let _ = writeln!(
-        s,
-        "# Trial run of candidate {} of a paratune plan: {}",
-        candidate.rank,
-        comment_safe(&candidate.config.to_string())
-    );
-    let _ = writeln!(
-        s,
-        "#   model {}: {} layers, hidden {}, {} heads, sequence {}; global batch {}; {gpus} GPUs ({} x {gpus_per_node})",
-        comment_safe(&model.name),
-        model.layers,
-        model.hidden,
-        model.heads,
-        model.seq_len,
-        plan.global_batch,
-        nodes
-    );
+    script_header(&mut s, MEGATRON, plan, candidate, (nodes, gpus_per_node));
     let _ = writeln!(
         s,
         "#   predicted by cost model {}: {:.1} ms per iteration, {:.1} TFLOP/s per GPU, peak memory {:.2} GiB",

@@ -1097,30 +1097,9 @@ pub fn merge_rows(
 #[cfg(test)]
 mod tests {
 
-    /// The row's schema columns are the run table's, in its order, so a
-    /// renamed or reordered schema column cannot drift from what ingest
-    /// writes; the rest are the table's user columns.
     #[test]
     fn row_columns_follow_the_run_table_schema() {
-        let known = crate::runs::KNOWN_COLUMNS;
-        let schema: Vec<&str> = ROW_COLUMNS
-            .iter()
-            .copied()
-            .filter(|c| known.contains(c))
-            .collect();
-        let in_order: Vec<&str> = known
-            .iter()
-            .copied()
-            .filter(|c| schema.contains(c))
-            .collect();
-        assert_eq!(schema, in_order);
-        // The schema comes first, then the log's own measurements.
-        assert!(
-            ROW_COLUMNS[..schema.len()]
-                .iter()
-                .all(|c| known.contains(c))
-        );
-        assert!(schema.contains(&"iter_ms") && schema.len() >= 20);
+        crate::runs::assert_row_columns_follow_the_schema(&ROW_COLUMNS);
     }
     use super::*;
     use crate::model::ModelSpec;

@@ -17,7 +17,8 @@
 //! scripts (and job configs) atomically.
 
 use super::launch::{
-    LaunchError, Launcher, MIN_TRAIN_ITERS, ScriptOutcome, bash_array, node_shape, rank_environment,
+    LaunchError, Launcher, MIN_TRAIN_ITERS, ScriptOutcome, bash_array, node_shape,
+    rank_environment, script_header,
 };
 use crate::export::{LaunchJob, merge_job_config, torchtitan_flags};
 use crate::plan_file::{PlanFile, PlannedCandidate};
@@ -152,7 +153,6 @@ pub fn torchtitan_script(
     let launcher = settings.launcher;
     let (gpus_per_node, nodes) = node_shape(plan.gpus, plan.nodes.gpus_per_node, launcher)?;
     let gpus = plan.gpus;
-    let model = &plan.model;
     let p = &candidate.prediction;
 
     let (titan_args, ac, job_toml, notes) = match &settings.base {
@@ -178,25 +178,12 @@ pub fn torchtitan_script(
     };
 
     let mut s = String::new();
-    let _ = writeln!(s, "#!/usr/bin/env bash");
-    let _ = writeln!(
-        s,
-        "# torchtitan trial run of candidate {} of a paratune plan: {}",
-        candidate.rank,
-        comment_safe(&candidate.config.to_string())
-    );
-    let _ = writeln!(
-        s,
-        "#   model {}: {} layers, hidden {}, {} heads ({} kv), ffn {}, vocab {}, sequence {}; global batch {}; {gpus} GPUs ({nodes} x {gpus_per_node})",
-        comment_safe(&model.name),
-        model.layers,
-        model.hidden,
-        model.heads,
-        model.kv_heads,
-        model.ffn_hidden,
-        model.vocab,
-        model.seq_len,
-        plan.global_batch,
+    script_header(
+        &mut s,
+        "torchtitan",
+        plan,
+        candidate,
+        (nodes, gpus_per_node),
     );
     let _ = writeln!(
         s,

@@ -3168,32 +3168,9 @@ mod tests {
     use super::*;
     use crate::runs::{RowDefaults, RunTable, runs_from_table, write_csv};
 
-    /// The row's schema columns are the run table's, in its order; the rest
-    /// are not near enough to a schema column to be taken for a typo.
     #[test]
     fn row_columns_follow_the_run_table_schema() {
-        let known = crate::runs::KNOWN_COLUMNS;
-        let schema: Vec<&str> = ROW_COLUMNS
-            .iter()
-            .copied()
-            .filter(|c| known.contains(c))
-            .collect();
-        let in_order: Vec<&str> = known
-            .iter()
-            .copied()
-            .filter(|c| schema.contains(c))
-            .collect();
-        assert_eq!(schema, in_order);
-        assert!(
-            ROW_COLUMNS[..schema.len()]
-                .iter()
-                .all(|c| known.contains(c))
-        );
-        for extra in &ROW_COLUMNS[schema.len()..] {
-            for k in known {
-                assert!(crate::suggest::edit_distance(extra, k) > 2, "{extra} ~ {k}");
-            }
-        }
+        crate::runs::assert_row_columns_follow_the_schema(&ROW_COLUMNS);
     }
 
     const ESC: &str = "\x1b";
