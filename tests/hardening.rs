@@ -10,7 +10,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 mod common;
-use common::{BIN, fails_in, ok_in, root, run_in, says};
+use common::{
+    BIN, fails_in, import_reference_profile, megatron_plan_json, ok_in, root, run_in, says,
+};
 
 /// A case: what it is, the input's text, the parts the error names.
 struct Case {
@@ -374,21 +376,7 @@ fn profile_tables_with_impossible_values_name_the_file_and_row() {
 fn a_damaged_parquet_table_is_refused_by_its_checksum() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let table = root().join("tests/data/reference/a100_nccl_allreduce.csv");
-    ok_in(
-        d,
-        &[
-            "profile",
-            "import-table",
-            table.to_str().unwrap(),
-            "--op",
-            "all_reduce",
-            "--gpu",
-            "a100-80gb",
-            "--out",
-            "p",
-        ],
-    );
+    import_reference_profile(d);
     let parquet = d.join("p/collectives.parquet");
     let mut bytes = std::fs::read(&parquet).unwrap();
     // A byte in the middle of the data pages: the file may still parse.
@@ -402,40 +390,10 @@ fn a_damaged_parquet_table_is_refused_by_its_checksum() {
     );
 }
 
-/// A real plan (GPT-3 13B on one A100 node) as JSON.
-fn plan_json(dir: &Path) -> serde_json::Value {
-    let out = ok_in(
-        dir,
-        &[
-            "plan",
-            "--model",
-            "gpt3-13b",
-            "--gpu",
-            "a100-80gb",
-            "--nodes",
-            "1",
-            "--global-batch",
-            "64",
-            "--top",
-            "3",
-            // What Megatron-LM runs: no ZeRO-3, BPipe or GPipe.
-            "--optimizer-sharding",
-            "none,optimizer-states",
-            "--bpipe",
-            "off",
-            "--schedule",
-            "1f1b,interleaved",
-            "--format",
-            "json",
-        ],
-    );
-    serde_json::from_str(&out).unwrap()
-}
-
 #[test]
 fn plan_files_with_impossible_values_are_refused_before_any_trial() {
     let dir = tempfile::tempdir().unwrap();
-    let plan = plan_json(dir.path());
+    let plan = megatron_plan_json(dir.path());
     let edit = |f: &dyn Fn(&mut serde_json::Value)| {
         let mut p = plan.clone();
         f(&mut p);
@@ -706,7 +664,11 @@ fn a_megatron_path_with_a_command_substitution_and_a_space_runs_nothing_of_it() 
     let megatron = d.join("meg dir$(touch pwned)");
     let path = fake_torchrun(d, &megatron);
     let plan = d.join("plan.json");
-    std::fs::write(&plan, serde_json::to_string(&plan_json(d)).unwrap()).unwrap();
+    std::fs::write(
+        &plan,
+        serde_json::to_string(&megatron_plan_json(d)).unwrap(),
+    )
+    .unwrap();
     let out = Command::new(BIN)
         .args([
             "validate",
@@ -747,7 +709,7 @@ fn megatron_arguments_in_a_plan_file_that_differ_from_its_configuration_are_refu
     let d = dir.path();
     let megatron = d.join("Megatron-LM");
     fake_torchrun(d, &megatron);
-    let plan = plan_json(d);
+    let plan = megatron_plan_json(d);
     let args_of = |p: &serde_json::Value| -> Vec<String> {
         serde_json::from_value(p["candidates"][0]["megatron_args"].clone()).unwrap()
     };
@@ -846,21 +808,7 @@ fn calibrate_writes_its_model_and_report_whole_and_readable_as_the_umask_says() 
 fn a_profile_update_killed_after_its_journal_is_finished_by_the_next_reader() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let table = root().join("tests/data/reference/a100_nccl_allreduce.csv");
-    ok_in(
-        d,
-        &[
-            "profile",
-            "import-table",
-            table.to_str().unwrap(),
-            "--op",
-            "all_reduce",
-            "--gpu",
-            "a100-80gb",
-            "--out",
-            "p",
-        ],
-    );
+    import_reference_profile(d);
     // A writer killed between its journal and its renames: its staged
     // environment.toml (with one more command) is there, not yet renamed.
     let p = d.join("p");

@@ -5,41 +5,19 @@
 
 use paratune::config::{OptimizerSharding, Recompute, ScheduleKind};
 use paratune::model::AttentionKind;
-use paratune::runs::{RowDefaults, RunTable, runs_from_table};
-use std::path::{Path, PathBuf};
+use paratune::runs::{RowDefaults, runs_from_table};
 
 mod common;
-use common::{fails, ok_output as ok, says};
+use common::{fails, number, ok_output as ok, read_table, says, test_data, text};
+
+fn log(name: &str) -> String {
+    test_data("megatron", name)
+}
 
 const COMPLETE: &str = "gpt345m-tp2-pp2-dp2-complete.log";
 const KILLED: &str = "gpt1.3b-tp4-pp1-dp2-killed.log";
 const GARBAGE: &str = "gpt345m-tp2-pp1-dp4-garbage.log";
 const INTERLEAVED: &str = "llama-1b-tp1-pp4-dp2-interleaved.log";
-
-fn log(name: &str) -> String {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/data/megatron")
-        .join(name)
-        .to_str()
-        .expect("utf-8 path")
-        .to_string()
-}
-
-fn path_text(path: &Path) -> &str {
-    path.to_str().expect("utf-8 temp path")
-}
-
-fn table(path: &Path) -> RunTable {
-    RunTable::read(path).unwrap_or_else(|e| panic!("{e}"))
-}
-
-fn number(table: &RunTable, row: usize, column: &str) -> f64 {
-    table
-        .cell(row, column)
-        .unwrap_or_else(|| panic!("row {row} has no {column}"))
-        .parse()
-        .unwrap_or_else(|e| panic!("{column}: {e}"))
-}
 
 #[test]
 fn four_logs_become_four_rows_that_read_back_as_runs() {
@@ -53,7 +31,7 @@ fn four_logs_become_four_rows_that_read_back_as_runs() {
         &log(GARBAGE),
         &log(INTERLEAVED),
         "--out",
-        path_text(&out_path),
+        text(&out_path),
     ]);
     let lines: Vec<&str> = out.stdout.lines().collect();
     assert_eq!(lines.len(), 5, "{}", out.stdout);
@@ -88,7 +66,7 @@ fn four_logs_become_four_rows_that_read_back_as_runs() {
         &[KILLED, "cut off", GARBAGE, "without a readable"],
     );
 
-    let t = table(&out_path);
+    let t = read_table(&out_path);
     assert_eq!(t.rows.len(), 4);
     let expected = [
         (311.650, 8_337_091_461.0, 18.0),
@@ -148,7 +126,7 @@ fn the_warm_up_is_a_flag() {
         "megatron-log",
         &log(KILLED),
         "--out",
-        path_text(&out_path),
+        text(&out_path),
         "--warmup",
         "5",
     ]);
@@ -158,7 +136,7 @@ fn the_warm_up_is_a_flag() {
         "megatron-log",
         &log(KILLED),
         "--out",
-        path_text(&dir.path().join("other.csv")),
+        text(&dir.path().join("other.csv")),
         "--warmup",
         "30",
     ]);
@@ -177,7 +155,7 @@ fn the_warm_up_is_a_flag() {
 fn an_existing_out_is_refused_without_append_and_appended_to_with_it() {
     let dir = tempfile::tempdir().unwrap();
     let out_path = dir.path().join("runs.csv");
-    let out_arg = path_text(&out_path);
+    let out_arg = text(&out_path);
     ok(&["ingest", "megatron-log", &log(COMPLETE), "--out", out_arg]);
     let before = std::fs::read_to_string(&out_path).unwrap();
 
@@ -195,7 +173,7 @@ fn an_existing_out_is_refused_without_append_and_appended_to_with_it() {
         "--append",
     ]);
     says(&out.stdout, &["added 1 of 2 row(s)", "1 already there"]);
-    let t = table(&out_path);
+    let t = read_table(&out_path);
     assert_eq!(t.rows.len(), 2);
     assert_eq!(t.cell(1, "tp"), Some("4"));
 }
@@ -209,41 +187,29 @@ fn a_log_that_fails_is_named_and_the_others_are_still_written() {
     let out = ok(&[
         "ingest",
         "megatron-log",
-        path_text(&empty),
+        text(&empty),
         &log(INTERLEAVED),
         "--out",
-        path_text(&out_path),
+        text(&out_path),
     ]);
     says(&out.stderr, &["warning: skipped", "empty.log", "empty"]);
     says(&out.stdout, &["wrote 1 row(s)"]);
-    assert_eq!(table(&out_path).rows.len(), 1);
+    assert_eq!(read_table(&out_path).rows.len(), 1);
 }
 
 #[test]
 fn bad_inputs_are_one_line_naming_the_file() {
     let dir = tempfile::tempdir().unwrap();
     let out_path = dir.path().join("runs.csv");
-    let out_arg = path_text(&out_path);
+    let out_arg = text(&out_path);
 
     let missing = dir.path().join("missing.log");
-    let e = fails(&[
-        "ingest",
-        "megatron-log",
-        path_text(&missing),
-        "--out",
-        out_arg,
-    ]);
+    let e = fails(&["ingest", "megatron-log", text(&missing), "--out", out_arg]);
     says(&e, &["missing.log", "cannot read"]);
 
     let empty = dir.path().join("empty.log");
     std::fs::write(&empty, "").unwrap();
-    let e = fails(&[
-        "ingest",
-        "megatron-log",
-        path_text(&empty),
-        "--out",
-        out_arg,
-    ]);
+    let e = fails(&["ingest", "megatron-log", text(&empty), "--out", out_arg]);
     says(&e, &["empty.log", "empty"]);
 
     // Only the last rank's iteration lines, without rank 0's argument dump.
@@ -255,13 +221,7 @@ fn bad_inputs_are_one_line_naming_the_file() {
         .collect();
     let no_args = dir.path().join("no-args.log");
     std::fs::write(&no_args, iterations).unwrap();
-    let e = fails(&[
-        "ingest",
-        "megatron-log",
-        path_text(&no_args),
-        "--out",
-        out_arg,
-    ]);
+    let e = fails(&["ingest", "megatron-log", text(&no_args), "--out", out_arg]);
     says(&e, &["no-args.log", "argument dump"]);
 
     // The argument dump only: the run died before its first iteration.
@@ -269,21 +229,15 @@ fn bad_inputs_are_one_line_naming_the_file() {
     let end = complete.find(" iteration ").unwrap();
     let dump_only = dir.path().join("dump-only.log");
     std::fs::write(&dump_only, &complete[start.saturating_sub(30)..end]).unwrap();
-    let e = fails(&[
-        "ingest",
-        "megatron-log",
-        path_text(&dump_only),
-        "--out",
-        out_arg,
-    ]);
+    let e = fails(&["ingest", "megatron-log", text(&dump_only), "--out", out_arg]);
     says(&e, &["dump-only.log", "no readable iteration lines"]);
 
     // Several failures: all named on the one line.
     let e = fails(&[
         "ingest",
         "megatron-log",
-        path_text(&missing),
-        path_text(&empty),
+        text(&missing),
+        text(&empty),
         "--out",
         out_arg,
     ]);

@@ -8,10 +8,14 @@
 use paratune::config::{OptimizerSharding, Recompute, ScheduleKind};
 use paratune::model::AttentionKind;
 use paratune::runs::{MemoryRank, RowDefaults, RunTable, runs_from_table};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 mod common;
-use common::{fails, ok_output as ok, says};
+use common::{fails, number, ok_output as ok, read_table, says, test_data, text};
+
+fn data(name: &str) -> String {
+    test_data("torchtitan", name)
+}
 
 const FSDP8: &str = "llama3-8b-fsdp8.log";
 const FSDP8_TOML: &str = "llama3-8b-fsdp8.toml";
@@ -20,31 +24,6 @@ const KILLED: &str = "llama3-8b-tp2-killed.log";
 const GARBLED: &str = "llama3-8b-fsdp4-garbled.log";
 const NO_STEPS: &str = "llama3-70b-tp8-no-steps.log";
 const FLOAT8: &str = "llama3-8b-float8-mfu-na.log";
-
-fn data(name: &str) -> String {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/data/torchtitan")
-        .join(name)
-        .to_str()
-        .expect("utf-8 path")
-        .to_string()
-}
-
-fn path_text(path: &Path) -> &str {
-    path.to_str().expect("utf-8 temp path")
-}
-
-fn table(path: &Path) -> RunTable {
-    RunTable::read(path).unwrap_or_else(|e| panic!("{e}"))
-}
-
-fn number(table: &RunTable, row: usize, column: &str) -> f64 {
-    table
-        .cell(row, column)
-        .unwrap_or_else(|| panic!("row {row} has no {column}"))
-        .parse()
-        .unwrap_or_else(|e| panic!("{column}: {e}"))
-}
 
 /// A step's time from its `tps` (tokens per second per GPU): the global
 /// batch's tokens over tps x GPUs.
@@ -59,7 +38,7 @@ fn mean(values: &[f64]) -> f64 {
 fn ingest(files: &[&str], extra: &[&str], out: &Path) -> common::Output {
     let mut args = vec!["ingest", "torchtitan-log"];
     args.extend_from_slice(files);
-    args.extend_from_slice(&["--out", path_text(out)]);
+    args.extend_from_slice(&["--out", text(out)]);
     args.extend_from_slice(extra);
     ok(&args)
 }
@@ -91,7 +70,7 @@ fn a_job_toml_and_its_log_become_a_row_timed_by_tps() {
     says(lines[1], &["wrote 1 row(s)", "runs.csv"]);
     assert!(out.stderr.is_empty(), "{}", out.stderr);
 
-    let t = table(&out_path);
+    let t = read_table(&out_path);
     assert_eq!(t.rows.len(), 1);
     // Steps 20..100 (step 1 and the warm-up line of step 10 left out): the
     // median tps is 6,191; 8 x 8192 tokens over 6,191 tokens/s x 8 GPUs.
@@ -169,7 +148,7 @@ fn a_printed_configuration_is_enough_and_a_pipeline_is_split_as_torchtitan_split
         ],
     );
     assert!(out.stderr.is_empty(), "{}", out.stderr);
-    let t = table(&out_path);
+    let t = read_table(&out_path);
     // Steps 10..40; the median tps is 40,877; 32 x 2048 tokens on 8 GPUs.
     assert!((number(&t, 0, "iter_ms") - step_ms(32.0, 2048.0, 40877.0, 8.0)).abs() < 1e-3);
     assert_eq!(number(&t, 0, "peak_reserved_gib"), 2.53);
@@ -214,7 +193,7 @@ fn a_killed_log_gives_what_it_holds_with_the_command_lines_overrides() {
         &out.stderr,
         &[KILLED, "cut off", "the log stops at step 11 of 30"],
     );
-    let t = table(&out_path);
+    let t = read_table(&out_path);
     // Steps 3..11 (step 12's line is cut inside its tps).
     let steady = [
         3398.0, 3411.0, 3405.0, 3417.0, 3409.0, 3402.0, 3414.0, 3399.0, 3407.0,
@@ -255,7 +234,7 @@ fn a_garbled_log_of_every_rank_is_read_from_rank_zeros_lines() {
             "read from the command line",
         ],
     );
-    let t = table(&out_path);
+    let t = read_table(&out_path);
     // Rank 0's steps 10..50 without 15 (run together with rank 2's line) and
     // 30 (a corrupted tps): the median tps is 7,158; 8 x 4096 tokens, 4 GPUs.
     assert!((number(&t, 0, "iter_ms") - step_ms(8.0, 4096.0, 7158.0, 4.0)).abs() < 1e-3);
@@ -284,7 +263,7 @@ fn the_warm_up_is_a_flag() {
         "--config",
         &toml,
         "--out",
-        path_text(&dir.path().join("other.csv")),
+        text(&dir.path().join("other.csv")),
         "--warmup",
         "11",
     ]);
@@ -307,7 +286,7 @@ fn a_log_without_step_lines_is_an_error_that_says_what_to_do() {
         "torchtitan-log",
         &data(NO_STEPS),
         "--out",
-        path_text(&dir.path().join("runs.csv")),
+        text(&dir.path().join("runs.csv")),
     ]);
     says(
         &e,
@@ -333,13 +312,7 @@ fn features_paratune_cannot_describe_are_refused() {
         path.to_str().unwrap().to_string()
     };
     let refuse = |log: &str, config: Option<&str>, parts: &[&str]| {
-        let mut args = vec![
-            "ingest",
-            "torchtitan-log",
-            log,
-            "--out",
-            path_text(&out_arg),
-        ];
+        let mut args = vec!["ingest", "torchtitan-log", log, "--out", text(&out_arg)];
         if let Some(config) = config {
             args.extend_from_slice(&["--config", config]);
         }
@@ -387,7 +360,7 @@ fn features_paratune_cannot_describe_are_refused() {
         "torchtitan-log",
         &data(FSDP8),
         "--out",
-        path_text(&hsdp_out),
+        text(&hsdp_out),
         "--config",
         &hsdp,
     ]);
@@ -409,7 +382,7 @@ fn features_paratune_cannot_describe_are_refused() {
 fn an_existing_out_is_refused_without_append_and_appended_to_with_it() {
     let dir = tempfile::tempdir().unwrap();
     let out_path = dir.path().join("runs.csv");
-    let out_arg = path_text(&out_path);
+    let out_arg = text(&out_path);
     ingest(&[&data(PRINTED)], &[], &out_path);
     let before = std::fs::read_to_string(&out_path).unwrap();
 
@@ -419,13 +392,13 @@ fn an_existing_out_is_refused_without_append_and_appended_to_with_it() {
 
     let out = ingest(&[&data(PRINTED), &data(GARBLED)], &["--append"], &out_path);
     says(&out.stdout, &["added 1 of 2 row(s)", "1 already there"]);
-    let t = table(&out_path);
+    let t = read_table(&out_path);
     assert_eq!(t.rows.len(), 2);
     assert_eq!(t.cell(1, "gpus"), Some("4"));
     // The same again adds nothing.
     let out = ingest(&[&data(GARBLED)], &["--append"], &out_path);
     says(&out.stdout, &["added 0 of 1 row(s)", "1 already there"]);
-    assert_eq!(table(&out_path).rows.len(), 2);
+    assert_eq!(read_table(&out_path).rows.len(), 2);
 }
 
 #[test]
@@ -439,8 +412,8 @@ fn evaluate_and_predict_read_the_ingested_rows_and_their_memory() {
         &out_path,
     );
     ingest(&[&data(PRINTED), &data(GARBLED)], &["--append"], &out_path);
-    assert_eq!(table(&out_path).rows.len(), 4);
-    let runs = path_text(&out_path);
+    assert_eq!(read_table(&out_path).rows.len(), 4);
+    let runs = text(&out_path);
     let out = ok(&["evaluate", "--runs", runs, "--gpu", "h100-sxm"]);
     says(
         &out.stdout,
@@ -468,7 +441,7 @@ fn a_log_that_fails_is_named_and_the_others_are_still_written() {
     std::fs::write(&empty, "").unwrap();
     let out_path = dir.path().join("runs.csv");
     let out = ingest(
-        &[path_text(&empty), &data(PRINTED), &data(FLOAT8)],
+        &[text(&empty), &data(PRINTED), &data(FLOAT8)],
         &[],
         &out_path,
     );
@@ -483,14 +456,14 @@ fn a_log_that_fails_is_named_and_the_others_are_still_written() {
         ],
     );
     says(&out.stdout, &["wrote 1 row(s)"]);
-    assert_eq!(table(&out_path).rows.len(), 1);
+    assert_eq!(read_table(&out_path).rows.len(), 1);
 }
 
 #[test]
 fn bad_inputs_are_one_line_naming_the_file_and_the_fix() {
     let dir = tempfile::tempdir().unwrap();
     let out_path = dir.path().join("runs.csv");
-    let out_arg = path_text(&out_path);
+    let out_arg = text(&out_path);
     let run = |args: &[&str]| {
         let mut all = vec!["ingest", "torchtitan-log"];
         all.extend_from_slice(args);
@@ -504,15 +477,12 @@ fn bad_inputs_are_one_line_naming_the_file_and_the_fix() {
     };
 
     let missing = dir.path().join("missing.log");
-    says(
-        &run(&[path_text(&missing)]),
-        &["missing.log", "cannot read"],
-    );
+    says(&run(&[text(&missing)]), &["missing.log", "cannot read"]);
     let empty = write("empty.log", "");
     says(&run(&[&empty]), &["empty.log", "empty"]);
     // Several failures: all named on the one line.
     says(
-        &run(&[path_text(&missing), &empty]),
+        &run(&[text(&missing), &empty]),
         &["missing.log", "empty.log"],
     );
 
@@ -549,7 +519,7 @@ fn bad_inputs_are_one_line_naming_the_file_and_the_fix() {
         &run(&[
             &data(FSDP8),
             "--config",
-            path_text(&dir.path().join("nope.toml")),
+            text(&dir.path().join("nope.toml")),
         ]),
         &["nope.toml", "cannot read the job config"],
     );

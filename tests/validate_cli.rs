@@ -6,38 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 mod common;
-use common::{BIN, fails_in as fails, run_in as run};
-
-/// A real plan (GPT-3 13B on one A100 node), as JSON.
-fn plan_json(dir: &Path) -> serde_json::Value {
-    let out = run(
-        dir,
-        &[
-            "plan",
-            "--model",
-            "gpt3-13b",
-            "--gpu",
-            "a100-80gb",
-            "--nodes",
-            "1",
-            "--global-batch",
-            "64",
-            "--top",
-            "3",
-            // What Megatron-LM runs: no ZeRO-3, BPipe or GPipe.
-            "--optimizer-sharding",
-            "none,optimizer-states",
-            "--bpipe",
-            "off",
-            "--schedule",
-            "1f1b,interleaved",
-            "--format",
-            "json",
-        ],
-    );
-    assert_eq!(out.code, Some(0), "{}", out.stderr);
-    serde_json::from_str(&out.stdout).unwrap()
-}
+use common::{BIN, fails_in as fails, megatron_plan_json, run_in as run};
 
 fn write(dir: &Path, name: &str, plan: &serde_json::Value) -> PathBuf {
     let path = dir.join(name);
@@ -56,7 +25,7 @@ fn plans_from_elsewhere_are_refused_with_the_fix() {
     let err = fails(d, &["validate", "junk.json", "--device", "cpu"]);
     assert!(err.contains("--format json"), "{err}");
 
-    let mut plan = plan_json(d);
+    let mut plan = megatron_plan_json(d);
     plan["version"] = 99.into();
     let path = write(d, "future.json", &plan);
     let err = fails(d, &["validate", path.to_str().unwrap(), "--device", "cpu"]);
@@ -65,7 +34,7 @@ fn plans_from_elsewhere_are_refused_with_the_fix() {
         "{err}"
     );
 
-    let mut plan = plan_json(d);
+    let mut plan = megatron_plan_json(d);
     plan["candidates"][0]["config"]["tp"] = 3.into();
     let path = write(d, "edited.json", &plan);
     let err = fails(d, &["validate", path.to_str().unwrap(), "--device", "cpu"]);
@@ -78,7 +47,7 @@ fn plans_from_elsewhere_are_refused_with_the_fix() {
 #[test]
 fn a_bad_device_is_named() {
     let dir = tempfile::tempdir().unwrap();
-    let path = write(dir.path(), "plan.json", &plan_json(dir.path()));
+    let path = write(dir.path(), "plan.json", &megatron_plan_json(dir.path()));
     let err = fails(
         dir.path(),
         &["validate", path.to_str().unwrap(), "--device", "tpu"],
@@ -90,7 +59,7 @@ fn a_bad_device_is_named() {
 #[test]
 fn without_the_torch_feature_local_trials_say_how_to_get_them() {
     let dir = tempfile::tempdir().unwrap();
-    let path = write(dir.path(), "plan.json", &plan_json(dir.path()));
+    let path = write(dir.path(), "plan.json", &megatron_plan_json(dir.path()));
     let err = fails(
         dir.path(),
         &["validate", path.to_str().unwrap(), "--device", "cpu"],
@@ -137,7 +106,7 @@ fn fake_cluster(dir: &Path) -> (PathBuf, String) {
 fn cluster_trials_write_checked_scripts_on_a_dry_run() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let path = write(d, "plan.json", &plan_json(d));
+    let path = write(d, "plan.json", &megatron_plan_json(d));
     let err = fails(
         d,
         &["validate", path.to_str().unwrap(), "--launch", "megatron"],
@@ -175,7 +144,7 @@ fn cluster_trials_write_checked_scripts_on_a_dry_run() {
 fn cluster_trials_run_read_their_logs_keep_them_and_refit() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let plan = write(d, "plan.json", &plan_json(d));
+    let plan = write(d, "plan.json", &megatron_plan_json(d));
     let (megatron, path) = fake_cluster(d);
     let out = Command::new(BIN)
         .args([

@@ -266,6 +266,45 @@ pub(crate) fn script_header(
     );
 }
 
+/// The script lines after its comments: strict mode, and the script's own
+/// folder (logs and configurations live beside it).
+pub(crate) fn script_prologue(s: &mut String) {
+    let _ = writeln!(s, "set -euo pipefail");
+    let _ = writeln!(s);
+    let _ = writeln!(
+        s,
+        "SCRIPT_DIR=\"$(cd \"$(dirname \"${{BASH_SOURCE[0]}}\")\" && pwd)\""
+    );
+}
+
+/// Writes `out_dir/candidate-<rank>/run.sh` (executable) and, if given, a
+/// `(file name, text)` beside it, each atomically; returns the script's
+/// path.
+pub(crate) fn write_candidate(
+    out_dir: &Path,
+    rank: usize,
+    script: &str,
+    beside: Option<(&str, &str)>,
+) -> Result<PathBuf, LaunchError> {
+    let write_error = |path: &Path, e: std::io::Error| LaunchError::Write {
+        path: path.display().to_string(),
+        message: e.to_string(),
+    };
+    let dir = out_dir.join(format!("candidate-{rank}"));
+    std::fs::create_dir_all(&dir).map_err(|e| write_error(&dir, e))?;
+    if let Some((name, text)) = beside {
+        let path = dir.join(name);
+        crate::atomic::write_atomically(&path, text.as_bytes())
+            .map_err(|e| write_error(&path, e))?;
+    }
+    let path = dir.join("run.sh");
+    crate::atomic::write_atomically_with(&path, crate::atomic::Mode::Executable, |f| {
+        std::io::Write::write_all(f, script.as_bytes())
+    })
+    .map_err(|e| write_error(&path, e))?;
+    Ok(path)
+}
+
 /// A bash array `NAME=(...)` with one flag and its values per line.
 pub(crate) fn bash_array(out: &mut String, name: &str, args: &[String]) {
     let mut groups: Vec<Vec<String>> = Vec::new();
@@ -404,12 +443,7 @@ pub fn launch_script(
         );
         let _ = writeln!(s, "# the arguments, the last rank the iteration lines.");
     }
-    let _ = writeln!(s, "set -euo pipefail");
-    let _ = writeln!(s);
-    let _ = writeln!(
-        s,
-        "SCRIPT_DIR=\"$(cd \"$(dirname \"${{BASH_SOURCE[0]}}\")\" && pwd)\""
-    );
+    script_prologue(&mut s);
     match &settings.megatron_path {
         Some(path) => {
             // Quoted on a line of its own: inside `"${X:-...}"` single
@@ -550,10 +584,6 @@ pub fn write_launch_scripts(
         megatron_path: Some(megatron_path),
         ..settings.clone()
     };
-    let write_error = |path: &Path, e: std::io::Error| LaunchError::Write {
-        path: path.display().to_string(),
-        message: e.to_string(),
-    };
     let mut outcomes = Vec::with_capacity(plan.candidates.len());
     for candidate in &plan.candidates {
         let text = match launch_script(plan, candidate, &settings) {
@@ -564,13 +594,7 @@ pub fn write_launch_scripts(
             }
             Err(other) => return Err(other),
         };
-        let dir = out_dir.join(format!("candidate-{}", candidate.rank));
-        std::fs::create_dir_all(&dir).map_err(|e| write_error(&dir, e))?;
-        let path = dir.join("run.sh");
-        crate::atomic::write_atomically_with(&path, crate::atomic::Mode::Executable, |f| {
-            std::io::Write::write_all(f, text.as_bytes())
-        })
-        .map_err(|e| write_error(&path, e))?;
+        let path = write_candidate(out_dir, candidate.rank, &text, None)?;
         outcomes.push(ScriptOutcome::Written {
             rank: candidate.rank,
             path,

@@ -18,7 +18,7 @@
 
 use super::launch::{
     LaunchError, Launcher, MIN_TRAIN_ITERS, ScriptOutcome, bash_array, node_shape,
-    rank_environment, script_header,
+    rank_environment, script_header, script_prologue, write_candidate,
 };
 use crate::export::{LaunchJob, merge_job_config, torchtitan_flags};
 use crate::plan_file::{PlanFile, PlannedCandidate};
@@ -235,12 +235,7 @@ pub fn torchtitan_script(
         "#   paratune ingest torchtitan-log <that log> --out runs.csv"
     );
     let _ = writeln!(s, "# reads it into a measured row (rank 0's memory).");
-    let _ = writeln!(s, "set -euo pipefail");
-    let _ = writeln!(s);
-    let _ = writeln!(
-        s,
-        "SCRIPT_DIR=\"$(cd \"$(dirname \"${{BASH_SOURCE[0]}}\")\" && pwd)\""
-    );
+    script_prologue(&mut s);
     let _ = writeln!(s, "PYTHON=\"${{PYTHON:-python3}}\"");
     let _ = writeln!(
         s,
@@ -333,10 +328,6 @@ pub fn write_torchtitan_scripts(
     settings: &TorchtitanSettings,
     out_dir: &Path,
 ) -> Result<Vec<ScriptOutcome>, LaunchError> {
-    let write_error = |path: &Path, e: std::io::Error| LaunchError::Write {
-        path: path.display().to_string(),
-        message: e.to_string(),
-    };
     let mut outcomes = Vec::with_capacity(plan.candidates.len());
     for candidate in &plan.candidates {
         let trial = match torchtitan_script(plan, candidate, settings) {
@@ -347,18 +338,8 @@ pub fn write_torchtitan_scripts(
             }
             Err(other) => return Err(other),
         };
-        let dir = out_dir.join(format!("candidate-{}", candidate.rank));
-        std::fs::create_dir_all(&dir).map_err(|e| write_error(&dir, e))?;
-        if let Some(text) = &trial.job_toml {
-            let path = dir.join("job.toml");
-            crate::atomic::write_atomically(&path, text.as_bytes())
-                .map_err(|e| write_error(&path, e))?;
-        }
-        let path = dir.join("run.sh");
-        crate::atomic::write_atomically_with(&path, crate::atomic::Mode::Executable, |f| {
-            std::io::Write::write_all(f, trial.script.as_bytes())
-        })
-        .map_err(|e| write_error(&path, e))?;
+        let beside = trial.job_toml.as_deref().map(|text| ("job.toml", text));
+        let path = write_candidate(out_dir, candidate.rank, &trial.script, beside)?;
         outcomes.push(ScriptOutcome::Written {
             rank: candidate.rank,
             path,

@@ -16,6 +16,75 @@ pub fn text(path: &Path) -> &str {
     path.to_str().expect("test paths are UTF-8")
 }
 
+/// `tests/data/<folder>/<name>`, as an argument.
+pub fn test_data(folder: &str, name: &str) -> String {
+    text(&root().join("tests/data").join(folder).join(name)).to_string()
+}
+
+/// A runs CSV a command wrote.
+pub fn read_table(path: &Path) -> paratune::runs::RunTable {
+    paratune::runs::RunTable::read(path).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// A numeric cell of a runs CSV.
+pub fn number(table: &paratune::runs::RunTable, row: usize, column: &str) -> f64 {
+    table
+        .cell(row, column)
+        .unwrap_or_else(|| panic!("row {row} has no {column}"))
+        .parse()
+        .unwrap_or_else(|e| panic!("{column}: {e}"))
+}
+
+/// A real plan (GPT-3 13B on one A100 node) that Megatron-LM can run (no
+/// ZeRO-3, BPipe or GPipe), as JSON.
+pub fn megatron_plan_json(dir: &Path) -> serde_json::Value {
+    let out = ok_in(
+        dir,
+        &[
+            "plan",
+            "--model",
+            "gpt3-13b",
+            "--gpu",
+            "a100-80gb",
+            "--nodes",
+            "1",
+            "--global-batch",
+            "64",
+            "--top",
+            "3",
+            "--optimizer-sharding",
+            "none,optimizer-states",
+            "--bpipe",
+            "off",
+            "--schedule",
+            "1f1b,interleaved",
+            "--format",
+            "json",
+        ],
+    );
+    serde_json::from_str(&out).unwrap()
+}
+
+/// The reference all-reduce table imported as the profile `dir/p`.
+pub fn import_reference_profile(dir: &Path) -> PathBuf {
+    let table = root().join("tests/data/reference/a100_nccl_allreduce.csv");
+    ok_in(
+        dir,
+        &[
+            "profile",
+            "import-table",
+            text(&table),
+            "--op",
+            "all_reduce",
+            "--gpu",
+            "a100-80gb",
+            "--out",
+            "p",
+        ],
+    );
+    dir.join("p")
+}
+
 /// What one run printed and how it ended.
 pub struct Output {
     pub code: Option<i32>,
