@@ -304,3 +304,178 @@ fn torchtitan_trials_run_read_their_logs_and_refit() {
     assert!(stdout.contains("GiB reserved on rank 0"), "{stdout}");
     assert!(stdout.contains("refit on 2 measured run(s)"), "{stdout}");
 }
+
+/// A plan for a tiny GPT on the two-"GPU" CPU cluster, for torchtitan
+/// without torch.compile (what the torch worker runs), in DIR/plan.json.
+fn torch_plan(dir: &Path) -> PathBuf {
+    let cluster =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/validate/cpu-cluster.toml");
+    let out = run(
+        dir,
+        &[
+            "plan",
+            "--cluster",
+            cluster.to_str().unwrap(),
+            "--engine",
+            "torchtitan",
+            "--compile",
+            "off",
+            "--cuda-graphs",
+            "off",
+            "--hidden",
+            "128",
+            "--heads",
+            "4",
+            "--layers",
+            "4",
+            "--seq-len",
+            "64",
+            "--vocab",
+            "512",
+            "--global-batch",
+            "8",
+            "--top",
+            "3",
+            "--format",
+            "json",
+        ],
+    );
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    let path = dir.join("plan.json");
+    std::fs::write(&path, &out.stdout).unwrap();
+    path
+}
+
+/// An executable `python` that runs `body` whatever it is asked.
+fn fake_python(dir: &Path, body: &str) -> PathBuf {
+    let path = dir.join("python");
+    std::fs::write(&path, format!("#!/usr/bin/env bash\n{body}\n")).unwrap();
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    path
+}
+
+#[test]
+fn torch_trials_refuse_rank_counts_the_plan_or_machine_cannot_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let plan = torch_plan(d);
+    let plan = plan.to_str().unwrap();
+    let torch = ["validate", plan, "--launch", "torch", "--device", "cpu"];
+    let err = fails(d, &[&torch[..], &["--ranks", "3"]].concat());
+    assert!(err.contains("--ranks 3") && err.contains("2 GPUs"), "{err}");
+    let err = fails(d, &[&torch[..], &["--ranks", "4000"]].concat());
+    assert!(
+        err.contains("--ranks 4000") && err.contains("cores"),
+        "{err}"
+    );
+    let err = fails(d, &[&torch[..], &["--dtype", "fp16"]].concat());
+    assert!(err.contains("--dtype fp16"), "{err}");
+    let err = fails(d, &["profile", "comm", "--ranks", "1", "--out", "p"]);
+    assert!(
+        err.contains("--ranks 1") && err.contains("at least 2"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_hung_or_dying_torch_trial_is_killed_recorded_and_the_loop_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let plan = torch_plan(d);
+    for (body, says) in [
+        ("sleep 60", "killed after"),
+        ("echo boom >&2; exit 1", "the run failed"),
+    ] {
+        let python = fake_python(d, body);
+        let out = d.join(format!("out-{}", says.replace(' ', "-")));
+        let started = std::time::Instant::now();
+        let result = run(
+            d,
+            &[
+                "validate",
+                plan.to_str().unwrap(),
+                "--launch",
+                "torch",
+                "--device",
+                "cpu",
+                "--python",
+                python.to_str().unwrap(),
+                "--timeout",
+                "1",
+                "--top",
+                "2",
+                "--out",
+                out.to_str().unwrap(),
+            ],
+        );
+        assert_eq!(result.code, Some(0), "{}", result.stderr);
+        let tried = result.stdout.matches(says).count();
+        assert_eq!(
+            tried, 2,
+            "both candidates were tried and reported:\n{}",
+            result.stdout
+        );
+        assert!(
+            result.stdout.contains("no run was measured"),
+            "{}",
+            result.stdout
+        );
+        // The hung ranks were stopped, not waited for.
+        assert!(started.elapsed().as_secs() < 40);
+        assert!(out.join("candidate-1/run.sh").is_file());
+        assert!(out.join("candidate-1/job.json").is_file());
+    }
+}
+
+#[test]
+fn a_measured_cluster_needs_its_measurements() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let empty = d.join("empty-profile");
+    let base = [
+        "plan",
+        "--hidden",
+        "128",
+        "--heads",
+        "4",
+        "--layers",
+        "4",
+        "--seq-len",
+        "64",
+        "--vocab",
+        "512",
+        "--global-batch",
+        "8",
+    ];
+    let err = fails(
+        d,
+        &[
+            &base[..],
+            &["--cluster-from-profile", empty.to_str().unwrap()],
+        ]
+        .concat(),
+    );
+    assert!(err.contains("--gpus-per-node"), "{err}");
+    let reference = common::import_reference_profile(d);
+    let err = fails(
+        d,
+        &[
+            &base[..],
+            &[
+                "--cluster-from-profile",
+                reference.to_str().unwrap(),
+                "--gpus-per-node",
+                "2",
+            ],
+        ]
+        .concat(),
+    );
+    assert!(
+        err.contains("--cluster-from-profile") && err.contains("profile device"),
+        "{err}"
+    );
+}

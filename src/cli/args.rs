@@ -186,6 +186,10 @@ pub struct ClusterArgs {
     /// Cluster TOML file (instead of --gpu/--nodes/...).
     #[arg(long)]
     pub cluster: Option<PathBuf>,
+    /// A profile directory whose measured device (`profile device`) and links
+    /// (`profile comm`) describe the node, instead of a datasheet; with --gpus-per-node.
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["cluster", "gpu"])]
+    pub cluster_from_profile: Option<PathBuf>,
     /// GPU kind (see `paratune gpus`).
     #[arg(long)]
     pub gpu: Option<String>,
@@ -532,8 +536,19 @@ pub struct ProfileDeviceArgs {
 #[derive(Args, Debug)]
 pub struct ProfileCommArgs {
     /// GPU indices to run the collectives over, comma-separated (at least 2).
-    #[arg(long, value_delimiter = ',', required = true)]
+    #[arg(long, value_delimiter = ',', required_unless_present = "ranks")]
     pub gpus: Vec<usize>,
+    /// Instead of NCCL in this process: this many ranks of PyTorch's
+    /// torch.distributed (gloo on --device cpu, NCCL on cuda), through the
+    /// worker `validate --launch torch` runs.
+    #[arg(long, value_parser = count(1 << 12), allow_negative_numbers = true, conflicts_with = "gpus")]
+    pub ranks: Option<u64>,
+    /// With --ranks: cpu or cuda.
+    #[arg(long, default_value = "cpu", requires = "ranks")]
+    pub device: String,
+    /// With --ranks: a Python interpreter with PyTorch.
+    #[arg(long, default_value = "python3", requires = "ranks")]
+    pub python: PathBuf,
     /// Largest message, e.g. 1GiB (sizes double from 1 KiB).
     #[arg(long, default_value = "1GiB")]
     pub max_bytes: Bytes,
@@ -615,6 +630,8 @@ pub struct ShowProfileArgs {
 pub enum LaunchEngine {
     Megatron,
     Torchtitan,
+    /// PyTorch's own torch.distributed, through the worker paratune ships.
+    Torch,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -669,4 +686,10 @@ pub struct ValidateArgs {
     /// Cluster trials: write the scripts without running them.
     #[arg(long)]
     pub dry_run: bool,
+    /// --launch torch: ranks to start on this machine (default: the plan's GPU count).
+    #[arg(long, value_parser = count(1 << 12), allow_negative_numbers = true)]
+    pub ranks: Option<u64>,
+    /// --launch torch: a Python interpreter with PyTorch.
+    #[arg(long, default_value = "python3")]
+    pub python: PathBuf,
 }

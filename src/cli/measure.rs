@@ -490,11 +490,128 @@ pub fn profile_device(args: &ProfileDeviceArgs) -> Result<()> {
         matmul: measured.matmul,
         copy: Some(measured.copy),
         runtime: measured.runtime,
+        host_memory_bytes: host_memory_bytes(),
     });
     record_provenance(&mut profile, &args.provenance, &[]);
     write_profile(out, &profile)?;
     let _ = writeln!(report, "{}: device.toml written", out.display());
     emit(&report)
+}
+
+/// `profile comm --ranks N`: every collective between N ranks of
+/// torch.distributed (gloo on the CPU), through the shipped worker, saved
+/// as collective points.
+fn profile_comm_torch(args: &ProfileCommArgs, ranks: u64) -> Result<()> {
+    use paratune::validate::torch_launch::{self, TrialDevice};
+    let device = match args.device.as_str() {
+        "cpu" => TrialDevice::Cpu,
+        d if d == "cuda" || d.starts_with("cuda:") => TrialDevice::Cuda,
+        other => bail!("--device {other}: --ranks runs on cpu or cuda"),
+    };
+    if ranks < 2 {
+        bail!("--ranks {ranks}: a collective needs at least 2 ranks");
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get() as u64);
+    if ranks > torch_launch::max_ranks(cores) {
+        bail!(
+            "--ranks {ranks}: this machine has {cores} cores and runs at most {} ranks (two per core)",
+            torch_launch::max_ranks(cores)
+        );
+    }
+    let timeout = timeout(args.timeout)?;
+    let out = &args.provenance.out;
+    check_out(out)?;
+    let detected = (device == TrialDevice::Cpu).then_some("cpu");
+    let mut profile = open_profile(&args.provenance, detected)?;
+    let scratch = tempfile::tempdir()?;
+    let dir = std::path::absolute(scratch.path())?;
+    // A fixed count, not the stopping rule: the ranks must agree on it.
+    let iterations = args.repetitions.max_repetitions.min(10) as u64;
+    let job =
+        torch_launch::comm_sweep_job(device, ranks, args.max_bytes.0 as u64, iterations, &dir);
+    let job_path = dir.join("job.json");
+    paratune::atomic::write_atomically(&job_path, serde_json::to_string_pretty(&job)?.as_bytes())?;
+    let worker = dir.join(torch_launch::WORKER_FILE);
+    paratune::atomic::write_atomically(&worker, torch_launch::WORKER_SOURCE.as_bytes())?;
+    let log = dir.join("run.log");
+    let script = dir.join("run.sh");
+    let quote = |p: &Path| paratune::text::shell_quote(&p.display().to_string());
+    let text = format!(
+        "set -euo pipefail\nexport OMP_NUM_THREADS=1\n{} -m torch.distributed.run --standalone --nproc-per-node {ranks} {} --job {} > {} 2>&1\n",
+        quote(&args.python),
+        quote(&worker),
+        quote(&job_path),
+        quote(&log)
+    );
+    paratune::atomic::write_atomically(&script, text.as_bytes())?;
+    let spinner = ProgressBar::new_spinner();
+    spinner.set_message(format!(
+        "profile comm: {ranks} ranks of torch.distributed ({})",
+        device.backend()
+    ));
+    spinner.enable_steady_tick(Duration::from_millis(200));
+    let ran = super::validate_cluster::run_script(&script, timeout);
+    spinner.finish_and_clear();
+    let points = match ran
+        .map_err(|why| why.to_string())
+        .and_then(|()| torch_launch::read_comm(&dir).map_err(|e| e.to_string()))
+    {
+        Ok(points) => points,
+        Err(why) => {
+            let tail = std::fs::read_to_string(&log).unwrap_or_default();
+            let last = tail
+                .lines()
+                .rev()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("");
+            bail!("profile comm --ranks {ranks}: {why}; the worker's last line: {last}");
+        }
+    };
+    record_provenance(
+        &mut profile,
+        &args.provenance,
+        &[format!(
+            "collectives: torch.distributed ({}) between {ranks} local ranks (`paratune profile comm --ranks {ranks}`), fp32, median of {iterations} per size, nccl-tests' size and bus-bandwidth conventions",
+            device.backend()
+        )],
+    );
+    merge_collectives(&mut profile.collectives, &points);
+    write_profile(out, &profile)?;
+    let mut report = String::new();
+    for op in CollectiveOp::ALL {
+        if let Some(best) = points
+            .iter()
+            .filter(|p| p.op == op)
+            .max_by(|a, b| a.busbw.total_cmp(&b.busbw))
+        {
+            let _ = writeln!(
+                report,
+                "{op} over {} ranks: peak bus bandwidth {:.2} GB/s at {:.1} MiB",
+                best.ranks,
+                best.busbw,
+                best.bytes / MIB
+            );
+        }
+    }
+    let _ = writeln!(
+        report,
+        "{}: {} collective points",
+        out.display(),
+        profile.collectives.len()
+    );
+    emit(&report)
+}
+
+/// The host's physical memory (`sysconf`), what CPU ranks share.
+fn host_memory_bytes() -> Option<f64> {
+    // SAFETY: sysconf only reads system configuration.
+    let (pages, page) = unsafe {
+        (
+            libc::sysconf(libc::_SC_PHYS_PAGES),
+            libc::sysconf(libc::_SC_PAGESIZE),
+        )
+    };
+    (pages > 0 && page > 0).then_some(pages as f64 * page as f64)
 }
 
 /// The worker's `LD_LIBRARY_PATH` with a `libnccl.so` link first where
@@ -518,6 +635,9 @@ fn nccl_library_env(scratch: &Path) -> Vec<(&'static str, String)> {
 }
 
 pub fn profile_comm(args: &ProfileCommArgs) -> Result<()> {
+    if let Some(ranks) = args.ranks {
+        return profile_comm_torch(args, ranks);
+    }
     let job = CommJob {
         gpus: args.gpus.clone(),
         ops: CollectiveOp::ALL.to_vec(),

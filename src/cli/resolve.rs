@@ -84,6 +84,9 @@ pub fn model(args: &ModelArgs) -> Result<ModelSpec> {
 
 /// The node group and the number of GPUs the job uses.
 pub fn nodes(args: &ClusterArgs) -> Result<(NodeGroup, u64)> {
+    if let Some(dir) = &args.cluster_from_profile {
+        return measured_nodes(args, dir);
+    }
     let mut group = match (&args.cluster, &args.gpu) {
         (Some(path), _) => {
             let cluster = load_cluster_file(path)?;
@@ -129,6 +132,34 @@ pub fn nodes(args: &ClusterArgs) -> Result<(NodeGroup, u64)> {
     }
     if args.gpus.is_some() && args.nodes.is_none() {
         group.nodes = group.nodes.max(gpus.div_ceil(group.gpus_per_node));
+    }
+    Ok((group, gpus))
+}
+
+/// `--cluster-from-profile DIR`: the node a profile measured, as many of
+/// them as `--nodes` says, `--gpus-per-node` devices each.
+fn measured_nodes(args: &ClusterArgs, dir: &std::path::Path) -> Result<(NodeGroup, u64)> {
+    let Some(gpus_per_node) = args.gpus_per_node else {
+        bail!("--cluster-from-profile needs --gpus-per-node: how many devices (ranks) a node has");
+    };
+    let shown = dir.display().to_string();
+    let profile =
+        paratune::profile::read_profile(dir).map_err(|e| anyhow!("--cluster-from-profile: {e}"))?;
+    let shape = paratune::profile::MeasuredNodeShape {
+        nodes: args.nodes.unwrap_or(1),
+        gpus_per_node,
+        intra_node_bw: args.intra_node_bw,
+        inter_node_bw: args.inter_node_bw,
+    };
+    let group = paratune::profile::measured_node(&profile, &shown, shape)
+        .map_err(|e| anyhow!("--cluster-from-profile: {e}"))?;
+    let gpus = args.gpus.unwrap_or(group.nodes * group.gpus_per_node);
+    if gpus != group.nodes * group.gpus_per_node {
+        bail!(
+            "--gpus {gpus}: a measured cluster is used whole ({} x {} devices); drop --gpus or change --nodes",
+            group.nodes,
+            group.gpus_per_node
+        );
     }
     Ok((group, gpus))
 }

@@ -8,21 +8,25 @@ use super::args::{LaunchEngine, Launcher as LauncherArg, ValidateArgs};
 use super::commands::emit;
 use super::measure::{check_writable, wait_with_timeout};
 use super::resolve;
-use anyhow::Result;
-use paratune::calibrate::{CalibrateError, Dataset, FitOptions, calibrate};
+use anyhow::{Result, bail};
+use paratune::calibrate::Dataset;
 use paratune::coefficients::CostModel;
 use paratune::config::ParallelConfig;
 use paratune::config::Recompute;
-use paratune::cost::predict;
-use paratune::plan_file::PlanFile;
+use paratune::cost::{memory_per_stage, predict};
+use paratune::plan_file::{PlanFile, PlannedCandidate};
 use paratune::report::{ranking_change, render_markdown};
 use paratune::runs::{RowDefaults, RunHistory, RunTable, runs_from_table};
 use paratune::search::{SearchSpace, search};
 use paratune::validate::launch::{
     LaunchError, LaunchSettings, Launcher, ScriptOutcome, write_launch_scripts,
 };
-use paratune::validate::local::job_of;
+use paratune::validate::local::{self, job_of};
 use paratune::validate::megatron_log::{self, DEFAULT_WARMUP, ROW_COLUMNS};
+use paratune::validate::refit::{self, HeldOut};
+use paratune::validate::torch_launch::{
+    self, TorchSettings, TorchTrial, TrialDevice, TrialJob, write_torch_scripts,
+};
 use paratune::validate::torchtitan_launch::{
     TorchtitanBase, TorchtitanSettings, torchtitan_script, write_torchtitan_scripts,
 };
@@ -36,10 +40,19 @@ use std::time::Duration;
 enum Cluster {
     Megatron(LaunchSettings),
     Torchtitan(TorchtitanSettings),
+    Torch(TorchSettings),
+}
+
+/// What a finished trial measured: its run row, a line about it, and for a
+/// torch trial the ranks' own reports.
+struct Measured {
+    row: Vec<String>,
+    line: String,
+    torch: Option<TorchTrial>,
 }
 
 impl Cluster {
-    fn of(args: &ValidateArgs, engine: LaunchEngine) -> Result<Cluster> {
+    fn of(args: &ValidateArgs, engine: LaunchEngine, plan: &PlanFile) -> Result<Cluster> {
         let launcher = match args.launcher {
             LauncherArg::Torchrun => Launcher::Torchrun,
             LauncherArg::Srun => Launcher::Srun,
@@ -65,6 +78,7 @@ impl Cluster {
                     train_iters,
                 })
             }
+            LaunchEngine::Torch => Cluster::Torch(torch_settings(args, plan)?),
         })
     }
 
@@ -73,6 +87,7 @@ impl Cluster {
         match self {
             Cluster::Megatron(_) => "megatron-log",
             Cluster::Torchtitan(_) => "torchtitan-log",
+            Cluster::Torch(_) => "torch",
         }
     }
 
@@ -80,6 +95,7 @@ impl Cluster {
         match self {
             Cluster::Megatron(settings) => write_launch_scripts(plan, settings, dir),
             Cluster::Torchtitan(settings) => write_torchtitan_scripts(plan, settings, dir),
+            Cluster::Torch(settings) => write_torch_scripts(plan, settings, dir),
         }
     }
 
@@ -88,6 +104,9 @@ impl Cluster {
         match self {
             Cluster::Megatron(_) => candidate.megatron_args.is_some(),
             Cluster::Torchtitan(settings) => torchtitan_script(plan, candidate, settings).is_ok(),
+            Cluster::Torch(_) => {
+                torch_launch::unsupported(&candidate.config, plan.model.layers).is_none()
+            }
         }
     }
 
@@ -95,13 +114,53 @@ impl Cluster {
         match self {
             Cluster::Megatron(_) => &ROW_COLUMNS,
             Cluster::Torchtitan(_) => &torchtitan_log::ROW_COLUMNS,
+            Cluster::Torch(_) => &torch_launch::ROW_COLUMNS,
         }
     }
 
-    /// The run row of a finished trial's log, and a line about it.
-    fn read(&self, log: &Path) -> Result<(Vec<String>, String), String> {
+    /// What a finished trial of `candidate` of `plan` measured, from its log
+    /// (or, for torch trials, its ranks' reports beside it).
+    fn read(
+        &self,
+        log: &Path,
+        plan: &PlanFile,
+        candidate: &PlannedCandidate,
+    ) -> Result<Measured, String> {
         let name = log.display().to_string();
+        let plain = |(row, line): (Vec<String>, String)| Measured {
+            row,
+            line,
+            torch: None,
+        };
         match self {
+            Cluster::Torch(_) => {
+                let job_path = log.with_file_name("job.json");
+                let text = std::fs::read_to_string(&job_path)
+                    .map_err(|e| format!("cannot read {}: {e}", job_path.display()))?;
+                let job: TrialJob = serde_json::from_str(&text)
+                    .map_err(|e| format!("{}: not a trial job ({e})", job_path.display()))?;
+                let trial =
+                    torch_launch::read_trial(&job.report_dir, &job).map_err(|e| e.to_string())?;
+                let first = &trial.ranks[0];
+                let line = format!(
+                    "{}: {:.1} ms per iteration (median of {}, {} x {} micro-batches, {}, {}), peak {:.1} MiB on the fullest rank ({})",
+                    candidate.config,
+                    trial.median_ms,
+                    trial.iterations,
+                    first.micro_batches,
+                    candidate.config.micro_batch,
+                    first.schedule,
+                    first.data_parallel,
+                    trial.peak_bytes() / (1u64 << 20) as f64,
+                    first.memory_kind
+                );
+                let row = trial.row(plan, &candidate.config, &name);
+                Ok(Measured {
+                    row,
+                    line,
+                    torch: Some(trial),
+                })
+            }
             Cluster::Megatron(_) => {
                 let run = megatron_log::read(log, DEFAULT_WARMUP).map_err(|e| e.to_string())?;
                 let row = run
@@ -116,7 +175,7 @@ impl Cluster {
                         .map(|b| format!(", peak {:.1} GiB allocated", b / 1024f64.powi(3)))
                         .unwrap_or_default()
                 );
-                Ok((row, line))
+                Ok(plain((row, line)))
             }
             Cluster::Torchtitan(settings) => {
                 // A 0.2 trial's configuration is its job.toml; a 0.3 trial
@@ -143,23 +202,71 @@ impl Cluster {
                         .map(|g| format!(", peak {g:.1} GiB reserved on rank 0"))
                         .unwrap_or_default()
                 );
-                Ok((run.row("paratune validate"), line))
+                Ok(plain((run.row("paratune validate"), line)))
             }
         }
     }
 }
 
+/// `--launch torch`'s settings: the ranks (the plan's GPU count unless
+/// given, at most two per core), the device and precision.
+fn torch_settings(args: &ValidateArgs, plan: &PlanFile) -> Result<TorchSettings> {
+    let ranks = args.ranks.unwrap_or(plan.gpus);
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get() as u64);
+    if ranks > torch_launch::max_ranks(cores) {
+        bail!(
+            "--ranks {ranks}: this machine has {cores} cores and runs at most {} ranks (two per core); plan for fewer GPUs",
+            torch_launch::max_ranks(cores)
+        );
+    }
+    let device = match args.device.as_str() {
+        "cpu" => TrialDevice::Cpu,
+        d if d == "cuda" || d.starts_with("cuda:") => TrialDevice::Cuda,
+        other => bail!("--device {other}: --launch torch runs on cpu or cuda"),
+    };
+    let dtype = match args.dtype.as_str() {
+        "bf16" | "fp32" => args.dtype.clone(),
+        other => bail!("--dtype {other}: --launch torch computes in bf16 or fp32"),
+    };
+    Ok(TorchSettings {
+        python: args.python.clone(),
+        ranks,
+        device,
+        dtype,
+        warmup: 2,
+        iterations: args.iterations as u64,
+        threads_per_rank: 1,
+    })
+}
+
+/// A trial's prediction before it ran and what it measured.
+struct RoundTrial {
+    round: usize,
+    rank: usize,
+    config: ParallelConfig,
+    predicted_s: f64,
+    measured_s: f64,
+}
+
 pub fn run(args: &ValidateArgs, engine: LaunchEngine, plan: &PlanFile, out: &Path) -> Result<()> {
     // The base is checked before anything is written.
-    let cluster = Cluster::of(args, engine)?;
+    let cluster = Cluster::of(args, engine, plan)?;
     check_writable(out, "--out")?;
     let mut report = String::new();
+    if matches!(cluster, Cluster::Torch(_)) {
+        report.push_str(&contention_note(plan));
+    }
     let history_path = out.join("runs-history.csv");
     let mut history = None;
     let timeout = super::measure::timeout(args.timeout)?;
     let job = job_of(plan);
+    let prior = plan_cost_model(args, plan)?;
+    let mut current = prior.clone();
     let mut round_plan = plan.clone();
     let mut tried: Vec<ParallelConfig> = Vec::new();
+    let mut trials: Vec<RoundTrial> = Vec::new();
+    let mut first_round_error = None;
+    let mut last_held_out = None;
     let mut winner = plan.candidates.first().map(|c| c.config);
     for round in 1..=args.rounds {
         // Round 1 writes into OUT, later rounds into OUT/round-N.
@@ -169,6 +276,17 @@ pub fn run(args: &ValidateArgs, engine: LaunchEngine, plan: &PlanFile, out: &Pat
             out.join(format!("round-{round}"))
         };
         let mut top = round_plan.clone();
+        if matches!(cluster, Cluster::Torch(_)) {
+            // The worker's limits are known before anything runs: trial the
+            // best candidates it can run, and say which it passed over.
+            let runnable = top.clone();
+            for c in top.candidates.iter().take(args.top) {
+                if let Some(reason) = torch_launch::unsupported(&c.config, plan.model.layers) {
+                    let _ = writeln!(report, "candidate #{}: passed over ({reason})", c.rank);
+                }
+            }
+            top.candidates.retain(|c| cluster.runs(&runnable, c));
+        }
         top.candidates.truncate(args.top);
         top.candidates.retain(|c| !tried.contains(&c.config));
         tried.extend(top.candidates.iter().map(|c| c.config));
@@ -178,12 +296,7 @@ pub fn run(args: &ValidateArgs, engine: LaunchEngine, plan: &PlanFile, out: &Pat
             break;
         }
         if args.dry_run {
-            let _ = writeln!(
-                report,
-                "dry run: nothing was started. Run a script on the cluster, then `paratune ingest {} {}/candidate-N/run.log --out runs.csv` (or rerun without --dry-run to let validate run them, read their logs and refit)",
-                cluster.log_kind(),
-                dir.display()
-            );
+            report.push_str(&dry_run_note(&cluster, &dir));
             return emit(&report);
         }
         if history.is_none() {
@@ -194,12 +307,55 @@ pub fn run(args: &ValidateArgs, engine: LaunchEngine, plan: &PlanFile, out: &Pat
             history = Some(opened);
         }
         let history = history.as_mut().expect("opened above");
+        let scenario = job.scenario(&current);
         for (rank, script) in &scripts {
-            run_and_read(&cluster, *rank, script, timeout, history, &mut report)?;
+            let candidate = top
+                .candidates
+                .iter()
+                .find(|c| c.rank == *rank)
+                .expect("a script per candidate");
+            let Some(measured) = run_and_read(
+                &cluster,
+                &top,
+                candidate,
+                script,
+                timeout,
+                history,
+                &mut report,
+            )?
+            else {
+                continue;
+            };
+            let predicted_s = predict(&scenario, &candidate.config).iteration_s;
+            if let Some(trial) = &measured.torch {
+                report.push_str(&memory_lines(&scenario, candidate, trial, &current));
+            }
+            trials.push(RoundTrial {
+                round,
+                rank: *rank,
+                config: candidate.config,
+                predicted_s,
+                measured_s: trial_seconds(&cluster, &measured),
+            });
         }
-        let Some(fitted) = refit_and_rerank(args, plan, &history_path, &mut report)? else {
+        let this_round: Vec<&RoundTrial> = trials.iter().filter(|t| t.round == round).collect();
+        let round_error = round_table(round, &this_round, &mut report);
+        if round == 1 {
+            first_round_error = round_error;
+        }
+        let Some((fitted, held_out)) = refit_and_rerank(plan, &prior, &history_path, &mut report)?
+        else {
             break;
         };
+        if let Some(error) = refit::mape(&held_out) {
+            let _ = writeln!(
+                report,
+                "round {round}: after the refit on {} trial(s), held-out (leave-one-out) error {error:.1}%",
+                held_out.len()
+            );
+            last_held_out = Some((round, error));
+        }
+        current = fitted.clone();
         // Plan again with the refitted model: its leaders are the next round's trials.
         // Only what the engine can run is a candidate for a cluster trial.
         let space = SearchSpace {
@@ -231,7 +387,140 @@ pub fn run(args: &ValidateArgs, engine: LaunchEngine, plan: &PlanFile, out: &Pat
             );
         }
     }
+    if let (Some(first), Some((round, last))) = (first_round_error, last_held_out) {
+        let _ = writeln!(
+            report,
+            "\nheld-out error: {first:.1}% in round 1 (the plan's model, before any trial), {last:.1}% after round {round} (leave-one-out over every trial)"
+        );
+    }
+    // Kept beside the trials, whole: what the terminal showed.
+    let saved = out.join("report.md");
+    paratune::atomic::write_atomically(&saved, report.as_bytes())
+        .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", saved.display()))?;
     emit(&report)
+}
+
+/// The plan's cost model, or `--cost-model`'s.
+fn plan_cost_model(args: &ValidateArgs, plan: &PlanFile) -> Result<CostModel> {
+    resolve::cost_model(
+        Some(args.cost_model.as_deref().unwrap_or(&plan.cost_model)),
+        &plan.nodes.gpu.name,
+    )
+}
+
+/// A trial's measured iteration time, seconds: its row's `iter_ms` (the
+/// steady-state median in every engine's row).
+fn trial_seconds(cluster: &Cluster, measured: &Measured) -> f64 {
+    cluster
+        .columns()
+        .iter()
+        .position(|c| *c == "iter_ms")
+        .and_then(|i| measured.row.get(i))
+        .and_then(|ms| ms.parse::<f64>().ok())
+        .map_or(f64::NAN, |ms| ms / 1e3)
+}
+
+/// What the ranks of a torch trial on one machine can and cannot say.
+fn contention_note(plan: &PlanFile) -> String {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    format!(
+        "note: the {} ranks run on this machine's {cores} cores and talk through its memory; where ranks outnumber cores they take turns, so the times measure this machine (contention included), not the planned cluster's links\n",
+        plan.gpus
+    )
+}
+
+fn dry_run_note(cluster: &Cluster, dir: &Path) -> String {
+    match cluster {
+        Cluster::Torch(_) => format!(
+            "dry run: nothing was started. Run a script ({}/candidate-N/run.sh); its ranks write candidate-N/report/, which a rerun without --dry-run reads, refits on and re-ranks\n",
+            dir.display()
+        ),
+        _ => format!(
+            "dry run: nothing was started. Run a script on the cluster, then `paratune ingest {} {}/candidate-N/run.log --out runs.csv` (or rerun without --dry-run to let validate run them, read their logs and refit)\n",
+            cluster.log_kind(),
+            dir.display()
+        ),
+    }
+}
+
+/// Each rank's measured peak against its stage's predicted allocation,
+/// within the cost model's band or flagged.
+fn memory_lines(
+    scenario: &paratune::cost::Scenario,
+    candidate: &PlannedCandidate,
+    trial: &TorchTrial,
+    cost: &CostModel,
+) -> String {
+    let stages = memory_per_stage(scenario, &candidate.config);
+    let (low, high) = local::band(cost);
+    let mut text = String::new();
+    for r in &trial.ranks {
+        let Some(stage) = stages.get(r.stage() as usize) else {
+            continue;
+        };
+        let predicted = stage.allocated();
+        // As everywhere: the prediction's error against the measurement.
+        let error = (predicted - r.peak_memory_bytes) / r.peak_memory_bytes;
+        let verdict = if error > high {
+            "measured UNDER the band (over-predicted)"
+        } else if error < low {
+            "measured OVER the band (under-predicted)"
+        } else {
+            "within the band"
+        };
+        let _ = writeln!(
+            text,
+            "candidate #{} rank {} (stage {}): peak {:.1} MiB measured, {:.1} MiB predicted allocated (error {:+.0}%, band {:+.0}%..{:+.0}%): {verdict}",
+            candidate.rank,
+            r.rank,
+            r.stage(),
+            r.peak_memory_bytes / (1u64 << 20) as f64,
+            predicted / (1u64 << 20) as f64,
+            100.0 * error,
+            100.0 * low,
+            100.0 * high
+        );
+    }
+    text
+}
+
+/// The round's trials, predicted (before they ran) against measured;
+/// returns their mean absolute error, percent.
+fn round_table(round: usize, trials: &[&RoundTrial], report: &mut String) -> Option<f64> {
+    let measured: Vec<&&RoundTrial> = trials.iter().filter(|t| t.measured_s.is_finite()).collect();
+    if measured.is_empty() {
+        return None;
+    }
+    let _ = writeln!(
+        report,
+        "\nround {round}: predicted (before the trial) against measured"
+    );
+    let _ = writeln!(
+        report,
+        "| # | configuration | predicted ms | measured ms | error |"
+    );
+    let _ = writeln!(report, "|---|---|---|---|---|");
+    let mut sum = 0.0;
+    for t in &measured {
+        let error = (t.predicted_s - t.measured_s) / t.measured_s;
+        sum += error.abs();
+        let _ = writeln!(
+            report,
+            "| {} | {} | {:.1} | {:.1} | {:+.1}% |",
+            t.rank,
+            t.config,
+            t.predicted_s * 1e3,
+            t.measured_s * 1e3,
+            100.0 * error
+        );
+    }
+    let mape = 100.0 * sum / measured.len() as f64;
+    let _ = writeln!(
+        report,
+        "round {round}: error before the trials {mape:.1}% (mean absolute, {} trial(s))",
+        measured.len()
+    );
+    Some(mape)
 }
 
 /// Writes the launch scripts of `plan`'s candidates into `dir`; reports
@@ -260,48 +549,46 @@ fn write_scripts(
 /// Runs one script, reads its log into the history, says what happened.
 fn run_and_read(
     cluster: &Cluster,
-    rank: usize,
+    plan: &PlanFile,
+    candidate: &PlannedCandidate,
     script: &Path,
     timeout: Duration,
     history: &mut RunHistory,
     report: &mut String,
-) -> Result<()> {
+) -> Result<Option<Measured>> {
+    let rank = candidate.rank;
     let log = script.with_file_name("run.log");
     eprintln!("candidate #{rank}: running {} ...", script.display());
     if let Err(why) = run_script(script, timeout) {
+        let detail = cluster
+            .read(&log, plan, candidate)
+            .err()
+            .filter(|_| matches!(cluster, Cluster::Torch(_)) && !why.starts_with("killed"))
+            .map(|e| format!(" ({e})"))
+            .unwrap_or_default();
         let _ = writeln!(
             report,
-            "candidate #{rank}: {why}; its log is {} (kept)",
+            "candidate #{rank}: {why}{detail}; its log is {} (kept)",
             log.display()
         );
-        return Ok(());
+        return Ok(None);
     }
-    match cluster.read(&log) {
-        Ok((row, line)) => {
+    match cluster.read(&log, plan, candidate) {
+        Ok(measured) => {
             // Kept before anything else: an interruption loses no finished run.
-            history.append(&row)?;
-            let _ = writeln!(report, "candidate #{rank}: {line}");
+            history.append(&measured.row)?;
+            let _ = writeln!(report, "candidate #{rank}: {}", measured.line);
+            Ok(Some(measured))
         }
         Err(e) => {
             let _ = writeln!(report, "candidate #{rank}: its log does not read: {e}");
+            Ok(None)
         }
     }
-    Ok(())
 }
 
-/// The coefficients a refit on a handful of trial runs frees first: those
-/// that move every configuration's time the most.
-const REFIT_ORDER: [&str; 6] = [
-    "gemm_efficiency",
-    "microbatch_overhead_ms",
-    "iteration_overhead_ms",
-    "host_us_per_layer_pass",
-    "hbm_efficiency",
-    "inter_node_efficiency",
-];
-
 /// Runs `bash SCRIPT`, killed after `timeout`.
-fn run_script(script: &Path, timeout: Duration) -> Result<(), String> {
+pub(super) fn run_script(script: &Path, timeout: Duration) -> Result<(), String> {
     let mut command = Command::new("bash");
     command
         .arg(script)
@@ -347,18 +634,23 @@ fn stop_group(pid: u32) {
     }
 }
 
-/// Refits the plan's cost model on every run measured so far and prints how
-/// the ranking of the plan's candidates moved.
+/// Refits the plan's cost model on every run measured so far, prints how
+/// the ranking of the plan's candidates moved, and scores the refit on the
+/// runs it was not fitted to (leave-one-out).
 fn refit_and_rerank(
-    args: &ValidateArgs,
     plan: &PlanFile,
+    prior: &CostModel,
     history: &Path,
     report: &mut String,
-) -> Result<Option<CostModel>> {
+) -> Result<Option<(CostModel, Vec<HeldOut>)>> {
     let Ok(table) = RunTable::read(history) else {
         let _ = writeln!(report, "no run was measured: nothing to refit");
         return Ok(None);
     };
+    if table.rows.is_empty() {
+        let _ = writeln!(report, "no run was measured: nothing to refit");
+        return Ok(None);
+    }
     let job = job_of(plan);
     let defaults = RowDefaults {
         model: plan.model.clone(),
@@ -371,10 +663,6 @@ fn refit_and_rerank(
         )
     };
     let runs = runs_from_table(&table, &defaults, job.gpus_per_node())?;
-    let prior: CostModel = resolve::cost_model(
-        Some(args.cost_model.as_deref().unwrap_or(&plan.cost_model)),
-        &plan.nodes.gpu.name,
-    )?;
     let dataset = Dataset {
         name: history.display().to_string(),
         runs,
@@ -382,53 +670,36 @@ fn refit_and_rerank(
     };
     // A few trial runs cannot inform every coefficient: fit as many of the
     // most influential ones as the rows allow, the rest keep the plan's.
-    if table.rows.is_empty() {
-        let _ = writeln!(report, "no run was measured: nothing to refit");
-        return Ok(None);
-    }
-    let mut free = REFIT_ORDER.len().min(table.rows.len());
-    let fitted = loop {
-        let options = FitOptions {
-            free: Some(REFIT_ORDER[..free].iter().map(|s| s.to_string()).collect()),
-            folds: 0,
-            bootstrap: 0,
-            ..FitOptions::default()
-        };
-        match calibrate(
-            std::slice::from_ref(&dataset),
-            &prior,
-            &format!("{}-refit", prior.name),
-            &options,
-        ) {
-            Err(CalibrateError::TooFewRuns { .. }) if free > 1 => free -= 1,
-            Err(CalibrateError::TooFewRuns { .. }) => {
-                let _ = writeln!(
-                    report,
-                    "\n{} measured run(s): too few to refit any coefficient yet; trial more candidates (--top) or ingest more runs",
-                    table.rows.len()
-                );
-                return Ok(None);
-            }
-            Ok(fitted) => break fitted,
-            // The runs are kept; a refit that cannot be made is reported,
-            // not fatal.
-            Err(e) => {
-                let _ = writeln!(report, "\nno refit on {}: {e}", history.display());
-                return Ok(None);
-            }
+    let fitted = match refit::refit(&dataset, prior, &format!("{}-refit", prior.name)) {
+        Ok(Some(fitted)) => fitted,
+        Ok(None) => {
+            let _ = writeln!(
+                report,
+                "\n{} measured run(s): too few to refit any coefficient yet; trial more candidates (--top) or ingest more runs",
+                table.rows.len()
+            );
+            return Ok(None);
+        }
+        // The runs are kept; a refit that cannot be made is reported,
+        // not fatal.
+        Err(e) => {
+            let _ = writeln!(report, "\nno refit on {}: {e}", history.display());
+            return Ok(None);
         }
     };
     let _ = writeln!(
         report,
         "\nrefitted {}",
         fitted
+            .calibration
             .coefficients
             .iter()
-            .filter(|c| REFIT_ORDER[..free].contains(&c.name))
+            .filter(|c| fitted.freed.contains(&c.name))
             .map(|c| format!("{} {:.4} -> {:.4}", c.name, c.prior, c.value))
             .collect::<Vec<_>>()
             .join(", ")
     );
+    let model = fitted.calibration.model;
     let rank = |cost: &CostModel| -> Vec<(String, f64)> {
         let s = job.scenario(cost);
         let mut ranked: Vec<(String, f64)> = plan
@@ -439,7 +710,7 @@ fn refit_and_rerank(
         ranked.sort_by(|a, b| a.1.total_cmp(&b.1));
         ranked
     };
-    let change = ranking_change(&rank(&prior), &rank(&fitted.model))?;
+    let change = ranking_change(&rank(prior), &rank(&model))?;
     let _ = writeln!(
         report,
         "\nrefit on {} measured run(s) of {}:",
@@ -447,5 +718,26 @@ fn refit_and_rerank(
         history.display()
     );
     report.push_str(&render_markdown(&change));
-    Ok(Some(fitted.model))
+    let held_out = refit::leave_one_out(&dataset, prior);
+    let Some(memory) = refit::refit_memory(&dataset, &model) else {
+        return Ok(Some((model, held_out)));
+    };
+    let _ = writeln!(
+        report,
+        "\nmemory: refitted {} to {} measured peak(s); allocated-peak error {} before, {} held out (leave-one-out)",
+        memory
+            .coefficients
+            .iter()
+            .map(|(name, before, after)| format!("{name} {before:.4} -> {after:.4}"))
+            .collect::<Vec<_>>()
+            .join(", "),
+        memory.before.len(),
+        percent(refit::mape(&memory.before)),
+        percent(refit::mape(&memory.held_out)),
+    );
+    Ok(Some((memory.model, held_out)))
+}
+
+fn percent(value: Option<f64>) -> String {
+    value.map_or("-".into(), |v| format!("{v:.1}%"))
 }

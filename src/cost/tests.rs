@@ -1050,6 +1050,7 @@ mod profiled {
                 ci95_rel: None,
             }),
             runtime: String::new(),
+            host_memory_bytes: None,
         });
         let measured = Measurements::from_profile(&p);
         let s = plain.with_profile(Some(&measured));

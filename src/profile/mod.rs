@@ -17,12 +17,14 @@
 //! nccl-tests logs and published tables into points; [`Measurements`] is the
 //! pure, allocation-free lookup the cost model uses.
 
+mod cluster;
 mod import;
 mod lookup;
 mod store;
 mod sweep;
 
 pub use crate::bench::{CopyPoint, DeviceFacts, MatmulPoint};
+pub use cluster::{MeasuredNodeShape, measured_link, measured_node};
 pub use import::{
     NcclLog, merge_collectives, merge_layers, parse_korthikanti_layers, parse_nccl_tests,
     parse_reference_collectives, read_text,
@@ -354,6 +356,10 @@ pub struct DeviceProfile {
     pub copy: Option<crate::bench::CopyPoint>,
     #[serde(default)]
     pub runtime: String,
+    /// The host's physical memory, bytes: a CPU's capacity, which its
+    /// ranks share (a GPU's is in `facts`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_memory_bytes: Option<f64>,
 }
 
 impl DeviceProfile {

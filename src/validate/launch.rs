@@ -115,6 +115,10 @@ pub enum LaunchError {
         gpus_per_node: u64,
         launcher: &'static str,
     },
+    #[error(
+        "--ranks {given}: the plan's candidates use {needed} GPUs, one rank each; give --ranks {needed}, or plan for a cluster of {given} (e.g. --cluster-from-profile DIR --gpus-per-node {given})"
+    )]
+    Ranks { given: u64, needed: u64 },
     #[error("cannot write {path}: {message}")]
     Write { path: String, message: String },
 }
@@ -277,14 +281,13 @@ pub(crate) fn script_prologue(s: &mut String) {
     );
 }
 
-/// Writes `out_dir/candidate-<rank>/run.sh` (executable) and, if given, a
-/// `(file name, text)` beside it, each atomically; returns the script's
-/// path.
+/// Writes `out_dir/candidate-<rank>/run.sh` (executable) and the `(file
+/// name, text)` pairs beside it, each atomically; returns the script's path.
 pub(crate) fn write_candidate(
     out_dir: &Path,
     rank: usize,
     script: &str,
-    beside: Option<(&str, &str)>,
+    beside: &[(&str, &str)],
 ) -> Result<PathBuf, LaunchError> {
     let write_error = |path: &Path, e: std::io::Error| LaunchError::Write {
         path: path.display().to_string(),
@@ -292,7 +295,7 @@ pub(crate) fn write_candidate(
     };
     let dir = out_dir.join(format!("candidate-{rank}"));
     std::fs::create_dir_all(&dir).map_err(|e| write_error(&dir, e))?;
-    if let Some((name, text)) = beside {
+    for (name, text) in beside {
         let path = dir.join(name);
         crate::atomic::write_atomically(&path, text.as_bytes())
             .map_err(|e| write_error(&path, e))?;
@@ -594,7 +597,7 @@ pub fn write_launch_scripts(
             }
             Err(other) => return Err(other),
         };
-        let path = write_candidate(out_dir, candidate.rank, &text, None)?;
+        let path = write_candidate(out_dir, candidate.rank, &text, &[])?;
         outcomes.push(ScriptOutcome::Written {
             rank: candidate.rank,
             path,

@@ -4,5 +4,7 @@
 pub mod launch;
 pub mod local;
 pub mod megatron_log;
+pub mod refit;
+pub mod torch_launch;
 pub mod torchtitan_launch;
 pub mod torchtitan_log;

@@ -338,8 +338,13 @@ pub fn write_torchtitan_scripts(
             }
             Err(other) => return Err(other),
         };
-        let beside = trial.job_toml.as_deref().map(|text| ("job.toml", text));
-        let path = write_candidate(out_dir, candidate.rank, &trial.script, beside)?;
+        let beside: Vec<(&str, &str)> = trial
+            .job_toml
+            .as_deref()
+            .map(|text| ("job.toml", text))
+            .into_iter()
+            .collect();
+        let path = write_candidate(out_dir, candidate.rank, &trial.script, &beside)?;
         outcomes.push(ScriptOutcome::Written {
             rank: candidate.rank,
             path,

@@ -1,0 +1,984 @@
+//! Multi-rank trials on PyTorch's own `torch.distributed`: `validate
+//! --launch torch --ranks N`. For each candidate a job (`job.json`: the
+//! model, the degrees, micro-batch, schedule, sharding and recomputation as
+//! planned) and a script that starts N ranks of the shipped worker
+//! (`torch_worker.py`, compiled into this binary and written beside the
+//! job) under `python -m torch.distributed.run`: DTensor tensor parallelism,
+//! `torch.distributed.pipelining` schedules, FSDP2 or replicated data
+//! parallelism, activation checkpointing. gloo on the CPU, NCCL on GPUs.
+//!
+//! The worker holds state as torchtitan's FSDP2 does (fp32 parameters,
+//! gradients and Adam moments, compute in 16 bits), so only candidates
+//! planned for the torchtitan engine are trialled; others are skipped with
+//! the reason. Every rank writes `report/rank-R.json`; [`read_trial`]
+//! checks that each ran with the degrees it was planned with and turns the
+//! reports into a run row ([`ROW_COLUMNS`]) and per-rank memory.
+
+use super::launch::{LaunchError, ScriptOutcome, script_header, script_prologue, write_candidate};
+use crate::config::{Engine, ParallelConfig, ScheduleKind};
+use crate::plan_file::{PlanFile, PlannedCandidate};
+use crate::text::shell_quote;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+/// The worker, shipped inside the binary so a trial needs nothing but a
+/// Python with PyTorch.
+pub const WORKER_SOURCE: &str = include_str!("torch_worker.py");
+/// Its file name beside each candidate's job.
+pub const WORKER_FILE: &str = "torch_worker.py";
+/// Version of the job and report schema the worker speaks.
+pub const SCHEMA: u32 = 1;
+
+/// Where the ranks run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TrialDevice {
+    Cpu,
+    Cuda,
+}
+
+impl TrialDevice {
+    /// The collective backend the device's ranks talk through.
+    pub fn backend(self) -> &'static str {
+        match self {
+            TrialDevice::Cpu => "gloo",
+            TrialDevice::Cuda => "nccl",
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            TrialDevice::Cpu => "cpu",
+            TrialDevice::Cuda => "cuda",
+        }
+    }
+}
+
+/// What every candidate's trial shares.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TorchSettings {
+    /// A Python interpreter with PyTorch.
+    pub python: PathBuf,
+    pub ranks: u64,
+    pub device: TrialDevice,
+    /// Compute precision: `bf16` or `fp32`.
+    pub dtype: String,
+    pub warmup: u64,
+    pub iterations: u64,
+    /// Threads each CPU rank may use (`torch.set_num_threads`).
+    pub threads_per_rank: u64,
+}
+
+/// Ranks a machine can run at once: two per core at most, more only
+/// measure contention.
+pub fn max_ranks(cores: u64) -> u64 {
+    2 * cores.max(1)
+}
+
+/// The model as the worker builds it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrialModel {
+    pub hidden: u64,
+    pub heads: u64,
+    pub kv_heads: u64,
+    pub ffn_hidden: u64,
+    pub gated_mlp: bool,
+    pub layers: u64,
+    pub vocab: u64,
+    pub seq_len: u64,
+    pub tied_embeddings: bool,
+    pub learned_positions: bool,
+    pub attention: String,
+    pub dropout: bool,
+}
+
+/// The parallel configuration as the worker maps it onto torch.distributed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrialParallel {
+    pub tp: u64,
+    pub pp: u64,
+    pub dp: u64,
+    pub dp_shard: Option<u64>,
+    pub micro_batch: u64,
+    pub global_batch: u64,
+    pub schedule: String,
+    pub virtual_stages: u64,
+    /// Layers of each model chunk in model order, `pp · virtual_stages` of
+    /// them; chunk `c` runs on pipeline rank `c mod pp` (Megatron-LM's
+    /// interleaving).
+    pub stage_layers: Vec<u64>,
+    pub sequence_parallel: bool,
+    pub optimizer_sharding: String,
+    pub recompute: String,
+    pub ac_frequency: u64,
+}
+
+/// One candidate's job, `job.json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrialJob {
+    pub schema: u32,
+    pub mode: String,
+    pub candidate: usize,
+    pub device: TrialDevice,
+    pub backend: String,
+    pub threads_per_rank: u64,
+    pub dtype: String,
+    pub seed: u64,
+    pub warmup: u64,
+    pub iterations: u64,
+    pub report_dir: PathBuf,
+    pub model: TrialModel,
+    pub parallel: TrialParallel,
+    pub comm: Option<serde_json::Value>,
+}
+
+/// Layers of each model chunk, in model order. Interleaved chunks split a
+/// stage's layers evenly; an uneven first or last stage is one chunk.
+pub fn chunk_layers(c: &ParallelConfig, layers: u64) -> Vec<u64> {
+    let v = c.virtual_stages.max(1);
+    let chunks = c.pp * v;
+    if v == 1 {
+        return (0..c.pp).map(|s| c.stage_layers(layers, s)).collect();
+    }
+    (0..chunks).map(|_| layers / chunks).collect()
+}
+
+/// Why the worker cannot run `c` as planned, if it cannot.
+pub fn unsupported(c: &ParallelConfig, layers: u64) -> Option<String> {
+    let reason = if c.engine != Engine::Torchtitan {
+        "the torch worker holds state as FSDP2 does (fp32 parameters, gradients and Adam moments); plan with --engine torchtitan to trial on it"
+    } else if c.compile {
+        "torch.compile is not run by the worker (plan with --compile off)"
+    } else if c.bpipe {
+        "BPipe's activation eviction is not run by the worker"
+    } else if c.cuda_graphs || c.tp_comm_overlap {
+        "CUDA graphs and async tensor parallelism are not run by the worker"
+    } else if c.virtual_stages > 1
+        && (c.uneven() || !layers.is_multiple_of(c.pp * c.virtual_stages))
+    {
+        "interleaved chunks of unequal size are not run by the worker"
+    } else {
+        return None;
+    };
+    Some(reason.to_string())
+}
+
+/// The job of one candidate, its reports going to `report_dir`.
+pub fn trial_job(
+    plan: &PlanFile,
+    candidate: &PlannedCandidate,
+    settings: &TorchSettings,
+    report_dir: &Path,
+) -> Result<TrialJob, LaunchError> {
+    let c = &candidate.config;
+    if let Some(reason) = unsupported(c, plan.model.layers) {
+        return Err(LaunchError::Unsupported {
+            rank: candidate.rank,
+            engine: "the torch worker",
+            reason,
+        });
+    }
+    check_ranks(plan, settings.ranks)?;
+    let m = &plan.model;
+    Ok(TrialJob {
+        schema: SCHEMA,
+        mode: "train".into(),
+        candidate: candidate.rank,
+        device: settings.device,
+        backend: settings.device.backend().into(),
+        threads_per_rank: settings.threads_per_rank,
+        dtype: settings.dtype.clone(),
+        seed: 1234,
+        warmup: settings.warmup,
+        iterations: settings.iterations,
+        report_dir: report_dir.to_path_buf(),
+        model: TrialModel {
+            hidden: m.hidden,
+            heads: m.heads,
+            kv_heads: m.kv_heads,
+            ffn_hidden: m.ffn_hidden,
+            gated_mlp: m.gated_mlp,
+            layers: m.layers,
+            vocab: m.vocab,
+            seq_len: m.seq_len,
+            tied_embeddings: m.tied_embeddings,
+            learned_positions: m.learned_positions,
+            attention: m.attention.name().into(),
+            dropout: m.dropout,
+        },
+        parallel: TrialParallel {
+            tp: c.tp,
+            pp: c.pp,
+            dp: c.dp,
+            dp_shard: c.dp_shard,
+            micro_batch: c.micro_batch,
+            global_batch: plan.global_batch,
+            schedule: c.schedule.name().into(),
+            virtual_stages: if c.schedule == ScheduleKind::Interleaved {
+                c.virtual_stages
+            } else {
+                1
+            },
+            stage_layers: chunk_layers(c, m.layers),
+            sequence_parallel: c.sequence_parallel,
+            optimizer_sharding: c.optimizer_sharding.name().into(),
+            recompute: c.recompute.name().into(),
+            ac_frequency: c.ac_frequency,
+        },
+        comm: None,
+    })
+}
+
+/// A plan's candidates use all of its GPUs: one rank each.
+pub fn check_ranks(plan: &PlanFile, ranks: u64) -> Result<(), LaunchError> {
+    if ranks == plan.gpus {
+        return Ok(());
+    }
+    Err(LaunchError::Ranks {
+        given: ranks,
+        needed: plan.gpus,
+    })
+}
+
+/// The script that runs one candidate's ranks; `job.json` and the worker
+/// sit beside it.
+pub fn torch_script(
+    plan: &PlanFile,
+    candidate: &PlannedCandidate,
+    settings: &TorchSettings,
+) -> String {
+    let mut s = String::new();
+    script_header(
+        &mut s,
+        "torch.distributed",
+        plan,
+        candidate,
+        (plan.nodes.nodes, plan.nodes.gpus_per_node),
+    );
+    let _ = writeln!(
+        s,
+        "#   {} ranks on this machine ({}, {}), started by torch.distributed.run; one report per rank in report/",
+        settings.ranks,
+        settings.device.name(),
+        settings.device.backend()
+    );
+    script_prologue(&mut s);
+    let _ = writeln!(
+        s,
+        "PYTHON_DEFAULT={}",
+        shell_quote(&settings.python.display().to_string())
+    );
+    let _ = writeln!(s, "PYTHON=\"${{PYTHON:-$PYTHON_DEFAULT}}\"");
+    let _ = writeln!(s);
+    let _ = writeln!(
+        s,
+        "# One thread per rank unless told otherwise, and glibc handing freed"
+    );
+    let _ = writeln!(
+        s,
+        "# blocks back at once, so a CPU rank's resident memory follows its tensors."
+    );
+    let _ = writeln!(
+        s,
+        "export OMP_NUM_THREADS=\"${{OMP_NUM_THREADS:-{}}}\"",
+        settings.threads_per_rank.max(1)
+    );
+    let _ = writeln!(s, "export MALLOC_MMAP_THRESHOLD_=65536");
+    let _ = writeln!(s, "export MALLOC_TRIM_THRESHOLD_=0");
+    let _ = writeln!(s);
+    let _ = writeln!(s, "rm -rf \"$SCRIPT_DIR/report\"");
+    let _ = writeln!(s, "mkdir -p \"$SCRIPT_DIR/report\"");
+    let _ = writeln!(
+        s,
+        "\"$PYTHON\" -m torch.distributed.run --standalone --nproc-per-node {} \\",
+        settings.ranks
+    );
+    let _ = writeln!(
+        s,
+        "    \"$SCRIPT_DIR/{WORKER_FILE}\" --job \"$SCRIPT_DIR/job.json\" > \"$SCRIPT_DIR/run.log\" 2>&1"
+    );
+    s
+}
+
+/// Writes `candidate-N/{run.sh, job.json, torch_worker.py}` for each
+/// candidate the worker can run; the others are skipped with the reason.
+pub fn write_torch_scripts(
+    plan: &PlanFile,
+    settings: &TorchSettings,
+    out_dir: &Path,
+) -> Result<Vec<ScriptOutcome>, LaunchError> {
+    check_ranks(plan, settings.ranks)?;
+    let absolute = std::path::absolute(out_dir).map_err(|e| LaunchError::Write {
+        path: out_dir.display().to_string(),
+        message: e.to_string(),
+    })?;
+    let mut outcomes = Vec::with_capacity(plan.candidates.len());
+    for candidate in &plan.candidates {
+        let report_dir = absolute
+            .join(format!("candidate-{}", candidate.rank))
+            .join("report");
+        let job = match trial_job(plan, candidate, settings, &report_dir) {
+            Ok(job) => job,
+            Err(LaunchError::Unsupported { rank, reason, .. }) => {
+                outcomes.push(ScriptOutcome::Skipped { rank, reason });
+                continue;
+            }
+            Err(other) => return Err(other),
+        };
+        let job_text = serde_json::to_string_pretty(&job).expect("a job serialises");
+        let script = torch_script(plan, candidate, settings);
+        let path = write_candidate(
+            out_dir,
+            candidate.rank,
+            &script,
+            &[("job.json", &job_text), (WORKER_FILE, WORKER_SOURCE)],
+        )?;
+        outcomes.push(ScriptOutcome::Written {
+            rank: candidate.rank,
+            path,
+        });
+    }
+    Ok(outcomes)
+}
+
+/// The degrees a rank found in its live device mesh.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Degrees {
+    pub tp: u64,
+    pub pp: u64,
+    pub dp: u64,
+}
+
+/// One rank's report, the fields paratune reads (the worker writes more).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RankReport {
+    pub schema: u32,
+    pub rank: u64,
+    pub world_size: u64,
+    pub degrees: Degrees,
+    /// Model chunks this rank holds.
+    pub stages: Vec<u64>,
+    pub schedule: String,
+    pub data_parallel: String,
+    pub micro_batches: u64,
+    pub iteration_ms: Vec<f64>,
+    pub peak_memory_bytes: f64,
+    pub memory_kind: String,
+    #[serde(default)]
+    pub reserved_bytes: Option<f64>,
+    #[serde(default)]
+    pub collectives_ms: BTreeMap<String, f64>,
+    #[serde(default)]
+    pub notes: Vec<String>,
+}
+
+impl RankReport {
+    /// The pipeline stage this rank runs (its first chunk's).
+    pub fn stage(&self) -> u64 {
+        self.stages.first().copied().unwrap_or(0) % self.degrees.pp.max(1)
+    }
+}
+
+/// What a candidate's trial measured, over all its ranks.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TorchTrial {
+    pub ranks: Vec<RankReport>,
+    /// Steady-state median of the iteration times (each the slowest
+    /// rank's), and their mean, ms.
+    pub median_ms: f64,
+    pub mean_ms: f64,
+    pub iterations: usize,
+}
+
+/// A trial that did not produce what it should have.
+#[derive(Debug, thiserror::Error)]
+pub enum TrialError {
+    #[error("rank {rank} failed: {message}")]
+    RankFailed { rank: u64, message: String },
+    #[error("{path}: {message}")]
+    Report { path: String, message: String },
+    #[error(
+        "rank {rank} ran tp{} pp{} dp{}, but the plan says tp{} pp{} dp{}: the worker did not run the candidate as planned",
+        found.tp, found.pp, found.dp, planned.tp, planned.pp, planned.dp
+    )]
+    DegreesDiffer {
+        rank: u64,
+        found: Degrees,
+        planned: Degrees,
+    },
+}
+
+/// Reads every rank's report from `report_dir` and checks it against `job`.
+pub fn read_trial(report_dir: &Path, job: &TrialJob) -> Result<TorchTrial, TrialError> {
+    let world = job.parallel.tp * job.parallel.pp * job.parallel.dp;
+    let planned = Degrees {
+        tp: job.parallel.tp,
+        pp: job.parallel.pp,
+        dp: job.parallel.dp,
+    };
+    let mut ranks = Vec::with_capacity(world as usize);
+    for rank in 0..world {
+        let failed = report_dir.join(format!("rank-{rank}.error.json"));
+        if let Ok(text) = std::fs::read_to_string(&failed) {
+            let message = serde_json::from_str::<serde_json::Value>(&text)
+                .ok()
+                .and_then(|v| v.get("error").and_then(|e| e.as_str()).map(str::to_string))
+                .unwrap_or_else(|| "its error report does not read".into());
+            return Err(TrialError::RankFailed { rank, message });
+        }
+        let path = report_dir.join(format!("rank-{rank}.json"));
+        let shown = path.display().to_string();
+        let text = std::fs::read_to_string(&path).map_err(|e| TrialError::Report {
+            path: shown.clone(),
+            message: format!("no report ({e}); the rank died before the end, see run.log"),
+        })?;
+        let report: RankReport = serde_json::from_str(&text).map_err(|e| TrialError::Report {
+            path: shown.clone(),
+            message: format!("not a worker report ({e})"),
+        })?;
+        check_report(&report, rank, world, &shown)?;
+        if report.degrees != planned {
+            return Err(TrialError::DegreesDiffer {
+                rank,
+                found: report.degrees,
+                planned,
+            });
+        }
+        ranks.push(report);
+    }
+    let times = &ranks[0].iteration_ms;
+    let median_ms = super::megatron_log::median(times);
+    let mean_ms = times.iter().sum::<f64>() / times.len() as f64;
+    Ok(TorchTrial {
+        median_ms,
+        mean_ms,
+        iterations: times.len(),
+        ranks,
+    })
+}
+
+/// A report read back is checked before anything is derived from it.
+fn check_report(report: &RankReport, rank: u64, world: u64, path: &str) -> Result<(), TrialError> {
+    let bad = |message: String| TrialError::Report {
+        path: path.to_string(),
+        message,
+    };
+    if report.schema != SCHEMA {
+        return Err(bad(format!(
+            "schema {}, this paratune reads {SCHEMA}",
+            report.schema
+        )));
+    }
+    if report.rank != rank || report.world_size != world {
+        return Err(bad(format!(
+            "rank {} of {}, expected rank {rank} of {world}",
+            report.rank, report.world_size
+        )));
+    }
+    if report.iteration_ms.is_empty()
+        || report
+            .iteration_ms
+            .iter()
+            .any(|t| !t.is_finite() || *t <= 0.0 || *t > 3.6e6)
+    {
+        return Err(bad(
+            "`iteration_ms` must hold positive times of at most an hour".into(),
+        ));
+    }
+    if !report.peak_memory_bytes.is_finite() || report.peak_memory_bytes < 0.0 {
+        return Err(bad("`peak_memory_bytes` must be a byte count".into()));
+    }
+    Ok(())
+}
+
+/// Columns of a torch trial's run row: paratune's run-table schema.
+pub const ROW_COLUMNS: [&str; 33] = [
+    "gpus",
+    "global_batch",
+    "micro_batch",
+    "hidden",
+    "heads",
+    "kv_heads",
+    "ffn_hidden",
+    "gated_mlp",
+    "tied_embeddings",
+    "first_stage_layers",
+    "last_stage_layers",
+    "layers",
+    "seq_len",
+    "vocab",
+    "tp",
+    "dp",
+    "pp",
+    "recompute",
+    "sequence_parallel",
+    "schedule",
+    "virtual_stages",
+    "attention",
+    "optimizer_sharding",
+    "dropout",
+    "engine",
+    "ac_frequency",
+    "dp_shard",
+    "iter_ms",
+    "iter_ms_mean",
+    "peak_allocated_gib",
+    "memory_rank",
+    "steady_iterations",
+    "source_log",
+];
+
+impl TorchTrial {
+    /// The largest peak over the ranks, bytes.
+    pub fn peak_bytes(&self) -> f64 {
+        self.ranks
+            .iter()
+            .map(|r| r.peak_memory_bytes)
+            .fold(0.0, f64::max)
+    }
+
+    /// This trial as a row of [`ROW_COLUMNS`] for `config` of `plan`.
+    pub fn row(&self, plan: &PlanFile, config: &ParallelConfig, source: &str) -> Vec<String> {
+        let m = &plan.model;
+        let c = config;
+        let on_off = |b: bool| crate::config::on_off(b).to_string();
+        let optional = |v: Option<u64>| v.map(|v| v.to_string()).unwrap_or_default();
+        vec![
+            plan.gpus.to_string(),
+            plan.global_batch.to_string(),
+            c.micro_batch.to_string(),
+            m.hidden.to_string(),
+            m.heads.to_string(),
+            m.kv_heads.to_string(),
+            m.ffn_hidden.to_string(),
+            on_off(m.gated_mlp),
+            on_off(m.tied_embeddings),
+            optional(c.first_stage_layers),
+            optional(c.last_stage_layers),
+            m.layers.to_string(),
+            m.seq_len.to_string(),
+            m.vocab.to_string(),
+            c.tp.to_string(),
+            c.dp.to_string(),
+            c.pp.to_string(),
+            c.recompute.name().to_string(),
+            on_off(c.sequence_parallel),
+            c.schedule.name().to_string(),
+            c.virtual_stages.to_string(),
+            c.attention.name().to_string(),
+            c.optimizer_sharding.name().to_string(),
+            on_off(m.dropout),
+            c.engine.name().to_string(),
+            c.ac_frequency.to_string(),
+            optional(c.dp_shard),
+            format!("{:.3}", self.median_ms),
+            format!("{:.3}", self.mean_ms),
+            format!("{:.6}", self.peak_bytes() / (1u64 << 30) as f64),
+            "max".into(),
+            self.iterations.to_string(),
+            source.to_string(),
+        ]
+    }
+
+    /// Collective time per iteration by kind, averaged over the ranks, ms.
+    pub fn collectives_ms(&self) -> BTreeMap<String, f64> {
+        let mut sum: BTreeMap<String, f64> = BTreeMap::new();
+        for r in &self.ranks {
+            for (kind, ms) in &r.collectives_ms {
+                *sum.entry(kind.clone()).or_default() += ms;
+            }
+        }
+        let n = self.ranks.len().max(1) as f64;
+        sum.into_iter().map(|(k, v)| (k, v / n)).collect()
+    }
+}
+
+/// A collective sweep between the worker's ranks (`"mode": "comm"`):
+/// `profile comm --ranks N` measures the links a machine's ranks talk over.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CommSweepJob {
+    pub schema: u32,
+    pub mode: String,
+    pub device: TrialDevice,
+    pub backend: String,
+    pub threads_per_rank: u64,
+    pub dtype: String,
+    pub seed: u64,
+    pub report_dir: PathBuf,
+    pub comm: CommSweep,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CommSweep {
+    pub ops: Vec<String>,
+    /// The full fp32 tensor of each op (all-gather's output, reduce-scatter's
+    /// input), nccl-tests' size convention.
+    pub sizes_bytes: Vec<u64>,
+    pub warmup: u64,
+    pub iterations: u64,
+}
+
+/// The worker's name of each collective.
+fn worker_op(op: crate::profile::CollectiveOp) -> &'static str {
+    use crate::profile::CollectiveOp::*;
+    match op {
+        AllReduce => "all_reduce",
+        AllGather => "all_gather",
+        ReduceScatter => "reduce_scatter",
+        SendRecv => "send_recv",
+    }
+}
+
+/// A sweep of every collective from 4 KiB up to `max_bytes`, doubling.
+pub fn comm_sweep_job(
+    device: TrialDevice,
+    ranks: u64,
+    max_bytes: u64,
+    iterations: u64,
+    report_dir: &Path,
+) -> CommSweepJob {
+    let mut sizes = Vec::new();
+    // A multiple of 4 bytes per rank, so every op splits the tensor evenly.
+    let mut size = 4096u64.max(4 * ranks).next_multiple_of(4 * ranks);
+    while size <= max_bytes.max(4096) {
+        sizes.push(size);
+        size *= 2;
+    }
+    CommSweepJob {
+        schema: SCHEMA,
+        mode: "comm".into(),
+        device,
+        backend: device.backend().into(),
+        threads_per_rank: 1,
+        dtype: "fp32".into(),
+        seed: 1234,
+        report_dir: report_dir.to_path_buf(),
+        comm: CommSweep {
+            ops: crate::profile::CollectiveOp::ALL
+                .iter()
+                .map(|&op| worker_op(op).to_string())
+                .collect(),
+            sizes_bytes: sizes,
+            warmup: 2,
+            iterations: iterations.max(1),
+        },
+    }
+}
+
+/// nccl-tests' bus bandwidth factor: what each rank moves per byte of the
+/// op's size (ring all-reduce 2(n-1)/n, all-gather and reduce-scatter
+/// (n-1)/n, a send 1).
+fn bus_factor(op: crate::profile::CollectiveOp, ranks: u64) -> f64 {
+    use crate::profile::CollectiveOp::*;
+    let n = ranks as f64;
+    match op {
+        AllReduce => 2.0 * (n - 1.0) / n,
+        AllGather | ReduceScatter => (n - 1.0) / n,
+        SendRecv => 1.0,
+    }
+}
+
+#[derive(Deserialize)]
+struct CommReport {
+    schema: u32,
+    points: Vec<CommReportPoint>,
+}
+
+#[derive(Deserialize)]
+struct CommReportPoint {
+    op: String,
+    ranks: u64,
+    bytes: f64,
+    seconds: f64,
+}
+
+/// The collective points of a sweep's `comm.json`, each checked.
+pub fn read_comm(report_dir: &Path) -> Result<Vec<crate::profile::CollectivePoint>, TrialError> {
+    let path = report_dir.join("comm.json");
+    let shown = path.display().to_string();
+    let bad = |message: String| TrialError::Report {
+        path: shown.clone(),
+        message,
+    };
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| bad(format!("no sweep report ({e}); see the worker's log")))?;
+    let report: CommReport =
+        serde_json::from_str(&text).map_err(|e| bad(format!("not a sweep report ({e})")))?;
+    if report.schema != SCHEMA {
+        return Err(bad(format!(
+            "schema {}, this paratune reads {SCHEMA}",
+            report.schema
+        )));
+    }
+    report
+        .points
+        .iter()
+        .map(|p| {
+            let op = crate::profile::CollectiveOp::ALL
+                .into_iter()
+                .find(|&op| worker_op(op) == p.op)
+                .ok_or_else(|| bad(format!("unknown collective `{}`", p.op)))?;
+            let point = crate::profile::CollectivePoint {
+                op,
+                ranks: p.ranks,
+                bytes: p.bytes,
+                seconds: p.seconds,
+                busbw: bus_factor(op, p.ranks) * p.bytes / p.seconds / 1e9,
+            };
+            point.check().map_err(bad)?;
+            Ok(point)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{OptimizerSharding, Recompute};
+    use crate::search::SearchSpace;
+    use crate::validate::launch::tests::{bash_accepts, plan_on};
+
+    fn settings(ranks: u64) -> TorchSettings {
+        TorchSettings {
+            python: PathBuf::from("/opt/py env/bin/python"),
+            ranks,
+            device: TrialDevice::Cpu,
+            dtype: "bf16".into(),
+            warmup: 2,
+            iterations: 5,
+            threads_per_rank: 1,
+        }
+    }
+
+    /// GPT-3 13B on 8 A100s, planned for torchtitan without compile.
+    fn plan(space: SearchSpace) -> PlanFile {
+        plan_on(
+            "gpt3-13b",
+            1,
+            8,
+            64,
+            SearchSpace {
+                engine: Engine::Torchtitan,
+                compile: Some(vec![false]),
+                cuda_graphs: Some(vec![false]),
+                tp_comm_overlap: Some(vec![false]),
+                ..space
+            },
+        )
+    }
+
+    #[test]
+    fn a_job_carries_the_planned_degrees_schedule_and_sharding() {
+        let plan = plan(SearchSpace {
+            tp: Some(vec![2]),
+            pp: Some(vec![2]),
+            schedule: Some(vec![ScheduleKind::Interleaved]),
+            virtual_stages: Some(vec![2]),
+            recompute: Some(vec![Recompute::Full]),
+            optimizer_sharding: Some(vec![OptimizerSharding::Full]),
+            ..SearchSpace::default()
+        });
+        let candidate = &plan.candidates[0];
+        let c = candidate.config;
+        let job = trial_job(&plan, candidate, &settings(8), Path::new("/r")).unwrap();
+        let p = &job.parallel;
+        assert_eq!((p.tp, p.pp, p.dp), (2, 2, 2));
+        assert_eq!(p.schedule, "interleaved");
+        assert_eq!(p.virtual_stages, 2);
+        assert_eq!(p.recompute, "full");
+        assert_eq!(p.optimizer_sharding, "full");
+        assert_eq!(p.micro_batch, c.micro_batch);
+        assert_eq!(p.global_batch, 64);
+        // 40 layers in 4 chunks of 10, chunk c on pipeline rank c mod 2.
+        assert_eq!(p.stage_layers, vec![10, 10, 10, 10]);
+        assert_eq!(job.backend, "gloo");
+        assert_eq!(job.model.layers, 40);
+        assert_eq!(job.mode, "train");
+    }
+
+    #[test]
+    fn uneven_stages_are_one_chunk_each() {
+        let c = ParallelConfig {
+            pp: 4,
+            first_stage_layers: Some(3),
+            last_stage_layers: Some(5),
+            ..plan(SearchSpace::default()).candidates[0].config
+        };
+        let layers = chunk_layers(&c, 24);
+        assert_eq!(layers.len(), 4);
+        assert_eq!(layers.iter().sum::<u64>(), 24);
+        assert_eq!((layers[0], layers[3]), (3, 5));
+    }
+
+    #[test]
+    fn what_the_worker_cannot_run_is_skipped_with_the_reason() {
+        let base = plan(SearchSpace::default()).candidates[0].config;
+        let megatron = ParallelConfig {
+            engine: Engine::Megatron,
+            ..base
+        };
+        assert!(
+            unsupported(&megatron, 24)
+                .unwrap()
+                .contains("--engine torchtitan")
+        );
+        let compiled = ParallelConfig {
+            compile: true,
+            ..base
+        };
+        assert!(
+            unsupported(&compiled, 24)
+                .unwrap()
+                .contains("torch.compile")
+        );
+        assert_eq!(unsupported(&base, 24), None);
+    }
+
+    #[test]
+    fn ranks_must_match_the_plan() {
+        let plan = plan(SearchSpace::default());
+        let e = write_torch_scripts(&plan, &settings(4), Path::new("/nonexistent")).unwrap_err();
+        let text = e.to_string();
+        assert!(
+            text.contains("--ranks 4") && text.contains("8 GPUs"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn scripts_quote_the_interpreter_and_parse() {
+        let plan = plan(SearchSpace::default());
+        let dir = tempfile::tempdir().unwrap();
+        let outcomes = write_torch_scripts(&plan, &settings(8), dir.path()).unwrap();
+        let ScriptOutcome::Written { path, .. } = &outcomes[0] else {
+            panic!("{outcomes:?}")
+        };
+        let script = std::fs::read_to_string(path).unwrap();
+        assert!(
+            script.contains("PYTHON_DEFAULT='/opt/py env/bin/python'"),
+            "{script}"
+        );
+        assert!(script.contains("--nproc-per-node 8"), "{script}");
+        bash_accepts(&script);
+        let folder = path.parent().unwrap();
+        assert_eq!(
+            std::fs::read_to_string(folder.join(WORKER_FILE)).unwrap(),
+            WORKER_SOURCE
+        );
+        let job: TrialJob =
+            serde_json::from_str(&std::fs::read_to_string(folder.join("job.json")).unwrap())
+                .unwrap();
+        assert!(job.report_dir.is_absolute() && job.report_dir.ends_with("report"));
+    }
+
+    fn report(rank: u64, degrees: Degrees) -> serde_json::Value {
+        serde_json::json!({
+            "schema": 1, "rank": rank, "world_size": 2, "degrees": degrees,
+            "stages": [rank], "schedule": "ScheduleGPipe", "data_parallel": "none",
+            "micro_batches": 4, "iteration_ms": [10.0, 12.0, 11.0],
+            "peak_memory_bytes": 1.0e6 * (rank + 1) as f64, "memory_kind": "rss-above-baseline",
+            "collectives_ms": {"send": 1.0 + rank as f64}
+        })
+    }
+
+    fn two_stage_job(dir: &Path) -> TrialJob {
+        let plan = plan(SearchSpace::default());
+        let mut job = trial_job(&plan, &plan.candidates[0], &settings(8), dir).unwrap();
+        job.parallel.tp = 1;
+        job.parallel.pp = 2;
+        job.parallel.dp = 1;
+        job
+    }
+
+    #[test]
+    fn reports_are_read_checked_and_summarised() {
+        let dir = tempfile::tempdir().unwrap();
+        let job = two_stage_job(dir.path());
+        let planned = Degrees {
+            tp: 1,
+            pp: 2,
+            dp: 1,
+        };
+        for rank in 0..2 {
+            let path = dir.path().join(format!("rank-{rank}.json"));
+            std::fs::write(path, report(rank, planned).to_string()).unwrap();
+        }
+        let trial = read_trial(dir.path(), &job).unwrap();
+        assert_eq!(trial.median_ms, 11.0);
+        assert_eq!(trial.iterations, 3);
+        assert_eq!(trial.peak_bytes(), 2.0e6);
+        assert_eq!(trial.ranks[1].stage(), 1);
+        assert_eq!(trial.collectives_ms()["send"], 1.5);
+        let plan = plan(SearchSpace::default());
+        let row = trial.row(&plan, &plan.candidates[0].config, "log");
+        assert_eq!(row.len(), ROW_COLUMNS.len());
+
+        // A rank that ran other degrees than planned is refused.
+        let other = Degrees {
+            tp: 2,
+            pp: 1,
+            dp: 1,
+        };
+        std::fs::write(dir.path().join("rank-1.json"), report(1, other).to_string()).unwrap();
+        let e = read_trial(dir.path(), &job).unwrap_err().to_string();
+        assert!(
+            e.contains("rank 1 ran tp2 pp1 dp1") && e.contains("tp1 pp2 dp1"),
+            "{e}"
+        );
+        // A rank's own error is what the trial says.
+        std::fs::write(
+            dir.path().join("rank-0.error.json"),
+            r#"{"schema": 1, "rank": 0, "error": "parallel.tp: 3 does not divide heads 4"}"#,
+        )
+        .unwrap();
+        let e = read_trial(dir.path(), &job).unwrap_err().to_string();
+        assert!(e.contains("rank 0 failed: parallel.tp"), "{e}");
+    }
+
+    #[test]
+    fn a_missing_or_garbled_report_names_its_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let job = two_stage_job(dir.path());
+        let e = read_trial(dir.path(), &job).unwrap_err().to_string();
+        assert!(e.contains("rank-0.json") && e.contains("run.log"), "{e}");
+        let mut bad = report(
+            0,
+            Degrees {
+                tp: 1,
+                pp: 2,
+                dp: 1,
+            },
+        );
+        bad["iteration_ms"] = serde_json::json!([-1.0]);
+        std::fs::write(dir.path().join("rank-0.json"), bad.to_string()).unwrap();
+        let e = read_trial(dir.path(), &job).unwrap_err().to_string();
+        assert!(e.contains("iteration_ms"), "{e}");
+    }
+
+    #[test]
+    fn a_comm_sweep_reads_back_as_collective_points() {
+        let dir = tempfile::tempdir().unwrap();
+        let job = comm_sweep_job(TrialDevice::Cpu, 2, 1 << 20, 5, dir.path());
+        assert_eq!(job.comm.sizes_bytes.first(), Some(&4096));
+        assert_eq!(job.comm.sizes_bytes.last(), Some(&(1 << 20)));
+        std::fs::write(
+            dir.path().join("comm.json"),
+            r#"{"schema": 1, "mode": "comm", "world_size": 2, "points": [
+                {"op": "all_reduce", "ranks": 2, "bytes": 1000000, "seconds": 0.001, "samples": 5},
+                {"op": "all_gather", "ranks": 2, "bytes": 1000000, "seconds": 0.001, "samples": 5}]}"#,
+        )
+        .unwrap();
+        let points = read_comm(dir.path()).unwrap();
+        // nccl-tests' bus bandwidth: 2(n-1)/n for all-reduce, (n-1)/n for all-gather.
+        assert!((points[0].busbw - 1.0).abs() < 1e-9);
+        assert!((points[1].busbw - 0.5).abs() < 1e-9);
+        std::fs::write(
+            dir.path().join("comm.json"),
+            r#"{"schema": 1, "points": [{"op": "all_reduce", "ranks": 2, "bytes": 1000, "seconds": 0.0}]}"#,
+        )
+        .unwrap();
+        assert!(read_comm(dir.path()).is_err());
+    }
+}

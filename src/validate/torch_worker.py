@@ -1,0 +1,1532 @@
+"""Run one candidate parallel configuration for real with torch.distributed.
+
+`paratune validate plan.json --launch torch --ranks N` writes one job JSON per
+candidate and starts this file under torchrun:
+
+    python -m torch.distributed.run --standalone --nproc-per-node N \\
+        src/validate/torch_worker.py --job JOB.json
+
+Every rank trains a small decoder-only transformer with the candidate's real
+tensor / pipeline / data parallelism (DTensor tensor parallelism, FSDP2 or DDP,
+torch.distributed.pipelining), times the iterations, measures its own peak
+memory and writes one report.  Only the standard library and torch are used;
+the same file runs on CPU (gloo) and CUDA (NCCL).
+
+This docstring is the contract with the Rust side (`src/validate`).
+
+Modes
+-----
+* `--job JOB.json` (under torchrun): run `job.mode`, "train" or "comm".
+* `--describe --job JOB.json --world N`: no processes, no torch.distributed;
+  print {"ranks": [{rank, mesh_coords, stages, stage_layers, schedule,
+  data_parallel, tensor_parallel, checkpointed_blocks, micro_batches}, ...]}
+  for every rank, computed by the same functions the train mode uses.
+
+Job JSON (input)
+----------------
+    {"schema": 1, "mode": "train" | "comm", "candidate": <label, copied>,
+     "device": "cpu" | "cuda",            # cuda: the GPU of LOCAL_RANK
+     "backend": "gloo" | "nccl",
+     "threads_per_rank": int,             # torch.set_num_threads when > 0
+     "dtype": "bf16" | "fp32",            # compute dtype
+     "seed": int, "warmup": int, "iterations": int,
+     "report_dir": "/abs/dir",
+     "model": {"hidden", "heads", "kv_heads", "ffn_hidden", "gated_mlp",
+               "layers", "vocab", "seq_len", "tied_embeddings",
+               "learned_positions", "attention": "standard" | "flash",
+               "dropout"},
+     "parallel": {"tp", "pp", "dp", "dp_shard": null | int, "micro_batch",
+                  "global_batch", "schedule": "gpipe" | "1f1b" | "interleaved",
+                  "virtual_stages", "stage_layers": [layers per chunk, model
+                  order, length pp*virtual_stages], "sequence_parallel",
+                  "optimizer_sharding": "none" | "optimizer-states" | "full",
+                  "recompute": "none" | "selective" | "full" | "selective-op"
+                               | "selective-layer",
+                  "ac_frequency": int},
+     "comm": null | {"ops": ["all_reduce", "all_gather", "reduce_scatter",
+                             "send_recv"],
+                     "sizes_bytes": [int, ...], "warmup": int,
+                     "iterations": int}}
+
+Model: GPT style when learned_positions (learned positions, LayerNorm, GELU
+MLP, biases on every linear as in Megatron-LM's GPT), Llama style otherwise
+(RoPE, RMSNorm, SwiGLU when gated_mlp, no biases as in torchtitan).  GQA
+with kv_heads in both.  Dropout 0.1 on the embeddings, attention
+probabilities and both residual branches whenever model.dropout is true.
+The output head never has a bias.  With tied_embeddings and pp == 1 the head
+is the embedding table; with pp > 1 the first and the last chunk each hold a
+copy, initialised alike, whose gradients are summed across the two stages
+after every backward (Megatron-LM's embedding group).
+
+Parallelism: mesh (pp, dp, tp), tp fastest (Megatron rank order);
+(pp, dp_replicate, dp_shard, tp) with dp_shard (HSDP).  Order of
+application as torchtitan: TP, then activation checkpointing, then FSDP.
+"optimizer-states" is fully_shard(reshard_after_forward=False) (torchtitan's
+ZeRO-2-like mode), "full" is reshard_after_forward=True; "none" is DDP when
+tp == pp == 1 and dp > 1, else an all-reduce of the gradients' local tensors
+over the dp group (averaged) after backward.  "selective-layer" checkpoints
+the blocks whose global index i has (i + 1) % ac_frequency == 0, so the
+choice does not depend on how the layers are split into stages.  Sequence
+parallelism needs tp > 1; with tp == 1 it is ignored (and noted).
+Without a pipeline, FSDP reduce-scatters the gradients after every
+micro-batch (as torchtitan's accumulation loop does) and DDP syncs only on
+the last micro-batch; with a pipeline the schedule syncs once per iteration.
+Pipeline stages get static input/output shapes (runtime shape inference
+pickles objects through numpy, which is not installed).
+
+Training: AdamW (lr 1e-3, foreach=False), cross entropy of the next token,
+on fixed random token ids drawn once per dp rank from the seed and reused
+every iteration (so the loss falls); parameters are drawn from per-component
+seeds, so every partition of the same model starts from the same weights,
+and with dropout off a run's loss does not depend on tp/pp.  Compute in bf16
+is FSDP2's MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32), or
+torch.autocast without FSDP; parameters, gradients and Adam moments are fp32.
+
+Timing: a barrier before each iteration, perf_counter around it (after a
+device synchronize on CUDA), the maximum over ranks in iteration_ms.  One
+extra iteration then runs under torch.profiler: collectives_ms sums, per
+kind, the NCCL kernels' device time on CUDA; on gloo the wall time covered
+by the gloo:* records (gloo runs reduce_scatter as an all_reduce, so each is
+labelled by the c10d::* op that issued it).
+
+Report JSON (output), train mode: report_dir/rank-<R>.json on every rank
+------------------------------------------------------------------------
+    {"schema": 1, "mode": "train", "candidate", "rank", "world_size",
+     "torch_version", "backend", "device", "dtype",
+     "degrees": {"tp", "pp", "dp", "dp_shard", "dp_replicate"},
+         # read back from the live mesh; dp_shard / dp_replicate are null
+         # unless the job asked for HSDP (dp_shard set)
+     "mesh_coords": {"pp", "dp", "tp"},   # dp: dp_replicate*dp_shard + shard
+     "stages": [chunk indices held], "stage_layers": [layers of each],
+     "schedule": "ScheduleGPipe" | "Schedule1F1B" | "ScheduleInterleaved1F1B"
+                 | "none",
+     "micro_batches", "micro_batch",
+     "data_parallel": "fully_shard(reshard_after_forward=True)"
+                      | "fully_shard(reshard_after_forward=False)" | "DDP"
+                      | "all-reduce of local gradients" | "none",
+     "tensor_parallel": {module FQN in its chunk: style class name},
+     "sequence_parallel": bool (as applied), "recompute",
+     "checkpointed_blocks": blocks of this rank with any recomputation,
+     "parameters": numel of this rank's local parameter shards,
+     "parameter_bytes": their bytes (fp32 master copies),
+     "iteration_ms": [max over ranks, per timed iteration],
+     "rank_iteration_ms": [this rank's],
+     "peak_memory_bytes", "baseline_memory_bytes",
+     "memory_kind": "rss-above-baseline" | "cuda-max-allocated",
+     "reserved_bytes": int | null,
+     "collectives_ms": {"all_reduce": ms, "all_gather": ms, ...},
+     "loss": [mean loss per timed iteration] | null (ranks without the head),
+     "notes": [str, ...]}
+
+Memory: CPU: after the distributed packages are imported and a tiny
+autograd/AdamW step has run (one-time costs), /proc/self/clear_refs gets "5"
+(resets VmHWM) and VmRSS is the baseline; peak_memory_bytes = VmHWM after the
+timed iterations - baseline - growth of RssFile meanwhile (library code paged
+in).  CUDA: torch.cuda max_memory_allocated (peak_memory_bytes) and
+max_memory_reserved (reserved_bytes) since a reset before the model is built.
+The profiled iteration runs after the memory is read.
+
+Comm mode: rank 0 alone writes report_dir/comm.json (other ranks write
+nothing):
+    {"schema": 1, "mode": "comm", "world_size", "backend", "device",
+     "points": [{"op", "ranks", "bytes", "seconds", "samples"}]}
+"bytes" is the requested size of the full fp32 tensor: the all_reduce
+buffer, the all_gather output, the reduce_scatter input (rounded down to a
+multiple of 4*world bytes), the send_recv message.  "seconds" is the median
+over the timed repetitions, the maximum of that over ranks; send_recv is a
+rank 0 <-> rank 1 ping-pong and counts the one-way time (half a round trip).
+
+Errors: rank-<R>.error.json {"schema": 1, "rank", "error": one line,
+"traceback"} (when report_dir is known), the one line on stderr, exit 1.
+All reports are written atomically (temporary file + os.replace).
+"""
+
+import argparse
+import contextlib
+import datetime
+import json
+import math
+import os
+import statistics
+import sys
+import time
+import traceback
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+SCHEMA = 1
+DROPOUT_P = 0.1
+LEARNING_RATE = 1e-3
+EMBEDDING_INIT_STD = 0.02
+SCHEDULE_CLASSES = {
+    "gpipe": "ScheduleGPipe",
+    "1f1b": "Schedule1F1B",
+    "interleaved": "ScheduleInterleaved1F1B",
+}
+RECOMPUTE_POLICIES = ("none", "selective", "full", "selective-op", "selective-layer")
+OPTIMIZER_SHARDINGS = ("none", "optimizer-states", "full")
+COMM_OPS = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
+
+
+class JobError(ValueError):
+    """A job field that cannot be run; the message names the field."""
+
+
+# ---------------------------------------------------------------------------
+# Job parsing (pure: shared by the train mode and --describe)
+# ---------------------------------------------------------------------------
+
+
+def _get(obj, key, prefix, kind, choices=None, minimum=None, optional=False):
+    """Read obj[key], checking its type, range and choices; errors name prefix.key."""
+    name = f"{prefix}{key}"
+    if key not in obj or obj[key] is None:
+        if optional:
+            return None
+        raise JobError(f"{name}: missing")
+    value = obj[key]
+    if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise JobError(f"{name}: expected an integer, got {value!r}")
+    if kind is bool and not isinstance(value, bool):
+        raise JobError(f"{name}: expected true or false, got {value!r}")
+    if kind is str and not isinstance(value, str):
+        raise JobError(f"{name}: expected a string, got {value!r}")
+    if kind is list and not isinstance(value, list):
+        raise JobError(f"{name}: expected a list, got {value!r}")
+    if kind is dict and not isinstance(value, dict):
+        raise JobError(f"{name}: expected an object, got {value!r}")
+    if choices is not None and value not in choices:
+        raise JobError(f"{name}: {value!r} is not one of {', '.join(map(str, choices))}")
+    if minimum is not None and value < minimum:
+        raise JobError(f"{name}: {value} is below the minimum {minimum}")
+    return value
+
+
+@dataclass
+class ModelConfig:
+    hidden: int
+    heads: int
+    kv_heads: int
+    ffn_hidden: int
+    gated_mlp: bool
+    layers: int
+    vocab: int
+    seq_len: int
+    tied_embeddings: bool
+    learned_positions: bool
+    attention: str
+    dropout: bool
+
+    @property
+    def head_dim(self):
+        return self.hidden // self.heads
+
+    @property
+    def linear_bias(self):
+        # GPT (Megatron-LM) linears carry biases; Llama (torchtitan) ones do not.
+        return self.learned_positions
+
+
+@dataclass
+class Layout:
+    """The parallel configuration, derived from the job and checked."""
+
+    tp: int
+    pp: int
+    dp: int
+    dp_shard: int | None
+    dp_replicate: int | None
+    virtual_stages: int
+    stage_layers: list
+    chunk_first_layer: list
+    micro_batch: int
+    global_batch: int
+    micro_batches: int
+    schedule: str
+    sequence_parallel: bool
+    optimizer_sharding: str
+    recompute: str
+    ac_frequency: int
+    notes: list = field(default_factory=list)
+
+    @property
+    def world(self):
+        return self.tp * self.pp * self.dp
+
+    @property
+    def chunks(self):
+        return self.pp * self.virtual_stages
+
+
+def parse_model(job):
+    m = _get(job, "model", "", dict)
+    p = "model."
+    cfg = ModelConfig(
+        hidden=_get(m, "hidden", p, int, minimum=1),
+        heads=_get(m, "heads", p, int, minimum=1),
+        kv_heads=_get(m, "kv_heads", p, int, minimum=1),
+        ffn_hidden=_get(m, "ffn_hidden", p, int, minimum=1),
+        gated_mlp=_get(m, "gated_mlp", p, bool),
+        layers=_get(m, "layers", p, int, minimum=1),
+        vocab=_get(m, "vocab", p, int, minimum=2),
+        seq_len=_get(m, "seq_len", p, int, minimum=2),
+        tied_embeddings=_get(m, "tied_embeddings", p, bool),
+        learned_positions=_get(m, "learned_positions", p, bool),
+        attention=_get(m, "attention", p, str, choices=("standard", "flash")),
+        dropout=_get(m, "dropout", p, bool),
+    )
+    if cfg.hidden % cfg.heads:
+        raise JobError(f"model.heads: {cfg.heads} does not divide model.hidden = {cfg.hidden}")
+    if cfg.heads % cfg.kv_heads:
+        raise JobError(f"model.kv_heads: {cfg.kv_heads} does not divide model.heads = {cfg.heads}")
+    if not cfg.learned_positions and cfg.head_dim % 2:
+        raise JobError(f"model.hidden: RoPE needs an even head dimension, got {cfg.head_dim}")
+    return cfg
+
+
+def parse_layout(job, model, world):
+    par = _get(job, "parallel", "", dict)
+    p = "parallel."
+    tp = _get(par, "tp", p, int, minimum=1)
+    pp = _get(par, "pp", p, int, minimum=1)
+    dp = _get(par, "dp", p, int, minimum=1)
+    if tp * pp * dp != world:
+        raise JobError(
+            f"parallel: tp*pp*dp = {tp}*{pp}*{dp} = {tp * pp * dp} but the world size is {world}"
+        )
+    sharding = _get(par, "optimizer_sharding", p, str, choices=OPTIMIZER_SHARDINGS)
+    dp_shard = _get(par, "dp_shard", p, int, minimum=1, optional=True)
+    dp_replicate = None
+    if dp_shard is not None:
+        if dp % dp_shard:
+            raise JobError(f"parallel.dp_shard: {dp_shard} does not divide parallel.dp = {dp}")
+        if sharding == "none":
+            raise JobError("parallel.dp_shard: HSDP needs optimizer_sharding full or optimizer-states, got none")
+        dp_replicate = dp // dp_shard
+    virtual = _get(par, "virtual_stages", p, int, minimum=1)
+    schedule = _get(par, "schedule", p, str, choices=tuple(SCHEDULE_CLASSES))
+    if pp == 1 and virtual != 1:
+        raise JobError(f"parallel.virtual_stages: {virtual} needs pp > 1")
+    if virtual > 1 and schedule != "interleaved":
+        raise JobError(f"parallel.schedule: {schedule} runs one chunk per rank, virtual_stages = {virtual} needs interleaved")
+    stage_layers = _get(par, "stage_layers", p, list)
+    if len(stage_layers) != pp * virtual:
+        raise JobError(
+            f"parallel.stage_layers: {len(stage_layers)} chunks given, pp*virtual_stages = {pp * virtual}"
+        )
+    for i, n in enumerate(stage_layers):
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise JobError(f"parallel.stage_layers[{i}]: expected a non-negative integer, got {n!r}")
+        if n == 0 and 0 < i < len(stage_layers) - 1:
+            raise JobError(f"parallel.stage_layers[{i}]: a middle chunk needs at least one layer")
+    if sum(stage_layers) != model.layers:
+        raise JobError(f"parallel.stage_layers: sum {sum(stage_layers)} != model.layers = {model.layers}")
+    first = [sum(stage_layers[:i]) for i in range(len(stage_layers))]
+    micro = _get(par, "micro_batch", p, int, minimum=1)
+    global_batch = _get(par, "global_batch", p, int, minimum=1)
+    if global_batch % (dp * micro):
+        raise JobError(f"parallel.global_batch: {global_batch} is not a multiple of dp*micro_batch = {dp * micro}")
+    n_micro = global_batch // (dp * micro)
+    if pp > 1 and schedule == "1f1b" and n_micro < pp:
+        raise JobError(f"parallel.global_batch: 1f1b needs at least pp = {pp} micro-batches, got {n_micro}")
+    if pp > 1 and schedule == "interleaved":
+        rounds = max(1, n_micro // pp)
+        if n_micro % rounds:
+            raise JobError(
+                f"parallel.global_batch: interleaved needs the {n_micro} micro-batches to be a multiple of "
+                f"max(1, micro_batches // pp) = {rounds}"
+            )
+    for name, value in (("heads", model.heads), ("kv_heads", model.kv_heads),
+                        ("ffn_hidden", model.ffn_hidden), ("vocab", model.vocab)):
+        if value % tp:
+            raise JobError(f"model.{name}: {value} is not divisible by parallel.tp = {tp}")
+    notes = []
+    sp = _get(par, "sequence_parallel", p, bool)
+    if sp and tp == 1:
+        notes.append("sequence_parallel ignored: it needs tp > 1")
+        sp = False
+    if sp and model.seq_len % tp:
+        raise JobError(f"parallel.sequence_parallel: model.seq_len = {model.seq_len} is not divisible by tp = {tp}")
+    return Layout(
+        tp=tp, pp=pp, dp=dp, dp_shard=dp_shard, dp_replicate=dp_replicate,
+        virtual_stages=virtual, stage_layers=list(stage_layers), chunk_first_layer=first,
+        micro_batch=micro, global_batch=global_batch, micro_batches=n_micro,
+        schedule=schedule, sequence_parallel=sp, optimizer_sharding=sharding,
+        recompute=_get(par, "recompute", p, str, choices=RECOMPUTE_POLICIES),
+        ac_frequency=_get(par, "ac_frequency", p, int, minimum=1),
+        notes=notes,
+    )
+
+
+def parse_train_job(job, world):
+    _check_header(job)
+    model = parse_model(job)
+    return model, parse_layout(job, model, world)
+
+
+def _check_header(job):
+    if not isinstance(job, dict):
+        raise JobError("job: expected a JSON object")
+    schema = job.get("schema")
+    if schema != SCHEMA:
+        raise JobError(f"schema: {schema!r} is not the supported schema {SCHEMA}")
+    _get(job, "mode", "", str, choices=("train", "comm"))
+    _get(job, "device", "", str, choices=("cpu", "cuda"))
+    _get(job, "backend", "", str, choices=("gloo", "nccl"))
+    _get(job, "dtype", "", str, choices=("bf16", "fp32"))
+    if job["backend"] == "nccl" and job["device"] != "cuda":
+        raise JobError("backend: nccl needs device cuda")
+
+
+# ---------------------------------------------------------------------------
+# Configuration mapping (pure: what each rank runs)
+# ---------------------------------------------------------------------------
+
+
+def mesh_coords_of_rank(rank, layout):
+    """Megatron order: tp varies fastest, then dp, then pp."""
+    tp_k = rank % layout.tp
+    dp_j = (rank // layout.tp) % layout.dp
+    pp_i = rank // (layout.tp * layout.dp)
+    return {"pp": pp_i, "dp": dp_j, "tp": tp_k}
+
+
+def rank_of_coords(pp_i, dp_j, tp_k, layout):
+    return (pp_i * layout.dp + dp_j) * layout.tp + tp_k
+
+
+def chunks_of_pp_rank(pp_rank, layout):
+    """Megatron interleaving: chunk c lives on pipeline rank c % pp."""
+    return [c for c in range(layout.chunks) if c % layout.pp == pp_rank]
+
+
+def schedule_name(layout):
+    return SCHEDULE_CLASSES[layout.schedule] if layout.pp > 1 else "none"
+
+
+def uses_fully_shard(layout):
+    return layout.optimizer_sharding in ("full", "optimizer-states")
+
+
+def data_parallel_name(layout):
+    if uses_fully_shard(layout):
+        reshard = layout.optimizer_sharding == "full"
+        return f"fully_shard(reshard_after_forward={reshard})"
+    if layout.dp == 1:
+        return "none"
+    if layout.tp == 1 and layout.pp == 1:
+        return "DDP"
+    return "all-reduce of local gradients"
+
+
+def block_recompute(layout, layer):
+    """What one block (global index `layer`) recomputes: None, "full", "op" or "attention"."""
+    policy = layout.recompute
+    if policy == "full":
+        return "full"
+    if policy == "selective-layer":
+        return "full" if (layer + 1) % layout.ac_frequency == 0 else None
+    if policy == "selective-op":
+        return "op"
+    if policy == "selective":
+        return "attention"
+    return None
+
+
+def chunk_layers(layout, chunk):
+    first = layout.chunk_first_layer[chunk]
+    return list(range(first, first + layout.stage_layers[chunk]))
+
+
+def tensor_parallel_plan(model, layout, chunk):
+    """torchtitan's Llama TP plan for one chunk: {module FQN: ParallelStyle}; {} when tp == 1.
+
+    The styles are cheap objects (no mesh needed), so --describe builds the
+    very plan that parallelize_module gets.
+    """
+    if layout.tp == 1:
+        return {}
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel, PrepareModuleInput, PrepareModuleOutput, RowwiseParallel,
+        SequenceParallel,
+    )
+
+    sp = layout.sequence_parallel
+    hidden_layout = Shard(1) if sp else Replicate()
+    plan = {}
+    if chunk == 0:
+        # Vocab-parallel embedding.  Llama + SP reduce-scatters straight into
+        # sequence shards (torchtitan); GPT must add the positions to the full
+        # sequence first, so it all-reduces and then slices (Megatron's
+        # scatter_to_sequence_parallel_region).
+        direct = sp and not model.learned_positions
+        plan["embeddings.tok"] = RowwiseParallel(
+            input_layouts=Replicate(), output_layouts=Shard(1) if direct else Replicate()
+        )
+        if sp and model.learned_positions:
+            plan["embeddings"] = PrepareModuleOutput(
+                output_layouts=Replicate(), desired_output_layouts=Shard(1)
+            )
+    for layer in chunk_layers(layout, chunk):
+        b = f"layers.{layer}."
+        if sp:
+            plan[b + "attention_norm"] = SequenceParallel()
+            plan[b + "attention"] = PrepareModuleInput(
+                input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
+            )
+            plan[b + "ffn_norm"] = SequenceParallel()
+            plan[b + "feed_forward"] = PrepareModuleInput(
+                input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
+            )
+        for proj in ("wq", "wk", "wv"):
+            plan[b + "attention." + proj] = ColwiseParallel()
+        plan[b + "attention.wo"] = RowwiseParallel(output_layouts=hidden_layout)
+        plan[b + "feed_forward.w1"] = ColwiseParallel()
+        if model.gated_mlp:
+            plan[b + "feed_forward.w3"] = ColwiseParallel()
+        plan[b + "feed_forward.w2"] = RowwiseParallel(output_layouts=hidden_layout)
+    if chunk == layout.chunks - 1:
+        if sp:
+            plan["norm"] = SequenceParallel()
+        # Vocab-parallel head, logits gathered (Replicate) so that the plain
+        # cross entropy works on gloo; torchtitan's loss_parallel is the
+        # Shard(-1) variant of the same matmul.
+        plan["output"] = ColwiseParallel(input_layouts=hidden_layout, output_layouts=Replicate())
+    return plan
+
+
+def plan_style_names(plan):
+    return {name: type(style).__name__ for name, style in plan.items()}
+
+
+def describe_rank(rank, model, layout):
+    coords = mesh_coords_of_rank(rank, layout)
+    chunks = chunks_of_pp_rank(coords["pp"], layout)
+    tp_styles = {}
+    for c in chunks:
+        tp_styles.update(plan_style_names(tensor_parallel_plan(model, layout, c)))
+    blocks = [l for c in chunks for l in chunk_layers(layout, c)]
+    return {
+        "rank": rank,
+        "mesh_coords": coords,
+        "stages": chunks,
+        "stage_layers": [layout.stage_layers[c] for c in chunks],
+        "schedule": schedule_name(layout),
+        "data_parallel": data_parallel_name(layout),
+        "tensor_parallel": tp_styles,
+        "checkpointed_blocks": sum(block_recompute(layout, l) is not None for l in blocks),
+        "micro_batches": layout.micro_batches,
+    }
+
+
+def describe(job, world):
+    model, layout = parse_train_job(job, world)
+    return {"ranks": [describe_rank(r, model, layout) for r in range(world)]}
+
+
+# ---------------------------------------------------------------------------
+# Model
+# ---------------------------------------------------------------------------
+
+def _ops(*qualified):
+    """The OpOverloads that this torch build has, of "namespace.name" strings."""
+    found = set()
+    for q in qualified:
+        namespace, name = q.split(".")
+        try:
+            found.add(getattr(getattr(torch.ops, namespace), name).default)
+        except (AttributeError, RuntimeError):
+            pass
+    return found
+
+
+# torchtitan's op-level SAC policy: save the attention kernels and every
+# other matmul; the rest is recomputed.  Linears with biases (GPT) run as
+# addmm, so addmm counts as a matmul too.  For explicit ("standard")
+# attention the kernel output is the probs @ V product, the second bmm of
+# each block.
+_SAC_MATMULS = _ops("aten.mm", "aten.addmm")
+_SAC_ALWAYS_SAVE = _ops(
+    "aten._scaled_dot_product_flash_attention",
+    "aten._scaled_dot_product_efficient_attention",
+    "aten._scaled_dot_product_flash_attention_for_cpu",
+    "aten._scaled_dot_product_cudnn_attention",
+    "_c10d_functional.reduce_scatter_tensor",
+)
+
+
+def op_sac_context():
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    counts = defaultdict(int)
+
+    def policy(ctx, func, *args, **kwargs):
+        mode = "recompute" if ctx.is_recompute else "forward"
+        if func in _SAC_MATMULS:
+            counts[mode + "_mm"] += 1
+            save = counts[mode + "_mm"] % 2 == 1
+        elif func == torch.ops.aten.bmm.default:
+            counts[mode + "_bmm"] += 1
+            save = counts[mode + "_bmm"] % 2 == 0
+        else:
+            save = func in _SAC_ALWAYS_SAVE
+        return CheckpointPolicy.MUST_SAVE if save else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)
+
+
+def _checkpoint(fn, *args, op_level=False):
+    from torch.utils.checkpoint import checkpoint
+
+    if op_level:
+        return checkpoint(fn, *args, use_reentrant=False, context_fn=op_sac_context)
+    return checkpoint(fn, *args, use_reentrant=False)
+
+
+def rope_tables(seq_len, head_dim):
+    inv = 1.0 / (10000.0 ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    angles = torch.outer(torch.arange(seq_len, dtype=torch.float32), inv)
+    angles = torch.cat([angles, angles], dim=-1)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x, cos, sin):
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos.to(x.dtype) + rotated * sin.to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        hd, bias = cfg.head_dim, cfg.linear_bias
+        self.head_dim = hd
+        self.n_rep = cfg.heads // cfg.kv_heads
+        self.standard = cfg.attention == "standard"
+        self.p = DROPOUT_P if cfg.dropout else 0.0
+        self.wq = nn.Linear(cfg.hidden, cfg.heads * hd, bias=bias)
+        self.wk = nn.Linear(cfg.hidden, cfg.kv_heads * hd, bias=bias)
+        self.wv = nn.Linear(cfg.hidden, cfg.kv_heads * hd, bias=bias)
+        self.wo = nn.Linear(cfg.heads * hd, cfg.hidden, bias=bias)
+        self.recompute_core = False
+        if cfg.learned_positions:
+            self.cos = self.sin = None
+        else:
+            cos, sin = rope_tables(cfg.seq_len, hd)
+            self.register_buffer("cos", cos, persistent=False)
+            self.register_buffer("sin", sin, persistent=False)
+
+    def forward(self, x):
+        bsz, seqlen, _ = x.shape
+        # view(..., -1, head_dim): the local head count under TP (heads/tp).
+        q = self.wq(x).view(bsz, seqlen, -1, self.head_dim).transpose(1, 2)
+        k = self.wk(x).view(bsz, seqlen, -1, self.head_dim).transpose(1, 2)
+        v = self.wv(x).view(bsz, seqlen, -1, self.head_dim).transpose(1, 2)
+        if self.cos is not None:
+            cos, sin = self.cos[:seqlen], self.sin[:seqlen]
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if self.n_rep > 1:
+            k = k.repeat_interleave(self.n_rep, dim=1)
+            v = v.repeat_interleave(self.n_rep, dim=1)
+        if self.recompute_core:
+            out = _checkpoint(self.core, q, k, v)
+        else:
+            out = self.core(q, k, v)
+        return self.wo(out.transpose(1, 2).reshape(bsz, seqlen, -1))
+
+    def core(self, q, k, v):
+        p = self.p if self.training else 0.0
+        if not self.standard:
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+        scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(self.head_dim)
+        s = q.shape[-2]
+        causal = torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1)
+        probs = scores.masked_fill(causal, float("-inf")).softmax(dim=-1)
+        return torch.matmul(F.dropout(probs, p, self.training), v)
+
+
+class FeedForward(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        bias = cfg.linear_bias
+        self.gated = cfg.gated_mlp
+        self.w1 = nn.Linear(cfg.hidden, cfg.ffn_hidden, bias=bias)
+        self.w2 = nn.Linear(cfg.ffn_hidden, cfg.hidden, bias=bias)
+        self.w3 = nn.Linear(cfg.hidden, cfg.ffn_hidden, bias=bias) if cfg.gated_mlp else None
+
+    def forward(self, x):
+        if self.gated:
+            return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        return self.w2(F.gelu(self.w1(x)))
+
+
+def make_norm(cfg):
+    return nn.LayerNorm(cfg.hidden) if cfg.learned_positions else nn.RMSNorm(cfg.hidden)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.attention_norm = make_norm(cfg)
+        self.attention = Attention(cfg)
+        self.ffn_norm = make_norm(cfg)
+        self.feed_forward = FeedForward(cfg)
+        self.p = DROPOUT_P if cfg.dropout else 0.0
+        self.recompute = None  # None | "full" | "op" | "attention"
+
+    def forward(self, x):
+        # Checkpointing inside the block's forward is what torchtitan's
+        # checkpoint_wrapper does; fully_shard(block) then wraps it from outside.
+        if self.recompute in ("full", "op"):
+            return _checkpoint(self.body, x, op_level=self.recompute == "op")
+        return self.body(x)
+
+    def body(self, x):
+        h = x + F.dropout(self.attention(self.attention_norm(x)), self.p, self.training)
+        return h + F.dropout(self.feed_forward(self.ffn_norm(h)), self.p, self.training)
+
+
+class Embeddings(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.tok = nn.Embedding(cfg.vocab, cfg.hidden)
+        self.pos = nn.Embedding(cfg.seq_len, cfg.hidden) if cfg.learned_positions else None
+        self.p = DROPOUT_P if cfg.dropout else 0.0
+
+    def forward(self, tokens):
+        h = self.tok(tokens)
+        if self.pos is not None:
+            h = h + self.pos(torch.arange(tokens.shape[1], device=tokens.device))
+        return F.dropout(h, self.p, self.training)
+
+
+class ModelChunk(nn.Module):
+    """Consecutive layers of the model; chunk 0 adds the embeddings, the last the norm and head."""
+
+    def __init__(self, cfg, layers, is_first, is_last):
+        super().__init__()
+        self.embeddings = Embeddings(cfg) if is_first else None
+        # Keyed by global layer index, as torchtitan's ModuleDict, so FQNs
+        # name the model's layer whatever stage holds it.
+        self.layers = nn.ModuleDict({str(i): Block(cfg) for i in layers})
+        self.norm = make_norm(cfg) if is_last else None
+        self.output = nn.Linear(cfg.hidden, cfg.vocab, bias=False) if is_last else None
+        self.autocast_dtype = None  # set when compute runs under torch.autocast
+        self.output_dtype = None  # dtype the pipeline expects out of this chunk
+
+    def forward(self, x):
+        if self.autocast_dtype is None:
+            out = self.body(x)
+        else:
+            with torch.autocast(device_type=x.device.type, dtype=self.autocast_dtype):
+                out = self.body(x)
+        return out if self.output_dtype is None else out.to(self.output_dtype)
+
+    def body(self, h):
+        if self.embeddings is not None:
+            h = self.embeddings(h)
+        for block in self.layers.values():
+            h = block(h)
+        if self.output is not None:
+            h = self.output(self.norm(h))
+        return h
+
+
+def cross_entropy(logits, targets):
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(0, 1))
+
+
+def build_chunk(cfg, layout, chunk, seed):
+    """Build one chunk so that every parameter is the same whatever the partition.
+
+    Each component is drawn from its own seed (embedding table seed+1,
+    positions seed+2, untied head seed+3, block i seed+101+i), so that all
+    candidates train the same model; the untied-by-pipeline head copy of a
+    tied table is drawn from the table's seed.
+    """
+    is_first, is_last = chunk == 0, chunk == layout.chunks - 1
+    layers = chunk_layers(layout, chunk)
+    chunk_module = ModelChunk(cfg, [], is_first, is_last)
+    for i in layers:
+        torch.manual_seed(seed + 101 + i)
+        chunk_module.layers[str(i)] = Block(cfg)
+    with torch.no_grad():
+        if is_first:
+            chunk_module.embeddings.tok.weight.copy_(embedding_table(cfg, seed + 1))
+            if chunk_module.embeddings.pos is not None:
+                g = torch.Generator().manual_seed(seed + 2)
+                chunk_module.embeddings.pos.weight.normal_(0.0, EMBEDDING_INIT_STD, generator=g)
+        if is_last:
+            if cfg.tied_embeddings and is_first:
+                chunk_module.output.weight = chunk_module.embeddings.tok.weight
+            elif cfg.tied_embeddings:
+                chunk_module.output.weight.copy_(embedding_table(cfg, seed + 1))
+            else:
+                chunk_module.output.weight.copy_(embedding_table(cfg, seed + 3))
+    return chunk_module
+
+
+def embedding_table(cfg, seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.empty(cfg.vocab, cfg.hidden).normal_(0.0, EMBEDDING_INIT_STD, generator=g)
+
+
+# ---------------------------------------------------------------------------
+# Parallelisation (TP, then activation checkpointing, then FSDP / DDP)
+# ---------------------------------------------------------------------------
+
+
+def apply_tensor_parallel(chunk_module, plan, tp_mesh, tie):
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    if not plan:
+        return
+    parallelize_module(chunk_module, tp_mesh, plan)
+    if tie:
+        # parallelize_module replaces each module's parameter; the embedding
+        # (RowwiseParallel) and the head (ColwiseParallel) both shard the
+        # [vocab, hidden] table as Shard(0), so the tie can be restored.
+        emb, head = chunk_module.embeddings.tok.weight, chunk_module.output.weight
+        if emb.placements != head.placements:
+            raise RuntimeError(
+                f"tied embeddings with tp: embedding {emb.placements} and head {head.placements} differ"
+            )
+        chunk_module.output.weight = emb
+
+
+def apply_recompute(chunk_module, layout):
+    count = 0
+    for name, block in chunk_module.layers.items():
+        mode = block_recompute(layout, int(name))
+        if mode == "attention":
+            block.attention.recompute_core = True
+        else:
+            block.recompute = mode
+        count += mode is not None
+    return count
+
+
+def mixed_precision_dtype(job):
+    return torch.bfloat16 if job["dtype"] == "bf16" else None
+
+
+def apply_fully_shard(chunk_module, dp_mesh, layout, compute_dtype):
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
+    reshard = layout.optimizer_sharding == "full"
+    for block in chunk_module.layers.values():
+        fully_shard(block, mesh=dp_mesh, mp_policy=policy, reshard_after_forward=reshard)
+    return fully_shard(chunk_module, mesh=dp_mesh, mp_policy=policy, reshard_after_forward=reshard)
+
+
+def local_tensor(t):
+    from torch.distributed.tensor import DTensor
+
+    return t._local_tensor if isinstance(t, DTensor) else t
+
+
+def unique_parameters(modules):
+    seen, params = set(), []
+    for m in modules:
+        for p in m.parameters():
+            if id(p) not in seen:
+                seen.add(id(p))
+                params.append(p)
+    return params
+
+
+# ---------------------------------------------------------------------------
+# Distributed setup
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class Dist:
+    rank: int
+    world: int
+    local_rank: int
+    device: torch.device
+    mesh: object
+    dp_mesh: object  # 1-D "dp" or 2-D ("dp_replicate", "dp_shard")
+    degrees: dict
+    coords: dict
+
+
+def init_distributed(job):
+    import torch.distributed as dist
+
+    rank = int(os.environ.get("RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if job["device"] == "cuda":
+        if not torch.cuda.is_available():
+            raise JobError("device: cuda requested but torch.cuda is not available")
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+    if not dist.is_initialized():
+        dist.init_process_group(backend=job["backend"], timeout=datetime.timedelta(minutes=10))
+    return rank, world, local_rank, device
+
+
+def build_mesh(layout, device, rank, world, local_rank):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if layout.dp_shard is None:
+        mesh = init_device_mesh(device.type, (layout.pp, layout.dp, layout.tp),
+                                mesh_dim_names=("pp", "dp", "tp"))
+        dp_mesh = mesh["dp"]
+        degrees = {"tp": mesh["tp"].size(), "pp": mesh["pp"].size(), "dp": mesh["dp"].size(),
+                   "dp_shard": None, "dp_replicate": None}
+        pp_i, dp_j, tp_k = mesh.get_coordinate()
+    else:
+        mesh = init_device_mesh(device.type, (layout.pp, layout.dp_replicate, layout.dp_shard, layout.tp),
+                                mesh_dim_names=("pp", "dp_replicate", "dp_shard", "tp"))
+        dp_mesh = mesh["dp_replicate", "dp_shard"]
+        rep, shard = mesh["dp_replicate"].size(), mesh["dp_shard"].size()
+        degrees = {"tp": mesh["tp"].size(), "pp": mesh["pp"].size(), "dp": rep * shard,
+                   "dp_shard": shard, "dp_replicate": rep}
+        pp_i, rep_j, shard_j, tp_k = mesh.get_coordinate()
+        dp_j = rep_j * shard + shard_j
+    coords = {"pp": pp_i, "dp": dp_j, "tp": tp_k}
+    expected = mesh_coords_of_rank(rank, layout)
+    if coords != expected:
+        raise RuntimeError(f"device mesh puts rank {rank} at {coords}, Megatron order expects {expected}")
+    return Dist(rank, world, local_rank, device, mesh, dp_mesh, degrees, coords)
+
+
+def tied_embedding_group(layout, coords):
+    """Megatron's embedding group: first and last pipeline rank of each (dp, tp) pair."""
+    import torch.distributed as dist
+
+    mine = None
+    for dp_j in range(layout.dp):
+        for tp_k in range(layout.tp):
+            ranks = [rank_of_coords(0, dp_j, tp_k, layout), rank_of_coords(layout.pp - 1, dp_j, tp_k, layout)]
+            group = dist.new_group(ranks)  # every rank must create every group
+            if (dp_j, tp_k) == (coords["dp"], coords["tp"]):
+                mine = group
+    return mine
+
+
+# ---------------------------------------------------------------------------
+# Memory
+# ---------------------------------------------------------------------------
+
+
+def proc_status_bytes(key):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"/proc/self/status has no {key}")
+
+
+def preload_runtime(job, device):
+    """Pay one-time costs before the memory baseline, so the peak holds the training state.
+
+    Importing the distributed packages alone adds ~110 MB of RSS (pipelining
+    ~70 MB), and the first autograd / optimizer / autocast call allocates
+    thread-pool and kernel state; none of that is the model's.
+    """
+    import torch.distributed.fsdp  # noqa: F401
+    import torch.distributed.pipelining  # noqa: F401
+    import torch.distributed.tensor.parallel  # noqa: F401
+    import torch.nn.parallel  # noqa: F401
+    import torch.profiler  # noqa: F401
+    import torch.utils.checkpoint  # noqa: F401
+
+    lin = nn.Linear(8, 8).to(device)
+    opt = torch.optim.AdamW(lin.parameters(), lr=LEARNING_RATE, foreach=False)
+    with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=job["dtype"] == "bf16"):
+        out = lin(torch.ones(2, 8, device=device))
+    out.float().sum().backward()
+    opt.step()
+    del lin, opt, out
+
+
+class MemoryMeter:
+    def __init__(self, device, notes):
+        self.device = device
+        self.notes = notes
+        self.baseline = 0
+        self.file_baseline = 0
+
+    def start(self):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self.baseline = torch.cuda.memory_allocated(self.device)
+            return
+        try:
+            # "5" resets VmHWM to the current RSS (proc(5), clear_refs).
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+        except OSError as e:
+            self.notes.append(f"could not reset the peak RSS (/proc/self/clear_refs: {e}); the peak may include earlier use")
+        self.baseline = proc_status_bytes("VmRSS")
+        self.file_baseline = proc_status_bytes("RssFile")
+        for var in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_"):
+            if var not in os.environ:
+                self.notes.append(f"{var} not set: freed memory may stay in the process")
+
+    def finish(self):
+        """(peak_memory_bytes, baseline_memory_bytes, memory_kind, reserved_bytes)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            return (torch.cuda.max_memory_allocated(self.device), self.baseline,
+                    "cuda-max-allocated", torch.cuda.max_memory_reserved(self.device))
+        # Library code executed for the first time during training is paged
+        # in as file-backed RSS (about 10 MB for libtorch's backward, norm and
+        # optimizer kernels); it is not training memory, so its growth is
+        # taken off (file-backed pages are hardly ever dropped meanwhile).
+        raw = proc_status_bytes("VmHWM") - self.baseline
+        file_growth = max(0, proc_status_bytes("RssFile") - self.file_baseline)
+        self.notes.append(f"peak RSS above baseline {raw} bytes, less {file_growth} bytes of file-backed "
+                          "RSS paged in meanwhile (library code)")
+        return (max(0, raw - file_growth), self.baseline, "rss-above-baseline", None)
+
+
+# ---------------------------------------------------------------------------
+# Training
+# ---------------------------------------------------------------------------
+
+
+class Trainer:
+    """This rank's model chunks, their data parallelism, optimizer and one-iteration step."""
+
+    def __init__(self, job, model, layout, d, notes):
+        import torch.distributed as dist
+
+        self.job, self.cfg, self.layout, self.d, self.notes = job, model, layout, d, notes
+        self.chunks = chunks_of_pp_rank(d.coords["pp"], layout)
+        self.holds_first = 0 in self.chunks
+        self.holds_last = layout.chunks - 1 in self.chunks
+        seed = job["seed"]
+        compute_dtype = mixed_precision_dtype(job)
+        tp_mesh = d.mesh["tp"]
+        tie_in_chunk = model.tied_embeddings and layout.pp == 1
+        self.tensor_parallel = {}
+        self.checkpointed_blocks = 0
+        self.modules = []
+        for c in self.chunks:
+            m = build_chunk(model, layout, c, seed).to(d.device)
+            plan = tensor_parallel_plan(model, layout, c)
+            apply_tensor_parallel(m, plan, tp_mesh, tie_in_chunk)
+            self.tensor_parallel.update(plan_style_names(plan))
+            self.checkpointed_blocks += apply_recompute(m, layout)
+            self.modules.append(m)
+        self.data_parallel = data_parallel_name(layout)
+        if uses_fully_shard(layout):
+            for m in self.modules:
+                apply_fully_shard(m, d.dp_mesh, layout, compute_dtype)
+        elif compute_dtype is not None:
+            # No FSDP: fp32 parameters, bf16 compute through autocast.
+            for m in self.modules:
+                m.autocast_dtype = compute_dtype
+        # Dtypes at chunk boundaries: bf16 everywhere when FSDP casts the
+        # parameters; under autocast the residual stream stays fp32 (fp32
+        # embeddings plus bf16 branches) and only the head's logits are bf16.
+        bf16 = compute_dtype is not None
+        self.boundary_dtype = torch.bfloat16 if bf16 and uses_fully_shard(layout) else torch.float32
+        self.logits_dtype = torch.bfloat16 if bf16 else torch.float32
+        for m in self.modules:
+            m.output_dtype = self.logits_dtype if m.output is not None else self.boundary_dtype
+        self.params = unique_parameters(self.modules)
+        self.train_modules = list(self.modules)
+        if self.data_parallel == "DDP":
+            from torch.nn.parallel import DistributedDataParallel as DDP
+
+            ids = [d.local_rank] if d.device.type == "cuda" else None
+            self.train_modules = [DDP(self.modules[0], process_group=d.dp_mesh.get_group(),
+                                      device_ids=ids, broadcast_buffers=False)]
+        self.dp_group = d.dp_mesh.get_group() if self.data_parallel == "all-reduce of local gradients" else None
+        self.tie_group = None
+        if model.tied_embeddings and layout.pp > 1:
+            self.tie_group = tied_embedding_group(layout, d.coords)
+        self.optimizer = torch.optim.AdamW(self.params, lr=LEARNING_RATE, foreach=False)
+        self.inputs, self.targets = self.make_data(seed)
+        self.schedule = self.build_schedule() if layout.pp > 1 else None
+        self.dist = dist
+
+    def make_data(self, seed):
+        """Fixed random token ids per dp rank, reused every iteration (the loss should fall)."""
+        g = torch.Generator().manual_seed(seed * 7919 + self.d.coords["dp"])
+        rows = self.layout.micro_batches * self.layout.micro_batch
+        tokens = torch.randint(0, self.cfg.vocab, (rows, self.cfg.seq_len + 1), generator=g)
+        tokens = tokens.to(self.d.device)
+        return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+
+    def build_schedule(self):
+        from torch.distributed import pipelining
+
+        pp_group = self.d.mesh["pp"].get_group()
+        stages = []
+        for m, c in zip(self.train_modules, self.chunks):
+            inputs, outputs = self.stage_meta(c)
+            stages.append(pipelining.PipelineStage(m, c, self.layout.chunks, self.d.device,
+                                                   input_args=inputs, output_args=outputs,
+                                                   group=pp_group))
+        cls = getattr(pipelining, SCHEDULE_CLASSES[self.layout.schedule])
+        n = self.layout.micro_batches
+        if self.layout.schedule == "interleaved":
+            return cls(stages, n_microbatches=n, loss_fn=cross_entropy)
+        return cls(stages[0], n_microbatches=n, loss_fn=cross_entropy)
+
+    def stage_meta(self, chunk):
+        """Meta tensors of one chunk's input and output, given to PipelineStage.
+
+        Runtime shape inference exchanges pickled objects, which needs numpy;
+        the shapes are known anyway: token ids into chunk 0, the hidden state
+        (sequence-sharded under SP) between chunks, logits out of the last.
+        ModelChunk casts its output to exactly these dtypes.
+        """
+        mb, s = self.layout.micro_batch, self.cfg.seq_len
+        local_s = s // self.layout.tp if self.layout.sequence_parallel else s
+        hidden = (mb, local_s, self.cfg.hidden)
+        if chunk == 0:
+            inputs = torch.empty((mb, s), dtype=torch.long, device="meta")
+        else:
+            inputs = torch.empty(hidden, dtype=self.boundary_dtype, device="meta")
+        if chunk == self.layout.chunks - 1:
+            outputs = torch.empty((mb, s, self.cfg.vocab), dtype=self.logits_dtype, device="meta")
+        else:
+            outputs = torch.empty(hidden, dtype=self.boundary_dtype, device="meta")
+        return inputs, outputs
+
+    def step(self):
+        """One iteration: all micro-batches forward+backward, gradient sync, optimizer step.
+
+        Returns the mean loss over micro-batches, or None on ranks without the head.
+        """
+        loss = self.pipeline_pass() if self.schedule is not None else self.accumulation_pass()
+        self.sync_gradients()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss
+
+    def pipeline_pass(self):
+        kwargs = {}
+        args = (self.inputs,) if self.holds_first else ()
+        losses = []
+        if self.holds_last:
+            kwargs = {"target": self.targets, "losses": losses}
+        self.schedule.step(*args, **kwargs)
+        if not self.holds_last:
+            return None
+        return float(torch.stack([l.detach().float() for l in losses]).mean())
+
+    def accumulation_pass(self):
+        module = self.train_modules[0]
+        n, b = self.layout.micro_batches, self.layout.micro_batch
+        total = torch.zeros((), device=self.d.device)
+        for i in range(n):
+            x, y = self.inputs[i * b:(i + 1) * b], self.targets[i * b:(i + 1) * b]
+            sync = i == n - 1 or self.data_parallel != "DDP"
+            with contextlib.nullcontext() if sync else module.no_sync():
+                loss = cross_entropy(module(x), y) / n
+                loss.backward()
+            total += loss.detach()  # one device sync per iteration, not per micro-batch
+        return float(total)
+
+    def sync_gradients(self):
+        if self.tie_group is not None:
+            # Megatron sums the word-embedding gradient of the first stage and
+            # the head gradient of the last so both copies stay equal.
+            for t in self.tied_tables():
+                if t.grad is not None:
+                    self.dist.all_reduce(local_tensor(t.grad), group=self.tie_group)
+        if self.dp_group is not None:
+            for p in self.params:
+                if p.grad is not None:
+                    g = local_tensor(p.grad)
+                    self.dist.all_reduce(g, group=self.dp_group)
+                    g.div_(self.layout.dp)
+
+    def tied_tables(self):
+        tables = []
+        for m in self.modules:
+            if m.embeddings is not None:
+                tables.append(m.embeddings.tok.weight)
+            if m.output is not None:
+                tables.append(m.output.weight)
+        return tables
+
+    def local_parameter_numbers(self):
+        numel = sum(local_tensor(p).numel() for p in self.params)
+        size = sum(local_tensor(p).numel() * local_tensor(p).element_size() for p in self.params)
+        return numel, size
+
+
+def run_timed(trainer, d, count, sync_device):
+    """Run `count` iterations with a barrier before each; (elapsed ms list, losses)."""
+    import torch.distributed as dist
+
+    elapsed, losses = [], []
+    for _ in range(count):
+        dist.barrier()
+        start = time.perf_counter()
+        loss = trainer.step()
+        sync_device()
+        elapsed.append((time.perf_counter() - start) * 1000.0)
+        losses.append(loss)
+    return elapsed, losses
+
+
+def max_over_ranks(values, device):
+    import torch.distributed as dist
+
+    if not values:
+        return []
+    t = torch.tensor(values, dtype=torch.float64 if device.type == "cpu" else torch.float32, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return [float(v) for v in t.cpu()]
+
+
+def device_synchronizer(device):
+    if device.type == "cuda":
+        return lambda: torch.cuda.synchronize(device)
+    return lambda: None
+
+
+# ---------------------------------------------------------------------------
+# Profiler: time of collectives per kind
+# ---------------------------------------------------------------------------
+
+_KIND_PATTERNS = (
+    ("reducescatter", "reduce_scatter"), ("allreduce", "all_reduce"),
+    ("allgather", "all_gather"), ("alltoall", "all_to_all"), ("sendrecv", "send_recv"),
+    ("broadcast", "broadcast"), ("barrier", "barrier"), ("recv", "recv"), ("send", "send"),
+    ("reduce", "reduce"), ("gather", "gather"), ("scatter", "scatter"),
+)
+
+
+def collective_kind(name):
+    """Normalise a recorded op name (c10d::_allgather_base_, gloo:all_reduce,
+    ncclDevKernel_ReduceScatter_...) to one kind, or None."""
+    low = name.lower()
+    for prefix in ("c10d::", "_c10d_functional::", "gloo:", "nccl:", "ncclkernel_", "nccldevkernel_"):
+        if low.startswith(prefix):
+            low = low[len(prefix):]
+            break
+    else:
+        return None
+    compact = "".join(ch for ch in low if ch.isalpha())
+    for pattern, kind in _KIND_PATTERNS:
+        if pattern in compact:
+            return kind
+    return None
+
+
+def _union_us(intervals):
+    total, end = 0.0, None
+    for lo, hi in sorted(intervals):
+        if end is None or lo > end:
+            total += hi - lo
+            end = hi
+        elif hi > end:
+            total += hi - end
+            end = hi
+    return total
+
+
+def _duration_ms(event):
+    return event.time_range.elapsed_us() / 1000.0
+
+
+def collectives_from_events(events, device):
+    """Sum the time of collective ops per kind; (dict, note or None).
+
+    CUDA: the NCCL kernels' device time.  CPU/gloo: c10d::* records only the
+    enqueue; the gloo:* record spans the work on gloo's thread (from its
+    start to its completion, so it includes waiting for the peers).  gloo
+    runs reduce_scatter_tensor as an all_reduce, so each gloo record is
+    labelled with the c10d op that issued it (the earliest c10d op not yet
+    matched that started before it).
+    """
+    out = defaultdict(float)
+    if device.type == "cuda":
+        for e in events:
+            if e.device_type == torch.autograd.DeviceType.CUDA and "nccl" in e.name.lower():
+                kind = collective_kind(e.name) or "other_nccl"
+                out[kind] += _duration_ms(e)
+        if out:
+            return dict(out), "collectives_ms: device time of the NCCL kernels"
+    issued = sorted((e for e in events if e.name.startswith("c10d::") and collective_kind(e.name)),
+                    key=lambda e: e.time_range.start)
+    backend = sorted((e for e in events if e.name.startswith(("gloo:", "nccl:")) and collective_kind(e.name)),
+                     key=lambda e: e.time_range.start)
+    if backend:
+        pending = list(issued)
+        spans = defaultdict(list)
+        for e in backend:
+            kind = collective_kind(e.name)
+            for i, op in enumerate(pending):
+                if op.time_range.start <= e.time_range.start:
+                    kind = collective_kind(op.name)
+                    del pending[i]
+                    break
+            spans[kind].append((e.time_range.start, e.time_range.end))
+        # Async work (the pipeline's batched isend/irecv) overlaps: summing
+        # the spans would count the same wall time several times over.
+        return ({k: _union_us(v) / 1000.0 for k, v in spans.items()},
+                "collectives_ms: per kind, the wall time covered by the gloo:* records (work on gloo's "
+                "thread from start to completion, waiting for peers included; overlapping records counted "
+                "once), each labelled by the c10d op that issued it")
+    if issued:
+        for e in issued:
+            out[collective_kind(e.name)] += _duration_ms(e)
+        return dict(out), "collectives_ms: CPU time of the c10d::* calls only (no backend records)"
+    return {}, None
+
+
+def profile_one_iteration(trainer, device, sync_device):
+    import torch.distributed as dist
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    dist.barrier()
+    with profile(activities=activities) as prof:
+        trainer.step()
+        sync_device()
+    events = prof.events()
+    if not events:
+        return {}, "collectives_ms: the profiler recorded no events"
+    names = sorted({e.name for e in events if collective_kind(e.name)})
+    result, note = collectives_from_events(events, device)
+    if not result:
+        return {}, "collectives_ms: the profiler recorded no collective ops in the profiled iteration"
+    return ({k: round(v, 4) for k, v in sorted(result.items())},
+            f"{note}; names seen: {', '.join(names)}")
+
+
+# ---------------------------------------------------------------------------
+# Modes
+# ---------------------------------------------------------------------------
+
+
+def set_threads(job):
+    n = job.get("threads_per_rank", 0) or 0
+    if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+        raise JobError(f"threads_per_rank: expected a non-negative integer, got {n!r}")
+    if n > 0:
+        torch.set_num_threads(n)
+
+
+def run_train(job):
+    import torch.distributed as dist
+
+    rank, world, local_rank, device = init_distributed(job)
+    model, layout = parse_train_job(job, world)
+    set_threads(job)
+    warmup = _get(job, "warmup", "", int, minimum=0)
+    iterations = _get(job, "iterations", "", int, minimum=1)
+    seed = _get(job, "seed", "", int)
+    notes = list(layout.notes)
+    d = build_mesh(layout, device, rank, world, local_rank)
+    preload_runtime(job, device)
+    meter = MemoryMeter(device, notes)
+    meter.start()
+    trainer = Trainer(job, model, layout, d, notes)
+    torch.manual_seed(seed)  # dropout stream: same on all ranks, so TP ranks agree
+    if device.type == "cuda":
+        torch.cuda.manual_seed(seed)
+    sync_device = device_synchronizer(device)
+    run_timed(trainer, d, warmup, sync_device)
+    rank_ms, losses = run_timed(trainer, d, iterations, sync_device)
+    peak, baseline, kind, reserved = meter.finish()
+    iteration_ms = max_over_ranks(rank_ms, device)
+    collectives, note = profile_one_iteration(trainer, device, sync_device)
+    if note:
+        notes.append(note)
+    loss = None if trainer.schedule is not None and not trainer.holds_last else losses
+    if loss is not None and not all(math.isfinite(v) for v in loss):
+        notes.append("loss is not finite")
+    numel, nbytes = trainer.local_parameter_numbers()
+    report = {
+        "schema": SCHEMA, "mode": "train", "candidate": job.get("candidate"),
+        "rank": rank, "world_size": world, "torch_version": torch.__version__,
+        "backend": dist.get_backend(), "device": device.type, "dtype": job["dtype"],
+        "degrees": d.degrees, "mesh_coords": d.coords,
+        "stages": trainer.chunks, "stage_layers": [layout.stage_layers[c] for c in trainer.chunks],
+        "schedule": type(trainer.schedule).__name__ if trainer.schedule is not None else "none",
+        "micro_batches": layout.micro_batches, "micro_batch": layout.micro_batch,
+        "data_parallel": trainer.data_parallel,
+        "tensor_parallel": trainer.tensor_parallel,
+        "sequence_parallel": layout.sequence_parallel, "recompute": layout.recompute,
+        "checkpointed_blocks": trainer.checkpointed_blocks,
+        "parameters": numel, "parameter_bytes": nbytes,
+        "iteration_ms": [round(v, 4) for v in iteration_ms],
+        "rank_iteration_ms": [round(v, 4) for v in rank_ms],
+        "peak_memory_bytes": peak, "baseline_memory_bytes": baseline,
+        "memory_kind": kind, "reserved_bytes": reserved,
+        "collectives_ms": collectives, "loss": loss, "notes": notes,
+    }
+    write_json_atomic(os.path.join(job["report_dir"], f"rank-{rank}.json"), report)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def parse_comm(job, world):
+    c = _get(job, "comm", "", dict)
+    ops = _get(c, "ops", "comm.", list)
+    for i, op in enumerate(ops):
+        if op not in COMM_OPS:
+            raise JobError(f"comm.ops[{i}]: {op!r} is not one of {', '.join(COMM_OPS)}")
+    if "send_recv" in ops and world < 2:
+        raise JobError("comm.ops: send_recv needs at least 2 ranks")
+    sizes = _get(c, "sizes_bytes", "comm.", list)
+    for i, s in enumerate(sizes):
+        if isinstance(s, bool) or not isinstance(s, int) or s < 4:
+            raise JobError(f"comm.sizes_bytes[{i}]: expected an integer of at least 4 bytes, got {s!r}")
+    return ops, sizes, _get(c, "warmup", "comm.", int, minimum=0), _get(c, "iterations", "comm.", int, minimum=1)
+
+
+def comm_op_runner(op, size, world, rank, device):
+    """A closure running one repetition of `op` on fp32 tensors, and its one-way divisor."""
+    import torch.distributed as dist
+
+    numel = max(1, size // 4)
+    if op == "all_reduce":
+        t = torch.ones(numel, device=device)
+        return (lambda: dist.all_reduce(t)), 1
+    if op in ("all_gather", "reduce_scatter"):
+        full = max(world, numel - numel % world)
+        big = torch.ones(full, device=device)
+        part = torch.ones(full // world, device=device)
+        if op == "all_gather":
+            return (lambda: dist.all_gather_into_tensor(big, part)), 1
+        return (lambda: dist.reduce_scatter_tensor(part, big)), 1
+    t = torch.ones(numel, device=device)
+
+    def ping_pong():
+        if rank == 0:
+            dist.send(t, 1)
+            dist.recv(t, 1)
+        elif rank == 1:
+            dist.recv(t, 0)
+            dist.send(t, 0)
+
+    return ping_pong, 2
+
+
+def run_comm(job):
+    import torch.distributed as dist
+
+    _check_header(job)
+    rank, world, _, device = init_distributed(job)
+    set_threads(job)
+    ops, sizes, warmup, iterations = parse_comm(job, world)
+    sync_device = device_synchronizer(device)
+    # The first collectives of a process group set up connections; keep
+    # that out of the first point.
+    for _ in range(3):
+        dist.all_reduce(torch.ones(1, device=device))
+    dist.barrier()
+    points = []
+    for op in ops:
+        for size in sizes:
+            fn, divisor = comm_op_runner(op, size, world, rank, device)
+            samples = []
+            for rep in range(warmup + iterations):
+                dist.barrier()
+                start = time.perf_counter()
+                fn()
+                sync_device()
+                if rep >= warmup:
+                    samples.append((time.perf_counter() - start) / divisor)
+            median = statistics.median(samples)
+            seconds = max_over_ranks([median], device)[0]
+            points.append({"op": op, "ranks": 2 if op == "send_recv" else world,
+                           "bytes": size, "seconds": seconds, "samples": len(samples)})
+    if rank == 0:
+        report = {"schema": SCHEMA, "mode": "comm", "world_size": world,
+                  "backend": dist.get_backend(), "device": device.type, "points": points}
+        write_json_atomic(os.path.join(job["report_dir"], "comm.json"), report)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------------------
+# Entry point
+# ---------------------------------------------------------------------------
+
+
+def write_json_atomic(path, obj):
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=1)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def load_job(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except OSError as e:
+        raise JobError(f"--job: cannot read {path}: {e.strerror}") from e
+    except json.JSONDecodeError as e:
+        raise JobError(f"--job: {path} is not JSON: {e}") from e
+
+
+def one_line(e):
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--job", required=True, help="job JSON written by paratune")
+    ap.add_argument("--describe", action="store_true", help="print the per-rank mapping, run nothing")
+    ap.add_argument("--world", type=int, help="world size for --describe")
+    args = ap.parse_args(argv)
+    rank = int(os.environ.get("RANK", "0"))
+    report_dir = None
+    try:
+        job = load_job(args.job)
+        if args.describe:
+            if args.world is None or args.world < 1:
+                raise JobError("--world: a positive world size is needed with --describe")
+            print(json.dumps(describe(job, args.world), indent=1))
+            return 0
+        report_dir = job.get("report_dir") if isinstance(job, dict) else None
+        if not isinstance(report_dir, str) or not report_dir:
+            report_dir = None
+            raise JobError("report_dir: missing")
+        mode = job.get("mode")
+        if mode == "train":
+            run_train(job)
+        elif mode == "comm":
+            run_comm(job)
+        else:
+            raise JobError(f"mode: {mode!r} is not one of train, comm")
+        return 0
+    except Exception as e:  # every failure becomes a report, never a hang or silence
+        line = one_line(e)
+        if report_dir is not None and not args.describe:
+            try:
+                write_json_atomic(os.path.join(report_dir, f"rank-{rank}.error.json"),
+                                  {"schema": SCHEMA, "rank": rank, "error": line,
+                                   "traceback": traceback.format_exc()})
+            except OSError as w:
+                print(f"rank {rank}: could not write the error report: {w}", file=sys.stderr)
+        print(f"rank {rank}: {line}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
