@@ -3,7 +3,7 @@
 //! (leave-one-out), so a loop's "the model now agrees" is a held-out figure,
 //! not an in-sample one.
 
-use crate::calibrate::{CalibrateError, Calibration, Dataset, FitOptions, calibrate};
+use crate::calibrate::{CalibrateError, Calibration, Dataset, FitOptions, FitStatus, calibrate};
 use crate::coefficients::CostModel;
 use crate::cost::{Scenario, predict};
 
@@ -25,35 +25,56 @@ pub struct Refit {
     pub freed: Vec<&'static str>,
 }
 
-/// Fits as many of [`REFIT_ORDER`]'s coefficients as the measured rows of
-/// `dataset` allow (fewer rows than free coefficients is no fit); the rest
-/// keep `prior`'s values. `None` when the rows cannot inform even one.
+/// Fits the first of [`REFIT_ORDER`]'s coefficients the rows inform, one
+/// for every two measured rows of `dataset` (at least one): as many as rows
+/// would fit them exactly and predict new ones no better, so half leaves
+/// each fit over-determined. A coefficient the rows do not inform (their
+/// predicted times barely depend on it) makes room for the next in the
+/// order. The rest keep `prior`'s values. `None` when the rows cannot
+/// inform even one.
 pub fn refit(
     dataset: &Dataset,
     prior: &CostModel,
     name: &str,
 ) -> Result<Option<Refit>, CalibrateError> {
-    let rows = measured_rows(dataset);
-    let mut free = REFIT_ORDER.len().min(rows);
-    while free > 0 {
+    let want = REFIT_ORDER.len().min(measured_rows(dataset).div_ceil(2));
+    if want == 0 {
+        return Ok(None);
+    }
+    let mut best = None;
+    for window in want..=REFIT_ORDER.len() {
         let options = FitOptions {
-            free: Some(REFIT_ORDER[..free].iter().map(|s| s.to_string()).collect()),
+            free: Some(
+                REFIT_ORDER[..window]
+                    .iter()
+                    .map(|s| s.to_string())
+                    .collect(),
+            ),
             folds: 0,
             bootstrap: 0,
             ..FitOptions::default()
         };
         match calibrate(std::slice::from_ref(dataset), prior, name, &options) {
-            Err(CalibrateError::TooFewRuns { .. }) => free -= 1,
             Ok(calibration) => {
-                return Ok(Some(Refit {
-                    calibration,
-                    freed: REFIT_ORDER[..free].to_vec(),
-                }));
+                let freed: Vec<&'static str> = calibration
+                    .coefficients
+                    .iter()
+                    .filter(|c| c.status == FitStatus::Fitted)
+                    .map(|c| c.name)
+                    .collect();
+                let enough = freed.len() >= want;
+                best = Some(Refit { calibration, freed });
+                if enough {
+                    break;
+                }
             }
+            Err(CalibrateError::NothingToFit { .. }) => continue,
+            // More free coefficients than the rows can carry: stop widening.
+            Err(CalibrateError::TooFewRuns { .. }) => break,
             Err(e) => return Err(e),
         }
     }
-    Ok(None)
+    Ok(best)
 }
 
 fn measured_rows(dataset: &Dataset) -> usize {
