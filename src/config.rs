@@ -70,6 +70,23 @@ impl Recompute {
         }
     }
 
+    /// FLOPs per token of one layer of `model` this policy runs again (the
+    /// attention core for Megatron-LM's selective policy, the whole forward
+    /// pass under full recomputation, every other matrix multiply under
+    /// torchtitan's per-op policy, the whole forward of one layer in
+    /// `ac_frequency` under its per-layer policy).
+    pub fn recomputed_flops_per_token(self, model: &ModelSpec, ac_frequency: u64) -> f64 {
+        let attention = model.layer_attention_flops_per_token();
+        let gemm = model.layer_gemm_flops_per_token();
+        match self {
+            Recompute::None => 0.0,
+            Recompute::Selective => attention,
+            Recompute::Full => gemm + attention,
+            Recompute::SelectiveOp => gemm / 2.0,
+            Recompute::SelectiveLayer => (gemm + attention) / ac_frequency.max(1) as f64,
+        }
+    }
+
     /// The policies `engine` runs.
     pub fn of(engine: Engine) -> &'static [Recompute] {
         match engine {

@@ -10,8 +10,8 @@
 //! `src/main.rs` knows about the terminal.
 
 pub mod atomic;
-pub mod bench;
 pub mod calibrate;
+pub mod choice;
 pub mod cluster;
 pub mod coefficients;
 pub mod config;
@@ -19,6 +19,7 @@ pub mod cost;
 pub mod date;
 pub mod evaluate;
 pub mod export;
+pub mod measure;
 pub mod model;
 pub mod plan_file;
 pub mod profile;

@@ -3,10 +3,13 @@
 //! version is refused with a clear message instead of misread.
 
 use crate::cluster::NodeGroup;
+use crate::coefficients::CostModel;
 use crate::config::{ParallelConfig, Rule};
+use crate::cost::memory_per_stage;
 use crate::cost::{Prediction, StageMemory};
+use crate::export::{LaunchJob, megatron_args};
 use crate::model::ModelSpec;
-use crate::search::SearchResult;
+use crate::search::{Job, SearchResult};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -26,6 +29,45 @@ pub struct PlanFile {
     pub cost_model: String,
     pub search: SearchCounts,
     pub candidates: Vec<PlannedCandidate>,
+}
+
+impl PlanFile {
+    /// The plan a search of `job` under `cost` found: its `top` candidates,
+    /// the winner's memory per stage, and each one's Megatron-LM arguments
+    /// (or why Megatron-LM cannot run it).
+    pub fn of(job: &Job, cost: &CostModel, result: &SearchResult, top: usize) -> PlanFile {
+        let scenario = job.scenario(cost);
+        let candidates = result
+            .candidates
+            .iter()
+            .take(top)
+            .enumerate()
+            .map(|(i, c)| {
+                let args = megatron_args(&LaunchJob::of(job, &c.config));
+                PlannedCandidate {
+                    rank: i + 1,
+                    config: c.config,
+                    prediction: c.prediction,
+                    stages: (i == 0).then(|| memory_per_stage(&scenario, &c.config)),
+                    megatron_unsupported: args.as_ref().err().map(|e| e.to_string()),
+                    megatron_args: args.ok(),
+                }
+            })
+            .collect();
+        PlanFile {
+            format: PLAN_FORMAT.into(),
+            version: PLAN_VERSION,
+            paratune_version: env!("CARGO_PKG_VERSION").into(),
+            model: job.model.clone(),
+            global_batch: job.global_batch,
+            gpus: job.gpus,
+            nodes: job.nodes.clone(),
+            memory_limit_bytes: job.memory_limit,
+            cost_model: cost.name.clone(),
+            search: SearchCounts::of(result),
+            candidates,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -187,22 +187,22 @@ fn profile_device_measures_matrix_multiplies_and_a_copy() {
 #[test]
 fn a_memory_only_worker_measures_memory_and_no_times() {
     let model = paratune::model::ModelSpec::gpt("t", 256, 4, 2, 1000, 128);
-    let job = paratune::bench::WorkerJob::Layer(paratune::bench::LayerJob {
+    let job = paratune::measure::WorkerJob::Layer(paratune::measure::LayerJob {
         model,
         micro_batch: 2,
         tp: 1,
         sequence_parallel: false,
-        dtype: paratune::bench::Dtype::Fp32,
-        device: paratune::bench::Device::Cpu,
-        rule: paratune::bench::StoppingRule::default(),
+        dtype: paratune::measure::Dtype::Fp32,
+        device: paratune::measure::Device::Cpu,
+        rule: paratune::measure::StoppingRule::default(),
         memory_limit_bytes: None,
-        pass: paratune::bench::LayerPass::MemoryOnly,
+        pass: paratune::measure::LayerPass::MemoryOnly,
     });
     let json = serde_json::to_string(&job).unwrap();
     let stdout = ok(&["profile", "worker", "--job", &json]);
-    let reply: paratune::bench::WorkerReply =
+    let reply: paratune::measure::WorkerReply =
         serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
-    let paratune::bench::WorkerReply::Layer(m) = reply else {
+    let paratune::measure::WorkerReply::Layer(m) = reply else {
         panic!("{stdout}")
     };
     assert!(

@@ -4,8 +4,8 @@
 
 #![cfg(feature = "torch")]
 
-use paratune::bench::{Device, Dtype, StageJob, StageMeasurement, WorkerJob, WorkerReply};
 use paratune::config::Recompute;
+use paratune::measure::{Device, Dtype, StageJob, StageMeasurement, WorkerJob, WorkerReply};
 use paratune::model::ModelSpec;
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -2,7 +2,7 @@
 //! with its report beside it.
 
 use super::args::{CalibrateArgs, Format};
-use super::commands::{emit, emit_csv};
+use super::render::{emit, emit_csv};
 use super::resolve;
 use anyhow::{Context, Result, anyhow, bail};
 use paratune::calibrate::{

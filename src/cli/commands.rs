@@ -2,7 +2,7 @@
 
 use super::args::{EvaluateArgs, Format, PlanArgs, PredictArgs};
 use super::profile::{self as profile_cli, usage_line};
-use super::render::{self, GIB, percent, seconds};
+use super::render::{self, GIB, emit, emit_csv, percent, seconds};
 use super::resolve;
 use anyhow::{Context, Result, anyhow, bail};
 use paratune::cluster::{builtin_gpu_names, builtin_node};
@@ -14,45 +14,14 @@ use paratune::export::{
     LaunchJob, megatron_args, megatron_command_line, shell_quote, torchtitan_flags, torchtitan_toml,
 };
 use paratune::model::{builtin_model, builtin_model_names};
-use paratune::plan_file::{PLAN_FORMAT, PLAN_VERSION, PlanFile, PlannedCandidate, SearchCounts};
-use paratune::runs::{RunTable, runs_and_skipped, write_csv};
+use paratune::plan_file::PlanFile;
+use paratune::runs::{RunTable, runs_and_skipped};
 use paratune::search::{Explanation, Job, SearchResult, explain, search, smallest_fitting_gpus};
 use std::fmt::Write;
-use std::io::Write as _;
 use std::time::Instant;
-
-/// Writes to standard output. A reader that stops early (`| head`) is not an
-/// error: the rest is dropped quietly instead of panicking like `print!`.
-pub fn emit(text: &str) -> Result<()> {
-    let mut stdout = std::io::stdout().lock();
-    match stdout
-        .write_all(text.as_bytes())
-        .and_then(|()| stdout.flush())
-    {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
-        Err(e) => Err(anyhow!("cannot write to standard output: {e}")),
-    }
-}
-
-pub fn emit_csv(headers: &[String], rows: &[Vec<String>]) -> Result<()> {
-    let mut buffer = Vec::new();
-    write_csv(&mut buffer, headers, rows)?;
-    emit(&String::from_utf8_lossy(&buffer))
-}
 
 fn json<T: serde::Serialize>(value: &T) -> Result<String> {
     Ok(serde_json::to_string_pretty(value)? + "\n")
-}
-
-fn launch_job<'a>(job: &'a Job, config: &'a ParallelConfig) -> LaunchJob<'a> {
-    LaunchJob {
-        model: &job.model,
-        config,
-        global_batch: job.global_batch,
-        gpus: job.gpus,
-        gpus_per_node: job.nodes.gpus_per_node,
-    }
 }
 
 fn cost_model_line(cost: &CostModel) -> String {
@@ -112,7 +81,7 @@ pub fn plan(args: &PlanArgs) -> Result<()> {
     }
     match args.common.format {
         Format::Json => {
-            let file = plan_file(&job, &cost, &result, args.top);
+            let file = PlanFile::of(&job, &cost, &result, args.top);
             emit(&json(&file)?)?;
         }
         Format::Csv => plan_csv(&result, args.top)?,
@@ -356,7 +325,7 @@ fn export_best(
     export: impl Fn(&LaunchJob) -> Result<String, paratune::export::ExportError>,
 ) {
     let winner = &result.candidates[0];
-    match export(&launch_job(job, &winner.config)) {
+    match export(&LaunchJob::of(job, &winner.config)) {
         Ok(text) => out.push_str(&text),
         Err(e) => {
             let _ = writeln!(out, "    #1 is not exportable: {e}");
@@ -366,7 +335,7 @@ fn export_best(
                 .enumerate()
                 .skip(1)
                 .find_map(|(i, c)| {
-                    export(&launch_job(job, &c.config))
+                    export(&LaunchJob::of(job, &c.config))
                         .ok()
                         .map(|text| (i, c, text))
                 });
@@ -439,44 +408,6 @@ fn explain_config(
                 );
             }
         }
-    }
-}
-
-pub(super) fn plan_file(
-    job: &Job,
-    cost: &CostModel,
-    result: &SearchResult,
-    top: usize,
-) -> PlanFile {
-    let scenario = job.scenario(cost);
-    let candidates = result
-        .candidates
-        .iter()
-        .take(top)
-        .enumerate()
-        .map(|(i, c)| PlannedCandidate {
-            rank: i + 1,
-            config: c.config,
-            prediction: c.prediction,
-            stages: (i == 0).then(|| memory_per_stage(&scenario, &c.config)),
-            megatron_args: megatron_args(&launch_job(job, &c.config)).ok(),
-            megatron_unsupported: megatron_args(&launch_job(job, &c.config))
-                .err()
-                .map(|e| e.to_string()),
-        })
-        .collect();
-    PlanFile {
-        format: PLAN_FORMAT.into(),
-        version: PLAN_VERSION,
-        paratune_version: env!("CARGO_PKG_VERSION").into(),
-        model: job.model.clone(),
-        global_batch: job.global_batch,
-        gpus: job.gpus,
-        nodes: job.nodes.clone(),
-        memory_limit_bytes: job.memory_limit,
-        cost_model: cost.name.clone(),
-        search: SearchCounts::of(result),
-        candidates,
     }
 }
 
@@ -598,8 +529,8 @@ pub fn predict_command(args: &PredictArgs) -> Result<()> {
                 "config": config,
                 "prediction": prediction,
                 "stages": stages,
-                "megatron_args": megatron_args(&launch_job(&job, &config)).ok(),
-                "megatron_unsupported": megatron_args(&launch_job(&job, &config)).err().map(|e| e.to_string()),
+                "megatron_args": megatron_args(&LaunchJob::of(&job, &config)).ok(),
+                "megatron_unsupported": megatron_args(&LaunchJob::of(&job, &config)).err().map(|e| e.to_string()),
             });
             if let Some(profile) = &profile {
                 value["profile"] = serde_json::json!({

@@ -1,82 +1,15 @@
 //! `paratune ingest ...`: training logs into rows of a runs CSV, the
 //! measurements `evaluate` and `calibrate` read.
 
-use super::args::ModelArgs;
-use super::commands::emit;
+use super::args::{IngestCommand, MegatronLogArgs, ModelArgs, TorchtitanLogArgs};
+use super::render::emit;
 use anyhow::{Context, Result, bail};
-use clap::{Args, Subcommand};
 use paratune::atomic::write_atomically;
 use paratune::runs::{RunTable, write_csv};
-use paratune::validate::megatron_log::{self, DEFAULT_WARMUP, MegatronRun, merge_rows};
+use paratune::validate::megatron_log::{self, MegatronRun, merge_rows};
 use paratune::validate::torchtitan_log::{self, TorchtitanRun};
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
-
-#[derive(Subcommand, Debug)]
-pub enum IngestCommand {
-    /// Read Megatron-LM pretrain_gpt.py logs (one run each) into a runs CSV:
-    /// the configuration, the steady-state iteration time and the peak memory.
-    MegatronLog(MegatronLogArgs),
-    /// Read torchtitan training logs (one run each) into a runs CSV: the
-    /// configuration (printed in the log, its job TOML with --config, or the
-    /// torchrun command line in the log), the steady step time from the
-    /// step lines' tps and rank 0's peak reserved memory.
-    TorchtitanLog(TorchtitanLogArgs),
-}
-
-#[derive(Args, Debug)]
-pub struct MegatronLogArgs {
-    /// Log files: the stdout/stderr of pretrain_gpt.py runs, one run each.
-    #[arg(required = true)]
-    pub files: Vec<PathBuf>,
-    /// The runs CSV to write (refused if it exists, unless --append).
-    #[arg(long)]
-    pub out: PathBuf,
-    /// Logged iterations left out of the steady state as warm-up (iteration 1 always is).
-    #[arg(long, default_value_t = DEFAULT_WARMUP)]
-    pub warmup: usize,
-    /// Add the rows to an existing --out, skipping rows it already holds.
-    #[arg(long)]
-    pub append: bool,
-}
-
-#[derive(Args, Debug)]
-pub struct TorchtitanLogArgs {
-    /// Log files: the stdout of torchrun ... -m torchtitan.train runs, one run each.
-    #[arg(required = true)]
-    pub files: Vec<PathBuf>,
-    /// The runs CSV to write (refused if it exists, unless --append).
-    #[arg(long)]
-    pub out: PathBuf,
-    /// The runs' job config, for logs that do not print theirs: a torchtitan
-    /// 0.2 TOML (what --job.config_file read), or the JSON of a saved config.
-    /// The log's printed config and command line take precedence over it.
-    #[arg(long, value_name = "FILE")]
-    pub config: Option<PathBuf>,
-    /// The model, where the log's flavor is not one paratune knows: a
-    /// built-in model (`paratune models`) or a model TOML file.
-    #[arg(long, value_name = "NAME|FILE")]
-    pub model: Option<String>,
-    /// The run's GPU count, where neither the log nor the config gives it
-    /// (data_parallel_shard_degree = -1 without a device-mesh line).
-    #[arg(long, value_name = "N", value_parser = gpu_count)]
-    pub gpus: Option<u64>,
-    /// Logged step lines left out of the steady state as warm-up (step 1 always is).
-    #[arg(long, default_value_t = DEFAULT_WARMUP)]
-    pub warmup: usize,
-    /// Add the rows to an existing --out, skipping rows it already holds.
-    #[arg(long)]
-    pub append: bool,
-}
-
-fn gpu_count(text: &str) -> std::result::Result<u64, String> {
-    match text.trim().parse::<u64>() {
-        Ok(n) if (1..=1 << 20).contains(&n) => Ok(n),
-        _ => Err(format!(
-            "`{text}` is not a GPU count; give a whole number such as 8"
-        )),
-    }
-}
+use std::path::Path;
 
 pub fn run(command: &IngestCommand) -> Result<()> {
     match command {

@@ -5,13 +5,15 @@
 use super::args::{
     ProfileCommArgs, ProfileDeviceArgs, ProfileLayerArgs, RepetitionArgs, WorkerArgs,
 };
-use super::commands::emit;
-use super::profile::{catalogue_gpu, open_profile, record_provenance};
+use super::profile_dir::{open_profile, record_provenance};
+use super::render::emit;
 use super::resolve;
 use anyhow::{Context, Result, anyhow, bail};
 use indicatif::{ProgressBar, ProgressStyle};
-use paratune::bench::{
-    self, BenchError, CommJob, Device, DeviceJob, Dtype, LayerJob, LayerMeasurement, LayerPass,
+use paratune::cluster::catalogue_name as catalogue_gpu;
+use paratune::measure::process::{nccl_library_env, spawn_worker, spawn_worker_with_env};
+use paratune::measure::{
+    self, CommJob, Device, DeviceJob, Dtype, LayerJob, LayerMeasurement, LayerPass, MeasureError,
     StoppingRule, WorkerJob, WorkerReply,
 };
 use paratune::profile::{
@@ -19,10 +21,8 @@ use paratune::profile::{
     merge_layers, sweep_points, write_profile,
 };
 use std::fmt::Write as _;
-use std::io::Read;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::time::Duration;
 
 const MIB: f64 = 1024.0 * 1024.0;
 
@@ -42,70 +42,9 @@ pub fn worker(args: &WorkerArgs) -> Result<()> {
         eprintln!("worker: {first}");
     }));
     let job: WorkerJob = serde_json::from_str(&args.job).context("--job is not a worker job")?;
-    let reply = bench::run_worker_job(&job);
+    let reply = measure::run_worker_job(&job);
     println!("{}", serde_json::to_string(&reply)?);
     Ok(())
-}
-
-/// Runs `job` in a fresh process of this binary; kills it after `timeout`.
-/// `Err` says why no reply came (crash, kill, timeout).
-pub fn spawn_worker(job: &WorkerJob, timeout: Duration) -> Result<WorkerReply, String> {
-    spawn_worker_with_env(job, timeout, &[])
-}
-
-/// [`spawn_worker`] with extra environment variables for the worker.
-fn spawn_worker_with_env(
-    job: &WorkerJob,
-    timeout: Duration,
-    env: &[(&str, String)],
-) -> Result<WorkerReply, String> {
-    let exe = std::env::current_exe().map_err(|e| format!("cannot find this program: {e}"))?;
-    let json = serde_json::to_string(job).map_err(|e| e.to_string())?;
-    let mut child = Command::new(exe)
-        .args(["profile", "worker", "--job", &json])
-        .envs(env.iter().map(|(k, v)| (*k, v)))
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("cannot start a worker process: {e}"))?;
-    let drain = |pipe: Option<Box<dyn Read + Send>>| {
-        std::thread::spawn(move || {
-            let mut text = String::new();
-            if let Some(mut pipe) = pipe {
-                let _ = pipe.read_to_string(&mut text);
-            }
-            text
-        })
-    };
-    let stdout = drain(
-        child
-            .stdout
-            .take()
-            .map(|p| Box::new(p) as Box<dyn Read + Send>),
-    );
-    let stderr = drain(
-        child
-            .stderr
-            .take()
-            .map(|p| Box::new(p) as Box<dyn Read + Send>),
-    );
-    let status = wait_with_timeout(&mut child, timeout)?;
-    let out = stdout.join().unwrap_or_default();
-    let err = stderr.join().unwrap_or_default();
-    let reply = out
-        .lines()
-        .rev()
-        .find(|l| l.trim_start().starts_with('{'))
-        .and_then(|l| serde_json::from_str::<WorkerReply>(l).ok());
-    reply.ok_or_else(|| {
-        let last = err
-            .lines()
-            .rev()
-            .find(|l| !l.trim().is_empty())
-            .unwrap_or("no message");
-        format!("the worker process ended ({status}) without a result: {last}")
-    })
 }
 
 /// `--timeout` as a duration: positive seconds, at most a year.
@@ -114,29 +53,6 @@ pub fn timeout(seconds: f64) -> Result<Duration> {
         bail!("--timeout {seconds}: give seconds between 0 and 31536000 (a year)");
     }
     Ok(Duration::from_secs_f64(seconds))
-}
-
-/// Waits for `child`; kills it once `timeout` has passed.
-pub fn wait_with_timeout(
-    child: &mut std::process::Child,
-    timeout: Duration,
-) -> Result<std::process::ExitStatus, String> {
-    let start = Instant::now();
-    loop {
-        match child.try_wait() {
-            Ok(Some(status)) => return Ok(status),
-            Ok(None) if start.elapsed() > timeout => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(format!(
-                    "killed after the {} s timeout (--timeout)",
-                    timeout.as_secs_f64()
-                ));
-            }
-            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
-            Err(e) => return Err(format!("lost the process: {e}")),
-        }
-    }
 }
 
 pub fn stopping_rule(args: &RepetitionArgs) -> Result<StoppingRule> {
@@ -193,7 +109,7 @@ fn check_out(out: &Path) -> Result<()> {
 fn detected_gpu(device: Device) -> Option<String> {
     match device {
         Device::Cpu => Some("cpu".to_string()),
-        Device::Cuda(_) => bench::device_facts(device)
+        Device::Cuda(_) => measure::device_facts(device)
             .ok()
             .map(|f| catalogue_gpu(&f.name)),
     }
@@ -281,17 +197,17 @@ pub fn profile_layer(args: &ProfileLayerArgs) -> Result<()> {
         );
     }
     for (_, job) in &jobs {
-        bench::check_layer_job(job)?;
+        measure::check_layer_job(job)?;
     }
     let out = &args.provenance.out;
     check_out(out)?;
-    if !bench::TORCH_COMPILED {
-        return Err(BenchError::NotCompiled {
+    if !measure::TORCH_COMPILED {
+        return Err(MeasureError::NotCompiled {
             what: "`profile layer`",
         }
         .into());
     }
-    bench::check_device(device)?;
+    measure::check_device(device)?;
     let mut profile = open_profile(&args.provenance, detected_gpu(device).as_deref())?;
     let note = format!(
         "layer points with includes_tp_comm = false: one tensor-parallel shard timed alone on {device} by `paratune profile layer` (libtorch, no collectives, no dropout)"
@@ -369,7 +285,7 @@ pub fn profile_layer(args: &ProfileLayerArgs) -> Result<()> {
     Ok(())
 }
 
-fn layer_table(rows: &[(paratune::profile::SweepPoint, bench::LayerMeasurement)]) -> String {
+fn layer_table(rows: &[(paratune::profile::SweepPoint, measure::LayerMeasurement)]) -> String {
     if rows.is_empty() {
         return String::new();
     }
@@ -409,17 +325,17 @@ pub fn profile_device(args: &ProfileDeviceArgs) -> Result<()> {
     let rule = stopping_rule(&args.repetitions)?;
     let out = &args.provenance.out;
     check_out(out)?;
-    bench::check_device(device)?;
+    measure::check_device(device)?;
     let facts = match device {
         Device::Cpu => None,
-        Device::Cuda(_) => match bench::device_facts(device) {
+        Device::Cuda(_) => match measure::device_facts(device) {
             Ok(facts) => Some(facts),
-            Err(BenchError::NotCompiledCuda { .. }) => None,
+            Err(MeasureError::NotCompiledCuda { .. }) => None,
             Err(e) => return Err(e.into()),
         },
     };
-    if !bench::TORCH_COMPILED {
-        return Err(BenchError::NotCompiled {
+    if !measure::TORCH_COMPILED {
+        return Err(MeasureError::NotCompiled {
             what: "`profile device` (matrix multiplies and copies)",
         }
         .into());
@@ -550,7 +466,7 @@ fn profile_comm_torch(args: &ProfileCommArgs, ranks: u64) -> Result<()> {
         device.backend()
     ));
     spinner.enable_steady_tick(Duration::from_millis(200));
-    let ran = super::validate_cluster::run_script(&script, timeout);
+    let ran = paratune::measure::process::run_script(&script, timeout);
     spinner.finish_and_clear();
     let points = match ran
         .map_err(|why| why.to_string())
@@ -614,26 +530,6 @@ fn host_memory_bytes() -> Option<f64> {
     (pages > 0 && page > 0).then_some(pages as f64 * page as f64)
 }
 
-/// The worker's `LD_LIBRARY_PATH` with a `libnccl.so` link first where
-/// cudarc would otherwise not find NCCL (see `bench::nccl_link_dir`).
-fn nccl_library_env(scratch: &Path) -> Vec<(&'static str, String)> {
-    let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
-    let path = std::env::var("LD_LIBRARY_PATH").unwrap_or_default();
-    // An empty entry would put the current folder on the worker's path.
-    let dirs: Vec<PathBuf> = std::env::split_paths(&path)
-        .filter(|d| !d.as_os_str().is_empty())
-        .collect();
-    match bench::nccl_link_dir(&maps, &dirs, scratch) {
-        Some(dir) => {
-            let joined = std::env::join_paths(std::iter::once(dir).chain(dirs))
-                .map(|p| p.to_string_lossy().into_owned())
-                .unwrap_or(path);
-            vec![("LD_LIBRARY_PATH", joined)]
-        }
-        None => Vec::new(),
-    }
-}
-
 pub fn profile_comm(args: &ProfileCommArgs) -> Result<()> {
     if let Some(ranks) = args.ranks {
         return profile_comm_torch(args, ranks);
@@ -644,18 +540,18 @@ pub fn profile_comm(args: &ProfileCommArgs) -> Result<()> {
         max_bytes: args.max_bytes.0 as u64,
         rule: stopping_rule(&args.repetitions)?,
     };
-    bench::check_comm_job(&job)?;
+    measure::check_comm_job(&job)?;
     let timeout = timeout(args.timeout)?;
     let out = &args.provenance.out;
     check_out(out)?;
-    if !bench::CUDA_COMPILED {
-        return Err(BenchError::NotCompiledCuda {
+    if !measure::CUDA_COMPILED {
+        return Err(MeasureError::NotCompiledCuda {
             what: "`profile comm` (NCCL collectives)",
         }
         .into());
     }
     for &gpu in &job.gpus {
-        bench::check_device(Device::Cuda(gpu))?;
+        measure::check_device(Device::Cuda(gpu))?;
     }
     let detected = detected_gpu(Device::Cuda(job.gpus[0]));
     let mut profile = open_profile(&args.provenance, detected.as_deref())?;

@@ -6,6 +6,7 @@ pub mod commands;
 pub mod ingest;
 pub mod measure;
 pub mod profile;
+pub mod profile_dir;
 pub mod render;
 pub mod resolve;
 pub mod validate;

@@ -5,10 +5,11 @@ use super::args::{
     ImportLayersArgs, ImportNcclTestsArgs, ImportTableArgs, ProfileCommand, ProvenanceArgs,
     ShowProfileArgs,
 };
-use super::commands::emit;
+use super::profile_dir::{open_profile, record_provenance};
+use super::render::emit;
 use super::render::thousands;
 use anyhow::{Result, anyhow, bail};
-use paratune::cluster::builtin_gpu_names;
+use paratune::cluster::catalogue_name as catalogue_gpu;
 use paratune::cost::ProfileUsage;
 use paratune::profile::{
     CollectiveOp, Environment, Measurements, Profile, merge_collectives, merge_layers,
@@ -45,69 +46,6 @@ fn parse_op(flag: &str, text: &str) -> Result<CollectiveOp> {
     })
 }
 
-/// The command line as typed, with `paratune` for the program, quoted where
-/// a shell would need it.
-fn command_line() -> String {
-    let quoted = std::env::args()
-        .skip(1)
-        .map(|arg| paratune::export::shell_quote(&arg));
-    std::iter::once("paratune".to_string())
-        .chain(quoted)
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
-/// The catalogue GPU a device name such as `NVIDIA A100-SXM4-80GB` is, when
-/// every part of exactly one catalogue name appears in it; else the name.
-pub(super) fn catalogue_gpu(device: &str) -> String {
-    let lower = device.to_lowercase();
-    let words: Vec<&str> = lower
-        .split(|c: char| !c.is_ascii_alphanumeric())
-        .filter(|w| !w.is_empty())
-        .collect();
-    let matches: Vec<&str> = builtin_gpu_names()
-        .into_iter()
-        .filter(|name| {
-            name.split('-')
-                .all(|part| words.iter().any(|w| w.starts_with(part)))
-        })
-        .collect();
-    match matches.as_slice() {
-        [one] => one.to_string(),
-        _ => lower,
-    }
-}
-
-/// The profile in `--out`, or a new one for `gpu` (`--gpu`, else what the
-/// input says). An existing profile that does not read stops the import
-/// before anything is written.
-pub(super) fn open_profile(
-    provenance: &ProvenanceArgs,
-    detected_gpu: Option<&str>,
-) -> Result<Profile> {
-    let out = &provenance.out;
-    if out.join(paratune::profile::ENVIRONMENT_FILE).is_file() {
-        let profile = read_profile(out)?;
-        if let Some(gpu) = &provenance.gpu
-            && !gpu.eq_ignore_ascii_case(&profile.environment.gpu)
-        {
-            bail!(
-                "--gpu {gpu}: {} holds a profile of {}; import into another --out",
-                out.display(),
-                profile.environment.gpu
-            );
-        }
-        return Ok(profile);
-    }
-    let Some(gpu) = provenance.gpu.as_deref().or(detected_gpu) else {
-        bail!(
-            "{} is a new profile: give --gpu NAME (the GPU measured, e.g. a100-80gb)",
-            out.display()
-        );
-    };
-    Ok(Profile::empty(&gpu.to_lowercase()))
-}
-
 /// Records the provenance and this command, writes the profile, and prints
 /// `report` with a summary of the directory.
 fn save(
@@ -127,31 +65,6 @@ fn save(
         thousands(profile.layers.len() as f64)
     );
     emit(&report)
-}
-
-/// Stamps the profile's environment with today, this version, the
-/// provenance flags and this command line.
-pub(super) fn record_provenance(
-    profile: &mut Profile,
-    provenance: &ProvenanceArgs,
-    extra_notes: &[String],
-) {
-    let env = &mut profile.environment;
-    env.date = paratune::date::today_utc();
-    env.paratune_version = env!("CARGO_PKG_VERSION").to_string();
-    if let Some(source) = &provenance.source {
-        if env.source.is_empty() {
-            env.source = source.clone();
-        } else if !env.source.split("; ").any(|s| s == source) {
-            env.source = format!("{}; {source}", env.source);
-        }
-    }
-    for note in provenance.note.iter().chain(extra_notes) {
-        if !env.notes.contains(note) {
-            env.notes.push(note.clone());
-        }
-    }
-    env.commands.push(command_line());
 }
 
 fn curve_count(profile: &Profile) -> usize {

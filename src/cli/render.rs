@@ -1,8 +1,11 @@
 //! Text rendering for the terminal: tables, breakdowns, numbers.
 
+use anyhow::{Result, anyhow};
 use paratune::config::{ParallelConfig, on_off};
 use paratune::cost::{Prediction, StageMemory, TimeBreakdown};
+use paratune::runs::write_csv;
 use std::fmt::Write;
+use std::io::Write as _;
 
 pub const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 
@@ -245,4 +248,24 @@ pub fn differences(diffs: &[(&'static str, f64)], limit: usize) -> String {
         })
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+/// Writes to standard output. A reader that stops early (`| head`) is not an
+/// error: the rest is dropped quietly instead of panicking like `print!`.
+pub fn emit(text: &str) -> Result<()> {
+    let mut stdout = std::io::stdout().lock();
+    match stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        Err(e) => Err(anyhow!("cannot write to standard output: {e}")),
+    }
+}
+
+pub fn emit_csv(headers: &[String], rows: &[Vec<String>]) -> Result<()> {
+    let mut buffer = Vec::new();
+    write_csv(&mut buffer, headers, rows)?;
+    emit(&String::from_utf8_lossy(&buffer))
 }

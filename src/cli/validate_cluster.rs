@@ -1,211 +1,66 @@
-//! `paratune validate --launch megatron|torchtitan`: cluster trials through
-//! Megatron-LM or torchtitan. Writes one launch script per candidate; unless
-//! `--dry-run`, runs each (killed after `--timeout`), reads its log into a
-//! run row (append-only, fsync per row), refits the cost model on every row
-//! measured so far and re-ranks the plan's candidates.
+//! `paratune validate --launch megatron|torchtitan|torch`: the flags made
+//! into the engine's settings, then the library's loop of cluster trials
+//! (`paratune::validate::cluster`), its report printed.
 
 use super::args::{LaunchEngine, Launcher as LauncherArg, ValidateArgs};
-use super::commands::emit;
-use super::measure::{check_writable, wait_with_timeout};
+use super::measure::check_writable;
+use super::render::emit;
 use super::resolve;
 use anyhow::{Result, bail};
-use paratune::calibrate::Dataset;
 use paratune::coefficients::CostModel;
-use paratune::config::ParallelConfig;
-use paratune::config::Recompute;
-use paratune::cost::{memory_per_stage, predict};
-use paratune::plan_file::{PlanFile, PlannedCandidate};
-use paratune::report::{ranking_change, render_markdown};
-use paratune::runs::{RowDefaults, RunHistory, RunTable, runs_from_table};
-use paratune::search::{SearchSpace, search};
-use paratune::validate::launch::{
-    LaunchError, LaunchSettings, Launcher, ScriptOutcome, write_launch_scripts,
-};
-use paratune::validate::local::{self, job_of};
-use paratune::validate::megatron_log::{self, DEFAULT_WARMUP, ROW_COLUMNS};
-use paratune::validate::refit::{self, HeldOut};
-use paratune::validate::torch_launch::{
-    self, TorchSettings, TorchTrial, TrialDevice, TrialJob, write_torch_scripts,
-};
-use paratune::validate::torchtitan_launch::{
-    TorchtitanBase, TorchtitanSettings, torchtitan_script, write_torchtitan_scripts,
-};
-use paratune::validate::torchtitan_log;
-use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::Duration;
+use paratune::plan_file::PlanFile;
+use paratune::validate::cluster::{Cluster, LoopSettings, run_loop};
+use paratune::validate::launch::{LaunchError, LaunchSettings, Launcher};
+use paratune::validate::torch_launch::{self, TorchSettings, TrialDevice};
+use paratune::validate::torchtitan_launch::{TorchtitanBase, TorchtitanSettings};
+use std::path::Path;
 
-/// The engine the trials run on, with what its scripts share.
-enum Cluster {
-    Megatron(LaunchSettings),
-    Torchtitan(TorchtitanSettings),
-    Torch(TorchSettings),
+pub fn run(args: &ValidateArgs, engine: LaunchEngine, plan: &PlanFile, out: &Path) -> Result<()> {
+    // The base is checked before anything is written.
+    let cluster = cluster_of(args, engine, plan)?;
+    check_writable(out, "--out")?;
+    let settings = LoopSettings {
+        top: args.top,
+        rounds: args.rounds,
+        timeout: super::measure::timeout(args.timeout)?,
+        dry_run: args.dry_run,
+    };
+    let prior = plan_cost_model(args, plan)?;
+    let report = run_loop(plan, &prior, &cluster, settings, out, &mut |line| {
+        eprintln!("{line}")
+    })?;
+    emit(&report)
 }
 
-/// What a finished trial measured: its run row, a line about it, and for a
-/// torch trial the ranks' own reports.
-struct Measured {
-    row: Vec<String>,
-    line: String,
-    torch: Option<TorchTrial>,
-}
-
-impl Cluster {
-    fn of(args: &ValidateArgs, engine: LaunchEngine, plan: &PlanFile) -> Result<Cluster> {
-        let launcher = match args.launcher {
-            LauncherArg::Torchrun => Launcher::Torchrun,
-            LauncherArg::Srun => Launcher::Srun,
-        };
-        let train_iters = args.iterations as u64;
-        Ok(match engine {
-            LaunchEngine::Megatron => {
-                let mut settings = LaunchSettings::new(args.megatron_path.clone(), launcher);
-                settings.train_iters = train_iters;
-                Cluster::Megatron(settings)
-            }
-            LaunchEngine::Torchtitan => {
-                let Some(base) = &args.torchtitan_config else {
-                    return Err(LaunchError::BadTorchtitanConfig {
-                        value: "(not given)".into(),
-                        problem: "--launch torchtitan needs it".into(),
-                    }
-                    .into());
-                };
-                Cluster::Torchtitan(TorchtitanSettings {
-                    base: TorchtitanBase::parse(base)?,
-                    launcher,
-                    train_iters,
-                })
-            }
-            LaunchEngine::Torch => Cluster::Torch(torch_settings(args, plan)?),
-        })
-    }
-
-    /// `megatron` or `torchtitan`, as `paratune ingest` names the log.
-    fn log_kind(&self) -> &'static str {
-        match self {
-            Cluster::Megatron(_) => "megatron-log",
-            Cluster::Torchtitan(_) => "torchtitan-log",
-            Cluster::Torch(_) => "torch",
+/// The engine the flags name, with its settings.
+fn cluster_of(args: &ValidateArgs, engine: LaunchEngine, plan: &PlanFile) -> Result<Cluster> {
+    let launcher = match args.launcher {
+        LauncherArg::Torchrun => Launcher::Torchrun,
+        LauncherArg::Srun => Launcher::Srun,
+    };
+    let train_iters = args.iterations as u64;
+    Ok(match engine {
+        LaunchEngine::Megatron => {
+            let mut settings = LaunchSettings::new(args.megatron_path.clone(), launcher);
+            settings.train_iters = train_iters;
+            Cluster::Megatron(settings)
         }
-    }
-
-    fn write(&self, plan: &PlanFile, dir: &Path) -> Result<Vec<ScriptOutcome>, LaunchError> {
-        match self {
-            Cluster::Megatron(settings) => write_launch_scripts(plan, settings, dir),
-            Cluster::Torchtitan(settings) => write_torchtitan_scripts(plan, settings, dir),
-            Cluster::Torch(settings) => write_torch_scripts(plan, settings, dir),
+        LaunchEngine::Torchtitan => {
+            let Some(base) = &args.torchtitan_config else {
+                return Err(LaunchError::BadTorchtitanConfig {
+                    value: "(not given)".into(),
+                    problem: "--launch torchtitan needs it".into(),
+                }
+                .into());
+            };
+            Cluster::Torchtitan(TorchtitanSettings {
+                base: TorchtitanBase::parse(base)?,
+                launcher,
+                train_iters,
+            })
         }
-    }
-
-    /// Whether the engine can run a candidate of `plan`.
-    fn runs(&self, plan: &PlanFile, candidate: &paratune::plan_file::PlannedCandidate) -> bool {
-        match self {
-            Cluster::Megatron(_) => candidate.megatron_args.is_some(),
-            Cluster::Torchtitan(settings) => torchtitan_script(plan, candidate, settings).is_ok(),
-            Cluster::Torch(_) => {
-                torch_launch::unsupported(&candidate.config, plan.model.layers).is_none()
-            }
-        }
-    }
-
-    fn columns(&self) -> &'static [&'static str] {
-        match self {
-            Cluster::Megatron(_) => &ROW_COLUMNS,
-            Cluster::Torchtitan(_) => &torchtitan_log::ROW_COLUMNS,
-            Cluster::Torch(_) => &torch_launch::ROW_COLUMNS,
-        }
-    }
-
-    /// What a finished trial of `candidate` of `plan` measured, from its log
-    /// (or, for torch trials, its ranks' reports beside it).
-    fn read(
-        &self,
-        log: &Path,
-        plan: &PlanFile,
-        candidate: &PlannedCandidate,
-    ) -> Result<Measured, String> {
-        let name = log.display().to_string();
-        let plain = |(row, line): (Vec<String>, String)| Measured {
-            row,
-            line,
-            torch: None,
-        };
-        match self {
-            Cluster::Torch(_) => {
-                let job_path = log.with_file_name("job.json");
-                let text = std::fs::read_to_string(&job_path)
-                    .map_err(|e| format!("cannot read {}: {e}", job_path.display()))?;
-                let job: TrialJob = serde_json::from_str(&text)
-                    .map_err(|e| format!("{}: not a trial job ({e})", job_path.display()))?;
-                let trial =
-                    torch_launch::read_trial(&job.report_dir, &job).map_err(|e| e.to_string())?;
-                let first = &trial.ranks[0];
-                let line = format!(
-                    "{}: {:.1} ms per iteration (median of {}, {} x {} micro-batches, {}, {}), peak {:.1} MiB on the fullest rank ({})",
-                    candidate.config,
-                    trial.median_ms,
-                    trial.iterations,
-                    first.micro_batches,
-                    candidate.config.micro_batch,
-                    first.schedule,
-                    first.data_parallel,
-                    trial.peak_bytes() / (1u64 << 20) as f64,
-                    first.memory_kind
-                );
-                let row = trial.row(plan, &candidate.config, &name);
-                Ok(Measured {
-                    row,
-                    line,
-                    torch: Some(trial),
-                })
-            }
-            Cluster::Megatron(_) => {
-                let run = megatron_log::read(log, DEFAULT_WARMUP).map_err(|e| e.to_string())?;
-                let row = run
-                    .row(&name, "paratune validate")
-                    .map_err(|e| e.to_string())?;
-                let line = format!(
-                    "{}: {:.1} ms per iteration (steady-state median, {} iterations){}",
-                    run.config.summary(),
-                    run.steady_median_ms,
-                    run.steady_iterations,
-                    run.peak_allocated_bytes
-                        .map(|b| format!(", peak {:.1} GiB allocated", b / 1024f64.powi(3)))
-                        .unwrap_or_default()
-                );
-                Ok(plain((row, line)))
-            }
-            Cluster::Torchtitan(settings) => {
-                // A 0.2 trial's configuration is its job.toml; a 0.3 trial
-                // prints its own (`--debug.print_config`).
-                let config = match &settings.base {
-                    TorchtitanBase::JobToml { .. } => Some(
-                        torchtitan_log::read_config_file(&log.with_file_name("job.toml"))
-                            .map_err(|e| e.to_string())?,
-                    ),
-                    TorchtitanBase::Registry { .. } => None,
-                };
-                let options = torchtitan_log::Options {
-                    warmup: DEFAULT_WARMUP,
-                    config,
-                    ..torchtitan_log::Options::default()
-                };
-                let run = torchtitan_log::read(log, &options).map_err(|e| e.to_string())?;
-                let line = format!(
-                    "{}: {:.1} ms per iteration (steady-state median, {} steps){}",
-                    run.summary(),
-                    run.steady_median_ms,
-                    run.steady_steps,
-                    run.peak_reserved_gib
-                        .map(|g| format!(", peak {g:.1} GiB reserved on rank 0"))
-                        .unwrap_or_default()
-                );
-                Ok(plain((run.row("paratune validate"), line)))
-            }
-        }
-    }
+        LaunchEngine::Torch => Cluster::Torch(torch_settings(args, plan)?),
+    })
 }
 
 /// `--launch torch`'s settings: the ranks (the plan's GPU count unless
@@ -239,505 +94,10 @@ fn torch_settings(args: &ValidateArgs, plan: &PlanFile) -> Result<TorchSettings>
     })
 }
 
-/// A trial's prediction before it ran and what it measured.
-struct RoundTrial {
-    round: usize,
-    rank: usize,
-    config: ParallelConfig,
-    predicted_s: f64,
-    measured_s: f64,
-}
-
-pub fn run(args: &ValidateArgs, engine: LaunchEngine, plan: &PlanFile, out: &Path) -> Result<()> {
-    // The base is checked before anything is written.
-    let cluster = Cluster::of(args, engine, plan)?;
-    check_writable(out, "--out")?;
-    let mut report = String::new();
-    if matches!(cluster, Cluster::Torch(_)) {
-        report.push_str(&contention_note(plan));
-    }
-    let history_path = out.join("runs-history.csv");
-    let mut history = None;
-    let timeout = super::measure::timeout(args.timeout)?;
-    let job = job_of(plan);
-    let prior = plan_cost_model(args, plan)?;
-    let mut current = prior.clone();
-    let mut round_plan = plan.clone();
-    let mut tried: Vec<ParallelConfig> = Vec::new();
-    let mut trials: Vec<RoundTrial> = Vec::new();
-    let mut first_round_error = None;
-    let mut last_held_out = None;
-    let mut winner = plan.candidates.first().map(|c| c.config);
-    for round in 1..=args.rounds {
-        // Round 1 writes into OUT, later rounds into OUT/round-N.
-        let dir = if round == 1 {
-            out.to_path_buf()
-        } else {
-            out.join(format!("round-{round}"))
-        };
-        let mut top = round_plan.clone();
-        if matches!(cluster, Cluster::Torch(_)) {
-            // The worker's limits are known before anything runs: trial the
-            // best candidates it can run, and say which it passed over.
-            let runnable = top.clone();
-            for c in top.candidates.iter().take(args.top) {
-                if let Some(reason) = torch_launch::unsupported(&c.config, plan.model.layers) {
-                    let _ = writeln!(report, "candidate #{}: passed over ({reason})", c.rank);
-                }
-            }
-            top.candidates.retain(|c| cluster.runs(&runnable, c));
-        }
-        top.candidates.truncate(args.top);
-        top.candidates.retain(|c| !tried.contains(&c.config));
-        tried.extend(top.candidates.iter().map(|c| c.config));
-        let scripts = write_scripts(&top, &cluster, &dir, &mut report)?;
-        if scripts.is_empty() {
-            let _ = writeln!(report, "round {round}: no new candidate to run; stopping");
-            break;
-        }
-        if args.dry_run {
-            report.push_str(&dry_run_note(&cluster, &dir));
-            return emit(&report);
-        }
-        if history.is_none() {
-            let (opened, repaired) = RunHistory::open(&history_path, cluster.columns())?;
-            if let Some(repair) = repaired {
-                let _ = writeln!(report, "note: {repair}");
-            }
-            history = Some(opened);
-        }
-        let history = history.as_mut().expect("opened above");
-        let scenario = job.scenario(&current);
-        for (rank, script) in &scripts {
-            let candidate = top
-                .candidates
-                .iter()
-                .find(|c| c.rank == *rank)
-                .expect("a script per candidate");
-            let Some(measured) = run_and_read(
-                &cluster,
-                &top,
-                candidate,
-                script,
-                timeout,
-                history,
-                &mut report,
-            )?
-            else {
-                continue;
-            };
-            let predicted_s = predict(&scenario, &candidate.config).iteration_s;
-            if let Some(trial) = &measured.torch {
-                report.push_str(&memory_lines(&scenario, candidate, trial, &current));
-            }
-            trials.push(RoundTrial {
-                round,
-                rank: *rank,
-                config: candidate.config,
-                predicted_s,
-                measured_s: trial_seconds(&cluster, &measured),
-            });
-        }
-        let this_round: Vec<&RoundTrial> = trials.iter().filter(|t| t.round == round).collect();
-        let round_error = round_table(round, &this_round, &mut report);
-        if round == 1 {
-            first_round_error = round_error;
-        }
-        let Some((fitted, held_out)) = refit_and_rerank(plan, &prior, &history_path, &mut report)?
-        else {
-            break;
-        };
-        if let Some(error) = refit::mape(&held_out) {
-            let _ = writeln!(
-                report,
-                "round {round}: after the refit on {} trial(s), held-out (leave-one-out) error {error:.1}%",
-                held_out.len()
-            );
-            last_held_out = Some((round, error));
-        }
-        current = fitted.clone();
-        // Plan again with the refitted model: its leaders are the next round's trials.
-        // Only what the engine can run is a candidate for a cluster trial.
-        let space = SearchSpace {
-            engine: plan
-                .candidates
-                .first()
-                .map_or(Default::default(), |c| c.config.engine),
-            ..SearchSpace::default()
-        };
-        let result = search(&job, &space, &fitted);
-        round_plan = super::commands::plan_file(&job, &fitted, &result, result.candidates.len());
-        let runnable = round_plan.clone();
-        round_plan.candidates.retain(|c| cluster.runs(&runnable, c));
-        round_plan.candidates.truncate(args.top.max(5));
-        for (i, c) in round_plan.candidates.iter_mut().enumerate() {
-            c.rank = i + 1;
-        }
-        let leader = round_plan.candidates.first().map(|c| c.config);
-        if round > 1 && leader == winner {
-            let _ = writeln!(report, "\nround {round}: the winner held; stopping");
-            break;
-        }
-        winner = leader;
-        if round < args.rounds {
-            let _ = writeln!(
-                report,
-                "\nround {round}: with the refitted model the leader is {}",
-                leader.map_or("none".to_string(), |c| c.to_string())
-            );
-        }
-    }
-    if let (Some(first), Some((round, last))) = (first_round_error, last_held_out) {
-        let _ = writeln!(
-            report,
-            "\nheld-out error: {first:.1}% in round 1 (the plan's model, before any trial), {last:.1}% after round {round} (leave-one-out over every trial)"
-        );
-    }
-    // Kept beside the trials, whole: what the terminal showed.
-    let saved = out.join("report.md");
-    paratune::atomic::write_atomically(&saved, report.as_bytes())
-        .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", saved.display()))?;
-    emit(&report)
-}
-
 /// The plan's cost model, or `--cost-model`'s.
 fn plan_cost_model(args: &ValidateArgs, plan: &PlanFile) -> Result<CostModel> {
     resolve::cost_model(
         Some(args.cost_model.as_deref().unwrap_or(&plan.cost_model)),
         &plan.nodes.gpu.name,
     )
-}
-
-/// A trial's measured iteration time, seconds: its row's `iter_ms` (the
-/// steady-state median in every engine's row).
-fn trial_seconds(cluster: &Cluster, measured: &Measured) -> f64 {
-    cluster
-        .columns()
-        .iter()
-        .position(|c| *c == "iter_ms")
-        .and_then(|i| measured.row.get(i))
-        .and_then(|ms| ms.parse::<f64>().ok())
-        .map_or(f64::NAN, |ms| ms / 1e3)
-}
-
-/// What the ranks of a torch trial on one machine can and cannot say.
-fn contention_note(plan: &PlanFile) -> String {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    format!(
-        "note: the {} ranks run on this machine's {cores} cores and talk through its memory; where ranks outnumber cores they take turns, so the times measure this machine (contention included), not the planned cluster's links\n",
-        plan.gpus
-    )
-}
-
-fn dry_run_note(cluster: &Cluster, dir: &Path) -> String {
-    match cluster {
-        Cluster::Torch(_) => format!(
-            "dry run: nothing was started. Run a script ({}/candidate-N/run.sh); its ranks write candidate-N/report/, which a rerun without --dry-run reads, refits on and re-ranks\n",
-            dir.display()
-        ),
-        _ => format!(
-            "dry run: nothing was started. Run a script on the cluster, then `paratune ingest {} {}/candidate-N/run.log --out runs.csv` (or rerun without --dry-run to let validate run them, read their logs and refit)\n",
-            cluster.log_kind(),
-            dir.display()
-        ),
-    }
-}
-
-/// Each rank's measured peak against its stage's predicted allocation,
-/// within the cost model's band or flagged.
-fn memory_lines(
-    scenario: &paratune::cost::Scenario,
-    candidate: &PlannedCandidate,
-    trial: &TorchTrial,
-    cost: &CostModel,
-) -> String {
-    let stages = memory_per_stage(scenario, &candidate.config);
-    let (low, high) = local::band(cost);
-    let mut text = String::new();
-    for r in &trial.ranks {
-        let Some(stage) = stages.get(r.stage() as usize) else {
-            continue;
-        };
-        let predicted = stage.allocated();
-        // As everywhere: the prediction's error against the measurement.
-        let error = (predicted - r.peak_memory_bytes) / r.peak_memory_bytes;
-        let verdict = if error > high {
-            "measured UNDER the band (over-predicted)"
-        } else if error < low {
-            "measured OVER the band (under-predicted)"
-        } else {
-            "within the band"
-        };
-        let _ = writeln!(
-            text,
-            "candidate #{} rank {} (stage {}): peak {:.1} MiB measured, {:.1} MiB predicted allocated (error {:+.0}%, band {:+.0}%..{:+.0}%): {verdict}",
-            candidate.rank,
-            r.rank,
-            r.stage(),
-            r.peak_memory_bytes / (1u64 << 20) as f64,
-            predicted / (1u64 << 20) as f64,
-            100.0 * error,
-            100.0 * low,
-            100.0 * high
-        );
-    }
-    text
-}
-
-/// The round's trials, predicted (before they ran) against measured;
-/// returns their mean absolute error, percent.
-fn round_table(round: usize, trials: &[&RoundTrial], report: &mut String) -> Option<f64> {
-    let measured: Vec<&&RoundTrial> = trials.iter().filter(|t| t.measured_s.is_finite()).collect();
-    if measured.is_empty() {
-        return None;
-    }
-    let _ = writeln!(
-        report,
-        "\nround {round}: predicted (before the trial) against measured"
-    );
-    let _ = writeln!(
-        report,
-        "| # | configuration | predicted ms | measured ms | error |"
-    );
-    let _ = writeln!(report, "|---|---|---|---|---|");
-    let mut sum = 0.0;
-    for t in &measured {
-        let error = (t.predicted_s - t.measured_s) / t.measured_s;
-        sum += error.abs();
-        let _ = writeln!(
-            report,
-            "| {} | {} | {:.1} | {:.1} | {:+.1}% |",
-            t.rank,
-            t.config,
-            t.predicted_s * 1e3,
-            t.measured_s * 1e3,
-            100.0 * error
-        );
-    }
-    let mape = 100.0 * sum / measured.len() as f64;
-    let _ = writeln!(
-        report,
-        "round {round}: error before the trials {mape:.1}% (mean absolute, {} trial(s))",
-        measured.len()
-    );
-    Some(mape)
-}
-
-/// Writes the launch scripts of `plan`'s candidates into `dir`; reports
-/// each and returns the written ones.
-fn write_scripts(
-    plan: &PlanFile,
-    cluster: &Cluster,
-    dir: &Path,
-    report: &mut String,
-) -> Result<Vec<(usize, PathBuf)>> {
-    let mut scripts = Vec::new();
-    for outcome in cluster.write(plan, dir)? {
-        match outcome {
-            ScriptOutcome::Written { rank, path } => {
-                let _ = writeln!(report, "candidate #{rank}: {}", path.display());
-                scripts.push((rank, path));
-            }
-            ScriptOutcome::Skipped { rank, reason } => {
-                let _ = writeln!(report, "candidate #{rank}: no script ({reason})");
-            }
-        }
-    }
-    Ok(scripts)
-}
-
-/// Runs one script, reads its log into the history, says what happened.
-fn run_and_read(
-    cluster: &Cluster,
-    plan: &PlanFile,
-    candidate: &PlannedCandidate,
-    script: &Path,
-    timeout: Duration,
-    history: &mut RunHistory,
-    report: &mut String,
-) -> Result<Option<Measured>> {
-    let rank = candidate.rank;
-    let log = script.with_file_name("run.log");
-    eprintln!("candidate #{rank}: running {} ...", script.display());
-    if let Err(why) = run_script(script, timeout) {
-        let detail = cluster
-            .read(&log, plan, candidate)
-            .err()
-            .filter(|_| matches!(cluster, Cluster::Torch(_)) && !why.starts_with("killed"))
-            .map(|e| format!(" ({e})"))
-            .unwrap_or_default();
-        let _ = writeln!(
-            report,
-            "candidate #{rank}: {why}{detail}; its log is {} (kept)",
-            log.display()
-        );
-        return Ok(None);
-    }
-    match cluster.read(&log, plan, candidate) {
-        Ok(measured) => {
-            // Kept before anything else: an interruption loses no finished run.
-            history.append(&measured.row)?;
-            let _ = writeln!(report, "candidate #{rank}: {}", measured.line);
-            Ok(Some(measured))
-        }
-        Err(e) => {
-            let _ = writeln!(report, "candidate #{rank}: its log does not read: {e}");
-            Ok(None)
-        }
-    }
-}
-
-/// Runs `bash SCRIPT`, killed after `timeout`.
-pub(super) fn run_script(script: &Path, timeout: Duration) -> Result<(), String> {
-    let mut command = Command::new("bash");
-    command
-        .arg(script)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    // Its own process group, so that a timeout stops torchrun/srun and the
-    // ranks under it too, not only bash: they hold GPUs and a port.
-    #[cfg(unix)]
-    std::os::unix::process::CommandExt::process_group(&mut command, 0);
-    let mut child = command
-        .spawn()
-        .map_err(|e| format!("could not start bash: {e}"))?;
-    match wait_with_timeout(&mut child, timeout) {
-        Ok(status) if status.success() => Ok(()),
-        Ok(status) => Err(format!("the run failed ({status})")),
-        Err(why) => {
-            stop_group(child.id());
-            Err(why)
-        }
-    }
-}
-
-/// How long a timed-out run's processes get to stop after SIGTERM.
-const STOP_GRACE: Duration = Duration::from_secs(10);
-
-/// Stops a timed-out run's process group: SIGTERM (srun cancels its step),
-/// then SIGKILL for what is left after a grace period.
-fn stop_group(pid: u32) {
-    #[cfg(unix)]
-    {
-        let group = -(pid as i32);
-        // SAFETY: kill(2) on a process group this command created.
-        unsafe { libc::kill(group, libc::SIGTERM) };
-        // Polled, not slept: most runs are gone within milliseconds.
-        let grace = std::time::Instant::now();
-        // SAFETY: signal 0 only asks whether any process of the group is left.
-        while unsafe { libc::kill(group, 0) } == 0 && grace.elapsed() < STOP_GRACE {
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        // SAFETY: as above.
-        unsafe { libc::kill(group, libc::SIGKILL) };
-    }
-}
-
-/// Refits the plan's cost model on every run measured so far, prints how
-/// the ranking of the plan's candidates moved, and scores the refit on the
-/// runs it was not fitted to (leave-one-out).
-fn refit_and_rerank(
-    plan: &PlanFile,
-    prior: &CostModel,
-    history: &Path,
-    report: &mut String,
-) -> Result<Option<(CostModel, Vec<HeldOut>)>> {
-    let Ok(table) = RunTable::read(history) else {
-        let _ = writeln!(report, "no run was measured: nothing to refit");
-        return Ok(None);
-    };
-    if table.rows.is_empty() {
-        let _ = writeln!(report, "no run was measured: nothing to refit");
-        return Ok(None);
-    }
-    let job = job_of(plan);
-    let defaults = RowDefaults {
-        model: plan.model.clone(),
-        model_is_given: true,
-        ..RowDefaults::gpt(
-            plan.model.vocab,
-            plan.model.seq_len,
-            plan.model.attention,
-            Recompute::None,
-        )
-    };
-    let runs = runs_from_table(&table, &defaults, job.gpus_per_node())?;
-    let dataset = Dataset {
-        name: history.display().to_string(),
-        runs,
-        group: plan.nodes.clone(),
-    };
-    // A few trial runs cannot inform every coefficient: fit as many of the
-    // most influential ones as the rows allow, the rest keep the plan's.
-    let fitted = match refit::refit(&dataset, prior, &format!("{}-refit", prior.name)) {
-        Ok(Some(fitted)) => fitted,
-        Ok(None) => {
-            let _ = writeln!(
-                report,
-                "\n{} measured run(s): too few to refit any coefficient yet; trial more candidates (--top) or ingest more runs",
-                table.rows.len()
-            );
-            return Ok(None);
-        }
-        // The runs are kept; a refit that cannot be made is reported,
-        // not fatal.
-        Err(e) => {
-            let _ = writeln!(report, "\nno refit on {}: {e}", history.display());
-            return Ok(None);
-        }
-    };
-    let _ = writeln!(
-        report,
-        "\nrefitted {}",
-        fitted
-            .calibration
-            .coefficients
-            .iter()
-            .filter(|c| fitted.freed.contains(&c.name))
-            .map(|c| format!("{} {:.4} -> {:.4}", c.name, c.prior, c.value))
-            .collect::<Vec<_>>()
-            .join(", ")
-    );
-    let model = fitted.calibration.model;
-    let rank = |cost: &CostModel| -> Vec<(String, f64)> {
-        let s = job.scenario(cost);
-        let mut ranked: Vec<(String, f64)> = plan
-            .candidates
-            .iter()
-            .map(|c| (c.config.to_string(), predict(&s, &c.config).iteration_s))
-            .collect();
-        ranked.sort_by(|a, b| a.1.total_cmp(&b.1));
-        ranked
-    };
-    let change = ranking_change(&rank(prior), &rank(&model))?;
-    let _ = writeln!(
-        report,
-        "\nrefit on {} measured run(s) of {}:",
-        table.rows.len(),
-        history.display()
-    );
-    report.push_str(&render_markdown(&change));
-    let held_out = refit::leave_one_out(&dataset, prior);
-    let Some(memory) = refit::refit_memory(&dataset, &model) else {
-        return Ok(Some((model, held_out)));
-    };
-    let _ = writeln!(
-        report,
-        "\nmemory: refitted {} to {} measured peak(s); allocated-peak error {} before, {} held out (leave-one-out)",
-        memory
-            .coefficients
-            .iter()
-            .map(|(name, before, after)| format!("{name} {before:.4} -> {after:.4}"))
-            .collect::<Vec<_>>()
-            .join(", "),
-        memory.before.len(),
-        percent(refit::mape(&memory.before)),
-        percent(refit::mape(&memory.held_out)),
-    );
-    Ok(Some((memory.model, held_out)))
-}
-
-fn percent(value: Option<f64>) -> String {
-    value.map_or("-".into(), |v| format!("{v:.1}%"))
 }

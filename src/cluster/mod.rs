@@ -151,3 +151,24 @@ pub struct GroupSpan {
     pub nodes: u64,
     pub per_node: u64,
 }
+
+/// The catalogue GPU a device name such as `NVIDIA A100-SXM4-80GB` is, when
+/// every part of exactly one catalogue name appears in it; else the name.
+pub fn catalogue_name(device: &str) -> String {
+    let lower = device.to_lowercase();
+    let words: Vec<&str> = lower
+        .split(|c: char| !c.is_ascii_alphanumeric())
+        .filter(|w| !w.is_empty())
+        .collect();
+    let matches: Vec<&str> = builtin_gpu_names()
+        .into_iter()
+        .filter(|name| {
+            name.split('-')
+                .all(|part| words.iter().any(|w| w.starts_with(part)))
+        })
+        .collect();
+    match matches.as_slice() {
+        [one] => one.to_string(),
+        _ => lower,
+    }
+}

@@ -600,8 +600,9 @@ pub fn hardware_flops(s: &Scenario, c: &ParallelConfig) -> f64 {
     let model = s.model;
     let tokens = (s.global_batch * model.seq_len) as f64;
     let layers = model.layers as f64;
-    let recomputed_per_token =
-        layers * model.recomputed_flops_per_token(c.recompute, c.ac_frequency);
+    let recomputed_per_token = layers
+        * c.recompute
+            .recomputed_flops_per_token(model, c.ac_frequency);
     model.model_flops_per_iteration(s.global_batch) + tokens * recomputed_per_token
 }
 

@@ -1034,16 +1034,16 @@ mod profiled {
         p.device = Some(crate::profile::DeviceProfile {
             device: "cuda:0".into(),
             facts: None,
-            matmul: vec![crate::bench::MatmulPoint {
+            matmul: vec![crate::profile::MatmulPoint {
                 m: 8192,
                 n: 8192,
                 k: 8192,
-                dtype: crate::bench::Dtype::Bf16,
+                dtype: crate::profile::Dtype::Bf16,
                 seconds: 2.0 * side.powi(3) / flops,
                 tflops: flops / 1e12,
                 ci95_rel: None,
             }],
-            copy: Some(crate::bench::CopyPoint {
+            copy: Some(crate::profile::CopyPoint {
                 bytes: 1 << 30,
                 seconds: 1.0,
                 gbps: 0.5 * k.hbm_efficiency * plain.gpu.hbm_bandwidth / 1e9,
@@ -1067,7 +1067,7 @@ mod profiled {
         assert!(predict(&s, &c).iteration_s > 1.5 * predict(&plain, &c).iteration_s);
         // A 32-bit sweep says nothing about 16-bit GEMMs.
         if let Some(d) = p.device.as_mut() {
-            d.matmul[0].dtype = crate::bench::Dtype::Fp32;
+            d.matmul[0].dtype = crate::profile::Dtype::Fp32;
         }
         let fp32 = Measurements::from_profile(&p);
         assert_eq!(plain.with_profile(Some(&fp32)).measured_gemm_scale, 1.0);
@@ -1401,49 +1401,6 @@ mod overlap_and_layout {
         let group4 = schedule_in_flight(&c, 8, 0);
         let group5 = schedule_in_flight(&c, 10, 0);
         assert!(group5 > group4);
-    }
-
-    /// BPipe's setting: GPT-3 134B on 48 A100s (6 nodes, HDR InfiniBand),
-    /// unfused attention, no sequence parallelism, activations bound by
-    /// memory. BPipe (Kim et al., ICML'23) reports a gain there; the
-    /// re-evaluation (arXiv 2401.02088) finds none once flash attention and
-    /// sequence parallelism shrink the activations.
-    fn bpipe_gain(attention: AttentionKind, sequence_parallel: bool) -> f64 {
-        let mut model = ModelSpec::gpt("gpt3-134b", 12288, 96, 72, 51200, 2048);
-        model.attention = attention;
-        let group = builtin_node("a100-80gb", 6).unwrap();
-        let cost = CostModel::datasheet();
-        let job = crate::search::Job {
-            model,
-            global_batch: 192,
-            gpus: 48,
-            nodes: group,
-            memory_limit: None,
-            profile: None,
-        };
-        let best = |bpipe: bool| {
-            let space = crate::search::SearchSpace {
-                schedule: Some(vec![ScheduleKind::OneFOneB]),
-                attention: Some(vec![attention]),
-                sequence_parallel: Some(vec![sequence_parallel]),
-                bpipe: Some(vec![bpipe]),
-                ..Default::default()
-            };
-            let result = crate::search::search(&job, &space, &cost);
-            result.candidates[0].prediction.iteration_s
-        };
-        best(false) / best(true) - 1.0
-    }
-
-    #[test]
-    fn bpipe_pays_where_unfused_activations_bind_memory_and_not_with_flash_and_sp() {
-        let unfused = bpipe_gain(AttentionKind::Standard, false);
-        let flash = bpipe_gain(AttentionKind::Flash, true);
-        assert!(unfused > 0.02, "BPipe's own setting: gain {unfused}");
-        assert!(
-            flash < 0.01,
-            "flash + SP: no gain worth having, found {flash}"
-        );
     }
 
     #[test]

@@ -30,6 +30,19 @@ pub struct LaunchJob<'a> {
     pub gpus_per_node: u64,
 }
 
+impl<'a> LaunchJob<'a> {
+    /// `config` of a search's `job`.
+    pub fn of(job: &'a crate::search::Job, config: &'a ParallelConfig) -> Self {
+        LaunchJob {
+            model: &job.model,
+            config,
+            global_batch: job.global_batch,
+            gpus: job.gpus,
+            gpus_per_node: job.nodes.gpus_per_node,
+        }
+    }
+}
+
 /// Why a plan cannot be exported.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ExportError {

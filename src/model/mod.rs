@@ -162,28 +162,6 @@ impl ModelSpec {
     /// Model FLOPs of one training iteration over `global_batch` sequences,
     /// forward plus backward, without recomputation: the numerator of MFU.
     /// For GPT shapes this is the published `72 B s L h^2 (1 + s/6h + V/12hL)`.
-    /// FLOPs per token of one layer that a recomputation policy runs again
-    /// (the attention core for Megatron-LM's selective policy, the whole
-    /// forward pass under full recomputation, every other matrix multiply
-    /// under torchtitan's per-op policy, the whole forward of one layer in
-    /// `ac_frequency` under its per-layer policy).
-    pub fn recomputed_flops_per_token(
-        &self,
-        recompute: crate::config::Recompute,
-        ac_frequency: u64,
-    ) -> f64 {
-        use crate::config::Recompute;
-        let attention = self.layer_attention_flops_per_token();
-        let gemm = self.layer_gemm_flops_per_token();
-        match recompute {
-            Recompute::None => 0.0,
-            Recompute::Selective => attention,
-            Recompute::Full => gemm + attention,
-            Recompute::SelectiveOp => gemm / 2.0,
-            Recompute::SelectiveLayer => (gemm + attention) / ac_frequency.max(1) as f64,
-        }
-    }
-
     pub fn model_flops_per_iteration(&self, global_batch: u64) -> f64 {
         let tokens = (global_batch * self.seq_len) as f64;
         let per_token_fwd = self.layers as f64

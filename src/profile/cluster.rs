@@ -138,7 +138,7 @@ mod tests {
                     m: side,
                     n: side,
                     k: side,
-                    dtype: crate::bench::Dtype::Bf16,
+                    dtype: crate::profile::Dtype::Bf16,
                     seconds: 2.0 * (side as f64).powi(3) / (tflops * 1e12),
                     tflops,
                     ci95_rel: None,

@@ -389,10 +389,13 @@ pub fn parse_korthikanti_layers(
                 })
         };
         let sequence_parallel =
-            crate::runs::parse_switch("sequence_parallel", cell(5)).map_err(bad)?;
-        let recompute =
-            crate::runs::parse_choice("recompute", cell(6), &Recompute::ALL.map(|k| (k.name(), k)))
-                .map_err(bad)?;
+            crate::choice::parse_switch("sequence_parallel", cell(5)).map_err(bad)?;
+        let recompute = crate::choice::parse_choice(
+            "recompute",
+            cell(6),
+            &Recompute::ALL.map(|k| (k.name(), k)),
+        )
+        .map_err(bad)?;
         let forward_s = ms(7)? / 1e3;
         let (hidden, heads) = (int(0)?, int(1)?);
         let backward_with_recompute = ms(8)? / 1e3;

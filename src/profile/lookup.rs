@@ -62,8 +62,8 @@ impl LayerShape {
 fn is_16_bit(dtype: &str) -> bool {
     dtype.trim().eq_ignore_ascii_case("16-bit")
         || dtype
-            .parse::<crate::bench::Dtype>()
-            .is_ok_and(|d| d != crate::bench::Dtype::Fp32)
+            .parse::<super::Dtype>()
+            .is_ok_and(|d| d != super::Dtype::Fp32)
 }
 
 /// A measured collective time.

@@ -20,16 +20,19 @@
 mod cluster;
 mod import;
 mod lookup;
+mod records;
 mod store;
 mod sweep;
 
-pub use crate::bench::{CopyPoint, DeviceFacts, MatmulPoint};
 pub use cluster::{MeasuredNodeShape, measured_link, measured_node};
 pub use import::{
     NcclLog, merge_collectives, merge_layers, parse_korthikanti_layers, parse_nccl_tests,
     parse_reference_collectives, read_text,
 };
 pub use lookup::{CollectiveLookup, LayerLookup, LayerShape, Measurements};
+pub use records::{
+    CopyPoint, Device, DeviceFacts, Dtype, LayerMeasurement, MEASURED_RECOMPUTE, MatmulPoint,
+};
 pub use store::{read_profile, write_profile};
 pub use sweep::{SweepPoint, is_measured, layer_points, sweep_points};
 
@@ -349,11 +352,11 @@ pub struct DeviceProfile {
     /// The device measured (`cpu`, `cuda:0`).
     pub device: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub facts: Option<crate::bench::DeviceFacts>,
+    pub facts: Option<DeviceFacts>,
     #[serde(default)]
-    pub matmul: Vec<crate::bench::MatmulPoint>,
+    pub matmul: Vec<MatmulPoint>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub copy: Option<crate::bench::CopyPoint>,
+    pub copy: Option<CopyPoint>,
     #[serde(default)]
     pub runtime: String,
     /// The host's physical memory, bytes: a CPU's capacity, which its

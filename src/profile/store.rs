@@ -527,7 +527,7 @@ fn layer_archs(df: &DataFrame, hidden: &[u64], heads: &[u64]) -> Result<Vec<Laye
                 arch.gated_mlp = v[i];
             }
             if let Some(v) = &attention {
-                arch.attention = crate::runs::parse_choice(
+                arch.attention = crate::choice::parse_choice(
                     "attention",
                     &v[i],
                     &AttentionKind::ALL.map(|k| (k.name(), k)),
@@ -563,7 +563,7 @@ fn layers_from(df: &DataFrame) -> Result<Vec<LayerPoint>, String> {
     (0..hidden.len())
         .map(|i| {
             let row = i + 1;
-            let recompute = crate::runs::parse_choice(
+            let recompute = crate::choice::parse_choice(
                 "recompute",
                 &recompute[i],
                 &Recompute::ALL.map(|k| (k.name(), k)),

@@ -2,8 +2,8 @@
 //! them a profile already holds (so an interrupted sweep resumes where it
 //! stopped), and the profile rows one measurement becomes.
 
+use super::{Dtype, LayerMeasurement, MEASURED_RECOMPUTE};
 use super::{LayerArch, LayerPoint, LayerStatus, Profile};
-use crate::bench::{Dtype, LayerMeasurement, MEASURED_RECOMPUTE};
 use crate::config::Recompute;
 use crate::model::ModelSpec;
 

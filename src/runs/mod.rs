@@ -663,35 +663,13 @@ fn column_limit(name: &str) -> u64 {
 fn measured_flops(model: &ModelSpec, config: &ParallelConfig, global_batch: u64) -> f64 {
     let tokens = (global_batch * model.seq_len) as f64;
     let layers = model.layers as f64;
-    let recomputed = model.recomputed_flops_per_token(config.recompute, config.ac_frequency);
+    let recomputed = config
+        .recompute
+        .recomputed_flops_per_token(model, config.ac_frequency);
     model.model_flops_per_iteration(global_batch) + tokens * layers * recomputed
 }
 
-pub fn parse_choice<T: Copy>(field: &str, text: &str, choices: &[(&str, T)]) -> Result<T, String> {
-    let wanted = text.trim().to_lowercase();
-    choices
-        .iter()
-        .find(|(name, _)| *name == wanted)
-        .map(|(_, v)| *v)
-        .ok_or_else(|| {
-            let names: Vec<&str> = choices.iter().map(|(n, _)| *n).collect();
-            format!(
-                "`{field}` must be one of {}, found `{text}`{}",
-                names.join(", "),
-                crate::suggest::closest(&wanted, &names)
-                    .map(|n| format!("; did you mean `{n}`?"))
-                    .unwrap_or_default()
-            )
-        })
-}
-
-pub fn parse_switch(field: &str, text: &str) -> Result<bool, String> {
-    match text.trim().to_lowercase().as_str() {
-        "on" | "true" | "yes" | "1" => Ok(true),
-        "off" | "false" | "no" | "0" => Ok(false),
-        _ => Err(format!("`{field}` must be on or off, found `{text}`")),
-    }
-}
+pub use crate::choice::{parse_choice, parse_switch};
 
 /// The model's columns a table needs unless the model is given with it.
 const MODEL_COLUMNS: [&str; 3] = ["hidden", "heads", "layers"];

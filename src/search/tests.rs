@@ -1,7 +1,8 @@
 use super::*;
 use crate::cluster::builtin_node;
+use crate::coefficients::CostModel;
 use crate::config::{OptimizerSharding, Recompute, ScheduleKind};
-use crate::model::builtin_model;
+use crate::model::{AttentionKind, ModelSpec, builtin_model};
 
 fn job(model: &str, nodes: u64, global_batch: u64) -> Job {
     let group = builtin_node("a100-80gb", nodes).unwrap();
@@ -206,5 +207,48 @@ fn torchtitan_searches_hybrid_sharding_within_a_node_and_megatron_does_not() {
         result
             .invalid
             .contains_key(&crate::config::Rule::HybridSharding)
+    );
+}
+
+/// BPipe's setting: GPT-3 134B on 48 A100s (6 nodes, HDR InfiniBand),
+/// unfused attention, no sequence parallelism, activations bound by
+/// memory. BPipe (Kim et al., ICML'23) reports a gain there; the
+/// re-evaluation (arXiv 2401.02088) finds none once flash attention and
+/// sequence parallelism shrink the activations.
+fn bpipe_gain(attention: AttentionKind, sequence_parallel: bool) -> f64 {
+    let mut model = ModelSpec::gpt("gpt3-134b", 12288, 96, 72, 51200, 2048);
+    model.attention = attention;
+    let group = builtin_node("a100-80gb", 6).unwrap();
+    let cost = CostModel::datasheet();
+    let job = Job {
+        model,
+        global_batch: 192,
+        gpus: 48,
+        nodes: group,
+        memory_limit: None,
+        profile: None,
+    };
+    let best = |bpipe: bool| {
+        let space = SearchSpace {
+            schedule: Some(vec![ScheduleKind::OneFOneB]),
+            attention: Some(vec![attention]),
+            sequence_parallel: Some(vec![sequence_parallel]),
+            bpipe: Some(vec![bpipe]),
+            ..Default::default()
+        };
+        let result = search(&job, &space, &cost);
+        result.candidates[0].prediction.iteration_s
+    };
+    best(false) / best(true) - 1.0
+}
+
+#[test]
+fn bpipe_pays_where_unfused_activations_bind_memory_and_not_with_flash_and_sp() {
+    let unfused = bpipe_gain(AttentionKind::Standard, false);
+    let flash = bpipe_gain(AttentionKind::Flash, true);
+    assert!(unfused > 0.02, "BPipe's own setting: gain {unfused}");
+    assert!(
+        flash < 0.01,
+        "flash + SP: no gain worth having, found {flash}"
     );
 }

@@ -613,7 +613,7 @@ pub(crate) mod tests {
     use crate::coefficients::CostModel;
     use crate::config::{OptimizerSharding, Recompute, ScheduleKind};
     use crate::model::builtin_model;
-    use crate::plan_file::{PLAN_FORMAT, PLAN_VERSION, SearchCounts};
+    use crate::plan_file::PlanFile;
     use crate::search::{Job, SearchSpace, search};
 
     /// Every argument name of `pretrain_gpt.py` a script may use, copied
@@ -717,42 +717,7 @@ pub(crate) mod tests {
         let cost = CostModel::datasheet();
         let result = search(&job, &space, &cost);
         assert!(!result.candidates.is_empty(), "{model}: nothing fits");
-        let candidates = result
-            .candidates
-            .iter()
-            .take(3)
-            .enumerate()
-            .map(|(i, c)| {
-                let launch = LaunchJob {
-                    model: &job.model,
-                    config: &c.config,
-                    global_batch,
-                    gpus: job.gpus,
-                    gpus_per_node: job.nodes.gpus_per_node,
-                };
-                PlannedCandidate {
-                    rank: i + 1,
-                    config: c.config,
-                    prediction: c.prediction,
-                    stages: None,
-                    megatron_args: megatron_args(&launch).ok(),
-                    megatron_unsupported: megatron_args(&launch).err().map(|e| e.to_string()),
-                }
-            })
-            .collect();
-        PlanFile {
-            format: PLAN_FORMAT.into(),
-            version: PLAN_VERSION,
-            paratune_version: "test".into(),
-            model: job.model.clone(),
-            global_batch,
-            gpus: job.gpus,
-            nodes: job.nodes.clone(),
-            memory_limit_bytes: None,
-            cost_model: cost.name.clone(),
-            search: SearchCounts::of(&result),
-            candidates,
-        }
+        PlanFile::of(&job, &cost, &result, 3)
     }
 
     fn plans() -> Vec<PlanFile> {

@@ -4,10 +4,10 @@
 //! model's profile, so the candidates can be re-ranked). Pure: the CLI runs
 //! the jobs in worker processes and writes the results.
 
-use crate::bench::{Device, Dtype, StageJob, StageMeasurement};
 use crate::coefficients::CostModel;
 use crate::config::{OptimizerSharding, ParallelConfig, Recompute};
 use crate::cost::{self, Scenario};
+use crate::measure::{Device, Dtype, StageJob, StageMeasurement};
 use crate::plan_file::PlanFile;
 use crate::profile::{LayerArch, LayerPoint, LayerStatus};
 use crate::search::Job;

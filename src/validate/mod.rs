@@ -1,8 +1,10 @@
 //! Validating a plan by trial runs (`paratune validate`) and feeding what
 //! they measure back into the cost model.
 
+pub mod cluster;
 pub mod launch;
 pub mod local;
+pub mod local_loop;
 pub mod megatron_log;
 pub mod refit;
 pub mod torch_launch;

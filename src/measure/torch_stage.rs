@@ -38,12 +38,12 @@ use super::memory::{self, MemoryProbe};
 use super::torch_layer::{
     LayerShard, backward, catching_oom, gathered_matmul, kind, runtime, sync, torch_device,
 };
-use super::{BenchError, Device, Sampler, StageJob, StageMeasurement};
+use super::{Device, MeasureError, Sampler, StageJob, StageMeasurement};
 use crate::config::Recompute;
 use std::time::Instant;
 use tch::{Kind, Tensor};
 
-pub(super) fn measure(job: &StageJob) -> Result<StageMeasurement, BenchError> {
+pub(super) fn measure(job: &StageJob) -> Result<StageMeasurement, MeasureError> {
     super::check_stage_job(job)?;
     let device = torch_device(job.device)?;
     if job.device == Device::Cpu {

@@ -4,7 +4,7 @@
 //!
 //! The device work itself needs libtorch and sits behind the `torch` cargo
 //! feature (`torch_layer.rs`, `torch_stage.rs`); without it the same entry
-//! points return [`BenchError::NotCompiled`], so the CLI can say how to get
+//! points return [`MeasureError::NotCompiled`], so the CLI can say how to get
 //! them instead of failing to link. Everything else here is plain Rust that
 //! the default build compiles and tests: device and precision names, the
 //! specification of a measurement as it travels to the worker process
@@ -19,6 +19,7 @@
 mod cuda;
 pub mod memory;
 mod nccl;
+pub mod process;
 mod sampler;
 #[cfg(feature = "torch")]
 mod torch_device;
@@ -27,7 +28,10 @@ mod torch_layer;
 #[cfg(feature = "torch")]
 mod torch_stage;
 
-pub use cuda::{DeviceFacts, cuda_presence, device_facts};
+pub use crate::profile::{
+    CopyPoint, Device, DeviceFacts, Dtype, LayerMeasurement, MEASURED_RECOMPUTE, MatmulPoint,
+};
+pub use cuda::{cuda_presence, device_facts};
 pub use nccl::{
     CommJob, bus_factor, check_comm_job, check_received, measure_comm, nccl_link_dir, sweep_sizes,
 };
@@ -38,111 +42,6 @@ use cuda::cuda_memory_probe;
 use crate::config::Recompute;
 use crate::model::ModelSpec;
 use serde::{Deserialize, Serialize};
-use std::fmt;
-use std::str::FromStr;
-
-/// Where the measured work runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(try_from = "String", into = "String")]
-pub enum Device {
-    Cpu,
-    Cuda(usize),
-}
-
-impl Device {
-    pub fn is_cuda(self) -> bool {
-        matches!(self, Device::Cuda(_))
-    }
-}
-
-impl fmt::Display for Device {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Device::Cpu => f.write_str("cpu"),
-            Device::Cuda(index) => write!(f, "cuda:{index}"),
-        }
-    }
-}
-
-impl FromStr for Device {
-    type Err = String;
-
-    fn from_str(text: &str) -> Result<Self, String> {
-        let lower = text.trim().to_lowercase();
-        match lower.as_str() {
-            "cpu" => return Ok(Device::Cpu),
-            "cuda" | "gpu" => return Ok(Device::Cuda(0)),
-            _ => {}
-        }
-        if let Some(index) = lower.strip_prefix("cuda:")
-            && let Ok(index) = index.parse::<usize>()
-        {
-            return Ok(Device::Cuda(index));
-        }
-        Err(format!(
-            "unknown device `{text}`; use cpu, cuda or cuda:N (N the GPU index, e.g. cuda:0)"
-        ))
-    }
-}
-
-impl TryFrom<String> for Device {
-    type Error = String;
-    fn try_from(text: String) -> Result<Self, String> {
-        text.parse()
-    }
-}
-
-impl From<Device> for String {
-    fn from(device: Device) -> String {
-        device.to_string()
-    }
-}
-
-/// Precision the measured layers compute in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Dtype {
-    Fp32,
-    Fp16,
-    Bf16,
-}
-
-impl Dtype {
-    pub const ALL: [Dtype; 3] = [Dtype::Fp32, Dtype::Fp16, Dtype::Bf16];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Dtype::Fp32 => "fp32",
-            Dtype::Fp16 => "fp16",
-            Dtype::Bf16 => "bf16",
-        }
-    }
-
-    pub fn bytes(self) -> u64 {
-        match self {
-            Dtype::Fp32 => 4,
-            Dtype::Fp16 | Dtype::Bf16 => 2,
-        }
-    }
-}
-
-impl FromStr for Dtype {
-    type Err = String;
-
-    fn from_str(text: &str) -> Result<Self, String> {
-        let lower = text.trim().to_lowercase();
-        let alias = match lower.as_str() {
-            "float32" | "float" | "f32" => "fp32",
-            "float16" | "half" | "f16" => "fp16",
-            "bfloat16" => "bf16",
-            other => other,
-        };
-        Dtype::ALL
-            .into_iter()
-            .find(|d| d.name() == alias)
-            .ok_or_else(|| format!("unknown dtype `{text}`; one of fp32, fp16, bf16"))
-    }
-}
 
 /// One layer measurement, as the profiler's worker receives it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -177,30 +76,6 @@ pub enum LayerPass {
     /// off, where the driver's used memory after the forward is the bytes
     /// the forward keeps, not the blocks the allocator reserved.
     MemoryOnly,
-}
-
-/// What one layer measurement found. Times are means over the timed
-/// repetitions, seconds; zero when the point ran out of memory.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct LayerMeasurement {
-    /// Forward with autograd recording (what training without
-    /// recomputation runs, and what full recomputation runs again).
-    pub forward_s: f64,
-    /// Forward without autograd (the first forward under full recomputation).
-    pub forward_no_grad_s: f64,
-    pub backward_s: f64,
-    /// Half-width of the 95% confidence interval of forward + backward,
-    /// relative to its mean (none below two repetitions).
-    pub ci95_rel: Option<f64>,
-    pub repetitions: usize,
-    /// Bytes the forward leaves allocated for the backward (the activations).
-    pub activation_bytes: Option<f64>,
-    /// Highest memory above the state before the forward, during forward
-    /// and backward.
-    pub peak_bytes: Option<f64>,
-    pub out_of_memory: bool,
-    /// What ran the work (torch version, threads, GPU name).
-    pub runtime: String,
 }
 
 /// A trial run of one pipeline stage (`paratune validate`; see
@@ -295,28 +170,6 @@ pub struct DeviceJob {
     pub rule: StoppingRule,
 }
 
-/// One timed matrix multiply `[m, k] x [k, n]`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct MatmulPoint {
-    pub m: u64,
-    pub n: u64,
-    pub k: u64,
-    pub dtype: Dtype,
-    pub seconds: f64,
-    pub tflops: f64,
-    pub ci95_rel: Option<f64>,
-}
-
-/// A timed copy: `bytes` read and `bytes` written.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct CopyPoint {
-    pub bytes: u64,
-    pub seconds: f64,
-    /// (read + written) / seconds, GB/s (10^9 bytes per second).
-    pub gbps: f64,
-    pub ci95_rel: Option<f64>,
-}
-
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DeviceMeasurement {
     pub matmul: Vec<MatmulPoint>,
@@ -326,13 +179,13 @@ pub struct DeviceMeasurement {
 
 /// Measures achievable matrix-multiply and copy throughput (`torch_device.rs`).
 #[cfg(feature = "torch")]
-pub fn measure_device(job: &DeviceJob) -> Result<DeviceMeasurement, BenchError> {
+pub fn measure_device(job: &DeviceJob) -> Result<DeviceMeasurement, MeasureError> {
     torch_device::measure(job)
 }
 
 #[cfg(not(feature = "torch"))]
-pub fn measure_device(_job: &DeviceJob) -> Result<DeviceMeasurement, BenchError> {
-    Err(BenchError::NotCompiled {
+pub fn measure_device(_job: &DeviceJob) -> Result<DeviceMeasurement, MeasureError> {
+    Err(MeasureError::NotCompiled {
         what: "measuring matrix multiplies and copies",
     })
 }
@@ -382,7 +235,7 @@ pub fn run_worker_job(job: &WorkerJob) -> WorkerReply {
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum BenchError {
+pub enum MeasureError {
     #[error(
         "this paratune was built without the `torch` feature, which {what} needs: rebuild with `cargo build --release --features torch` (README → Profiling says how to get libtorch)"
     )]
@@ -406,35 +259,35 @@ pub enum BenchError {
 
 /// Measures one transformer layer shard (see `torch_layer.rs`).
 #[cfg(feature = "torch")]
-pub fn measure_layer(job: &LayerJob) -> Result<LayerMeasurement, BenchError> {
+pub fn measure_layer(job: &LayerJob) -> Result<LayerMeasurement, MeasureError> {
     torch_layer::measure(job)
 }
 
 #[cfg(not(feature = "torch"))]
-pub fn measure_layer(_job: &LayerJob) -> Result<LayerMeasurement, BenchError> {
-    Err(BenchError::NotCompiled {
+pub fn measure_layer(_job: &LayerJob) -> Result<LayerMeasurement, MeasureError> {
+    Err(MeasureError::NotCompiled {
         what: "measuring layers",
     })
 }
 
 /// Runs a trial of one pipeline stage (see `torch_stage.rs`).
 #[cfg(feature = "torch")]
-pub fn measure_stage(job: &StageJob) -> Result<StageMeasurement, BenchError> {
+pub fn measure_stage(job: &StageJob) -> Result<StageMeasurement, MeasureError> {
     torch_stage::measure(job)
 }
 
 #[cfg(not(feature = "torch"))]
-pub fn measure_stage(_job: &StageJob) -> Result<StageMeasurement, BenchError> {
-    Err(BenchError::NotCompiled {
+pub fn measure_stage(_job: &StageJob) -> Result<StageMeasurement, MeasureError> {
+    Err(MeasureError::NotCompiled {
         what: "local trial runs",
     })
 }
 
 /// Checks a stage job before any device work.
-pub fn check_stage_job(job: &StageJob) -> Result<(), BenchError> {
+pub fn check_stage_job(job: &StageJob) -> Result<(), MeasureError> {
     check_shard(&job.model, job.tp, job.micro_batch)?;
     let invalid = |message: String| {
-        Err(BenchError::Invalid {
+        Err(MeasureError::Invalid {
             field: "plan",
             message,
         })
@@ -462,7 +315,7 @@ pub fn check_stage_job(job: &StageJob) -> Result<(), BenchError> {
 }
 
 /// Checks that `device` exists before any work is sent to it.
-pub fn check_device(device: Device) -> Result<(), BenchError> {
+pub fn check_device(device: Device) -> Result<(), MeasureError> {
     cuda_presence(device)?;
     #[cfg(feature = "torch")]
     torch_layer::torch_device(device)?;
@@ -476,7 +329,7 @@ pub const CUDA_COMPILED: bool = cfg!(feature = "cuda");
 pub const TORCH_COMPILED: bool = cfg!(feature = "torch");
 
 /// Checks a layer job before any device work: shapes that do not split.
-pub fn check_layer_job(job: &LayerJob) -> Result<(), BenchError> {
+pub fn check_layer_job(job: &LayerJob) -> Result<(), MeasureError> {
     check_shard(&job.model, job.tp, job.micro_batch)?;
     check_sequence_split(
         &job.model,
@@ -493,9 +346,9 @@ fn check_sequence_split(
     tp: u64,
     sequence_parallel: bool,
     field: &'static str,
-) -> Result<(), BenchError> {
+) -> Result<(), MeasureError> {
     if sequence_parallel && (tp < 2 || !m.seq_len.is_multiple_of(tp)) {
-        return Err(BenchError::Invalid {
+        return Err(MeasureError::Invalid {
             field,
             message: format!(
                 "sequence parallelism needs tensor parallelism of 2 or more that divides the sequence {}; tp is {}",
@@ -507,8 +360,8 @@ fn check_sequence_split(
 }
 
 /// A layer of `m` split `tp` ways over `micro_batch` sequences.
-fn check_shard(m: &ModelSpec, tp: u64, micro_batch: u64) -> Result<(), BenchError> {
-    let invalid = |field, message: String| Err(BenchError::Invalid { field, message });
+fn check_shard(m: &ModelSpec, tp: u64, micro_batch: u64) -> Result<(), MeasureError> {
+    let invalid = |field, message: String| Err(MeasureError::Invalid { field, message });
     if micro_batch == 0 {
         return invalid(
             "--micro-batch",
@@ -554,10 +407,6 @@ fn check_shard(m: &ModelSpec, tp: u64, micro_batch: u64) -> Result<(), BenchErro
     Ok(())
 }
 
-/// The recomputation policies one layer measurement yields rows for: the
-/// forward, backward and forward-again times give both.
-pub const MEASURED_RECOMPUTE: [Recompute; 2] = [Recompute::None, Recompute::Full];
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -601,14 +450,14 @@ mod tests {
         };
         assert!(matches!(
             check_layer_job(&job),
-            Err(BenchError::Invalid { field: "--tp", .. })
+            Err(MeasureError::Invalid { field: "--tp", .. })
         ));
         job.tp = 2;
         assert!(check_layer_job(&job).is_ok());
         job.micro_batch = 0;
         assert!(matches!(
             check_layer_job(&job),
-            Err(BenchError::Invalid {
+            Err(MeasureError::Invalid {
                 field: "--micro-batch",
                 ..
             })

@@ -2,14 +2,14 @@
 //! through libtorch: what the datasheet's peak becomes in practice.
 
 use super::torch_layer::{first_line, kind, panic_message, runtime, sync, torch_device};
-use super::{BenchError, CopyPoint, DeviceJob, DeviceMeasurement, MatmulPoint, Sampler};
+use super::{CopyPoint, DeviceJob, DeviceMeasurement, MatmulPoint, MeasureError, Sampler};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::Instant;
 use tch::{Kind, Tensor};
 
-pub(super) fn measure(job: &DeviceJob) -> Result<DeviceMeasurement, BenchError> {
+pub(super) fn measure(job: &DeviceJob) -> Result<DeviceMeasurement, MeasureError> {
     if job.max_side < 256 {
-        return Err(BenchError::Invalid {
+        return Err(MeasureError::Invalid {
             field: "--max-side",
             message: "give 256 or more".into(),
         });
@@ -17,7 +17,7 @@ pub(super) fn measure(job: &DeviceJob) -> Result<DeviceMeasurement, BenchError> 
     let device = torch_device(job.device)?;
     tch::manual_seed(0);
     catch_unwind(AssertUnwindSafe(|| run(job, device)))
-        .map_err(|payload| BenchError::Failed(first_line(&panic_message(&*payload))))
+        .map_err(|payload| MeasureError::Failed(first_line(&panic_message(&*payload))))
 }
 
 /// Times `work` under the stopping rule: mean seconds per call and the

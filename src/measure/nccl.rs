@@ -12,7 +12,7 @@
 //! links it as `libnccl.so` in a directory the worker puts first on its
 //! library path, so both use the same NCCL.
 
-use super::{BenchError, StoppingRule};
+use super::{MeasureError, StoppingRule};
 use crate::profile::{CollectiveOp, CollectivePoint};
 
 /// What to sweep.
@@ -43,18 +43,18 @@ pub fn bus_factor(op: CollectiveOp, ranks: u64) -> f64 {
     }
 }
 
-pub fn check_comm_job(job: &CommJob) -> Result<(), BenchError> {
+pub fn check_comm_job(job: &CommJob) -> Result<(), MeasureError> {
     let mut seen = job.gpus.clone();
     seen.sort_unstable();
     seen.dedup();
     if seen.len() != job.gpus.len() || job.gpus.len() < 2 {
-        return Err(BenchError::Invalid {
+        return Err(MeasureError::Invalid {
             field: "--gpus",
             message: "give at least two different GPU indices, e.g. --gpus 0,1,2,3".into(),
         });
     }
     if job.max_bytes < 1024 {
-        return Err(BenchError::Invalid {
+        return Err(MeasureError::Invalid {
             field: "--max-bytes",
             message: "give 1KiB or more".into(),
         });
@@ -66,7 +66,7 @@ pub fn check_comm_job(job: &CommJob) -> Result<(), BenchError> {
 pub fn measure_comm(
     job: &CommJob,
     mut progress: impl FnMut(CollectiveOp, u64),
-) -> Result<Vec<CollectivePoint>, BenchError> {
+) -> Result<Vec<CollectivePoint>, MeasureError> {
     use std::panic::{AssertUnwindSafe, catch_unwind};
     check_comm_job(job)?;
     for &gpu in &job.gpus {
@@ -74,21 +74,21 @@ pub fn measure_comm(
     }
     // SAFETY: only tries to open the library.
     if !unsafe { cudarc::nccl::sys::is_culib_present() } {
-        return Err(BenchError::Failed(
+        return Err(MeasureError::Failed(
             "NCCL was not found: install it, or put the folder holding libnccl.so.2 (PyTorch's nvidia/nccl/lib) on LD_LIBRARY_PATH".into(),
         ));
     }
     catch_unwind(AssertUnwindSafe(|| sweep(job, &mut progress)))
-        .map_err(|_| BenchError::Failed("the NCCL sweep panicked in cudarc".into()))?
+        .map_err(|_| MeasureError::Failed("the NCCL sweep panicked in cudarc".into()))?
 }
 
 #[cfg(not(feature = "cuda"))]
 pub fn measure_comm(
     job: &CommJob,
     _progress: impl FnMut(CollectiveOp, u64),
-) -> Result<Vec<CollectivePoint>, BenchError> {
+) -> Result<Vec<CollectivePoint>, MeasureError> {
     check_comm_job(job)?;
-    Err(BenchError::NotCompiledCuda {
+    Err(MeasureError::NotCompiledCuda {
         what: "`profile comm` (NCCL collectives)",
     })
 }
@@ -180,14 +180,14 @@ fn is_versioned_nccl(path: &std::path::Path) -> bool {
 fn sweep(
     job: &CommJob,
     progress: &mut impl FnMut(CollectiveOp, u64),
-) -> Result<Vec<CollectivePoint>, BenchError> {
+) -> Result<Vec<CollectivePoint>, MeasureError> {
     use super::Sampler;
     use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
     use cudarc::nccl::{Comm, ReduceOp, result as nccl};
     use std::sync::Arc;
     use std::time::Instant;
 
-    let failed = |e: &dyn std::fmt::Debug| BenchError::Failed(format!("NCCL: {e:?}"));
+    let failed = |e: &dyn std::fmt::Debug| MeasureError::Failed(format!("NCCL: {e:?}"));
     let streams: Vec<Arc<CudaStream>> = job
         .gpus
         .iter()
@@ -196,7 +196,7 @@ fn sweep(
         .map_err(|e| failed(&e))?;
     let comms = Comm::from_devices(streams.clone()).map_err(|e| failed(&e))?;
     let ranks = comms.len();
-    let sync = || -> Result<(), BenchError> {
+    let sync = || -> Result<(), MeasureError> {
         for s in &streams {
             s.synchronize().map_err(|e| failed(&e))?;
         }
@@ -230,7 +230,7 @@ fn sweep(
                 .iter()
                 .map(|s| s.alloc_zeros::<f32>(recv_len).map_err(|e| failed(&e)))
                 .collect::<Result<_, _>>()?;
-            let once = |recv: &mut [CudaSlice<f32>]| -> Result<(), BenchError> {
+            let once = |recv: &mut [CudaSlice<f32>]| -> Result<(), MeasureError> {
                 nccl::group_start().map_err(|e| failed(&e))?;
                 let mut issued = Ok(());
                 for (rank, comm) in comms.iter().enumerate() {
@@ -265,7 +265,7 @@ fn sweep(
             }
             for (rank, (stream, received)) in streams.iter().zip(&recv).enumerate() {
                 let host = stream.clone_dtoh(received).map_err(|e| failed(&e))?;
-                check_received(op, ranks, rank, &host).map_err(BenchError::Failed)?;
+                check_received(op, ranks, rank, &host).map_err(MeasureError::Failed)?;
             }
             let mut sampler = Sampler::new(job.rule);
             while !sampler.done() {

@@ -23,7 +23,7 @@
 
 use super::memory::{self, MemoryProbe};
 use super::{
-    BenchError, Device, Dtype, LayerJob, LayerMeasurement, LayerPass, Sampler, check_layer_job,
+    Device, Dtype, LayerJob, LayerMeasurement, LayerPass, MeasureError, Sampler, check_layer_job,
     cuda_presence,
 };
 use crate::model::ModelSpec;
@@ -226,13 +226,13 @@ pub(super) fn gathered_matmul(x: &Tensor, w: &Tensor, ranks: i64) -> Tensor {
 }
 
 /// The torch device for `device`, after checking it exists.
-pub(super) fn torch_device(device: Device) -> Result<tch::Device, BenchError> {
+pub(super) fn torch_device(device: Device) -> Result<tch::Device, MeasureError> {
     match device {
         Device::Cpu => Ok(tch::Device::Cpu),
         Device::Cuda(index) => {
             cuda_presence(device)?;
             if !tch::Cuda::is_available() {
-                return Err(BenchError::NoCuda {
+                return Err(MeasureError::NoCuda {
                     device,
                     reason: "libtorch sees no CUDA device (a CPU-only libtorch, or no driver)"
                         .into(),
@@ -240,7 +240,7 @@ pub(super) fn torch_device(device: Device) -> Result<tch::Device, BenchError> {
             }
             let count = tch::Cuda::device_count().max(0) as usize;
             if index >= count {
-                return Err(BenchError::NoSuchGpu { device, count });
+                return Err(MeasureError::NoSuchGpu { device, count });
             }
             Ok(tch::Device::Cuda(index))
         }
@@ -288,7 +288,7 @@ pub(super) fn runtime(device: tch::Device) -> String {
     }
 }
 
-pub(super) fn measure(job: &LayerJob) -> Result<LayerMeasurement, BenchError> {
+pub(super) fn measure(job: &LayerJob) -> Result<LayerMeasurement, MeasureError> {
     check_layer_job(job)?;
     let device = torch_device(job.device)?;
     if job.device == Device::Cpu {
@@ -304,7 +304,7 @@ pub(super) fn measure(job: &LayerJob) -> Result<LayerMeasurement, BenchError> {
 pub(super) fn catching_oom<T>(
     work: impl FnOnce() -> T,
     oom: impl FnOnce() -> T,
-) -> Result<T, BenchError> {
+) -> Result<T, MeasureError> {
     match catch_unwind(AssertUnwindSafe(work)) {
         Ok(value) => Ok(value),
         Err(payload) => {
@@ -312,7 +312,7 @@ pub(super) fn catching_oom<T>(
             if is_out_of_memory(&message) {
                 Ok(oom())
             } else {
-                Err(BenchError::Failed(first_line(&message)))
+                Err(MeasureError::Failed(first_line(&message)))
             }
         }
     }

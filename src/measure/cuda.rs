@@ -4,25 +4,7 @@
 //! the feature the same functions return a clear error.
 
 use super::memory::MemoryProbe;
-use super::{BenchError, Device};
-use serde::{Deserialize, Serialize};
-
-/// What the driver says about one GPU.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct DeviceFacts {
-    pub name: String,
-    pub index: usize,
-    pub memory_bytes: f64,
-    pub multiprocessors: u32,
-    pub compute_capability: String,
-    /// Peak SM clock, MHz.
-    pub sm_clock_mhz: f64,
-    /// Peak memory clock, MHz.
-    pub memory_clock_mhz: f64,
-    pub memory_bus_bits: u32,
-    /// CUDA driver API version, e.g. `13.0`.
-    pub driver_version: String,
-}
+use super::{Device, DeviceFacts, MeasureError};
 
 #[cfg(feature = "cuda")]
 mod driver {
@@ -31,41 +13,41 @@ mod driver {
     use cudarc::driver::sys::CUdevice_attribute as Attr;
     use std::sync::Arc;
 
-    fn failed(e: impl std::fmt::Display) -> BenchError {
-        BenchError::Failed(format!("CUDA driver: {e}"))
+    fn failed(e: impl std::fmt::Display) -> MeasureError {
+        MeasureError::Failed(format!("CUDA driver: {e}"))
     }
 
-    pub fn cuda_presence(device: Device) -> Result<usize, BenchError> {
+    pub fn cuda_presence(device: Device) -> Result<usize, MeasureError> {
         let Device::Cuda(index) = device else {
             return Ok(0);
         };
         // SAFETY: only tries to open the library.
         if !unsafe { cudarc::driver::sys::is_culib_present() } {
-            return Err(BenchError::NoCuda {
+            return Err(MeasureError::NoCuda {
                 device,
                 reason: "libcuda, the NVIDIA driver library, was not found".into(),
             });
         }
-        let count = CudaContext::device_count().map_err(|e| BenchError::NoCuda {
+        let count = CudaContext::device_count().map_err(|e| MeasureError::NoCuda {
             device,
             reason: e.to_string(),
         })? as usize;
         if count == 0 {
-            return Err(BenchError::NoCuda {
+            return Err(MeasureError::NoCuda {
                 device,
                 reason: "the driver reports no GPU".into(),
             });
         }
         if index >= count {
-            return Err(BenchError::NoSuchGpu { device, count });
+            return Err(MeasureError::NoSuchGpu { device, count });
         }
         Ok(count)
     }
 
-    pub fn device_facts(device: Device) -> Result<DeviceFacts, BenchError> {
+    pub fn device_facts(device: Device) -> Result<DeviceFacts, MeasureError> {
         cuda_presence(device)?;
         let Device::Cuda(index) = device else {
-            return Err(BenchError::Invalid {
+            return Err(MeasureError::Invalid {
                 field: "--device",
                 message: "device facts come from the CUDA driver: use --device cuda:N".into(),
             });
@@ -126,12 +108,12 @@ mod driver {
 
     /// Without the `cuda` feature presence cannot be checked here; torch
     /// checks it when it runs the work.
-    pub fn cuda_presence(_device: Device) -> Result<usize, BenchError> {
+    pub fn cuda_presence(_device: Device) -> Result<usize, MeasureError> {
         Ok(0)
     }
 
-    pub fn device_facts(_device: Device) -> Result<DeviceFacts, BenchError> {
-        Err(BenchError::NotCompiledCuda {
+    pub fn device_facts(_device: Device) -> Result<DeviceFacts, MeasureError> {
+        Err(MeasureError::NotCompiledCuda {
             what: "reading device facts",
         })
     }
