@@ -414,11 +414,11 @@ impl ParallelConfig {
             ),
             (
                 Rule::HeadsNotDivisible,
-                !model.heads.is_multiple_of(c.tp) || !model.kv_heads.is_multiple_of(c.tp),
+                tensor_split_problem(model, c.tp) == Some(Rule::HeadsNotDivisible),
             ),
             (
                 Rule::FfnNotDivisible,
-                !model.ffn_hidden.is_multiple_of(c.tp),
+                tensor_split_problem(model, c.tp) == Some(Rule::FfnNotDivisible),
             ),
             (
                 Rule::BatchNotDivisible,
@@ -450,11 +450,13 @@ impl ParallelConfig {
             ),
             (
                 Rule::SequenceParallelWithoutTp,
-                c.sequence_parallel && c.tp == 1,
+                sequence_split_problem(model, c.tp, c.sequence_parallel)
+                    == Some(Rule::SequenceParallelWithoutTp),
             ),
             (
                 Rule::SequenceNotSplit,
-                c.sequence_parallel && !model.seq_len.is_multiple_of(c.tp),
+                sequence_split_problem(model, c.tp, c.sequence_parallel)
+                    == Some(Rule::SequenceNotSplit),
             ),
             (
                 Rule::BpipeSchedule,
@@ -529,6 +531,32 @@ impl ParallelConfig {
             None => Ok(()),
             Some(rule) => Err(rule.explain(self, model, global_batch, gpus, gpus_per_node)),
         }
+    }
+}
+
+/// Why `model`'s layer does not split `tp` ways, if it does not: the search
+/// and the measuring code ask the same question here.
+pub fn tensor_split_problem(model: &ModelSpec, tp: u64) -> Option<Rule> {
+    if tp == 0 || !model.heads.is_multiple_of(tp) || !model.kv_heads.is_multiple_of(tp) {
+        Some(Rule::HeadsNotDivisible)
+    } else if !model.ffn_hidden.is_multiple_of(tp) {
+        Some(Rule::FfnNotDivisible)
+    } else {
+        None
+    }
+}
+
+/// Why sequence parallelism over `tp` ranks cannot split `model`'s
+/// sequence, if it cannot.
+pub fn sequence_split_problem(model: &ModelSpec, tp: u64, sequence_parallel: bool) -> Option<Rule> {
+    if !sequence_parallel {
+        None
+    } else if tp < 2 {
+        Some(Rule::SequenceParallelWithoutTp)
+    } else if !model.seq_len.is_multiple_of(tp) {
+        Some(Rule::SequenceNotSplit)
+    } else {
+        None
     }
 }
 

@@ -48,6 +48,17 @@ pub fn worker(args: &WorkerArgs) -> Result<()> {
 }
 
 /// `--timeout` as a duration: positive seconds, at most a year.
+/// A measuring job's error with its field named as the flag that sets it
+/// (ripgrep's rule: the library names the field, the CLI the flag).
+pub fn flagged(e: MeasureError) -> anyhow::Error {
+    match e {
+        MeasureError::Invalid { field, message } => {
+            anyhow!("--{}: {message}", field.replace('_', "-"))
+        }
+        other => other.into(),
+    }
+}
+
 pub fn timeout(seconds: f64) -> Result<Duration> {
     if !(seconds > 0.0 && seconds <= 365.0 * 86400.0) {
         bail!("--timeout {seconds}: give seconds between 0 and 31536000 (a year)");
@@ -197,7 +208,7 @@ pub fn profile_layer(args: &ProfileLayerArgs) -> Result<()> {
         );
     }
     for (_, job) in &jobs {
-        measure::check_layer_job(job)?;
+        measure::check_layer_job(job).map_err(flagged)?;
     }
     let out = &args.provenance.out;
     check_out(out)?;
@@ -331,7 +342,7 @@ pub fn profile_device(args: &ProfileDeviceArgs) -> Result<()> {
         Device::Cuda(_) => match measure::device_facts(device) {
             Ok(facts) => Some(facts),
             Err(MeasureError::NotCompiledCuda { .. }) => None,
-            Err(e) => return Err(e.into()),
+            Err(e) => return Err(flagged(e)),
         },
     };
     if !measure::TORCH_COMPILED {
@@ -348,6 +359,7 @@ pub fn profile_device(args: &ProfileDeviceArgs) -> Result<()> {
         copy_bytes: if device.is_cuda() { 1 << 30 } else { 64 << 20 },
         rule,
     };
+    measure::check_device_job(&job).map_err(flagged)?;
     let spinner = ProgressBar::new_spinner();
     spinner.set_message(format!(
         "profile device: matrix multiplies and a copy on {device}"
@@ -540,7 +552,7 @@ pub fn profile_comm(args: &ProfileCommArgs) -> Result<()> {
         max_bytes: args.max_bytes.0 as u64,
         rule: stopping_rule(&args.repetitions)?,
     };
-    measure::check_comm_job(&job)?;
+    measure::check_comm_job(&job).map_err(flagged)?;
     let timeout = timeout(args.timeout)?;
     let out = &args.provenance.out;
     check_out(out)?;

@@ -262,7 +262,8 @@ pub fn job(common: &CommonArgs) -> Result<Job> {
         memory_limit: common.cluster.memory_limit.map(|b| b.0),
         profile: None,
     };
-    job.check().map_err(|e| anyhow!(e))?;
+    job.check()
+        .map_err(|e| anyhow!("{e} (--nodes, --gpus-per-node, --gpus, --global-batch)"))?;
     Ok(job)
 }
 

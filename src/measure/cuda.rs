@@ -48,8 +48,8 @@ mod driver {
         cuda_presence(device)?;
         let Device::Cuda(index) = device else {
             return Err(MeasureError::Invalid {
-                field: "--device",
-                message: "device facts come from the CUDA driver: use --device cuda:N".into(),
+                field: "device",
+                message: "device facts come from the CUDA driver: use cuda:N".into(),
             });
         };
         let ctx = CudaContext::new(index).map_err(failed)?;

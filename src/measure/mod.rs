@@ -27,6 +27,13 @@ mod torch_device;
 mod torch_layer;
 #[cfg(feature = "torch")]
 mod torch_stage;
+// The libtorch entry points, or the stand-in that says the build has no
+// libtorch: one switch, as candle's dummy backends are.
+#[cfg(feature = "torch")]
+mod torch_backend;
+#[cfg(not(feature = "torch"))]
+#[path = "without_torch.rs"]
+mod torch_backend;
 
 pub use crate::profile::{
     CopyPoint, Device, DeviceFacts, Dtype, LayerMeasurement, MEASURED_RECOMPUTE, MatmulPoint,
@@ -36,6 +43,7 @@ pub use nccl::{
     CommJob, bus_factor, check_comm_job, check_received, measure_comm, nccl_link_dir, sweep_sizes,
 };
 pub use sampler::{Sampler, StoppingRule, Summary, summarise};
+pub use torch_backend::{measure_device, measure_layer, measure_stage};
 
 use cuda::cuda_memory_probe;
 
@@ -177,19 +185,6 @@ pub struct DeviceMeasurement {
     pub runtime: String,
 }
 
-/// Measures achievable matrix-multiply and copy throughput (`torch_device.rs`).
-#[cfg(feature = "torch")]
-pub fn measure_device(job: &DeviceJob) -> Result<DeviceMeasurement, MeasureError> {
-    torch_device::measure(job)
-}
-
-#[cfg(not(feature = "torch"))]
-pub fn measure_device(_job: &DeviceJob) -> Result<DeviceMeasurement, MeasureError> {
-    Err(MeasureError::NotCompiled {
-        what: "measuring matrix multiplies and copies",
-    })
-}
-
 /// A measurement for the worker process, as JSON on its command line.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
@@ -257,32 +252,6 @@ pub enum MeasureError {
     Failed(String),
 }
 
-/// Measures one transformer layer shard (see `torch_layer.rs`).
-#[cfg(feature = "torch")]
-pub fn measure_layer(job: &LayerJob) -> Result<LayerMeasurement, MeasureError> {
-    torch_layer::measure(job)
-}
-
-#[cfg(not(feature = "torch"))]
-pub fn measure_layer(_job: &LayerJob) -> Result<LayerMeasurement, MeasureError> {
-    Err(MeasureError::NotCompiled {
-        what: "measuring layers",
-    })
-}
-
-/// Runs a trial of one pipeline stage (see `torch_stage.rs`).
-#[cfg(feature = "torch")]
-pub fn measure_stage(job: &StageJob) -> Result<StageMeasurement, MeasureError> {
-    torch_stage::measure(job)
-}
-
-#[cfg(not(feature = "torch"))]
-pub fn measure_stage(_job: &StageJob) -> Result<StageMeasurement, MeasureError> {
-    Err(MeasureError::NotCompiled {
-        what: "local trial runs",
-    })
-}
-
 /// Checks a stage job before any device work.
 pub fn check_stage_job(job: &StageJob) -> Result<(), MeasureError> {
     check_shard(&job.model, job.tp, job.micro_batch)?;
@@ -317,9 +286,7 @@ pub fn check_stage_job(job: &StageJob) -> Result<(), MeasureError> {
 /// Checks that `device` exists before any work is sent to it.
 pub fn check_device(device: Device) -> Result<(), MeasureError> {
     cuda_presence(device)?;
-    #[cfg(feature = "torch")]
-    torch_layer::torch_device(device)?;
-    Ok(())
+    torch_backend::check_device(device)
 }
 
 /// Whether this build can talk to the CUDA driver and NCCL.
@@ -328,14 +295,15 @@ pub const CUDA_COMPILED: bool = cfg!(feature = "cuda");
 /// Whether this build can run device work at all.
 pub const TORCH_COMPILED: bool = cfg!(feature = "torch");
 
-/// Checks a layer job before any device work: shapes that do not split.
+/// Checks a layer job before any device work: shapes that do not split,
+/// by the rules the search uses. Errors name the job's fields.
 pub fn check_layer_job(job: &LayerJob) -> Result<(), MeasureError> {
     check_shard(&job.model, job.tp, job.micro_batch)?;
     check_sequence_split(
         &job.model,
         job.tp,
         job.sequence_parallel,
-        "--sequence-parallel",
+        "sequence_parallel",
     )
 }
 
@@ -347,7 +315,7 @@ fn check_sequence_split(
     sequence_parallel: bool,
     field: &'static str,
 ) -> Result<(), MeasureError> {
-    if sequence_parallel && (tp < 2 || !m.seq_len.is_multiple_of(tp)) {
+    if crate::config::sequence_split_problem(m, tp, sequence_parallel).is_some() {
         return Err(MeasureError::Invalid {
             field,
             message: format!(
@@ -363,46 +331,35 @@ fn check_sequence_split(
 fn check_shard(m: &ModelSpec, tp: u64, micro_batch: u64) -> Result<(), MeasureError> {
     let invalid = |field, message: String| Err(MeasureError::Invalid { field, message });
     if micro_batch == 0 {
-        return invalid(
-            "--micro-batch",
-            "micro-batch sizes must be 1 or more".into(),
-        );
+        return invalid("micro_batch", "micro-batch sizes must be 1 or more".into());
     }
-    if tp == 0 || !m.heads.is_multiple_of(tp) || !m.kv_heads.is_multiple_of(tp) {
-        return invalid(
-            "--tp",
+    m.check().or_else(|message| invalid("model", message))?;
+    match crate::config::tensor_split_problem(m, tp) {
+        Some(crate::config::Rule::HeadsNotDivisible) => invalid(
+            "tp",
             format!(
                 "tensor parallelism {} must divide the {} attention heads and {} key/value heads",
                 tp, m.heads, m.kv_heads
             ),
-        );
-    }
-    if m.kv_heads == 0 || !m.heads.is_multiple_of(m.kv_heads) {
-        return invalid(
-            "--kv-heads",
-            format!(
-                "key/value heads {} must divide the {} attention heads",
-                m.kv_heads, m.heads
-            ),
-        );
-    }
-    if !m.ffn_hidden.is_multiple_of(tp) {
-        return invalid(
-            "--tp",
+        ),
+        Some(_) => invalid(
+            "tp",
             format!(
                 "tensor parallelism {} must divide the MLP width {}",
                 tp, m.ffn_hidden
             ),
-        );
+        ),
+        None => Ok(()),
     }
-    if !m.hidden.is_multiple_of(m.heads) {
-        return invalid(
-            "--hidden",
-            format!(
-                "hidden {} must be a multiple of heads {}",
-                m.hidden, m.heads
-            ),
-        );
+}
+
+/// Checks a device job before any device work.
+pub fn check_device_job(job: &DeviceJob) -> Result<(), MeasureError> {
+    if job.max_side < 256 {
+        return Err(MeasureError::Invalid {
+            field: "max_side",
+            message: "give 256 or more".into(),
+        });
     }
     Ok(())
 }
@@ -450,7 +407,7 @@ mod tests {
         };
         assert!(matches!(
             check_layer_job(&job),
-            Err(MeasureError::Invalid { field: "--tp", .. })
+            Err(MeasureError::Invalid { field: "tp", .. })
         ));
         job.tp = 2;
         assert!(check_layer_job(&job).is_ok());
@@ -458,7 +415,7 @@ mod tests {
         assert!(matches!(
             check_layer_job(&job),
             Err(MeasureError::Invalid {
-                field: "--micro-batch",
+                field: "micro_batch",
                 ..
             })
         ));

@@ -49,13 +49,13 @@ pub fn check_comm_job(job: &CommJob) -> Result<(), MeasureError> {
     seen.dedup();
     if seen.len() != job.gpus.len() || job.gpus.len() < 2 {
         return Err(MeasureError::Invalid {
-            field: "--gpus",
-            message: "give at least two different GPU indices, e.g. --gpus 0,1,2,3".into(),
+            field: "gpus",
+            message: "give at least two different GPU indices, e.g. 0,1,2,3".into(),
         });
     }
     if job.max_bytes < 1024 {
         return Err(MeasureError::Invalid {
-            field: "--max-bytes",
+            field: "max_bytes",
             message: "give 1KiB or more".into(),
         });
     }

@@ -8,12 +8,7 @@ use std::time::Instant;
 use tch::{Kind, Tensor};
 
 pub(super) fn measure(job: &DeviceJob) -> Result<DeviceMeasurement, MeasureError> {
-    if job.max_side < 256 {
-        return Err(MeasureError::Invalid {
-            field: "--max-side",
-            message: "give 256 or more".into(),
-        });
-    }
+    super::check_device_job(job)?;
     let device = torch_device(job.device)?;
     tch::manual_seed(0);
     catch_unwind(AssertUnwindSafe(|| run(job, device)))

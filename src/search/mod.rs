@@ -52,7 +52,7 @@ impl Job {
             return Err("the job needs at least one GPU".into());
         }
         if self.global_batch == 0 {
-            return Err("--global-batch must be at least 1".into());
+            return Err("the global batch must be at least 1".into());
         }
         if self.gpus > node && !self.gpus.is_multiple_of(node) {
             return Err(format!(
@@ -65,7 +65,7 @@ impl Job {
         let available = self.nodes.nodes * node;
         if self.gpus > available {
             return Err(format!(
-                "the job asks for {} GPUs but the cluster has {available} ({} {} of {node}); raise --nodes",
+                "the job asks for {} GPUs but the cluster has {available} ({} {} of {node}); give it more nodes",
                 self.gpus,
                 self.nodes.nodes,
                 if self.nodes.nodes == 1 {
