@@ -7,7 +7,7 @@ use super::resolve;
 use anyhow::{Context, Result, anyhow, bail};
 use paratune::cluster::{builtin_gpu_names, builtin_node};
 use paratune::coefficients::CostModel;
-use paratune::config::{Engine, ParallelConfig, on_off};
+use paratune::config::{Engine, ParallelConfig};
 use paratune::cost::{ProfileUsage, Scenario, memory_per_stage, predict, predict_with_usage};
 use paratune::evaluate::{Setting, evaluate_with};
 use paratune::export::{
@@ -15,7 +15,7 @@ use paratune::export::{
 };
 use paratune::model::{builtin_model, builtin_model_names};
 use paratune::plan_file::PlanFile;
-use paratune::runs::{RunTable, runs_and_skipped};
+use paratune::runs::{RunTable, runs_and_skipped, schema};
 use paratune::search::{Explanation, Job, SearchResult, explain, search, smallest_fitting_gpus};
 use std::fmt::Write;
 use std::time::Instant;
@@ -411,87 +411,10 @@ fn explain_config(
     }
 }
 
-/// The configuration's columns, named as run tables name them (so a plan's
-/// CSV reads back as a run table).
-const CONFIG_COLUMNS: [&str; 22] = [
-    "tp",
-    "pp",
-    "dp",
-    "micro_batch",
-    "schedule",
-    "virtual_stages",
-    "recompute",
-    "sequence_parallel",
-    "optimizer_sharding",
-    "bpipe",
-    "attention",
-    "first_stage_layers",
-    "last_stage_layers",
-    "overlap_grad_reduce",
-    "overlap_param_gather",
-    "tp_comm_overlap",
-    "cuda_graphs",
-    "stage_order",
-    "engine",
-    "compile",
-    "ac_frequency",
-    "dp_shard",
-];
-
-fn config_cells(c: &ParallelConfig) -> Vec<String> {
-    vec![
-        c.tp.to_string(),
-        c.pp.to_string(),
-        c.dp.to_string(),
-        c.micro_batch.to_string(),
-        c.schedule.name().into(),
-        c.virtual_stages.to_string(),
-        c.recompute.name().into(),
-        on_off(c.sequence_parallel).into(),
-        c.optimizer_sharding.name().into(),
-        on_off(c.bpipe).into(),
-        c.attention.name().into(),
-        c.first_stage_layers
-            .map(|n| n.to_string())
-            .unwrap_or_default(),
-        c.last_stage_layers
-            .map(|n| n.to_string())
-            .unwrap_or_default(),
-        on_off(c.overlap_grad_reduce).into(),
-        on_off(c.overlap_param_gather).into(),
-        on_off(c.tp_comm_overlap).into(),
-        on_off(c.cuda_graphs).into(),
-        c.stage_order.name().into(),
-        c.engine.name().into(),
-        on_off(c.compile).into(),
-        c.ac_frequency.to_string(),
-        c.dp_shard.map(|n| n.to_string()).unwrap_or_default(),
-    ]
-}
-
-/// Prediction columns shared by the plan and predict tables.
-const PREDICTION_COLUMNS: [&str; 5] = [
-    "iter_ms",
-    "tokens_per_s",
-    "tflops_per_gpu",
-    "mfu",
-    "peak_memory_gib",
-];
-
-fn prediction_cells(p: &paratune::cost::Prediction) -> [String; 5] {
-    [
-        format!("{:.3}", p.iteration_s * 1e3),
-        format!("{:.1}", p.tokens_per_s),
-        format!("{:.2}", p.tflops_per_gpu),
-        format!("{:.4}", p.mfu),
-        format!("{:.2}", p.peak_memory_gib()),
-    ]
-}
-
 fn plan_csv(result: &SearchResult, top: usize) -> Result<()> {
     let mut headers: Vec<String> = vec!["rank".into()];
-    headers.extend(CONFIG_COLUMNS.iter().map(|s| s.to_string()));
-    headers.extend(PREDICTION_COLUMNS.map(String::from));
+    headers.extend(schema::CONFIG_COLUMNS.iter().map(|s| s.to_string()));
+    headers.extend(schema::PREDICTION_COLUMNS.map(String::from));
     headers.push("fits".into());
     let rows: Vec<Vec<String>> = result
         .candidates
@@ -501,8 +424,8 @@ fn plan_csv(result: &SearchResult, top: usize) -> Result<()> {
         .map(|(i, c)| {
             let p = &c.prediction;
             let mut row = vec![(i + 1).to_string()];
-            row.extend(config_cells(&c.config));
-            row.extend(prediction_cells(p));
+            row.extend(schema::config_cells(&c.config));
+            row.extend(schema::prediction_cells(p));
             row.push(p.fits.to_string());
             row
         })
@@ -541,11 +464,14 @@ pub fn predict_command(args: &PredictArgs) -> Result<()> {
             emit(&json(&value)?)?;
         }
         Format::Csv => {
-            let mut headers: Vec<String> = CONFIG_COLUMNS.iter().map(|s| s.to_string()).collect();
-            headers.extend(PREDICTION_COLUMNS.map(String::from));
+            let mut headers: Vec<String> = schema::CONFIG_COLUMNS
+                .iter()
+                .map(|s| s.to_string())
+                .collect();
+            headers.extend(schema::PREDICTION_COLUMNS.map(String::from));
             headers.extend(["peak_stage", "fits"].map(String::from));
-            let mut row = config_cells(&config);
-            row.extend(prediction_cells(&prediction));
+            let mut row = schema::config_cells(&config);
+            row.extend(schema::prediction_cells(&prediction));
             row.extend([
                 prediction.peak_stage.to_string(),
                 prediction.fits.to_string(),

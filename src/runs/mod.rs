@@ -8,6 +8,7 @@
 //! `dp` or `seq_len`). Columns that are absent take the defaults given.
 
 mod history;
+pub mod schema;
 mod table;
 
 pub use history::{HistoryError, RunHistory, TailRepair};

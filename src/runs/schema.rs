@@ -1,0 +1,83 @@
+//! Run-table cells written from paratune's own values: a configuration's
+//! columns and a prediction's, so that a plan's or predict's CSV reads back
+//! as a run table.
+
+use crate::config::{ParallelConfig, on_off};
+use crate::cost::Prediction;
+
+/// The configuration's columns, named as run tables name them (so a plan's
+/// CSV reads back as a run table).
+pub const CONFIG_COLUMNS: [&str; 22] = [
+    "tp",
+    "pp",
+    "dp",
+    "micro_batch",
+    "schedule",
+    "virtual_stages",
+    "recompute",
+    "sequence_parallel",
+    "optimizer_sharding",
+    "bpipe",
+    "attention",
+    "first_stage_layers",
+    "last_stage_layers",
+    "overlap_grad_reduce",
+    "overlap_param_gather",
+    "tp_comm_overlap",
+    "cuda_graphs",
+    "stage_order",
+    "engine",
+    "compile",
+    "ac_frequency",
+    "dp_shard",
+];
+
+pub fn config_cells(c: &ParallelConfig) -> Vec<String> {
+    vec![
+        c.tp.to_string(),
+        c.pp.to_string(),
+        c.dp.to_string(),
+        c.micro_batch.to_string(),
+        c.schedule.name().into(),
+        c.virtual_stages.to_string(),
+        c.recompute.name().into(),
+        on_off(c.sequence_parallel).into(),
+        c.optimizer_sharding.name().into(),
+        on_off(c.bpipe).into(),
+        c.attention.name().into(),
+        c.first_stage_layers
+            .map(|n| n.to_string())
+            .unwrap_or_default(),
+        c.last_stage_layers
+            .map(|n| n.to_string())
+            .unwrap_or_default(),
+        on_off(c.overlap_grad_reduce).into(),
+        on_off(c.overlap_param_gather).into(),
+        on_off(c.tp_comm_overlap).into(),
+        on_off(c.cuda_graphs).into(),
+        c.stage_order.name().into(),
+        c.engine.name().into(),
+        on_off(c.compile).into(),
+        c.ac_frequency.to_string(),
+        c.dp_shard.map(|n| n.to_string()).unwrap_or_default(),
+    ]
+}
+
+/// Prediction columns shared by the plan and predict tables.
+pub const PREDICTION_COLUMNS: [&str; 5] = [
+    "iter_ms",
+    "tokens_per_s",
+    "tflops_per_gpu",
+    "mfu",
+    "peak_memory_gib",
+];
+
+pub fn prediction_cells(p: &Prediction) -> [String; 5] {
+    [
+        format!("{:.3}", p.iteration_s * 1e3),
+        format!("{:.1}", p.tokens_per_s),
+        format!("{:.2}", p.tflops_per_gpu),
+        format!("{:.4}", p.mfu),
+        format!("{:.2}", p.peak_memory_gib()),
+    ]
+}
