@@ -479,3 +479,99 @@ fn a_measured_cluster_needs_its_measurements() {
         "{err}"
     );
 }
+
+/// A `python` whose `-m torch.distributed.run ... --job JOB` writes every
+/// rank's report as the worker would, with the job's own degrees and a time
+/// that grows with the micro-batch count; each call is counted in `calls`.
+fn reporting_python(dir: &Path) -> PathBuf {
+    let worker = dir.join("fake_worker.py");
+    std::fs::write(
+        &worker,
+        r#"import json, os, sys
+job = json.load(open(sys.argv[sys.argv.index("--job") + 1]))
+with open(os.environ["FAKE_CALLS"], "a") as calls:
+    calls.write(str(job["candidate"]) + "\n")
+p = job["parallel"]
+world = p["tp"] * p["pp"] * p["dp"]
+micro = p["global_batch"] // (p["dp"] * p["micro_batch"])
+os.makedirs(job["report_dir"], exist_ok=True)
+for rank in range(world):
+    report = {"schema": 1, "rank": rank, "world_size": world,
+              "degrees": {"tp": p["tp"], "pp": p["pp"], "dp": p["dp"]},
+              "stages": [rank // (p["tp"] * p["dp"])], "schedule": "fake", "data_parallel": "fake",
+              "micro_batches": micro, "iteration_ms": [100.0 + 10.0 * micro] * 3,
+              "peak_memory_bytes": 5.0e7, "memory_kind": "rss-above-baseline"}
+    json.dump(report, open(os.path.join(job["report_dir"], "rank-%d.json" % rank), "w"))
+"#,
+    )
+    .unwrap();
+    fake_python(
+        dir,
+        &format!(
+            "FAKE_CALLS='{}' exec python3 '{}' \"$@\"",
+            dir.join("calls").display(),
+            worker.display()
+        ),
+    )
+}
+
+#[test]
+fn torch_trials_are_read_refitted_and_a_rerun_resumes() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let plan = torch_plan(d);
+    let python = reporting_python(d);
+    let out = d.join("out");
+    let args = [
+        "validate",
+        plan.to_str().unwrap(),
+        "--launch",
+        "torch",
+        "--device",
+        "cpu",
+        "--python",
+        python.to_str().unwrap(),
+        "--top",
+        "3",
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    let first = run(d, &args);
+    assert_eq!(first.code, Some(0), "{}", first.stderr);
+    let calls = std::fs::read_to_string(d.join("calls")).unwrap();
+    assert_eq!(calls.lines().count(), 3, "{calls}\n{}", first.stdout);
+    assert!(
+        first.stdout.contains("error before the trials"),
+        "{}",
+        first.stdout
+    );
+    assert!(
+        first.stdout.contains("held-out (leave-one-out) error"),
+        "{}",
+        first.stdout
+    );
+    let history = std::fs::read_to_string(out.join("runs-history.csv")).unwrap();
+    assert_eq!(history.lines().count(), 4, "{history}");
+
+    // The same command again runs nothing already measured and refits on all.
+    let second = run(d, &args);
+    assert_eq!(second.code, Some(0), "{}", second.stderr);
+    assert!(
+        second.stdout.contains("resuming: 3 run(s)"),
+        "{}",
+        second.stdout
+    );
+    let calls = std::fs::read_to_string(d.join("calls")).unwrap();
+    assert_eq!(
+        calls.lines().count(),
+        3,
+        "nothing re-run:\n{}",
+        second.stdout
+    );
+    assert!(
+        second.stdout.contains("refit on 3 measured run(s)"),
+        "{}",
+        second.stdout
+    );
+    assert!(out.join("report.md").is_file());
+}

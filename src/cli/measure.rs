@@ -505,29 +505,12 @@ fn profile_comm_torch(args: &ProfileCommArgs, ranks: u64) -> Result<()> {
     );
     merge_collectives(&mut profile.collectives, &points);
     write_profile(out, &profile)?;
-    let mut report = String::new();
-    for op in CollectiveOp::ALL {
-        if let Some(best) = points
-            .iter()
-            .filter(|p| p.op == op)
-            .max_by(|a, b| a.busbw.total_cmp(&b.busbw))
-        {
-            let _ = writeln!(
-                report,
-                "{op} over {} ranks: peak bus bandwidth {:.2} GB/s at {:.1} MiB",
-                best.ranks,
-                best.busbw,
-                best.bytes / MIB
-            );
-        }
-    }
-    let _ = writeln!(
-        report,
-        "{}: {} collective points",
-        out.display(),
-        profile.collectives.len()
-    );
-    emit(&report)
+    emit(&peak_bandwidths(
+        &points,
+        "ranks",
+        out,
+        profile.collectives.len(),
+    ))
 }
 
 /// The host's physical memory (`sysconf`), what CPU ranks share.
@@ -620,6 +603,22 @@ pub fn profile_comm(args: &ProfileCommArgs) -> Result<()> {
         );
     }
     write_profile(out, &profile)?;
+    emit(&peak_bandwidths(
+        &points,
+        "GPUs",
+        out,
+        profile.collectives.len(),
+    ))
+}
+
+/// Each collective's best bus bandwidth among `points`, and the profile's
+/// size.
+fn peak_bandwidths(
+    points: &[paratune::profile::CollectivePoint],
+    over: &str,
+    out: &Path,
+    saved: usize,
+) -> String {
     let mut report = String::new();
     for op in CollectiveOp::ALL {
         if let Some(best) = points
@@ -629,18 +628,13 @@ pub fn profile_comm(args: &ProfileCommArgs) -> Result<()> {
         {
             let _ = writeln!(
                 report,
-                "{op} over {} GPUs: peak bus bandwidth {:.1} GB/s at {:.0} MiB",
+                "{op} over {} {over}: peak bus bandwidth {:.2} GB/s at {:.1} MiB",
                 best.ranks,
                 best.busbw,
                 best.bytes / MIB
             );
         }
     }
-    let _ = writeln!(
-        report,
-        "{}: {} collective points",
-        out.display(),
-        profile.collectives.len()
-    );
-    emit(&report)
+    let _ = writeln!(report, "{}: {saved} collective points", out.display());
+    report
 }

@@ -22,7 +22,9 @@ use crate::cost::{memory_per_stage, predict};
 use crate::measure::process::run_script;
 use crate::plan_file::{PlanFile, PlannedCandidate};
 use crate::report::{ranking_change, render_markdown};
-use crate::runs::{HistoryError, RowDefaults, RunHistory, RunTable, RunsError, runs_from_table};
+use crate::runs::{
+    HistoryError, RowDefaults, Run, RunHistory, RunTable, RunsError, runs_from_table,
+};
 use crate::search::{SearchSpace, search};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -229,7 +231,19 @@ pub fn run_loop(
     let job = job_of(plan);
     let mut current = prior.clone();
     let mut round_plan = plan.clone();
-    let mut tried: Vec<ParallelConfig> = Vec::new();
+    // A rerun into the same OUT resumes: what its history holds is kept,
+    // not run again, and counts in every refit.
+    let mut tried: Vec<ParallelConfig> = measured_runs(plan, &history_path)?
+        .map(|runs| runs.into_iter().map(|r| r.config).collect())
+        .unwrap_or_default();
+    let resumed = tried.len();
+    if resumed > 0 {
+        let _ = writeln!(
+            report,
+            "resuming: {resumed} run(s) already in {} are kept and not run again",
+            history_path.display()
+        );
+    }
     let mut trials: Vec<RoundTrial> = Vec::new();
     let mut first_round_error = None;
     let mut last_held_out = None;
@@ -257,7 +271,8 @@ pub fn run_loop(
         top.candidates.retain(|c| !tried.contains(&c.config));
         tried.extend(top.candidates.iter().map(|c| c.config));
         let scripts = write_scripts(&top, cluster, &dir, &mut report)?;
-        if scripts.is_empty() {
+        // A resumed first round whose candidates all ran still refits.
+        if scripts.is_empty() && !(round == 1 && resumed > 0) {
             let _ = writeln!(report, "round {round}: no new candidate to run; stopping");
             break;
         }
@@ -555,24 +570,15 @@ fn run_and_read(
     }
 }
 
-/// Refits the plan's cost model on every run measured so far, prints how
-/// the ranking of the plan's candidates moved, and scores the refit on the
-/// runs it was not fitted to (leave-one-out).
-fn refit_and_rerank(
-    plan: &PlanFile,
-    prior: &CostModel,
-    history: &Path,
-    report: &mut String,
-) -> Result<Option<(CostModel, Vec<HeldOut>)>, ClusterTrialError> {
-    let Ok(table) = RunTable::read(history) else {
-        let _ = writeln!(report, "no run was measured: nothing to refit");
-        return Ok(None);
-    };
-    if table.rows.is_empty() {
-        let _ = writeln!(report, "no run was measured: nothing to refit");
+/// The runs a history holds, understood as the plan's job; `None` when
+/// there is no history yet.
+fn measured_runs(plan: &PlanFile, history: &Path) -> Result<Option<Vec<Run>>, ClusterTrialError> {
+    if !history.is_file() {
         return Ok(None);
     }
-    let job = job_of(plan);
+    let Ok(table) = RunTable::read(history) else {
+        return Ok(None);
+    };
     let defaults = RowDefaults {
         model: plan.model.clone(),
         model_is_given: true,
@@ -583,7 +589,28 @@ fn refit_and_rerank(
             Recompute::None,
         )
     };
-    let runs = runs_from_table(&table, &defaults, job.gpus_per_node())?;
+    Ok(Some(runs_from_table(
+        &table,
+        &defaults,
+        job_of(plan).gpus_per_node(),
+    )?))
+}
+
+/// Refits the plan's cost model on every run measured so far, prints how
+/// the ranking of the plan's candidates moved, and scores the refit on the
+/// runs it was not fitted to (leave-one-out).
+fn refit_and_rerank(
+    plan: &PlanFile,
+    prior: &CostModel,
+    history: &Path,
+    report: &mut String,
+) -> Result<Option<(CostModel, Vec<HeldOut>)>, ClusterTrialError> {
+    let Some(runs) = measured_runs(plan, history)?.filter(|runs| !runs.is_empty()) else {
+        let _ = writeln!(report, "no run was measured: nothing to refit");
+        return Ok(None);
+    };
+    let job = job_of(plan);
+    let measured = runs.len();
     let dataset = Dataset {
         name: history.display().to_string(),
         runs,
@@ -596,8 +623,7 @@ fn refit_and_rerank(
         Ok(None) => {
             let _ = writeln!(
                 report,
-                "\n{} measured run(s): too few to refit any coefficient yet; trial more candidates (--top) or ingest more runs",
-                table.rows.len()
+                "\n{measured} measured run(s): too few to refit any coefficient yet; trial more candidates (--top) or ingest more runs"
             );
             return Ok(None);
         }
@@ -635,8 +661,7 @@ fn refit_and_rerank(
         .map_err(|e| ClusterTrialError::Report(e.to_string()))?;
     let _ = writeln!(
         report,
-        "\nrefit on {} measured run(s) of {}:",
-        table.rows.len(),
+        "\nrefit on {measured} measured run(s) of {}:",
         history.display()
     );
     report.push_str(&render_markdown(&change));

@@ -493,8 +493,10 @@ fn check_report(report: &RankReport, rank: u64, world: u64, path: &str) -> Resul
     Ok(())
 }
 
-/// Columns of a torch trial's run row: paratune's run-table schema.
-pub const ROW_COLUMNS: [&str; 33] = [
+/// Columns of a torch trial's run row: paratune's run-table schema, every
+/// switch of the configuration included, so that the row reads back as the
+/// configuration that ran (a rerun resumes by it; the refit predicts it).
+pub const ROW_COLUMNS: [&str; 40] = [
     "gpus",
     "global_batch",
     "micro_batch",
@@ -506,6 +508,13 @@ pub const ROW_COLUMNS: [&str; 33] = [
     "tied_embeddings",
     "first_stage_layers",
     "last_stage_layers",
+    "overlap_grad_reduce",
+    "overlap_param_gather",
+    "tp_comm_overlap",
+    "cuda_graphs",
+    "compile",
+    "bpipe",
+    "stage_order",
     "layers",
     "seq_len",
     "vocab",
@@ -557,6 +566,13 @@ impl TorchTrial {
             on_off(m.tied_embeddings),
             optional(c.first_stage_layers),
             optional(c.last_stage_layers),
+            on_off(c.overlap_grad_reduce),
+            on_off(c.overlap_param_gather),
+            on_off(c.tp_comm_overlap),
+            on_off(c.cuda_graphs),
+            on_off(c.compile),
+            on_off(c.bpipe),
+            c.stage_order.name().to_string(),
             m.layers.to_string(),
             m.seq_len.to_string(),
             m.vocab.to_string(),
