@@ -575,3 +575,54 @@ fn torch_trials_are_read_refitted_and_a_rerun_resumes() {
     );
     assert!(out.join("report.md").is_file());
 }
+
+#[test]
+fn a_candidate_too_big_for_this_machine_runs_fewer_layers() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let plan = torch_plan(d);
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&plan).unwrap()).unwrap();
+    // Just under what the plan's leader is predicted to allocate a rank.
+    let peak = json["candidates"][0]["prediction"]["peak_allocated_bytes"]
+        .as_f64()
+        .unwrap();
+    let limit = format!("{}B", (peak * 0.97) as u64);
+    let python = reporting_python(d);
+    let out = d.join("out");
+    let result = run(
+        d,
+        &[
+            "validate",
+            plan.to_str().unwrap(),
+            "--launch",
+            "torch",
+            "--device",
+            "cpu",
+            "--python",
+            python.to_str().unwrap(),
+            "--top",
+            "1",
+            "--memory-limit",
+            &limit,
+            "--out",
+            out.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(result.code, Some(0), "{}", result.stderr);
+    assert!(
+        result
+            .stdout
+            .contains("of the model's 4 layers, to fit this machine"),
+        "{}",
+        result.stdout
+    );
+    let job: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("candidate-1/job.json")).unwrap())
+            .unwrap();
+    let layers = job["model"]["layers"].as_u64().unwrap();
+    assert!(layers < 4, "{job}");
+    // The run row is the model that ran.
+    let table = common::read_table(&out.join("runs-history.csv"));
+    assert_eq!(common::number(&table, 0, "layers"), layers as f64);
+}

@@ -514,7 +514,7 @@ fn profile_comm_torch(args: &ProfileCommArgs, ranks: u64) -> Result<()> {
 }
 
 /// The host's physical memory (`sysconf`), what CPU ranks share.
-fn host_memory_bytes() -> Option<f64> {
+pub fn host_memory_bytes() -> Option<f64> {
     // SAFETY: sysconf only reads system configuration.
     let (pages, page) = unsafe {
         (

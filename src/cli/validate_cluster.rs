@@ -59,7 +59,7 @@ fn cluster_of(args: &ValidateArgs, engine: LaunchEngine, plan: &PlanFile) -> Res
                 train_iters,
             })
         }
-        LaunchEngine::Torch => Cluster::Torch(torch_settings(args, plan)?),
+        LaunchEngine::Torch => Cluster::Torch(Box::new(torch_settings(args, plan)?)),
     })
 }
 
@@ -91,6 +91,15 @@ fn torch_settings(args: &ValidateArgs, plan: &PlanFile) -> Result<TorchSettings>
         warmup: 2,
         iterations: args.iterations as u64,
         threads_per_rank: 1,
+        // On the CPU the ranks share the host's memory; --memory-limit sets a
+        // rank's share anywhere.
+        memory_per_rank_bytes: args.memory_limit.map(|b| b.0).or_else(|| {
+            (device == TrialDevice::Cpu)
+                .then(super::measure::host_memory_bytes)
+                .flatten()
+                .map(|bytes| bytes / ranks as f64)
+        }),
+        cost: plan_cost_model(args, plan)?,
     })
 }
 

@@ -49,7 +49,7 @@ pub enum ClusterTrialError {
 pub enum Cluster {
     Megatron(LaunchSettings),
     Torchtitan(TorchtitanSettings),
-    Torch(TorchSettings),
+    Torch(Box<TorchSettings>),
 }
 
 /// What a finished trial measured: its run row, a line about it, and for a
@@ -58,6 +58,9 @@ struct Measured {
     row: Vec<String>,
     line: String,
     torch: Option<TorchTrial>,
+    /// The model that ran, where it is not the plan's (fewer layers, to fit
+    /// this machine).
+    model: Option<crate::model::ModelSpec>,
 }
 
 impl Cluster {
@@ -110,6 +113,7 @@ impl Cluster {
             row,
             line,
             torch: None,
+            model: None,
         };
         match self {
             Cluster::Torch(_) => {
@@ -133,11 +137,23 @@ impl Cluster {
                     trial.peak_bytes() / (1u64 << 20) as f64,
                     first.memory_kind
                 );
-                let row = trial.row(plan, &candidate.config, &name);
+                let mut model = plan.model.clone();
+                model.layers = job.model.layers;
+                let scaled = model.layers != plan.model.layers;
+                let line = if scaled {
+                    format!(
+                        "{line}; ran {} of the model's {} layers, to fit this machine",
+                        model.layers, plan.model.layers
+                    )
+                } else {
+                    line
+                };
+                let row = trial.row(plan, &model, &candidate.config, &name);
                 Ok(Measured {
                     row,
                     line,
                     torch: Some(trial),
+                    model: scaled.then_some(model),
                 })
             }
             Cluster::Megatron(_) => {
@@ -288,7 +304,6 @@ pub fn run_loop(
             history = Some(opened);
         }
         let history = history.as_mut().expect("opened above");
-        let scenario = job.scenario(&current);
         for (rank, script) in &scripts {
             let candidate = top
                 .candidates
@@ -308,9 +323,17 @@ pub fn run_loop(
             else {
                 continue;
             };
-            let predicted_s = predict(&scenario, &candidate.config).iteration_s;
+            // A scaled-down trial is predicted for the model that ran.
+            let ran = crate::cost::Scenario::new(
+                measured.model.as_ref().unwrap_or(&plan.model),
+                plan.global_batch,
+                &plan.nodes,
+                plan.gpus,
+                &current,
+            );
+            let predicted_s = predict(&ran, &candidate.config).iteration_s;
             if let Some(trial) = &measured.torch {
-                report.push_str(&memory_lines(&scenario, candidate, trial, &current));
+                report.push_str(&memory_lines(&ran, candidate, trial, &current));
             }
             trials.push(RoundTrial {
                 round,

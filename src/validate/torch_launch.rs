@@ -69,6 +69,12 @@ pub struct TorchSettings {
     pub iterations: u64,
     /// Threads each CPU rank may use (`torch.set_num_threads`).
     pub threads_per_rank: u64,
+    /// Memory one rank may use on this machine; a candidate predicted to
+    /// need more runs the plan's model with fewer layers (see
+    /// [`layers_that_fit`]). `None`: no limit.
+    pub memory_per_rank_bytes: Option<f64>,
+    /// The model the memory is predicted with.
+    pub cost: crate::coefficients::CostModel,
 }
 
 /// Ranks a machine can run at once: two per core at most, more only
@@ -165,6 +171,60 @@ pub fn unsupported(c: &ParallelConfig, layers: u64) -> Option<String> {
     Some(reason.to_string())
 }
 
+/// The layers of `plan`'s model a candidate's trial runs: all of them when
+/// its predicted peak fits `budget` bytes a rank, else the most that fit in
+/// whole multiples of its model chunks (the plan's degrees, micro-batch,
+/// schedule and per-layer shape kept, so the trial still exercises the
+/// planned parallelism; its prediction is remade for those layers).
+pub fn layers_that_fit(
+    plan: &PlanFile,
+    candidate: &PlannedCandidate,
+    cost: &crate::coefficients::CostModel,
+    budget: Option<f64>,
+) -> Result<u64, LaunchError> {
+    let layers = plan.model.layers;
+    let Some(budget) = budget else {
+        return Ok(layers);
+    };
+    let c = &candidate.config;
+    let peak = |layers: u64| {
+        let mut model = plan.model.clone();
+        model.layers = layers;
+        let scenario =
+            crate::cost::Scenario::new(&model, plan.global_batch, &plan.nodes, plan.gpus, cost);
+        crate::cost::predict(&scenario, c).peak_allocated_bytes
+    };
+    if peak(layers) <= budget {
+        return Ok(layers);
+    }
+    let refuse = |reason: String| LaunchError::Unsupported {
+        rank: candidate.rank,
+        engine: "this machine",
+        reason,
+    };
+    if c.uneven() {
+        return Err(refuse(format!(
+            "it is predicted to need {:.1} GiB a rank, more than the {:.1} GiB here, and its uneven split cannot be scaled down",
+            peak(layers) / GIB,
+            budget / GIB
+        )));
+    }
+    let chunk = c.pp * c.virtual_stages.max(1);
+    (1..=layers / chunk)
+        .rev()
+        .map(|k| k * chunk)
+        .find(|&n| peak(n) <= budget)
+        .ok_or_else(|| {
+            refuse(format!(
+                "even {chunk} layer(s), one per model chunk, are predicted to need {:.1} GiB a rank, more than the {:.1} GiB here",
+                peak(chunk) / GIB,
+                budget / GIB
+            ))
+        })
+}
+
+const GIB: f64 = (1u64 << 30) as f64;
+
 /// The job of one candidate, its reports going to `report_dir`.
 pub fn trial_job(
     plan: &PlanFile,
@@ -182,6 +242,12 @@ pub fn trial_job(
     }
     check_ranks(plan, settings.ranks)?;
     let m = &plan.model;
+    let layers = layers_that_fit(
+        plan,
+        candidate,
+        &settings.cost,
+        settings.memory_per_rank_bytes,
+    )?;
     Ok(TrialJob {
         schema: SCHEMA,
         mode: "train".into(),
@@ -200,7 +266,7 @@ pub fn trial_job(
             kv_heads: m.kv_heads,
             ffn_hidden: m.ffn_hidden,
             gated_mlp: m.gated_mlp,
-            layers: m.layers,
+            layers,
             vocab: m.vocab,
             seq_len: m.seq_len,
             tied_embeddings: m.tied_embeddings,
@@ -221,7 +287,7 @@ pub fn trial_job(
             } else {
                 1
             },
-            stage_layers: chunk_layers(c, m.layers),
+            stage_layers: chunk_layers(c, layers),
             sequence_parallel: c.sequence_parallel,
             optimizer_sharding: c.optimizer_sharding.name().into(),
             recompute: c.recompute.name().into(),
@@ -549,8 +615,15 @@ impl TorchTrial {
     }
 
     /// This trial as a row of [`ROW_COLUMNS`] for `config` of `plan`.
-    pub fn row(&self, plan: &PlanFile, config: &ParallelConfig, source: &str) -> Vec<String> {
-        let m = &plan.model;
+    /// `model` is the one that ran: the plan's, or it with fewer layers.
+    pub fn row(
+        &self,
+        plan: &PlanFile,
+        model: &crate::model::ModelSpec,
+        config: &ParallelConfig,
+        source: &str,
+    ) -> Vec<String> {
+        let m = model;
         let c = config;
         let on_off = |b: bool| crate::config::on_off(b).to_string();
         let optional = |v: Option<u64>| v.map(|v| v.to_string()).unwrap_or_default();
@@ -752,6 +825,7 @@ pub fn read_comm(report_dir: &Path) -> Result<Vec<crate::profile::CollectivePoin
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::coefficients::CostModel;
     use crate::config::{OptimizerSharding, Recompute};
     use crate::search::SearchSpace;
     use crate::validate::launch::tests::{bash_accepts, plan_on};
@@ -765,6 +839,8 @@ mod tests {
             warmup: 2,
             iterations: 5,
             threads_per_rank: 1,
+            memory_per_rank_bytes: None,
+            cost: crate::coefficients::CostModel::datasheet(),
         }
     }
 
@@ -812,6 +888,40 @@ mod tests {
         assert_eq!(job.backend, "gloo");
         assert_eq!(job.model.layers, 40);
         assert_eq!(job.mode, "train");
+    }
+
+    #[test]
+    fn a_candidate_too_big_for_the_machine_runs_fewer_layers_of_the_same_shape() {
+        let plan = plan(SearchSpace {
+            pp: Some(vec![2]),
+            schedule: Some(vec![ScheduleKind::OneFOneB]),
+            ..SearchSpace::default()
+        });
+        let candidate = plan
+            .candidates
+            .iter()
+            .find(|c| !c.config.uneven())
+            .expect("an evenly split candidate");
+        let cost = CostModel::datasheet();
+        let all = plan.model.layers;
+        assert_eq!(layers_that_fit(&plan, candidate, &cost, None).unwrap(), all);
+        let need = candidate.prediction.peak_allocated_bytes;
+        let fewer = layers_that_fit(&plan, candidate, &cost, Some(need / 3.0)).unwrap();
+        let chunk = candidate.config.pp * candidate.config.virtual_stages;
+        assert!(
+            fewer < all && fewer >= chunk && fewer.is_multiple_of(chunk),
+            "{fewer}"
+        );
+        let e = layers_that_fit(&plan, candidate, &cost, Some(1e6))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("even") && e.contains("GiB"), "{e}");
+        // The job carries the layers that fit, split over the chunks.
+        let mut small = settings(8);
+        small.memory_per_rank_bytes = Some(need / 3.0);
+        let job = trial_job(&plan, candidate, &small, Path::new("/r")).unwrap();
+        assert_eq!(job.model.layers, fewer);
+        assert_eq!(job.parallel.stage_layers.iter().sum::<u64>(), fewer);
     }
 
     #[test]
@@ -928,7 +1038,7 @@ mod tests {
         assert_eq!(trial.ranks[1].stage(), 1);
         assert_eq!(trial.collectives_ms()["send"], 1.5);
         let plan = plan(SearchSpace::default());
-        let row = trial.row(&plan, &plan.candidates[0].config, "log");
+        let row = trial.row(&plan, &plan.model, &plan.candidates[0].config, "log");
         assert_eq!(row.len(), ROW_COLUMNS.len());
 
         // A rank that ran other degrees than planned is refused.
