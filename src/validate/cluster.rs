@@ -137,6 +137,18 @@ impl Cluster {
                     trial.peak_bytes() / (1u64 << 20) as f64,
                     first.memory_kind
                 );
+                // What the engine exposes of its collectives, one profiled
+                // iteration, averaged over the ranks.
+                let collectives: Vec<String> = trial
+                    .collectives_ms()
+                    .iter()
+                    .map(|(kind, ms)| format!("{kind} {ms:.1} ms"))
+                    .collect();
+                let line = if collectives.is_empty() {
+                    line
+                } else {
+                    format!("{line}; collectives a rank: {}", collectives.join(", "))
+                };
                 let mut model = plan.model.clone();
                 model.layers = job.model.layers;
                 let scaled = model.layers != plan.model.layers;
