@@ -272,14 +272,62 @@ impl Facts {
     }
 }
 
-/// Fits `prior`'s coefficients to the measured rows of `datasets` and returns
-/// the fitted model (named `name`) with its error figures.
-pub fn calibrate(
-    datasets: &[Dataset],
-    prior: &CostModel,
-    name: &str,
-    opts: &FitOptions,
-) -> Result<Calibration, CalibrateError> {
+/// A bootstrap sample of the fitted rows: as many draws with replacement
+/// per dataset as it has rows, as (row, times drawn).
+fn resample(
+    rows: &[Row],
+    train: &[usize],
+    datasets: usize,
+    rng: &mut SplitMix64,
+) -> Vec<(usize, u32)> {
+    let mut counts: BTreeMap<usize, u32> = BTreeMap::new();
+    for d in 0..datasets {
+        let members: Vec<usize> = train
+            .iter()
+            .copied()
+            .filter(|&i| rows[i].dataset == d)
+            .collect();
+        for _ in 0..members.len() {
+            *counts.entry(members[rng.below(members.len())]).or_default() += 1;
+        }
+    }
+    counts.into_iter().collect()
+}
+
+/// Writes the fitted values, their bootstrap intervals and a note where a
+/// value was pushed against its range into `coefficients`.
+fn record_fit(
+    coefficients: &mut [CoefficientFit],
+    free: &[FreeParam],
+    z_fit: &[f64],
+    boots: &[Vec<f64>],
+) {
+    for (j, p) in free.iter().enumerate() {
+        let c = coefficients
+            .iter_mut()
+            .find(|c| c.name == p.info.name)
+            .expect("listed");
+        c.value = p.value(z_fit[j]);
+        if boots.len() >= 2 {
+            let mut data = Data::new(boots.iter().map(|z| p.value(z[j])).collect::<Vec<_>>());
+            c.ci95 = Some((data.quantile(0.025), data.quantile(0.975)));
+        }
+        // Pushed against a bound: within 2% of the way from the prior to it.
+        let (lo, hi) = (p.info.min, p.info.max);
+        if (c.value < c.prior && c.value - lo <= 0.02 * (c.prior - lo))
+            || (c.value > c.prior && hi - c.value <= 0.02 * (hi - c.prior))
+        {
+            c.note = format!(
+                "pushed against the edge of its range [{lo}, {hi}]: the data wants it further \
+             than the range allows, a sign that some other part of the model is missing"
+            );
+        }
+    }
+}
+
+/// The datasets and options a calibration can run on: at least one
+/// dataset, each with its own name, and options in their ranges.
+fn check_inputs(datasets: &[Dataset], opts: &FitOptions) -> Result<(), CalibrateError> {
     if datasets.is_empty() {
         return Err(CalibrateError::NoDatasets);
     }
@@ -308,10 +356,12 @@ pub fn calibrate(
             )));
         }
     }
-    let candidates = candidate_names(opts)?;
+    Ok(())
+}
 
-    // Rows, their groups, and the data hash.
-    let names: Vec<String> = datasets.iter().map(|d| d.name.clone()).collect();
+/// Every row with a measured time, numbered by (dataset, job) group, and a
+/// hash of what was fitted to (for the provenance).
+fn measured_rows(datasets: &[Dataset]) -> Result<(Vec<Row<'_>>, String), CalibrateError> {
     let mut rows = Vec::new();
     let mut group_ids: HashMap<(usize, String), usize> = HashMap::new();
     let mut hash = Fnv1a::default();
@@ -342,7 +392,23 @@ pub fn calibrate(
             });
         }
     }
-    let data_hash = hash.hex();
+
+    Ok((rows, hash.hex()))
+}
+
+/// Fits `prior`'s coefficients to the measured rows of `datasets` and returns
+/// the fitted model (named `name`) with its error figures.
+pub fn calibrate(
+    datasets: &[Dataset],
+    prior: &CostModel,
+    name: &str,
+    opts: &FitOptions,
+) -> Result<Calibration, CalibrateError> {
+    check_inputs(datasets, opts)?;
+    let candidates = candidate_names(opts)?;
+
+    let names: Vec<String> = datasets.iter().map(|d| d.name.clone()).collect();
+    let (rows, data_hash) = measured_rows(datasets)?;
 
     // Hold-out split, per dataset.
     let (train, held) = match opts.holdout {
@@ -526,47 +592,12 @@ pub fn calibrate(
         .into_par_iter()
         .map(|b| {
             let mut rng = SplitMix64::stream(opts.seed, 1000 + b as u64);
-            let mut counts: BTreeMap<usize, u32> = BTreeMap::new();
-            for d in 0..datasets.len() {
-                let members: Vec<usize> = train
-                    .iter()
-                    .copied()
-                    .filter(|&i| rows[i].dataset == d)
-                    .collect();
-                for _ in 0..members.len() {
-                    *counts.entry(members[rng.below(members.len())]).or_default() += 1;
-                }
-            }
-            fit::minimise(
-                &problem_on(counts.into_iter().collect()),
-                &z_fit,
-                &boot_legs,
-            )
-            .0
+            let counts = resample(&rows, &train, datasets.len(), &mut rng);
+            fit::minimise(&problem_on(counts), &z_fit, &boot_legs).0
         })
         .collect();
 
-    for (j, p) in free.iter().enumerate() {
-        let c = coefficients
-            .iter_mut()
-            .find(|c| c.name == p.info.name)
-            .expect("listed");
-        c.value = p.value(z_fit[j]);
-        if boots.len() >= 2 {
-            let mut data = Data::new(boots.iter().map(|z| p.value(z[j])).collect::<Vec<_>>());
-            c.ci95 = Some((data.quantile(0.025), data.quantile(0.975)));
-        }
-        // Pushed against a bound: within 2% of the way from the prior to it.
-        let (lo, hi) = (p.info.min, p.info.max);
-        if (c.value < c.prior && c.value - lo <= 0.02 * (c.prior - lo))
-            || (c.value > c.prior && hi - c.value <= 0.02 * (hi - c.prior))
-        {
-            c.note = format!(
-                "pushed against the edge of its range [{lo}, {hi}]: the data wants it further \
-                 than the range allows, a sign that some other part of the model is missing"
-            );
-        }
-    }
+    record_fit(&mut coefficients, &free, &z_fit, &boots);
     if opts.bootstrap == 1 {
         notes.push("one bootstrap refit gives no interval; ask for two or more".into());
     }
