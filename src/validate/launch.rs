@@ -375,6 +375,136 @@ pub fn candidate_megatron_args(
     Ok(rebuilt)
 }
 
+/// The lines that find the Megatron-LM checkout (`MEGATRON_PATH`, the
+/// plan's quoted default if given) and stop early without `pretrain_gpt.py`.
+fn megatron_checkout(s: &mut String, megatron_path: Option<&Path>) {
+    match megatron_path {
+        Some(path) => {
+            // Quoted on a line of its own: inside `"${X:-...}"` single
+            // quotes are literal, so the default is a variable there.
+            let _ = writeln!(
+                s,
+                "MEGATRON_PATH_DEFAULT={}",
+                shell_quote(&path.to_string_lossy())
+            );
+            let _ = writeln!(
+                s,
+                "MEGATRON_PATH=\"${{MEGATRON_PATH:-${{MEGATRON_PATH_DEFAULT}}}}\""
+            );
+        }
+        None => {
+            let _ = writeln!(
+                s,
+                "MEGATRON_PATH=\"${{MEGATRON_PATH:?set MEGATRON_PATH to a Megatron-LM checkout}}\""
+            );
+        }
+    }
+    let _ = writeln!(
+        s,
+        "if [[ ! -f \"${{MEGATRON_PATH}}/pretrain_gpt.py\" ]]; then"
+    );
+    let _ = writeln!(
+        s,
+        "    echo \"error: ${{MEGATRON_PATH}}/pretrain_gpt.py not found; set MEGATRON_PATH to a Megatron-LM checkout (git clone https://github.com/NVIDIA/Megatron-LM)\" >&2"
+    );
+    let _ = writeln!(s, "    exit 2");
+    let _ = writeln!(s, "fi");
+    let _ = writeln!(s);
+}
+
+/// The candidate's Megatron-LM arguments, the trial's own and the mock
+/// data's, as three bash arrays.
+fn argument_arrays(s: &mut String, megatron_args: &[String], train_iters: u64, vocab: u64) {
+    let _ = writeln!(
+        s,
+        "# The candidate's Megatron-LM arguments, as `paratune plan` exported them."
+    );
+    bash_array(s, "MEGATRON_ARGS", megatron_args);
+    let _ = writeln!(
+        s,
+        "# The trial: every iteration logged with its throughput, no evaluation."
+    );
+    let trial: Vec<String> = [
+        "--train-iters",
+        &train_iters.to_string(),
+        "--log-interval",
+        "1",
+        "--log-throughput",
+        "--eval-iters",
+        "0",
+        "--lr",
+        TRIAL_LR,
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    bash_array(s, "TRIAL_ARGS", &trial);
+    let _ = writeln!(
+        s,
+        "# DATA: synthetic tokens, so no data set is needed. NullTokenizer adds one"
+    );
+    let _ = writeln!(
+        s,
+        "# token to the vocabulary size it is given, so the model gets the plan's {}.",
+        vocab
+    );
+    let _ = writeln!(
+        s,
+        "# To time real data instead, replace these with a data path and a tokenizer."
+    );
+    let data: Vec<String> = [
+        "--mock-data",
+        "--tokenizer-type",
+        "NullTokenizer",
+        "--vocab-size",
+        &vocab.saturating_sub(1).max(1).to_string(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    bash_array(s, "DATA_ARGS", &data);
+}
+
+/// The command that starts the ranks: torchrun, or srun with the rank
+/// variables Megatron-LM reads.
+fn launch_lines(s: &mut String, launcher: Launcher) {
+    match launcher {
+        Launcher::Torchrun => {
+            let _ = writeln!(
+                s,
+                "torchrun --nproc_per_node \"${{GPUS_PER_NODE}}\" --nnodes \"${{NNODES}}\" --node_rank \"${{NODE_RANK}}\" \\"
+            );
+            let _ = writeln!(
+                s,
+                "    --master_addr \"${{MASTER_ADDR}}\" --master_port \"${{MASTER_PORT}}\" \\"
+            );
+            let _ = writeln!(
+                s,
+                "    pretrain_gpt.py \"${{MEGATRON_ARGS[@]}}\" \"${{TRIAL_ARGS[@]}}\" \"${{DATA_ARGS[@]}}\" 2>&1 | tee \"${{LOG_FILE}}\""
+            );
+        }
+        Launcher::Srun => {
+            let _ = writeln!(
+                s,
+                "# Megatron-LM reads its rank and the world size from RANK, LOCAL_RANK and WORLD_SIZE."
+            );
+            let _ = writeln!(s, "export MASTER_ADDR MASTER_PORT MEGATRON_PATH");
+            let _ = writeln!(
+                s,
+                "srun --nodes=\"${{NNODES}}\" --ntasks-per-node=\"${{GPUS_PER_NODE}}\" --kill-on-bad-exit=1 \\"
+            );
+            let _ = writeln!(
+                s,
+                "    bash -c 'export RANK=\"${{SLURM_PROCID}}\" LOCAL_RANK=\"${{SLURM_LOCALID}}\" WORLD_SIZE=\"${{SLURM_NTASKS}}\"; exec python \"${{MEGATRON_PATH}}/pretrain_gpt.py\" \"$@\"' \\"
+            );
+            let _ = writeln!(
+                s,
+                "    pretrain_gpt \"${{MEGATRON_ARGS[@]}}\" \"${{TRIAL_ARGS[@]}}\" \"${{DATA_ARGS[@]}}\" 2>&1 | tee \"${{LOG_FILE}}\""
+            );
+        }
+    }
+}
+
 /// The launch script of `candidate`, a candidate of `plan`. Pure: nothing
 /// is checked on disk. Every value from the plan reaches the script quoted
 /// for where it lands: shell words through [`shell_quote`], comment text
@@ -447,129 +577,16 @@ pub fn launch_script(
         let _ = writeln!(s, "# the arguments, the last rank the iteration lines.");
     }
     script_prologue(&mut s);
-    match &settings.megatron_path {
-        Some(path) => {
-            // Quoted on a line of its own: inside `"${X:-...}"` single
-            // quotes are literal, so the default is a variable there.
-            let _ = writeln!(
-                s,
-                "MEGATRON_PATH_DEFAULT={}",
-                shell_quote(&path.to_string_lossy())
-            );
-            let _ = writeln!(
-                s,
-                "MEGATRON_PATH=\"${{MEGATRON_PATH:-${{MEGATRON_PATH_DEFAULT}}}}\""
-            );
-        }
-        None => {
-            let _ = writeln!(
-                s,
-                "MEGATRON_PATH=\"${{MEGATRON_PATH:?set MEGATRON_PATH to a Megatron-LM checkout}}\""
-            );
-        }
-    }
-    let _ = writeln!(
-        s,
-        "if [[ ! -f \"${{MEGATRON_PATH}}/pretrain_gpt.py\" ]]; then"
-    );
-    let _ = writeln!(
-        s,
-        "    echo \"error: ${{MEGATRON_PATH}}/pretrain_gpt.py not found; set MEGATRON_PATH to a Megatron-LM checkout (git clone https://github.com/NVIDIA/Megatron-LM)\" >&2"
-    );
-    let _ = writeln!(s, "    exit 2");
-    let _ = writeln!(s, "fi");
-    let _ = writeln!(s);
-
+    megatron_checkout(&mut s, settings.megatron_path.as_deref());
     rank_environment(&mut s, launcher, gpus, gpus_per_node, nodes);
-    let _ = writeln!(
-        s,
-        "# The candidate's Megatron-LM arguments, as `paratune plan` exported them."
-    );
-    bash_array(&mut s, "MEGATRON_ARGS", megatron_args);
-    let _ = writeln!(
-        s,
-        "# The trial: every iteration logged with its throughput, no evaluation."
-    );
-    let trial: Vec<String> = [
-        "--train-iters",
-        &settings.train_iters.to_string(),
-        "--log-interval",
-        "1",
-        "--log-throughput",
-        "--eval-iters",
-        "0",
-        "--lr",
-        TRIAL_LR,
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    bash_array(&mut s, "TRIAL_ARGS", &trial);
-    let _ = writeln!(
-        s,
-        "# DATA: synthetic tokens, so no data set is needed. NullTokenizer adds one"
-    );
-    let _ = writeln!(
-        s,
-        "# token to the vocabulary size it is given, so the model gets the plan's {}.",
-        model.vocab
-    );
-    let _ = writeln!(
-        s,
-        "# To time real data instead, replace these with a data path and a tokenizer."
-    );
-    let data: Vec<String> = [
-        "--mock-data",
-        "--tokenizer-type",
-        "NullTokenizer",
-        "--vocab-size",
-        &model.vocab.saturating_sub(1).max(1).to_string(),
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    bash_array(&mut s, "DATA_ARGS", &data);
+    argument_arrays(&mut s, megatron_args, settings.train_iters, model.vocab);
     let _ = writeln!(s);
     let _ = writeln!(
         s,
         "export CUDA_DEVICE_MAX_CONNECTIONS=\"${{CUDA_DEVICE_MAX_CONNECTIONS:-1}}\""
     );
     let _ = writeln!(s, "cd \"${{MEGATRON_PATH}}\"");
-    match launcher {
-        Launcher::Torchrun => {
-            let _ = writeln!(
-                s,
-                "torchrun --nproc_per_node \"${{GPUS_PER_NODE}}\" --nnodes \"${{NNODES}}\" --node_rank \"${{NODE_RANK}}\" \\"
-            );
-            let _ = writeln!(
-                s,
-                "    --master_addr \"${{MASTER_ADDR}}\" --master_port \"${{MASTER_PORT}}\" \\"
-            );
-            let _ = writeln!(
-                s,
-                "    pretrain_gpt.py \"${{MEGATRON_ARGS[@]}}\" \"${{TRIAL_ARGS[@]}}\" \"${{DATA_ARGS[@]}}\" 2>&1 | tee \"${{LOG_FILE}}\""
-            );
-        }
-        Launcher::Srun => {
-            let _ = writeln!(
-                s,
-                "# Megatron-LM reads its rank and the world size from RANK, LOCAL_RANK and WORLD_SIZE."
-            );
-            let _ = writeln!(s, "export MASTER_ADDR MASTER_PORT MEGATRON_PATH");
-            let _ = writeln!(
-                s,
-                "srun --nodes=\"${{NNODES}}\" --ntasks-per-node=\"${{GPUS_PER_NODE}}\" --kill-on-bad-exit=1 \\"
-            );
-            let _ = writeln!(
-                s,
-                "    bash -c 'export RANK=\"${{SLURM_PROCID}}\" LOCAL_RANK=\"${{SLURM_LOCALID}}\" WORLD_SIZE=\"${{SLURM_NTASKS}}\"; exec python \"${{MEGATRON_PATH}}/pretrain_gpt.py\" \"$@\"' \\"
-            );
-            let _ = writeln!(
-                s,
-                "    pretrain_gpt \"${{MEGATRON_ARGS[@]}}\" \"${{TRIAL_ARGS[@]}}\" \"${{DATA_ARGS[@]}}\" 2>&1 | tee \"${{LOG_FILE}}\""
-            );
-        }
-    }
+    launch_lines(&mut s, launcher);
     Ok(s)
 }
 
