@@ -305,41 +305,43 @@ fn torchtitan_trials_run_read_their_logs_and_refit() {
     assert!(stdout.contains("refit on 2 measured run(s)"), "{stdout}");
 }
 
+/// A tiny GPT and its global batch, as plan flags.
+const TINY_GPT: [&str; 12] = [
+    "--hidden",
+    "128",
+    "--heads",
+    "4",
+    "--layers",
+    "4",
+    "--seq-len",
+    "64",
+    "--vocab",
+    "512",
+    "--global-batch",
+    "8",
+];
+
 /// A plan for a tiny GPT on the two-"GPU" CPU cluster, for torchtitan
 /// without torch.compile (what the torch worker runs), in DIR/plan.json.
 fn torch_plan(dir: &Path) -> PathBuf {
     let cluster =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/validate/cpu-cluster.toml");
-    let out = run(
-        dir,
-        &[
-            "plan",
-            "--cluster",
-            cluster.to_str().unwrap(),
-            "--engine",
-            "torchtitan",
-            "--compile",
-            "off",
-            "--cuda-graphs",
-            "off",
-            "--hidden",
-            "128",
-            "--heads",
-            "4",
-            "--layers",
-            "4",
-            "--seq-len",
-            "64",
-            "--vocab",
-            "512",
-            "--global-batch",
-            "8",
-            "--top",
-            "3",
-            "--format",
-            "json",
-        ],
-    );
+    let plan = [
+        "plan",
+        "--cluster",
+        cluster.to_str().unwrap(),
+        "--engine",
+        "torchtitan",
+        "--compile",
+        "off",
+        "--cuda-graphs",
+        "off",
+        "--top",
+        "3",
+        "--format",
+        "json",
+    ];
+    let out = run(dir, &[&plan[..], &TINY_GPT[..]].concat());
     assert_eq!(out.code, Some(0), "{}", out.stderr);
     let path = dir.join("plan.json");
     std::fs::write(&path, &out.stdout).unwrap();
@@ -436,21 +438,7 @@ fn a_measured_cluster_needs_its_measurements() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let empty = d.join("empty-profile");
-    let base = [
-        "plan",
-        "--hidden",
-        "128",
-        "--heads",
-        "4",
-        "--layers",
-        "4",
-        "--seq-len",
-        "64",
-        "--vocab",
-        "512",
-        "--global-batch",
-        "8",
-    ];
+    let base = [&["plan"][..], &TINY_GPT[..]].concat();
     let err = fails(
         d,
         &[

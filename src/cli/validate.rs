@@ -29,7 +29,7 @@ pub fn run(args: &ValidateArgs) -> Result<()> {
     .with_context(|| "the plan's cost model; give --cost-model NAME or FILE")?;
     let out = args.out.clone().unwrap_or_else(|| default_out(&args.plan));
     match args.launch {
-        Some(engine) => super::validate_cluster::run(args, engine, &plan, &out),
+        Some(engine) => super::validate_cluster::run(args, engine, &plan, &cost, &out),
         None => local_trials(args, &plan, &cost, &out),
     }
 }

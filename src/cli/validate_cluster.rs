@@ -5,7 +5,6 @@
 use super::args::{LaunchEngine, Launcher as LauncherArg, ValidateArgs};
 use super::measure::check_writable;
 use super::render::emit;
-use super::resolve;
 use anyhow::{Result, bail};
 use paratune::coefficients::CostModel;
 use paratune::plan_file::PlanFile;
@@ -15,9 +14,15 @@ use paratune::validate::torch_launch::{self, TorchSettings, TrialDevice};
 use paratune::validate::torchtitan_launch::{TorchtitanBase, TorchtitanSettings};
 use std::path::Path;
 
-pub fn run(args: &ValidateArgs, engine: LaunchEngine, plan: &PlanFile, out: &Path) -> Result<()> {
+pub fn run(
+    args: &ValidateArgs,
+    engine: LaunchEngine,
+    plan: &PlanFile,
+    prior: &CostModel,
+    out: &Path,
+) -> Result<()> {
     // The base is checked before anything is written.
-    let cluster = cluster_of(args, engine, plan)?;
+    let cluster = cluster_of(args, engine, plan, prior)?;
     check_writable(out, "--out")?;
     let settings = LoopSettings {
         top: args.top,
@@ -25,15 +30,19 @@ pub fn run(args: &ValidateArgs, engine: LaunchEngine, plan: &PlanFile, out: &Pat
         timeout: super::measure::timeout(args.timeout)?,
         dry_run: args.dry_run,
     };
-    let prior = plan_cost_model(args, plan)?;
-    let report = run_loop(plan, &prior, &cluster, settings, out, &mut |line| {
+    let report = run_loop(plan, prior, &cluster, settings, out, &mut |line| {
         eprintln!("{line}")
     })?;
     emit(&report)
 }
 
 /// The engine the flags name, with its settings.
-fn cluster_of(args: &ValidateArgs, engine: LaunchEngine, plan: &PlanFile) -> Result<Cluster> {
+fn cluster_of(
+    args: &ValidateArgs,
+    engine: LaunchEngine,
+    plan: &PlanFile,
+    prior: &CostModel,
+) -> Result<Cluster> {
     let launcher = match args.launcher {
         LauncherArg::Torchrun => Launcher::Torchrun,
         LauncherArg::Srun => Launcher::Srun,
@@ -59,13 +68,17 @@ fn cluster_of(args: &ValidateArgs, engine: LaunchEngine, plan: &PlanFile) -> Res
                 train_iters,
             })
         }
-        LaunchEngine::Torch => Cluster::Torch(Box::new(torch_settings(args, plan)?)),
+        LaunchEngine::Torch => Cluster::Torch(Box::new(torch_settings(args, plan, prior)?)),
     })
 }
 
 /// `--launch torch`'s settings: the ranks (the plan's GPU count unless
 /// given, at most two per core), the device and precision.
-fn torch_settings(args: &ValidateArgs, plan: &PlanFile) -> Result<TorchSettings> {
+fn torch_settings(
+    args: &ValidateArgs,
+    plan: &PlanFile,
+    prior: &CostModel,
+) -> Result<TorchSettings> {
     let ranks = args.ranks.unwrap_or(plan.gpus);
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get() as u64);
     if ranks > torch_launch::max_ranks(cores) {
@@ -99,14 +112,6 @@ fn torch_settings(args: &ValidateArgs, plan: &PlanFile) -> Result<TorchSettings>
                 .flatten()
                 .map(|bytes| bytes / ranks as f64)
         }),
-        cost: plan_cost_model(args, plan)?,
+        cost: prior.clone(),
     })
-}
-
-/// The plan's cost model, or `--cost-model`'s.
-fn plan_cost_model(args: &ValidateArgs, plan: &PlanFile) -> Result<CostModel> {
-    resolve::cost_model(
-        Some(args.cost_model.as_deref().unwrap_or(&plan.cost_model)),
-        &plan.nodes.gpu.name,
-    )
 }

@@ -110,17 +110,14 @@ fn device_memory(device: &super::DeviceProfile, gpus_per_node: u64) -> Option<f6
 }
 
 /// Per-device bus bandwidth of the largest all-reduce measured across
-/// exactly `ranks` devices: what a ring moves per device per second,
-/// `2 (n - 1) / n · bytes / seconds`, as nccl-tests reports it.
+/// exactly `ranks` devices: what a ring moves per device per second, as
+/// nccl-tests reports it (the point's `busbw`).
 pub fn measured_link(points: &[CollectivePoint], ranks: u64) -> Option<Bandwidth> {
     points
         .iter()
         .filter(|p| p.op == CollectiveOp::AllReduce && p.ranks == ranks && ranks > 1)
         .max_by(|a, b| a.bytes.total_cmp(&b.bytes))
-        .map(|p| {
-            let n = ranks as f64;
-            Bandwidth(2.0 * (n - 1.0) / n * p.bytes / p.seconds)
-        })
+        .map(|p| Bandwidth(p.busbw * 1e9))
 }
 
 #[cfg(test)]

@@ -10,7 +10,9 @@ use super::launch::{LaunchError, LaunchSettings, ScriptOutcome, write_launch_scr
 use super::local::{self, job_of};
 use super::megatron_log::{self, DEFAULT_WARMUP, ROW_COLUMNS};
 use super::refit::{self, HeldOut};
-use super::torch_launch::{self, TorchSettings, TorchTrial, TrialJob, write_torch_scripts};
+use super::torch_launch::{
+    self, TorchSettings, TorchTrial, TrialDevice, TrialJob, write_torch_scripts,
+};
 use super::torchtitan_launch::{
     TorchtitanBase, TorchtitanSettings, torchtitan_script, write_torchtitan_scripts,
 };
@@ -250,7 +252,9 @@ pub fn run_loop(
     progress: &mut dyn FnMut(&str),
 ) -> Result<String, ClusterTrialError> {
     let mut report = String::new();
-    if matches!(cluster, Cluster::Torch(_)) {
+    if let Cluster::Torch(settings) = cluster
+        && settings.device == TrialDevice::Cpu
+    {
         report.push_str(&contention_note(plan));
     }
     let history_path = out.join("runs-history.csv");

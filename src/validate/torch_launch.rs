@@ -578,8 +578,6 @@ pub const ROW_COLUMNS: [&str; 40] = [
     "overlap_param_gather",
     "tp_comm_overlap",
     "cuda_graphs",
-    "compile",
-    "bpipe",
     "stage_order",
     "layers",
     "seq_len",
@@ -591,16 +589,18 @@ pub const ROW_COLUMNS: [&str; 40] = [
     "sequence_parallel",
     "schedule",
     "virtual_stages",
+    "bpipe",
     "attention",
     "optimizer_sharding",
+    "iter_ms",
     "dropout",
     "engine",
+    "compile",
     "ac_frequency",
     "dp_shard",
-    "iter_ms",
-    "iter_ms_mean",
     "peak_allocated_gib",
     "memory_rank",
+    "iter_ms_mean",
     "steady_iterations",
     "source_log",
 ];
@@ -643,8 +643,6 @@ impl TorchTrial {
             on_off(c.overlap_param_gather),
             on_off(c.tp_comm_overlap),
             on_off(c.cuda_graphs),
-            on_off(c.compile),
-            on_off(c.bpipe),
             c.stage_order.name().to_string(),
             m.layers.to_string(),
             m.seq_len.to_string(),
@@ -656,16 +654,18 @@ impl TorchTrial {
             on_off(c.sequence_parallel),
             c.schedule.name().to_string(),
             c.virtual_stages.to_string(),
+            on_off(c.bpipe),
             c.attention.name().to_string(),
             c.optimizer_sharding.name().to_string(),
+            format!("{:.3}", self.median_ms),
             on_off(m.dropout),
             c.engine.name().to_string(),
+            on_off(c.compile),
             c.ac_frequency.to_string(),
             optional(c.dp_shard),
-            format!("{:.3}", self.median_ms),
-            format!("{:.3}", self.mean_ms),
             format!("{:.6}", self.peak_bytes() / (1u64 << 30) as f64),
             "max".into(),
+            format!("{:.3}", self.mean_ms),
             self.iterations.to_string(),
             source.to_string(),
         ]
@@ -756,19 +756,6 @@ pub fn comm_sweep_job(
     }
 }
 
-/// nccl-tests' bus bandwidth factor: what each rank moves per byte of the
-/// op's size (ring all-reduce 2(n-1)/n, all-gather and reduce-scatter
-/// (n-1)/n, a send 1).
-fn bus_factor(op: crate::profile::CollectiveOp, ranks: u64) -> f64 {
-    use crate::profile::CollectiveOp::*;
-    let n = ranks as f64;
-    match op {
-        AllReduce => 2.0 * (n - 1.0) / n,
-        AllGather | ReduceScatter => (n - 1.0) / n,
-        SendRecv => 1.0,
-    }
-}
-
 #[derive(Deserialize)]
 struct CommReport {
     schema: u32,
@@ -814,7 +801,7 @@ pub fn read_comm(report_dir: &Path) -> Result<Vec<crate::profile::CollectivePoin
                 ranks: p.ranks,
                 bytes: p.bytes,
                 seconds: p.seconds,
-                busbw: bus_factor(op, p.ranks) * p.bytes / p.seconds / 1e9,
+                busbw: crate::measure::bus_factor(op, p.ranks) * p.bytes / p.seconds / 1e9,
             };
             point.check().map_err(bad)?;
             Ok(point)
@@ -1040,6 +1027,7 @@ mod tests {
         let plan = plan(SearchSpace::default());
         let row = trial.row(&plan, &plan.model, &plan.candidates[0].config, "log");
         assert_eq!(row.len(), ROW_COLUMNS.len());
+        crate::runs::assert_row_columns_follow_the_schema(&ROW_COLUMNS);
 
         // A rank that ran other degrees than planned is refused.
         let other = Degrees {
