@@ -185,6 +185,12 @@ coefficients! {
     memory_reserve_fraction: "fraction of capacity", [0.0, 0.5], 0.02, Carries,
         "capacity a plan leaves free for what varies from run to run",
         "a margin over the modelled reserved peak; the fragmentation itself is allocator_fragmentation";
+    moe_load_imbalance: "x mean", [1.0, 4.0], 1.1, Carries,
+        "tokens the busiest expert rank computes, over the mean a balanced router gives it (the experts' GEMMs wait for it)",
+        "GShard and Switch Transformer (Fedus et al., JMLR 2022) train with capacity factors of 1.0-1.25, dropping what a rank receives above the mean times the factor; 1.1 is inside that band, and auxiliary-loss or bias balancing (DeepSeek-V3, 2024) keeps routing near it";
+    cp_overlap: "fraction", [0.0, 1.0], 0.8, Carries,
+        "share of a layer's attention compute under which context parallelism's ring hides its key/value exchange (p2p)",
+        "Ring Attention (Liu et al., ICLR 2024) sends the next key/value block while the current one is attended; Megatron-Core's p2p context parallelism (Transformer Engine) overlaps the same way, the first block's compute having nothing before it";
     compile_elementwise_fraction: "fraction", [0.05, 1.0], 0.6, Carries,
         "share of the element-wise memory traffic left once torch.compile fuses the pointwise kernels",
         "TorchInductor fuses chains of pointwise kernels into one, reading and writing each tensor once (Ansel et al., ASPLOS'24, PyTorch 2: 1.4x mean training speed-up)";

@@ -198,12 +198,87 @@ impl StageOrder {
     }
 }
 
+/// How context-parallel ranks exchange keys and values (Megatron-LM's
+/// `--cp-comm-type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CpComm {
+    /// A ring: each rank passes its key/value chunk on cp - 1 times,
+    /// overlapped with the attention of the chunk it holds (ring attention).
+    #[default]
+    P2p,
+    /// All-to-all of Q, K, V and the output, so that each rank attends over
+    /// the whole sequence for heads / cp of the heads (DeepSpeed-Ulysses).
+    A2a,
+    /// Keys and values all-gathered before the attention, not overlapped.
+    #[serde(rename = "allgather")]
+    AllGather,
+}
+
+impl CpComm {
+    pub const ALL: [CpComm; 3] = [CpComm::P2p, CpComm::A2a, CpComm::AllGather];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            CpComm::P2p => "p2p",
+            CpComm::A2a => "a2a",
+            CpComm::AllGather => "allgather",
+        }
+    }
+}
+
+/// How an MoE layer's tokens reach their experts (Megatron-LM's
+/// `--moe-token-dispatcher-type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Dispatcher {
+    /// Each rank sends each routed token to the rank of its expert.
+    #[default]
+    #[serde(rename = "alltoall")]
+    AllToAll,
+    /// Every rank of the etp x ep group gathers all their tokens and keeps
+    /// those of its own experts; the outputs are reduce-scattered back
+    /// (Megatron-LM's default).
+    #[serde(rename = "allgather")]
+    AllGather,
+}
+
+impl Dispatcher {
+    pub const ALL: [Dispatcher; 2] = [Dispatcher::AllToAll, Dispatcher::AllGather];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Dispatcher::AllToAll => "alltoall",
+            Dispatcher::AllGather => "allgather",
+        }
+    }
+}
+
 /// One parallel training configuration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct ParallelConfig {
     pub tp: u64,
     pub pp: u64,
+    /// Data-parallel replicas of the model, not counting context parallelism
+    /// (Megatron-LM's: world = tp x cp x dp x pp).
     pub dp: u64,
+    /// Context parallelism: the sequence split over `cp` ranks (Megatron-LM's
+    /// `--context-parallel-size`), between tp and dp in the rank order.
+    #[serde(default = "one")]
+    pub cp: u64,
+    #[serde(default)]
+    pub cp_comm: CpComm,
+    /// Expert parallelism: each MoE layer's experts spread over `ep` ranks
+    /// (`--expert-model-parallel-size`), carved out of tp x cp x dp.
+    #[serde(default = "one")]
+    pub ep: u64,
+    /// Expert tensor parallelism: each expert split over `etp` ranks
+    /// (`--expert-tensor-parallel-size`); 1 for a dense model.
+    #[serde(default = "one")]
+    pub etp: u64,
+    /// How an MoE model's tokens reach their experts.
+    #[serde(default)]
+    pub dispatcher: Dispatcher,
     pub micro_batch: u64,
     pub schedule: ScheduleKind,
     /// Model chunks per pipeline rank; 1 unless the schedule is interleaved.
@@ -264,6 +339,10 @@ fn default_ac_frequency() -> u64 {
     2
 }
 
+fn one() -> u64 {
+    1
+}
+
 impl Default for ParallelConfig {
     /// One GPU, one micro-batch, 1F1B, nothing recomputed, sharded or
     /// overlapped, flash attention: the base that configurations are built on.
@@ -272,6 +351,11 @@ impl Default for ParallelConfig {
             tp: 1,
             pp: 1,
             dp: 1,
+            cp: 1,
+            cp_comm: CpComm::P2p,
+            ep: 1,
+            etp: 1,
+            dispatcher: Dispatcher::AllToAll,
             micro_batch: 1,
             schedule: ScheduleKind::OneFOneB,
             virtual_stages: 1,
@@ -298,18 +382,37 @@ impl Default for ParallelConfig {
 impl ParallelConfig {
     /// The data-parallel ranks the sharded state is spread over: all of dp,
     /// or the shard group under hybrid sharding.
+    /// Context-parallel ranks hold the same weights, so they shard the
+    /// state with the data-parallel ones (Megatron-LM's distributed
+    /// optimizer over dp x cp, torchtitan's `dp_shard_cp` mesh).
     pub fn shard_degree(&self) -> u64 {
-        self.dp_shard.unwrap_or(self.dp)
+        self.dp_shard.unwrap_or(self.dp).saturating_mul(self.cp)
     }
 
     /// How many copies of the sharded state there are: 1, or the replicas
     /// under hybrid sharding.
     pub fn replicas(&self) -> u64 {
-        self.dp / self.shard_degree().max(1)
+        self.dp / self.dp_shard.unwrap_or(self.dp).max(1)
     }
 
     pub fn gpus(&self) -> u64 {
-        self.tp.saturating_mul(self.pp).saturating_mul(self.dp)
+        self.tp
+            .saturating_mul(self.pp)
+            .saturating_mul(self.dp)
+            .saturating_mul(self.cp)
+    }
+
+    /// Ranks of one pipeline stage's copy of the dense weights' gradients
+    /// (Megatron-LM's data-parallel group with context parallelism).
+    pub fn dense_sync_degree(&self) -> u64 {
+        self.dp.saturating_mul(self.cp)
+    }
+
+    /// Expert-data parallelism: replicas of each expert shard, the group its
+    /// gradients are synchronised and its optimizer states sharded over
+    /// (tp x cp x dp = etp x ep x edp).
+    pub fn expert_data_parallel(&self) -> u64 {
+        (self.tp * self.cp * self.dp) / (self.etp * self.ep).max(1)
     }
 
     /// Micro-batches each pipeline processes per iteration.
@@ -400,7 +503,14 @@ impl ParallelConfig {
         let rules = [
             (
                 Rule::ZeroDegree,
-                c.tp == 0 || c.pp == 0 || c.dp == 0 || c.micro_batch == 0 || c.virtual_stages == 0,
+                c.tp == 0
+                    || c.pp == 0
+                    || c.dp == 0
+                    || c.cp == 0
+                    || c.ep == 0
+                    || c.etp == 0
+                    || c.micro_batch == 0
+                    || c.virtual_stages == 0,
             ),
             (Rule::GpuCount, c.gpus() != gpus),
             // Megatron-LM runs tensor parallelism over whole nodes too.
@@ -419,6 +529,40 @@ impl ParallelConfig {
             (
                 Rule::FfnNotDivisible,
                 tensor_split_problem(model, c.tp) == Some(Rule::FfnNotDivisible),
+            ),
+            (
+                Rule::ContextNotDivisible,
+                c.cp > 1 && !model.seq_len.is_multiple_of(2 * c.cp),
+            ),
+            (Rule::CpCommWithoutCp, c.cp == 1 && c.cp_comm != CpComm::P2p),
+            (
+                Rule::ContextHeadsNotDivisible,
+                c.cp_comm == CpComm::A2a
+                    && (!model.heads.is_multiple_of(c.tp * c.cp)
+                        || !model.kv_heads.is_multiple_of(c.tp * c.cp)),
+            ),
+            (
+                Rule::ExpertsWithoutMoe,
+                model.moe.is_none()
+                    && (c.ep > 1 || c.etp > 1 || c.dispatcher != Dispatcher::AllToAll),
+            ),
+            (
+                Rule::ExpertsNotDivisible,
+                model.moe.is_some_and(|m| !m.experts.is_multiple_of(c.ep)),
+            ),
+            (
+                Rule::ExpertFfnNotDivisible,
+                model
+                    .moe
+                    .is_some_and(|m| !m.ffn_hidden.is_multiple_of(c.etp)),
+            ),
+            (
+                Rule::ExpertGroupNotDivisible,
+                !(c.tp * c.cp * c.dp).is_multiple_of(c.etp * c.ep),
+            ),
+            (
+                Rule::MoeTpWithoutSp,
+                model.moe.is_some() && c.tp > 1 && !c.sequence_parallel,
             ),
             (
                 Rule::BatchNotDivisible,
@@ -454,9 +598,13 @@ impl ParallelConfig {
                     == Some(Rule::SequenceParallelWithoutTp),
             ),
             (
+                // Each context-parallel rank's share of the sequence is split
+                // again over tp.
                 Rule::SequenceNotSplit,
                 sequence_split_problem(model, c.tp, c.sequence_parallel)
-                    == Some(Rule::SequenceNotSplit),
+                    == Some(Rule::SequenceNotSplit)
+                    || (c.sequence_parallel
+                        && !(model.seq_len / c.cp.max(1)).is_multiple_of(c.tp.max(1))),
             ),
             (
                 Rule::BpipeSchedule,
@@ -602,6 +750,24 @@ pub enum Rule {
     /// Hybrid sharding: a shard group that divides dp and is smaller than
     /// it, of a sharded torchtitan configuration.
     HybridSharding,
+    /// Context parallelism splits the sequence into 2 cp chunks (each rank
+    /// takes one from each end, balancing the causal mask).
+    ContextNotDivisible,
+    /// A key/value exchange chosen without context parallelism.
+    CpCommWithoutCp,
+    /// All-to-all context parallelism splits the heads over tp x cp.
+    ContextHeadsNotDivisible,
+    /// Expert parallelism on a model without experts.
+    ExpertsWithoutMoe,
+    /// ep must divide the experts.
+    ExpertsNotDivisible,
+    /// etp must divide an expert's MLP width.
+    ExpertFfnNotDivisible,
+    /// etp x ep must divide tp x cp x dp (the ranks the experts are laid on).
+    ExpertGroupNotDivisible,
+    /// Megatron-Core runs MoE layers under tensor parallelism only with
+    /// sequence parallelism.
+    MoeTpWithoutSp,
 }
 
 impl Rule {
@@ -634,6 +800,14 @@ impl Rule {
             Rule::CompileWithoutTorchtitan => "torch.compile needs the torchtitan engine",
             Rule::EngineCannotRun => "a switch torchtitan cannot run",
             Rule::HybridSharding => "a hybrid-sharding group that cannot be",
+            Rule::ContextNotDivisible => "sequence not divisible by 2 x cp",
+            Rule::CpCommWithoutCp => "a context-parallel exchange without cp",
+            Rule::ContextHeadsNotDivisible => "all-to-all cp needs tp x cp to divide the heads",
+            Rule::ExpertsWithoutMoe => "expert parallelism on a dense model",
+            Rule::ExpertsNotDivisible => "experts not divisible by ep",
+            Rule::ExpertFfnNotDivisible => "expert ffn hidden not divisible by etp",
+            Rule::ExpertGroupNotDivisible => "etp x ep does not divide tp x cp x dp",
+            Rule::MoeTpWithoutSp => "MoE with tp needs sequence parallelism",
         }
     }
 
@@ -677,8 +851,17 @@ impl Rule {
     ) -> String {
         match self {
             Rule::ZeroDegree => {
-                "tp, pp, dp, micro-batch and virtual stages must all be at least 1".into()
+                "tp, pp, dp, cp, ep, etp, micro-batch and virtual stages must all be at least 1"
+                    .into()
             }
+            Rule::GpuCount if c.cp > 1 => format!(
+                "tp x cp x pp x dp = {} x {} x {} x {} = {} but the job has {gpus} GPUs; make the product equal",
+                c.tp,
+                c.cp,
+                c.pp,
+                c.dp,
+                c.gpus()
+            ),
             Rule::GpuCount => format!(
                 "tp x pp x dp = {} x {} x {} = {} but the job has {gpus} GPUs; make the product equal",
                 c.tp,
@@ -771,6 +954,49 @@ impl Rule {
                 c.dp_shard.unwrap_or(0),
                 c.dp
             ),
+            Rule::ContextNotDivisible => format!(
+                "cp {} must split the sequence {} into 2 x cp equal chunks (Megatron-LM balances the causal mask so); pick a cp with seq_len divisible by {}",
+                c.cp,
+                model.seq_len,
+                2 * c.cp
+            ),
+            Rule::CpCommWithoutCp => format!(
+                "--cp-comm {} needs cp >= 2; leave it out with cp 1",
+                c.cp_comm.name()
+            ),
+            Rule::ContextHeadsNotDivisible => format!(
+                "--cp-comm a2a splits the heads over tp x cp = {}, which must divide heads ({}) and kv heads ({}); use --cp-comm p2p or a smaller cp",
+                c.tp * c.cp,
+                model.heads,
+                model.kv_heads
+            ),
+            Rule::ExpertsWithoutMoe => format!(
+                "model `{}` has no experts, so ep {} / etp {} / --moe-dispatcher {} mean nothing; leave them out, or give the model experts (--experts)",
+                model.name,
+                c.ep,
+                c.etp,
+                c.dispatcher.name()
+            ),
+            Rule::ExpertsNotDivisible => format!(
+                "ep {} must divide the {} experts; pick an ep that divides them",
+                c.ep,
+                model.moe.map_or(0, |m| m.experts)
+            ),
+            Rule::ExpertFfnNotDivisible => format!(
+                "etp {} must divide the expert ffn hidden {}; pick an etp that divides it",
+                c.etp,
+                model.moe.map_or(0, |m| m.ffn_hidden)
+            ),
+            Rule::ExpertGroupNotDivisible => format!(
+                "etp x ep = {} x {} must divide tp x cp x dp = {} (the ranks of a pipeline stage the experts are spread over); change --ep or --etp",
+                c.etp,
+                c.ep,
+                c.tp * c.cp * c.dp
+            ),
+            Rule::MoeTpWithoutSp => format!(
+                "MoE layers with tp {} need --sequence-parallel on (Megatron-Core refuses MoE with tensor parallelism otherwise)",
+                c.tp
+            ),
         }
     }
 }
@@ -781,12 +1007,16 @@ impl fmt::Display for ParallelConfig {
     /// stages' layers (`first=7 last=7`), the overlaps Megatron-LM runs
     /// (`overlap=grad,param,tp`), `graphs=on`, `order=bpipe-pairs`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "tp{} pp{} dp{} ", self.tp, self.pp, self.dp)?;
+        if self.cp > 1 {
+            write!(f, "cp{} ", self.cp)?;
+        }
+        if self.ep > 1 || self.etp > 1 {
+            write!(f, "ep{} etp{} ", self.ep, self.etp)?;
+        }
         write!(
             f,
-            "tp{} pp{} dp{} mb{} {}{} rc={} sp={} shard={} bpipe={} attn={}",
-            self.tp,
-            self.pp,
-            self.dp,
+            "mb{} {}{} rc={} sp={} shard={} bpipe={} attn={}",
             self.micro_batch,
             self.schedule.name(),
             if self.virtual_stages > 1 {
@@ -826,6 +1056,12 @@ impl fmt::Display for ParallelConfig {
         }
         if let Some(shard) = self.dp_shard {
             write!(f, " hsdp={}x{shard}", self.replicas())?;
+        }
+        if self.cp_comm != CpComm::P2p {
+            write!(f, " cp-comm={}", self.cp_comm.name())?;
+        }
+        if self.dispatcher != Dispatcher::AllToAll {
+            write!(f, " dispatch={}", self.dispatcher.name())?;
         }
         if self.recompute == Recompute::SelectiveLayer {
             write!(f, " every={}", self.ac_frequency)?;

@@ -47,6 +47,38 @@ pub struct MemoryRowError {
     /// Whether the prediction says it fits the GPU (at the datasheet
     /// capacity, or the memory limit given); the measured run ran, so it did.
     pub predicted_fits: bool,
+    pub kind: RunKind,
+}
+
+/// What a run exercises beyond a dense model, for figures by kind: the
+/// parts of the model that are checked separately.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RunKind {
+    Dense,
+    ContextParallel,
+    /// A mixture of experts (with or without context parallelism).
+    Experts,
+}
+
+impl RunKind {
+    pub fn of(run: &Run) -> RunKind {
+        if run.model.moe.is_some() {
+            RunKind::Experts
+        } else if run.config.cp > 1 {
+            RunKind::ContextParallel
+        } else {
+            RunKind::Dense
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            RunKind::Dense => "dense",
+            RunKind::ContextParallel => "context-parallel",
+            RunKind::Experts => "mixture of experts",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -120,6 +152,7 @@ pub fn evaluate_with<'a>(runs: &[Run], setting: impl Fn(&Run) -> Setting<'a>) ->
                 predicted_reserved,
                 measured_reserved: measured.reserved,
                 predicted_fits: prediction.fits,
+                kind: RunKind::of(run),
             });
         }
     }
@@ -159,6 +192,9 @@ pub struct MemorySummary {
     /// Rows predicted not to fit that ran.
     pub wrong_fits: usize,
     pub wrong_fits_lines: Vec<usize>,
+    /// The allocated peaks' figures per kind of run, when there are
+    /// several kinds.
+    pub allocated_by_kind: Vec<(RunKind, Figures)>,
 }
 
 /// MAPE, median, 90th percentile and worst of relative errors.
@@ -219,12 +255,35 @@ impl Evaluation {
             .filter(|r| !r.predicted_fits)
             .map(|r| r.line)
             .collect();
+        let mut kinds: Vec<RunKind> = self.memory.iter().map(|r| r.kind).collect();
+        kinds.sort();
+        kinds.dedup();
+        let allocated_by_kind = if kinds.len() < 2 {
+            Vec::new()
+        } else {
+            kinds
+                .into_iter()
+                .filter_map(|kind| {
+                    let of_kind: Vec<(usize, f64, f64)> = self
+                        .memory
+                        .iter()
+                        .filter(|r| r.kind == kind)
+                        .filter_map(|r| {
+                            r.measured_allocated
+                                .map(|m| (r.line, r.predicted_allocated, m))
+                        })
+                        .collect();
+                    figures_of(&of_kind).map(|f| (kind, f))
+                })
+                .collect()
+        };
         MemorySummary {
             rows: self.memory.len(),
             allocated: figures_of(&allocated),
             reserved: figures_of(&reserved),
             wrong_fits: wrong.len(),
             wrong_fits_lines: wrong,
+            allocated_by_kind,
         }
     }
 }

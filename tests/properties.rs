@@ -98,6 +98,8 @@ fn synthetic_model() -> impl Strategy<Value = ModelSpec> {
                     tied_embeddings: tied,
                     learned_positions: learned,
                     dropout: learned,
+                    head_dim_override: None,
+                    moe: None,
                     attention: if flash {
                         AttentionKind::Flash
                     } else {
@@ -317,6 +319,7 @@ fn build(model: ModelSpec, cost: CostModel, p: Picks) -> Case {
                 && engine == Engine::Torchtitan
                 && optimizer_sharding != OptimizerSharding::None
         }),
+        ..ParallelConfig::default()
     };
     Case {
         group: builtin_node(GPUS[p.gpu], gpus.div_ceil(8)).unwrap(),
@@ -377,7 +380,30 @@ fn expected_params_over_stages(model: &ModelSpec, c: &ParallelConfig) -> f64 {
     } else {
         0.0
     };
-    (model.total_params() - replicated + second_copy) / c.tp as f64 + replicated
+    // An MoE layer's routed experts are split over etp x ep instead, and
+    // its router is whole on every rank.
+    let (experts, router) = match (model.moe_layer_params(), model.moe) {
+        (Some((experts, _)), Some(moe)) => {
+            let layers = model.moe_layers() as f64;
+            (
+                layers * experts,
+                layers * (moe.experts * model.hidden) as f64,
+            )
+        }
+        _ => (0.0, 0.0),
+    };
+    let dense = model.total_params() - replicated - experts - router + second_copy;
+    dense / c.tp as f64 + replicated + router + expert_params_over_stages(model, c)
+}
+
+/// The routed experts' parameters one rank holds over all stages.
+fn expert_params_over_stages(model: &ModelSpec, c: &ParallelConfig) -> f64 {
+    match (model.moe_layer_params(), model.moe) {
+        (Some((experts, _)), Some(_)) => {
+            model.moe_layers() as f64 * experts / (c.ep * c.etp) as f64
+        }
+        _ => 0.0,
+    }
 }
 
 proptest! {
@@ -450,7 +476,7 @@ proptest! {
         let stages = memory_per_stage(&case.scenario(), c);
         prop_assert_eq!(stages.len() as u64, c.pp);
         // Sharded over all of dp, or over the group hybrid sharding names.
-        let d = c.dp_shard.unwrap_or(c.dp) as f64;
+        let d = c.shard_degree() as f64;
         // torchtitan's FSDP shards its fp32 parameters and gradients for
         // either sharding; Megatron-LM's distributed optimizer only the
         // optimizer states.
@@ -469,10 +495,22 @@ proptest! {
                 (k.optimizer_bytes_per_param - 2.0 * k.weight_bytes_per_param).max(0.0),
             ),
         };
+        // The experts' state is sharded over their expert-data-parallel group.
         let params = expected_params_over_stages(&case.model, c);
-        let expected = params
+        let experts = expert_params_over_stages(&case.model, c);
+        let e = c.expert_data_parallel() as f64;
+        let (expert_state_shards, expert_optimizer_shards) =
+            match (c.optimizer_sharding, c.engine) {
+                (OptimizerSharding::None, _) => (1.0, 1.0),
+                (OptimizerSharding::OptimizerStates, Engine::Megatron) => (1.0, e),
+                _ => (e, e),
+            };
+        let expected = (params - experts)
             * ((weights + k.gradient_bytes_per_param) / state_shards
-                + optimizer / optimizer_shards);
+                + optimizer / optimizer_shards)
+            + experts
+                * ((weights + k.gradient_bytes_per_param) / expert_state_shards
+                    + optimizer / expert_optimizer_shards);
         let got: f64 = stages
             .iter()
             .map(|m| m.weights + m.gradients + m.optimizer_states)

@@ -330,7 +330,7 @@ fn features_paratune_cannot_describe_are_refused() {
         &[
             FSDP8,
             "context parallelism (context_parallel_degree 2)",
-            "measure with context_parallel_degree = 1",
+            "write the run as a CSV row with its cp column",
         ],
     );
     let float8 = edited(

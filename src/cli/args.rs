@@ -179,6 +179,27 @@ pub struct ModelArgs {
     /// Dropout on attention and hidden states (GPT's default; Llama trains without): on/off.
     #[arg(long)]
     pub dropout: Option<String>,
+    /// Width of one attention head, where it is not hidden / heads.
+    #[arg(long, value_parser = count(1 << 16), allow_negative_numbers = true)]
+    pub head_dim: Option<u64>,
+    /// A mixture of experts: routed experts per MoE layer (Megatron-LM's --num-experts).
+    #[arg(long, value_parser = count(1 << 16), allow_negative_numbers = true)]
+    pub experts: Option<u64>,
+    /// Experts each token is routed to (--moe-router-topk; default 2).
+    #[arg(long, value_parser = count(1 << 16), allow_negative_numbers = true)]
+    pub moe_topk: Option<u64>,
+    /// Width of one routed expert's MLP (--moe-ffn-hidden-size; default --ffn-hidden).
+    #[arg(long, value_parser = count(1 << 22), allow_negative_numbers = true)]
+    pub moe_ffn_hidden: Option<u64>,
+    /// Shared experts, each --moe-ffn-hidden wide (DeepSeek's always-on experts).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(0..=1024))]
+    pub shared_experts: Option<u64>,
+    /// Leading layers that keep a dense MLP (DeepSeek-V3's first three).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(0..=65536))]
+    pub dense_layers: Option<u64>,
+    /// After them, every N-th layer has experts (--moe-layer-freq; default 1).
+    #[arg(long, value_parser = count(1 << 16), allow_negative_numbers = true)]
+    pub moe_layer_freq: Option<u64>,
 }
 
 /// Where to train.
@@ -334,6 +355,23 @@ pub struct SpaceArgs {
     /// replicated over the rest (default: all of dp, and within a node's ranks).
     #[arg(long, value_delimiter = ',', value_parser = count(1 << 20))]
     pub dp_shard: Option<Vec<u64>>,
+    /// Context-parallel degree(s): the sequence split over N ranks (Megatron-LM's
+    /// --context-parallel-size; searched from 8K tokens when not given).
+    #[arg(long, value_delimiter = ',', value_parser = count(1 << 16), allow_negative_numbers = true)]
+    pub cp: Option<Vec<u64>>,
+    /// How context-parallel ranks exchange keys and values: p2p (ring, default), a2a, allgather.
+    #[arg(long, value_delimiter = ',')]
+    pub cp_comm: Option<Vec<String>>,
+    /// Expert-parallel degree(s) of an MoE model (--expert-model-parallel-size).
+    #[arg(long, value_delimiter = ',', value_parser = count(1 << 16), allow_negative_numbers = true)]
+    pub ep: Option<Vec<u64>>,
+    /// Expert-tensor-parallel degree(s) (--expert-tensor-parallel-size; searched: 1 and tp).
+    #[arg(long, value_delimiter = ',', value_parser = count(1 << 16), allow_negative_numbers = true)]
+    pub etp: Option<Vec<u64>>,
+    /// How an MoE layer's tokens reach their experts: alltoall, allgather
+    /// (--moe-token-dispatcher-type; searched: both).
+    #[arg(long, value_delimiter = ',')]
+    pub moe_dispatcher: Option<Vec<String>>,
     /// Run tables: the rank whose memory a table's peak_allocated_gib/peak_reserved_gib
     /// columns hold when it has no memory_rank column: max (default), or last (Megatron-LM's
     /// TensorBoard and CI golden values come from the last rank).

@@ -97,12 +97,25 @@ pub fn plan(args: &PlanArgs) -> Result<()> {
                 plan_profile_usage(&mut out, profile, &job, &cost, &result);
             }
             let band = cost.uncertainty().map(|u| u.p90);
-            let _ = writeln!(out, "\n{}", render::ranking_header(band.is_some()));
-            for (i, c) in result.candidates.iter().take(args.top).enumerate() {
+            let shown = result.candidates.iter().take(args.top);
+            let columns = render::RankingColumns {
+                band: band.is_some(),
+                context_and_experts: job.model.moe.is_some()
+                    || shown.clone().any(|c| c.config.cp > 1),
+            };
+            let _ = writeln!(out, "\n{}", render::ranking_header(columns));
+            for (i, c) in shown.enumerate() {
                 let _ = writeln!(
                     out,
                     "{}",
-                    render::ranking_row(i + 1, &c.config, job.model.layers, &c.prediction, band)
+                    render::ranking_row(
+                        i + 1,
+                        &c.config,
+                        job.model.layers,
+                        &c.prediction,
+                        band,
+                        columns
+                    )
                 );
             }
             explain_winner(&mut out, &job, &cost, &result, args.top);
@@ -794,6 +807,18 @@ fn memory_lines(out: &mut String, m: &paratune::evaluate::MemorySummary) {
                 f.worst_error * 100.0
             );
         }
+    }
+    for (kind, f) in &m.allocated_by_kind {
+        let _ = writeln!(
+            out,
+            "    {}: {} rows, MAPE {}, median {}, worst line {} ({:+.1}%)",
+            kind.name(),
+            f.rows,
+            percent(f.mape),
+            percent(f.median_ape),
+            f.worst_line,
+            f.worst_error * 100.0
+        );
     }
     let _ = writeln!(
         out,

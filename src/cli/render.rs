@@ -33,14 +33,36 @@ pub fn percent(x: f64) -> String {
     format!("{:.1}%", x * 100.0)
 }
 
+/// Which optional columns the ranking table shows.
+#[derive(Debug, Clone, Copy)]
+pub struct RankingColumns {
+    /// The cost model's 90% band of the iteration time.
+    pub band: bool,
+    /// Context and expert parallelism (shown when a model has experts or
+    /// a candidate splits the sequence).
+    pub context_and_experts: bool,
+}
+
+/// The cp and ep/etp cells, inserted after dp when shown.
+fn degrees_cells(c: Option<&ParallelConfig>, columns: RankingColumns) -> String {
+    if !columns.context_and_experts {
+        return String::new();
+    }
+    match c {
+        None => format!(" {:>3} {:>7}", "cp", "ep/etp"),
+        Some(c) => format!(" {:>3} {:>7}", c.cp, format!("{}/{}", c.ep, c.etp)),
+    }
+}
+
 /// Header and cells of the ranking table.
-pub fn ranking_header(with_band: bool) -> String {
+pub fn ranking_header(columns: RankingColumns) -> String {
+    let with_band = columns.band;
     let header = format!(
         "{:>4} {:>3} {:>3} {:>5} {:>4} {:<16} {:<9} {:>3} {:<19} {:>5} {:<9} {:<12} {:>6} {:>9} {:>11} {:>7} {:>6} {:>12}",
         "#",
         "tp",
         "pp",
-        "dp",
+        format!("{:>5}{}", "dp", degrees_cells(None, columns)),
         "mb",
         "schedule",
         "recompute",
@@ -119,13 +141,14 @@ pub fn ranking_row(
     layers: u64,
     p: &Prediction,
     band: Option<f64>,
+    columns: RankingColumns,
 ) -> String {
     let row = format!(
         "{:>4} {:>3} {:>3} {:>5} {:>4} {:<16} {:<9} {:>3} {:<19} {:>5} {:<9} {:<12} {:>6} {:>9} {:>11} {:>7.1} {:>6} {:>12}",
         rank,
         c.tp,
         c.pp,
-        c.dp,
+        format!("{:>5}{}", c.dp, degrees_cells(Some(c), columns)),
         c.micro_batch,
         schedule_name(c),
         c.recompute.name(),

@@ -8,10 +8,11 @@ use paratune::coefficients::{
     CostModel, builtin_cost_model, builtin_cost_model_names, default_cost_model, parse_cost_model,
 };
 use paratune::config::{
-    Engine, OptimizerSharding, ParallelConfig, Recompute, Rule, ScheduleKind, StageOrder,
+    CpComm, Dispatcher, Engine, OptimizerSharding, ParallelConfig, Recompute, Rule, ScheduleKind,
+    StageOrder,
 };
 use paratune::model::{
-    AttentionKind, ModelSpec, builtin_model, builtin_model_names, load_model_file,
+    AttentionKind, ModelSpec, MoeSpec, builtin_model, builtin_model_names, load_model_file,
 };
 use paratune::runs::{MemoryRank, RowDefaults, Run, RunTable, parse_choice, parse_switch};
 use paratune::search::{Job, SearchSpace};
@@ -78,8 +79,69 @@ pub fn model(args: &ModelArgs) -> Result<ModelSpec> {
     if let Some(text) = &args.tied_embeddings {
         model.tied_embeddings = parse_switch("--tied-embeddings", text).map_err(|e| anyhow!(e))?;
     }
-    model.check().map_err(|e| anyhow!(e))?;
+    if let Some(width) = args.head_dim {
+        model.head_dim_override = Some(width);
+    }
+    apply_moe_flags(args, &mut model)?;
+    model.check().map_err(|e| anyhow!(flag_names(&e)))?;
     Ok(model)
+}
+
+/// The mixture-of-experts flags: `--experts` makes the model one (with
+/// Megatron-LM's defaults for the rest), the others change the model's
+/// experts and need it to have some.
+fn apply_moe_flags(args: &ModelArgs, model: &mut ModelSpec) -> Result<()> {
+    if let Some(experts) = args.experts {
+        let mut moe = model.moe.unwrap_or(MoeSpec {
+            experts,
+            topk: 2,
+            ffn_hidden: model.ffn_hidden,
+            shared_ffn_hidden: 0,
+            dense_layers: 0,
+            layer_freq: 1,
+        });
+        moe.experts = experts;
+        model.moe = Some(moe);
+    }
+    let given = [
+        ("--moe-topk", args.moe_topk.is_some()),
+        ("--moe-ffn-hidden", args.moe_ffn_hidden.is_some()),
+        ("--shared-experts", args.shared_experts.is_some()),
+        ("--dense-layers", args.dense_layers.is_some()),
+        ("--moe-layer-freq", args.moe_layer_freq.is_some()),
+    ];
+    let Some(moe) = model.moe.as_mut() else {
+        if let Some((flag, _)) = given.iter().find(|(_, on)| *on) {
+            bail!(
+                "{flag} needs a mixture of experts, and model `{}` is dense: add --experts N (routed experts per MoE layer) or leave {flag} out",
+                model.name
+            );
+        }
+        return Ok(());
+    };
+    if let Some(topk) = args.moe_topk {
+        moe.topk = topk;
+    }
+    if let Some(width) = args.moe_ffn_hidden {
+        moe.ffn_hidden = width;
+    }
+    if let Some(shared) = args.shared_experts {
+        moe.shared_ffn_hidden = shared * moe.ffn_hidden;
+    }
+    if let Some(dense) = args.dense_layers {
+        moe.dense_layers = dense;
+    }
+    if let Some(freq) = args.moe_layer_freq {
+        moe.layer_freq = freq;
+    }
+    Ok(())
+}
+
+/// A model check's field names as this CLI's flags.
+fn flag_names(message: &str) -> String {
+    message
+        .replace("moe_topk (", "--moe-topk (")
+        .replace("dense_layers (", "--dense-layers (")
 }
 
 /// The node group and the number of GPUs the job uses.
@@ -375,6 +437,19 @@ pub fn space(args: &SpaceArgs) -> Result<SearchSpace> {
         compile: switches("--compile", &args.compile)?,
         ac_frequency: positive("--ac-frequency", &args.ac_frequency)?,
         dp_shard: positive("--dp-shard", &args.dp_shard)?,
+        cp: positive("--cp", &args.cp)?,
+        cp_comm: choices(
+            "--cp-comm",
+            &args.cp_comm,
+            &CpComm::ALL.map(|k| (k.name(), k)),
+        )?,
+        ep: positive("--ep", &args.ep)?,
+        etp: positive("--etp", &args.etp)?,
+        dispatcher: choices(
+            "--moe-dispatcher",
+            &args.moe_dispatcher,
+            &Dispatcher::ALL.map(|k| (k.name(), k)),
+        )?,
     };
     check_engine_choices(&space)?;
     Ok(space)
@@ -438,24 +513,32 @@ pub fn single_config(args: &SpaceArgs, job: &Job) -> Result<ParallelConfig> {
     let space = space(args)?;
     let tp = single("--tp", &space.tp, 1)?;
     let pp = single("--pp", &space.pp, 1)?;
+    let cp = single("--cp", &space.cp, 1)?;
     let gpus = job.gpus;
+    // The model-parallel product, as the messages name it.
+    let (product, named) = if cp > 1 {
+        (tp * pp * cp, format!("--tp {tp} x --pp {pp} x --cp {cp}"))
+    } else {
+        (tp * pp, format!("--tp {tp} x --pp {pp}"))
+    };
     let dp = match single("--dp", &space.dp, 0)? {
-        0 if !gpus.is_multiple_of(tp * pp) => bail!(
-            "--tp {tp} x --pp {pp} = {} does not divide the job's {gpus} GPUs; pick --tp and --pp whose product divides {gpus}",
-            tp * pp
+        0 if !gpus.is_multiple_of(product) => bail!(
+            "{named} = {product} does not divide the job's {gpus} GPUs; pick degrees whose product divides {gpus}"
         ),
-        0 => gpus / (tp * pp),
-        dp if tp * pp * dp != gpus => bail!(
-            "--tp {tp} x --pp {pp} x --dp {dp} = {} but the job has {gpus} GPUs; make the product {gpus}{}",
-            tp * pp * dp,
-            if gpus.is_multiple_of(tp * pp) {
-                format!(" (--dp {})", gpus / (tp * pp))
+        0 => gpus / product,
+        dp if product * dp != gpus => bail!(
+            "{named} x --dp {dp} = {} but the job has {gpus} GPUs; make the product {gpus}{}",
+            product * dp,
+            if gpus.is_multiple_of(product) {
+                format!(" (--dp {})", gpus / product)
             } else {
                 " (or change --nodes/--gpus)".to_string()
             }
         ),
         dp => dp,
     };
+    // An MoE model's experts default to Megatron-LM's: ep 1, etp = tp.
+    let moe_etp = if job.model.moe.is_some() { tp } else { 1 };
     let schedule = single("--schedule", &space.schedule, ScheduleKind::OneFOneB)?;
     let virtual_stages = single("--virtual-stages", &space.virtual_stages, 1)?;
     if schedule == ScheduleKind::Interleaved && space.virtual_stages.is_none() {
@@ -490,6 +573,11 @@ pub fn single_config(args: &SpaceArgs, job: &Job) -> Result<ParallelConfig> {
         compile: single("--compile", &space.compile, false)?,
         ac_frequency: single("--ac-frequency", &space.ac_frequency, 2)?,
         dp_shard: single_optional("--dp-shard", &space.dp_shard)?,
+        cp,
+        cp_comm: single("--cp-comm", &space.cp_comm, CpComm::P2p)?,
+        ep: single("--ep", &space.ep, 1)?,
+        etp: single("--etp", &space.etp, moe_etp)?,
+        dispatcher: single("--moe-dispatcher", &space.dispatcher, Dispatcher::AllToAll)?,
     };
     // A group of all of dp is plain sharding.
     if config.dp_shard == Some(config.dp) {

@@ -184,9 +184,57 @@ pub fn tensor_parallel_span(s: &Scenario, c: &ParallelConfig) -> GroupSpan {
     s.placement.span(1, c.tp)
 }
 
-/// The data-parallel group: ranks `tp` apart.
+/// The context-parallel group: `cp` ranks `tp` apart (Megatron-Core's
+/// order tp, cp, ep, dp, pp).
+pub fn context_parallel_span(s: &Scenario, c: &ParallelConfig) -> GroupSpan {
+    s.placement.span(c.tp, c.cp)
+}
+
+/// The group the dense weights' gradients are synchronised over: the
+/// data-parallel ranks with their context-parallel ones, `tp` apart.
 pub fn data_parallel_span(s: &Scenario, c: &ParallelConfig) -> GroupSpan {
-    s.placement.span(c.tp, c.dp)
+    s.placement.span(c.tp, c.dense_sync_degree())
+}
+
+/// Megatron-Core lays the experts out in their own order over the same
+/// ranks: etp fastest, then ep, then expert-data parallelism.
+pub fn expert_tensor_span(s: &Scenario, c: &ParallelConfig) -> GroupSpan {
+    s.placement.span(1, c.etp)
+}
+
+/// The etp x ep ranks that share a stage's experts between them.
+pub fn expert_model_span(s: &Scenario, c: &ParallelConfig) -> GroupSpan {
+    s.placement.span(1, c.etp * c.ep)
+}
+
+pub fn expert_parallel_span(s: &Scenario, c: &ParallelConfig) -> GroupSpan {
+    s.placement.span(c.etp, c.ep)
+}
+
+pub fn expert_data_span(s: &Scenario, c: &ParallelConfig) -> GroupSpan {
+    s.placement.span(c.etp * c.ep, c.expert_data_parallel())
+}
+
+/// An all-to-all in which every rank of `span` sends `bytes` in all, an
+/// equal share to each rank (its own share stays): the shares for ranks
+/// on its node cross the intra-node link, the others the node's network,
+/// both at once.
+pub fn all_to_all(s: &Scenario, span: GroupSpan, bytes: f64) -> f64 {
+    let ranks = span.nodes * span.per_node;
+    if ranks <= 1 || bytes <= 0.0 {
+        return 0.0;
+    }
+    let n = ranks as f64;
+    let on_node = (span.per_node - 1) as f64 / n * bytes / intra_bw(s);
+    let off_node = (n - span.per_node as f64) / n * bytes / inter_bw_per_gpu(s);
+    latency(s, Collective::AllGather, ranks) + on_node.max(off_node)
+}
+
+/// One step of a ring over `span`: every rank sends `bytes` to the next
+/// one and receives as much from the one before, across a node boundary
+/// as soon as the ring has one.
+pub fn ring_step(s: &Scenario, span: GroupSpan, bytes: f64) -> f64 {
+    s.coef().p2p_latency_us * 1e-6 + bytes / p2p_bw(s, span.nodes > 1)
 }
 
 /// The ranks one sharded copy of the state is spread over: all of dp, or
@@ -217,6 +265,7 @@ pub fn replica_all_reduce_per_microbatch(
     let shard = c.shard_degree() as f64;
     groups
         .iter()
+        .filter(|g| !g.experts)
         .map(|g| {
             let shard_bytes = g.params * s.coef().gradient_bytes_per_param / shard;
             collective(s, Collective::AllReduce, span, shard_bytes, usage)
@@ -254,7 +303,7 @@ fn p2p_bw(s: &Scenario, crosses_nodes: bool) -> f64 {
 
 /// First rank of pipeline stage `stage`, in the configuration's stage order.
 fn stage_rank(c: &ParallelConfig, stage: u64) -> u64 {
-    c.stage_order.position(stage, c.pp) * c.tp * c.dp
+    c.stage_order.position(stage, c.pp) * c.tp * c.cp * c.dp
 }
 
 /// The link pipeline sends use: the network if any two neighbouring stages
@@ -288,7 +337,7 @@ pub fn pipeline_p2p_per_microbatch(
     if c.pp == 1 {
         return 0.0;
     }
-    let bytes = HALF * (c.micro_batch * s.model.seq_len * s.model.hidden) as f64 / c.tp as f64;
+    let bytes = HALF * super::layer::local_tokens(s, c) * s.model.hidden as f64 / c.tp as f64;
     let crosses = (0..c.pp - 1).any(|i| !stages_share_node(s, c, i, i + 1));
     let measured = (!crosses)
         .then(|| s.profile.and_then(|p| p.send_recv(bytes)))
@@ -349,7 +398,7 @@ pub fn stage_sync(
         link: Link::of(span),
         ..StageSync::default()
     };
-    if c.dp == 1 || syncs_per_microbatch(c) {
+    if syncs_per_microbatch(c) {
         return sync;
     }
     let k = s.coef();
@@ -357,6 +406,10 @@ pub fn stage_sync(
     let bucket = (bucket_params(c) / params.max(1.0)).min(1.0);
     for group in groups {
         let SyncMethod::AllReduce = group.sync;
+        let span = group.span;
+        if Link::of(span) == Link::InterNode {
+            sync.link = Link::InterNode;
+        }
         let grads = group.params * k.gradient_bytes_per_param;
         let weights = group.params * k.weight_bytes_per_param;
         match c.optimizer_sharding {
@@ -388,11 +441,10 @@ pub fn zero3_per_microbatch(
     layers: f64,
     usage: &mut ProfileUsage,
 ) -> (f64, f64) {
-    if c.dp == 1 || !syncs_per_microbatch(c) {
+    if !syncs_per_microbatch(c) {
         return (0.0, 0.0);
     }
     let k = s.coef();
-    let span = shard_group_span(s, c);
     let replica = replica_span(s, c);
     let shard = c.shard_degree() as f64;
     let gathers = match (c.optimizer_sharding, c.recompute) {
@@ -402,21 +454,22 @@ pub fn zero3_per_microbatch(
     };
     let mut total = 0.0;
     let mut unhidden = 0.0;
-    for (i, group) in groups.iter().enumerate() {
+    for group in groups {
+        let span = group.span;
         let weights = group.params * k.weight_bytes_per_param;
         let grads = group.params * k.gradient_bytes_per_param;
         let mut time = gathers * collective(s, Collective::AllGather, span, weights, usage)
             + collective(s, Collective::ReduceScatter, span, grads, usage);
-        if c.replicas() > 1 {
+        if c.replicas() > 1 && !group.experts {
             time += collective(s, Collective::AllReduce, replica, grads / shard, usage);
         }
         total += time;
         // The layers' group: one layer's gather comes before any compute;
         // the embeddings' tables are used whole at the stage's ends.
-        unhidden += if i == 0 {
-            time / (gathers * layers.max(1.0))
-        } else {
+        unhidden += if group.tables {
             time
+        } else {
+            time / (gathers * layers.max(1.0))
         };
     }
     (total, unhidden.min(total))
@@ -435,8 +488,7 @@ pub fn bpipe_transfer_per_microbatch(s: &Scenario, c: &ParallelConfig, stage: u6
     if evicted <= 0.0 {
         return 0.0;
     }
-    let layers = c.stage_layers(s.model.layers, evictor) as f64;
-    let bytes_per_microbatch = layers * super::memory::layer_activation_bytes(s, c);
+    let bytes_per_microbatch = super::memory::stage_activation_bytes(s, c, evictor);
     let both_ways = 2.0 * evicted / own * bytes_per_microbatch;
     stage_transfer(s, c, evictor, acceptor, both_ways)
 }

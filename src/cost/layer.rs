@@ -16,7 +16,7 @@
 
 use super::kernels::{self, HALF};
 use super::{ProfileUsage, Scenario, comm};
-use crate::config::{ParallelConfig, Recompute};
+use crate::config::{CpComm, Dispatcher, ParallelConfig, Recompute};
 use crate::model::AttentionKind;
 use crate::profile::{LayerArch, LayerShape};
 
@@ -38,6 +38,82 @@ pub struct LayerTime {
     /// recomputation (the windows that overlapped transfers hide under).
     pub forward: f64,
     pub backward: f64,
+    /// Expert parallelism's token dispatch and combine (all-to-all over the
+    /// ep group) and the expert-tensor-parallel gathers, not hidden: an MoE
+    /// layer waits for its tokens.
+    pub expert_parallel: f64,
+    /// Context parallelism's key/value exchange not hidden under the
+    /// attention.
+    pub context_parallel: f64,
+    /// Whole times on their links, hidden or not: the all-to-alls on the
+    /// ep group's, the expert-tensor-parallel collectives on the etp
+    /// group's, the key/value exchange on the cp group's.
+    pub ep_link: f64,
+    pub etp_link: f64,
+    pub cp_link: f64,
+}
+
+impl LayerTime {
+    /// This time for `n` layers (every field is per layer and adds up).
+    pub fn times(&self, n: f64) -> LayerTime {
+        LayerTime {
+            gpu_compute: n * self.gpu_compute,
+            tensor_parallel: n * self.tensor_parallel,
+            host_excess: n * self.host_excess,
+            tp_link: n * self.tp_link,
+            forward: n * self.forward,
+            backward: n * self.backward,
+            expert_parallel: n * self.expert_parallel,
+            context_parallel: n * self.context_parallel,
+            ep_link: n * self.ep_link,
+            etp_link: n * self.etp_link,
+            cp_link: n * self.cp_link,
+        }
+    }
+
+    pub fn plus(&self, o: &LayerTime) -> LayerTime {
+        LayerTime {
+            gpu_compute: self.gpu_compute + o.gpu_compute,
+            tensor_parallel: self.tensor_parallel + o.tensor_parallel,
+            host_excess: self.host_excess + o.host_excess,
+            tp_link: self.tp_link + o.tp_link,
+            forward: self.forward + o.forward,
+            backward: self.backward + o.backward,
+            expert_parallel: self.expert_parallel + o.expert_parallel,
+            context_parallel: self.context_parallel + o.context_parallel,
+            ep_link: self.ep_link + o.ep_link,
+            etp_link: self.etp_link + o.etp_link,
+            cp_link: self.cp_link + o.cp_link,
+        }
+    }
+}
+
+/// Which MLP a layer has: the model's dense one, or routed experts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LayerKind {
+    Dense,
+    Moe,
+}
+
+/// Tokens the all-gather dispatcher gathers on every rank: the sequence-
+/// parallel shares of all etp x ep ranks of its group.
+pub fn dispatch_gathered_tokens(s: &Scenario, c: &ParallelConfig) -> f64 {
+    local_tokens(s, c) / c.tp as f64 * (c.etp * c.ep) as f64
+}
+
+/// Tokens of one micro-batch on one context-parallel rank.
+pub fn local_tokens(s: &Scenario, c: &ParallelConfig) -> f64 {
+    (c.micro_batch * s.model.seq_len) as f64 / c.cp.max(1) as f64
+}
+
+/// Rows an MoE layer's experts compute on one rank per micro-batch: the
+/// rank's share of the tokens (split over tp by sequence parallelism),
+/// each routed to top-k experts, gathered over the etp ranks that split
+/// each expert. Over the stage's tp x cp x dp ranks this is every token's
+/// top-k rows once per etp shard.
+pub fn expert_rows(s: &Scenario, c: &ParallelConfig) -> f64 {
+    let topk = s.model.moe.map_or(0, |m| m.topk) as f64;
+    local_tokens(s, c) / c.tp as f64 * topk * c.etp as f64
 }
 
 /// GPU time of one forward pass of a layer, split by kind.
@@ -58,33 +134,82 @@ impl PassTime {
     }
 }
 
+/// Forward and backward GEMM time of an MLP `width` wide split `split`
+/// ways, over `rows` tokens.
+fn mlp_gemms(s: &Scenario, rows: f64, width: f64, split: f64) -> (f64, f64) {
+    let h = s.model.hidden as f64;
+    let up_width = if s.model.gated_mlp {
+        2.0 * width
+    } else {
+        width
+    };
+    let (up_f, up_b) = kernels::linear_forward_backward(s, rows, h, up_width / split);
+    let (down_f, down_b) = kernels::linear_forward_backward(s, rows, width / split, h);
+    (up_f + down_f, up_b + down_b)
+}
+
+/// Forward and backward GEMM time of one MoE layer's MLP part on one rank:
+/// the router, this rank's experts (E / ep of them, each 1/etp wide, over
+/// the rows routed to it, the busiest rank's share as the imbalance
+/// coefficient says), and the shared experts split over tp.
+fn moe_gemms(s: &Scenario, c: &ParallelConfig) -> (f64, f64) {
+    let Some(moe) = s.model.moe else {
+        return (0.0, 0.0);
+    };
+    let h = s.model.hidden as f64;
+    let t = c.tp as f64;
+    let tokens = local_tokens(s, c);
+    let local_experts = (moe.experts / c.ep.max(1)) as f64;
+    let rows_per_expert = expert_rows(s, c) / local_experts;
+    let (expert_f, expert_b) = mlp_gemms(s, rows_per_expert, moe.ffn_hidden as f64, c.etp as f64);
+    let imbalance = s.coef().moe_load_imbalance;
+    let (router_f, router_b) =
+        kernels::linear_forward_backward(s, tokens / t, h, moe.experts as f64);
+    let (shared_f, shared_b) = if moe.shared_ffn_hidden > 0 {
+        mlp_gemms(s, tokens, moe.shared_ffn_hidden as f64, t)
+    } else {
+        (0.0, 0.0)
+    };
+    (
+        router_f + shared_f + imbalance * local_experts * expert_f,
+        router_b + shared_b + imbalance * local_experts * expert_b,
+    )
+}
+
 /// Forward and backward GPU time of one layer (without communication).
-fn layer_passes(s: &Scenario, c: &ParallelConfig) -> (PassTime, PassTime) {
+fn layer_passes(s: &Scenario, c: &ParallelConfig, kind: LayerKind) -> (PassTime, PassTime) {
     let model = s.model;
     let k = s.coef();
     let t = c.tp as f64;
-    let b = c.micro_batch as f64;
     let seq = model.seq_len as f64;
     let h = model.hidden as f64;
     let f = model.ffn_hidden as f64;
-    let tokens = b * seq;
-    let up_width = if model.gated_mlp { 2.0 * f } else { f };
+    let tokens = local_tokens(s, c);
 
+    let q = model.q_width() as f64;
     let linears = [
-        (h, (h + model.kv_width() as f64) / t), // QKV
-        (h / t, h),                             // attention output projection
-        (h, up_width / t),                      // MLP up (and gate)
-        (f / t, h),                             // MLP down
+        (h, (q + model.kv_width() as f64) / t), // QKV
+        (q / t, h),                             // attention output projection
     ];
-    let (mut gemm_fwd, mut gemm_bwd) = (0.0, 0.0);
+    let (mut gemm_fwd, mut gemm_bwd) = match kind {
+        LayerKind::Dense => mlp_gemms(s, tokens, f, t),
+        LayerKind::Moe => moe_gemms(s, c),
+    };
     for (input, output) in linears {
         let (fwd, bwd) = kernels::linear_forward_backward(s, tokens, input, output);
         gemm_fwd += fwd;
         gemm_bwd += bwd;
     }
 
+    // Each context-parallel rank's queries attend over the whole sequence
+    // (the causal half balanced by Megatron-LM's 2 x cp chunking); a ring
+    // step attends one chunk of keys, so the kernel fills over seq / cp.
     let attention_flops = tokens * model.layer_attention_flops_per_token() / t;
-    let fill = seq / (seq + k.gemm_dim_half);
+    let keys_per_kernel = match c.cp_comm {
+        CpComm::P2p => seq / c.cp.max(1) as f64,
+        _ => seq,
+    };
+    let fill = keys_per_kernel / (keys_per_kernel + k.gemm_dim_half);
     let (attention_fwd, attention_bwd) = match c.attention {
         // FlashAttention's backward recomputes the scores: 2.5x the forward FLOPs.
         AttentionKind::Flash => {
@@ -103,7 +228,7 @@ fn layer_passes(s: &Scenario, c: &ParallelConfig) -> (PassTime, PassTime) {
         }
     };
 
-    let traffic = elementwise_bytes(s, c);
+    let traffic = elementwise_bytes(s, c, kind);
     // torch.compile fuses the pointwise kernels: each tensor read and written once.
     let fused = if c.compile {
         k.compile_elementwise_fraction
@@ -135,24 +260,35 @@ struct Traffic {
     other: f64,
 }
 
-fn elementwise_bytes(s: &Scenario, c: &ParallelConfig) -> Traffic {
+fn elementwise_bytes(s: &Scenario, c: &ParallelConfig, kind: LayerKind) -> Traffic {
     let model = s.model;
     let t = c.tp as f64;
-    let b = c.micro_batch as f64;
     let seq = model.seq_len as f64;
     let h = model.hidden as f64;
     let f = model.ffn_hidden as f64;
-    let tokens = b * seq;
+    let tokens = local_tokens(s, c);
     // Two layer norms (read, write) and two bias-dropout-residual adds (read
     // input and residual, write output, write a 1-byte mask): 22 bytes per
     // element of the hidden state, replicated over tp unless sequence-parallel.
     let replicated = 22.0 * tokens * h / if c.sequence_parallel { t } else { 1.0 };
     // Activation of the MLP: GeLU reads and writes f; SwiGLU reads 2f, writes f.
-    let activation = if model.gated_mlp { 3.0 } else { 2.0 } * HALF * tokens * f / t;
+    let per_width = if model.gated_mlp { 3.0 } else { 2.0 } * HALF;
+    let activation = match (kind, model.moe) {
+        (LayerKind::Moe, Some(moe)) => {
+            let rows = expert_rows(s, c);
+            // The experts' activations over their rows, the shared experts'
+            // over the tokens, and the permutation of the rows into expert
+            // order and back (read and write h each way).
+            per_width * rows * moe.ffn_hidden as f64 / c.etp as f64
+                + per_width * tokens * moe.shared_ffn_hidden as f64 / t
+                + 4.0 * HALF * rows * h
+        }
+        _ => per_width * tokens * f / t,
+    };
     // Unfused softmax path on a*s*s scores per micro-batch: write scores,
     // scale-mask-softmax read+write, dropout read+write+mask, read by AV.
     let scores = match c.attention {
-        AttentionKind::Standard => 13.0 * b * model.heads as f64 * seq * seq / t,
+        AttentionKind::Standard => 13.0 * tokens * model.heads as f64 * seq / t,
         AttentionKind::Flash => 0.0,
     };
     Traffic {
@@ -164,29 +300,126 @@ fn elementwise_bytes(s: &Scenario, c: &ParallelConfig) -> Traffic {
 /// Forward-pass collectives of one layer: two all-reduces, or with sequence
 /// parallelism two all-gathers and two reduce-scatters, over the
 /// tensor-parallel group (within a node, or over whole nodes).
-fn tensor_parallel_forward(s: &Scenario, c: &ParallelConfig, usage: &mut ProfileUsage) -> f64 {
+/// An MoE layer keeps the attention's pair of them, and the MLP's only for
+/// its shared experts (the routed experts' tokens travel by all-to-all).
+fn tensor_parallel_forward(
+    s: &Scenario,
+    c: &ParallelConfig,
+    kind: LayerKind,
+    usage: &mut ProfileUsage,
+) -> f64 {
     if c.tp == 1 {
         return 0.0;
     }
     let span = comm::tensor_parallel_span(s, c);
-    let bytes = HALF * (c.micro_batch * s.model.seq_len * s.model.hidden) as f64;
+    let bytes = HALF * local_tokens(s, c) * s.model.hidden as f64;
+    let pairs = match (kind, s.model.moe) {
+        (LayerKind::Moe, Some(moe)) if moe.shared_ffn_hidden == 0 => 1.0,
+        _ => 2.0,
+    };
     if c.sequence_parallel {
-        2.0 * (comm::collective(s, comm::Collective::AllGather, span, bytes, usage)
-            + comm::collective(s, comm::Collective::ReduceScatter, span, bytes, usage))
+        pairs
+            * (comm::collective(s, comm::Collective::AllGather, span, bytes, usage)
+                + comm::collective(s, comm::Collective::ReduceScatter, span, bytes, usage))
     } else {
-        2.0 * comm::collective(s, comm::Collective::AllReduce, span, bytes, usage)
+        pairs * comm::collective(s, comm::Collective::AllReduce, span, bytes, usage)
+    }
+}
+
+/// One MoE layer's forward token traffic: the dispatch and the combine
+/// all-to-all over the ep group (each rank's top-k rows of its tokens), and
+/// with etp > 1 the all-gather of the received rows over the etp group and
+/// the reduce-scatter of the experts' outputs. Returns (all-to-alls, etp).
+fn expert_parallel_forward(
+    s: &Scenario,
+    c: &ParallelConfig,
+    usage: &mut ProfileUsage,
+) -> (f64, f64) {
+    let h = s.model.hidden as f64;
+    if c.dispatcher == Dispatcher::AllGather {
+        // The whole etp x ep group's tokens gathered to every rank of it,
+        // the experts' outputs reduce-scattered back: one pair per
+        // forward, on the group's link (reported as the ep link).
+        let span = comm::expert_model_span(s, c);
+        let gathered = HALF * dispatch_gathered_tokens(s, c) * h;
+        let pair = comm::collective(s, comm::Collective::AllGather, span, gathered, usage)
+            + comm::collective(s, comm::Collective::ReduceScatter, span, gathered, usage);
+        return (pair, 0.0);
+    }
+    let rows = expert_rows(s, c);
+    let sent = HALF * rows / c.etp as f64 * h;
+    let a2a = 2.0 * comm::all_to_all(s, comm::expert_parallel_span(s, c), sent);
+    let etp = if c.etp > 1 {
+        let span = comm::expert_tensor_span(s, c);
+        let gathered = HALF * rows * h;
+        comm::collective(s, comm::Collective::AllGather, span, gathered, usage)
+            + comm::collective(s, comm::Collective::ReduceScatter, span, gathered, usage)
+    } else {
+        0.0
+    };
+    (a2a, etp)
+}
+
+/// Context parallelism's key/value exchange per layer: forward, and the
+/// backward's (keys and values again, and their gradients). Returns the
+/// forward and backward times on the cp group's link.
+fn context_parallel_passes(s: &Scenario, c: &ParallelConfig) -> (f64, f64) {
+    if c.cp == 1 {
+        return (0.0, 0.0);
+    }
+    let model = s.model;
+    let t = c.tp as f64;
+    let cp = c.cp as f64;
+    let tokens = local_tokens(s, c);
+    let kv_chunk = HALF * tokens * model.kv_width() as f64 / t;
+    let span = comm::context_parallel_span(s, c);
+    match c.cp_comm {
+        // cp - 1 ring steps, each passing one chunk to the next rank.
+        CpComm::P2p => {
+            let forward = (cp - 1.0) * comm::ring_step(s, span, kv_chunk);
+            (forward, 2.0 * forward)
+        }
+        // Q, K, V before the attention and its output after, re-split from
+        // sequence chunks to head groups and back; the backward moves
+        // their gradients.
+        CpComm::A2a => {
+            let bytes =
+                HALF * tokens * (2.0 * model.q_width() as f64 + model.kv_width() as f64) / t;
+            let forward = comm::all_to_all(s, span, bytes);
+            (forward, forward)
+        }
+        // Keys and values gathered whole; the backward gathers them again
+        // and reduce-scatters their gradients.
+        CpComm::AllGather => {
+            let mut none = ProfileUsage::default();
+            let gathered = cp * kv_chunk;
+            let gather =
+                comm::collective(s, comm::Collective::AllGather, span, gathered, &mut none);
+            let scatter = comm::collective(
+                s,
+                comm::Collective::ReduceScatter,
+                span,
+                gathered,
+                &mut none,
+            );
+            (gather, gather + scatter)
+        }
     }
 }
 
 /// Tensor-parallel collective calls per layer per micro-batch: two per
 /// forward (four with sequence parallelism), as many backward, and a
 /// forward's worth again for every layer recomputed whole.
-fn tensor_parallel_calls(c: &ParallelConfig) -> f64 {
+fn tensor_parallel_calls(s: &Scenario, c: &ParallelConfig, kind: LayerKind) -> f64 {
     if c.tp == 1 {
         return 0.0;
     }
     let forward = if c.sequence_parallel { 4.0 } else { 2.0 };
-    forward * (2.0 + recomputed_forwards(c))
+    let share = match (kind, s.model.moe) {
+        (LayerKind::Moe, Some(moe)) if moe.shared_ffn_hidden == 0 => 0.5,
+        _ => 1.0,
+    };
+    share * forward * (2.0 + recomputed_forwards(c))
 }
 
 /// Whole forward passes recomputed per layer: one under full recomputation,
@@ -242,11 +475,83 @@ fn tp_overlap(s: &Scenario, c: &ParallelConfig, tp: f64, gemm: f64) -> (f64, f64
     (exposed, tp - exposed)
 }
 
+/// A dense layer's time (see [`layer_time_of`]).
+#[cfg(test)]
 pub fn layer_time(s: &Scenario, c: &ParallelConfig, usage: &mut ProfileUsage) -> LayerTime {
+    layer_time_of(s, c, LayerKind::Dense, usage)
+}
+
+/// The times of the model's dense and MoE layers (the second `None` for a
+/// dense model).
+#[derive(Debug, Clone, Copy)]
+pub struct LayerTimes {
+    pub dense: LayerTime,
+    pub moe: Option<LayerTime>,
+}
+
+impl LayerTimes {
+    pub fn of(s: &Scenario, c: &ParallelConfig, usage: &mut ProfileUsage) -> LayerTimes {
+        LayerTimes {
+            dense: layer_time_of(s, c, LayerKind::Dense, usage),
+            moe: s
+                .model
+                .moe
+                .map(|_| layer_time_of(s, c, LayerKind::Moe, usage)),
+        }
+    }
+
+    /// The summed time of stage `stage`'s layers.
+    pub fn stage(&self, s: &Scenario, c: &ParallelConfig, stage: u64) -> LayerTime {
+        let (dense, moe) = super::stage_layer_kinds(s, c, stage);
+        match self.moe {
+            Some(m) if moe > 0 => self.dense.times(dense as f64).plus(&m.times(moe as f64)),
+            _ => self.dense.times((dense + moe) as f64),
+        }
+    }
+}
+
+pub fn layer_time_of(
+    s: &Scenario,
+    c: &ParallelConfig,
+    kind: LayerKind,
+    usage: &mut ProfileUsage,
+) -> LayerTime {
     let k = s.coef();
-    let (fwd, bwd) = layer_passes(s, c);
-    let tp_fwd = tensor_parallel_forward(s, c, usage);
+    let (fwd, bwd) = layer_passes(s, c, kind);
+    let tp_fwd = tensor_parallel_forward(s, c, kind, usage);
     let tp_total = tensor_parallel_total(tp_fwd, c);
+    let passes = 2.0 + recomputed_forwards(c);
+    let (a2a_fwd, etp_fwd) = match kind {
+        LayerKind::Moe => expert_parallel_forward(s, c, usage),
+        LayerKind::Dense => (0.0, 0.0),
+    };
+    let (ep_link, etp_link) = (passes * a2a_fwd, passes * etp_fwd);
+    let (cp_fwd, cp_bwd) = context_parallel_passes(s, c);
+    let cp_link = cp_fwd * (1.0 + recomputed_forwards(c)) + cp_bwd;
+    // The ring hides under the attention it feeds; the all-to-all and
+    // all-gather exchanges come before it and are not hidden.
+    let (cp_exposed, cp_hidden) = match c.cp_comm {
+        CpComm::P2p if c.cp > 1 => {
+            let window = (1.0 + recomputed_forwards(c)) * fwd.attention + bwd.attention;
+            let floor = (c.cp - 1) as f64 * k.p2p_latency_us * 1e-6;
+            super::overlapped(cp_link, window, k.cp_overlap, floor)
+        }
+        _ => (cp_link, 0.0),
+    };
+    let exchange = LayerTime {
+        gpu_compute: k.overlap_sm_cost * cp_hidden,
+        tensor_parallel: 0.0,
+        host_excess: 0.0,
+        tp_link: 0.0,
+        forward: 0.0,
+        backward: 0.0,
+        expert_parallel: ep_link + etp_link,
+        context_parallel: cp_exposed,
+        ep_link,
+        etp_link,
+        cp_link,
+    };
+    let measurable = kind == LayerKind::Dense && c.cp == 1;
     // Forward-equivalent passes the host launches, and the recomputed work.
     let every = c.ac_frequency.max(1) as f64;
     let (host_passes, recomputed_gpu, recomputed_gemm) = match c.recompute {
@@ -261,7 +566,7 @@ pub fn layer_time(s: &Scenario, c: &ParallelConfig, usage: &mut ProfileUsage) ->
     };
     let gemm = fwd.gemm + bwd.gemm + recomputed_gemm;
     let formula_compute = fwd.total() + bwd.total() + recomputed_gpu;
-    if let Some(profile) = s.profile {
+    if let Some(profile) = s.profile.filter(|_| measurable) {
         match profile.layer(&shape(s, c), c.micro_batch) {
             Some(measured) => {
                 usage.layer_lookups += 1;
@@ -286,6 +591,7 @@ pub fn layer_time(s: &Scenario, c: &ParallelConfig, usage: &mut ProfileUsage) ->
                     tp_link: tp,
                     forward,
                     backward: compute - forward,
+                    ..exchange
                 };
             }
             None => usage.layer_modelled += 1,
@@ -301,16 +607,17 @@ pub fn layer_time(s: &Scenario, c: &ParallelConfig, usage: &mut ProfileUsage) ->
         1.0
     };
     let host = (host_passes * k.host_us_per_layer_pass * launch
-        + tensor_parallel_calls(c) * (c.tp - 1) as f64 * k.host_sync_us_per_rank)
+        + tensor_parallel_calls(s, c, kind) * (c.tp - 1) as f64 * k.host_sync_us_per_rank)
         * 1e-6;
     let gpu = gpu_compute + exposed;
     LayerTime {
-        gpu_compute,
+        gpu_compute: gpu_compute + exchange.gpu_compute,
         tensor_parallel: exposed,
         host_excess: soft_max(host, gpu, k.host_overlap_exponent) - gpu,
         tp_link: tp_total,
         forward: fwd.total(),
         backward: bwd.total() + recomputed_gpu,
+        ..exchange
     }
 }
 
@@ -325,7 +632,7 @@ pub struct EndsTime {
 pub fn pipeline_ends_time(s: &Scenario, c: &ParallelConfig) -> EndsTime {
     let model = s.model;
     let k = s.coef();
-    let tokens = (c.micro_batch * model.seq_len) as f64;
+    let tokens = local_tokens(s, c);
     let h = model.hidden as f64;
     let vocab_shard = super::vocab_per_rank(s, c);
     // Embedding backward writes a dense gradient of the vocabulary shard and

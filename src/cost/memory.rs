@@ -7,7 +7,11 @@
 
 use super::Scenario;
 use super::kernels::HALF;
-use crate::config::{Engine, OptimizerSharding, ParallelConfig, Recompute, ScheduleKind};
+use super::layer::{LayerKind, dispatch_gathered_tokens, expert_rows, local_tokens};
+use crate::cluster::GroupSpan;
+use crate::config::{
+    CpComm, Dispatcher, Engine, OptimizerSharding, ParallelConfig, Recompute, ScheduleKind,
+};
 use crate::model::{AttentionKind, ModelSpec};
 use serde::{Deserialize, Serialize};
 
@@ -27,13 +31,28 @@ pub struct ParamGroup {
     /// Parameters on one GPU (its tensor-parallel shard).
     pub params: f64,
     pub sync: SyncMethod,
+    /// The ranks holding copies of these parameters, whose gradients are
+    /// synchronised and whose state is sharded together: the data-parallel
+    /// ranks with the context-parallel ones (all of them, or the hybrid
+    /// shard group), or the experts' expert-data-parallel group.
+    pub ranks: u64,
+    pub span: GroupSpan,
+    /// Experts' weights: their own group, with no hybrid replicas.
+    pub experts: bool,
+    /// Used whole at the stage's ends (embedding, head) rather than layer
+    /// by layer, so no prefetch hides their gathers.
+    pub tables: bool,
 }
 
 /// The parameter groups of stage `stage` on one GPU: the transformer layers
-/// first, then the embeddings where the stage holds them.
-pub fn parameter_groups(s: &Scenario, c: &ParallelConfig, stage: u64) -> [ParamGroup; 2] {
+/// first (without their experts), then the embeddings where the stage holds
+/// them, then the experts of its MoE layers.
+pub fn parameter_groups(s: &Scenario, c: &ParallelConfig, stage: u64) -> [ParamGroup; 3] {
     let model = s.model;
-    let layers = c.stage_layers(model.layers, stage) as f64 * layer_params_per_rank(model, c.tp);
+    let (dense_layers, moe_layers) = super::stage_layer_kinds(s, c, stage);
+    let layers = dense_layers as f64 * layer_params_per_rank(model, c.tp)
+        + moe_layers as f64 * moe_layer_params_per_rank(model, c);
+    let experts = moe_layers as f64 * expert_params_per_rank(model, c);
     let table = super::vocab_per_rank(s, c) * model.hidden as f64;
     let mut embeddings = 0.0;
     if stage == 0 {
@@ -47,16 +66,47 @@ pub fn parameter_groups(s: &Scenario, c: &ParallelConfig, stage: u64) -> [ParamG
         }
         embeddings += 2.0 * model.hidden as f64; // final layer norm
     }
+    let dense = |params: f64, tables: bool| ParamGroup {
+        params,
+        sync: SyncMethod::AllReduce,
+        ranks: c.shard_degree(),
+        span: super::comm::shard_group_span(s, c),
+        experts: false,
+        tables,
+    };
     [
+        dense(layers, false),
+        dense(embeddings, true),
         ParamGroup {
-            params: layers,
+            params: experts,
             sync: SyncMethod::AllReduce,
-        },
-        ParamGroup {
-            params: embeddings,
-            sync: SyncMethod::AllReduce,
+            ranks: c.expert_data_parallel(),
+            span: super::comm::expert_data_span(s, c),
+            experts: true,
+            tables: false,
         },
     ]
+}
+
+/// Parameters of one MoE layer on one rank apart from its experts:
+/// attention, router and shared experts, split over tp where Megatron-Core
+/// splits them (the router is replicated).
+fn moe_layer_params_per_rank(model: &ModelSpec, c: &ParallelConfig) -> f64 {
+    let Some((_, rest)) = model.moe_layer_params() else {
+        return 0.0;
+    };
+    let router = model.moe.map_or(0, |m| m.experts * model.hidden) as f64;
+    let replicated = model.replicated_params_per_layer() + router;
+    (rest - replicated) / c.tp as f64 + replicated
+}
+
+/// One MoE layer's routed-expert parameters on one rank: E / ep experts,
+/// each split etp ways.
+fn expert_params_per_rank(model: &ModelSpec, c: &ParallelConfig) -> f64 {
+    model.moe.map_or(0.0, |m| {
+        let local = (m.experts / c.ep.max(1)) as f64;
+        local * model.mlp_params(m.ffn_hidden) / c.etp as f64
+    })
 }
 
 pub fn stage_params(s: &Scenario, c: &ParallelConfig, stage: u64) -> f64 {
@@ -78,7 +128,9 @@ pub fn gathered_weight_bytes(s: &Scenario, c: &ParallelConfig, stage: u64) -> f6
             } else {
                 0.0
             };
-            (2.0 * layer_params_per_rank(s.model, c.tp) + table) * w
+            let layer = layer_params_per_rank(s.model, c.tp)
+                .max(moe_layer_params_per_rank(s.model, c) + expert_params_per_rank(s.model, c));
+            (2.0 * layer + table) * w
         }
         (Engine::Torchtitan, OptimizerSharding::OptimizerStates) => stage_params(s, c, stage) * w,
         _ => 0.0,
@@ -191,25 +243,40 @@ pub fn state_bytes(s: &Scenario, c: &ParallelConfig) -> StateBytes {
 /// GPU (Korthikanti et al., generalised to GQA, gated MLPs, models without
 /// dropout, torch.compile and torchtitan's checkpointing policies).
 pub fn layer_activation_bytes(s: &Scenario, c: &ParallelConfig) -> f64 {
-    layer_kept(s, c, c.recompute)
+    layer_kept(s, c, c.recompute, LayerKind::Dense)
 }
 
-fn layer_kept(s: &Scenario, c: &ParallelConfig, recompute: Recompute) -> f64 {
+/// [`layer_activation_bytes`] of a layer of `kind`.
+pub fn layer_activation_bytes_of(s: &Scenario, c: &ParallelConfig, kind: LayerKind) -> f64 {
+    layer_kept(s, c, c.recompute, kind)
+}
+
+/// Activation bytes stage `stage` keeps per micro-batch over all its layers.
+pub fn stage_activation_bytes(s: &Scenario, c: &ParallelConfig, stage: u64) -> f64 {
+    let (dense, moe) = super::stage_layer_kinds(s, c, stage);
+    let mut bytes = dense as f64 * layer_kept(s, c, c.recompute, LayerKind::Dense);
+    if moe > 0 {
+        bytes += moe as f64 * layer_kept(s, c, c.recompute, LayerKind::Moe);
+    }
+    bytes
+}
+
+fn layer_kept(s: &Scenario, c: &ParallelConfig, recompute: Recompute, kind: LayerKind) -> f64 {
     let model = s.model;
     let t = c.tp as f64;
-    let b = c.micro_batch as f64;
     let seq = model.seq_len as f64;
     let h = model.hidden as f64;
     let f = model.ffn_hidden as f64;
-    let sb = seq * b;
+    // The tokens of this context-parallel rank.
+    let sb = local_tokens(s, c);
     let sp = if c.sequence_parallel { t } else { 1.0 };
     match recompute {
         Recompute::Full => return HALF * sb * h / sp,
         Recompute::SelectiveLayer => {
             // One layer in n checkpointed whole, the others keeping all.
             let n = c.ac_frequency.max(1) as f64;
-            return (layer_kept(s, c, Recompute::Full)
-                + (n - 1.0) * layer_kept(s, c, Recompute::None))
+            return (layer_kept(s, c, Recompute::Full, kind)
+                + (n - 1.0) * layer_kept(s, c, Recompute::None, kind))
                 / n;
         }
         _ => {}
@@ -220,18 +287,38 @@ fn layer_kept(s: &Scenario, c: &ParallelConfig, recompute: Recompute) -> f64 {
     // replicated over tp without SP.
     let replicated = (8.0 + masks) * sb * h / sp;
     // Q, K, V and the attention output (the projection's input)...
-    let attention_io = sb * HALF * (2.0 * h + model.kv_width() as f64) / t;
+    let attention_io = sb * HALF * (2.0 * model.q_width() as f64 + model.kv_width() as f64) / t;
     // ...and the MLP activation's input and output: a gated MLP keeps both
     // projections and their product, torch.compile fuses the product away.
     let mlp_width = match (model.gated_mlp, c.compile) {
         (true, false) => 3.0,
         _ => 2.0,
     };
-    let mlp = sb * HALF * mlp_width * f / t;
-    // Softmax output (2 bytes), with dropout its mask (1) and output (2).
+    let mlp = match (kind, model.moe) {
+        // Each routed row keeps its permuted input to the expert and the
+        // expert's activation input and output (E / ep experts, 1/etp wide);
+        // the shared experts keep theirs over the tokens, and the router its
+        // fp32 probabilities.
+        (LayerKind::Moe, Some(moe)) => {
+            let rows = expert_rows(s, c);
+            // The all-gather dispatcher keeps the gathered hidden states of
+            // its whole group for the backward pass as well.
+            let gathered = match c.dispatcher {
+                Dispatcher::AllGather => HALF * dispatch_gathered_tokens(s, c) * h,
+                Dispatcher::AllToAll => 0.0,
+            };
+            rows * HALF * (h + mlp_width * moe.ffn_hidden as f64 / c.etp as f64)
+                + sb * HALF * mlp_width * moe.shared_ffn_hidden as f64 / t
+                + 4.0 * sb * moe.experts as f64 / sp
+                + gathered
+        }
+        _ => sb * HALF * mlp_width * f / t,
+    };
+    // Softmax output (2 bytes), with dropout its mask (1) and output (2),
+    // over this rank's queries and every key.
     let scores = match (c.attention, recompute) {
         (AttentionKind::Standard, Recompute::None) => {
-            (if model.dropout { 5.0 } else { 2.0 }) * model.heads as f64 * seq * seq * b / t
+            (if model.dropout { 5.0 } else { 2.0 }) * model.heads as f64 * seq * sb / t
         }
         _ => 0.0,
     };
@@ -293,55 +380,66 @@ pub fn in_flight(c: &ParallelConfig, m: u64, stage: u64) -> f64 {
 pub fn stage_memory(s: &Scenario, c: &ParallelConfig, stage: u64) -> StageMemory {
     let k = s.coef();
     let model = s.model;
-    // Sharded state is spread over the shard group (all of dp unless
-    // hybrid sharding keeps replicas).
-    let d = c.shard_degree() as f64;
     let m = c.micro_batches(s.global_batch);
-    let params = stage_params(s, c, stage);
     let bytes = state_bytes(s, c);
-    let state_shards = match c.optimizer_sharding {
-        OptimizerSharding::Full => d,
-        // torchtitan's FSDP shards the fp32 parameters and gradients too.
-        OptimizerSharding::OptimizerStates if c.engine == Engine::Torchtitan => d,
-        _ => 1.0,
-    };
-    let optimizer_shards = match c.optimizer_sharding {
-        OptimizerSharding::None => 1.0,
-        _ => d,
-    };
+    // Each group's state is sharded over its own ranks: the shard group
+    // (all of dp x cp unless hybrid sharding keeps replicas), or the
+    // experts' expert-data-parallel group.
+    let (mut weights, mut gradients, mut optimizer_states) = (0.0, 0.0, 0.0);
+    for group in parameter_groups(s, c, stage) {
+        let d = group.ranks as f64;
+        let state_shards = match c.optimizer_sharding {
+            OptimizerSharding::Full => d,
+            // torchtitan's FSDP shards the fp32 parameters and gradients too.
+            OptimizerSharding::OptimizerStates if c.engine == Engine::Torchtitan => d,
+            _ => 1.0,
+        };
+        let optimizer_shards = match c.optimizer_sharding {
+            OptimizerSharding::None => 1.0,
+            _ => d,
+        };
+        weights += group.params * bytes.weights / state_shards;
+        gradients += group.params * bytes.gradients / state_shards;
+        optimizer_states += group.params * bytes.optimizer / optimizer_shards;
+    }
     let t = c.tp as f64;
-    let b = c.micro_batch as f64;
-    let seq = model.seq_len as f64;
+    let tokens = local_tokens(s, c);
     let h = model.hidden as f64;
-    let layers = c.stage_layers(model.layers, stage) as f64;
     let held = in_flight(c, m, stage);
-    let mut activations = held * layers * layer_activation_bytes(s, c);
+    let mut activations = held * stage_activation_bytes(s, c, stage);
     if c.recompute != Recompute::None && c.recompute != Recompute::Selective {
         // Recomputing rebuilds one layer's activations for one micro-batch.
-        activations += layer_kept(s, c, Recompute::None) - layer_activation_bytes(s, c);
+        let kind = if model.moe.is_some() {
+            LayerKind::Moe
+        } else {
+            LayerKind::Dense
+        };
+        activations +=
+            layer_kept(s, c, Recompute::None, kind) - layer_kept(s, c, c.recompute, kind);
     }
     if stage == 0 {
         // Embedding output (and its dropout mask), per in-flight micro-batch.
         let per_element = if model.dropout { 3.0 } else { HALF };
-        activations += held * per_element * seq * b * h / if c.sequence_parallel { t } else { 1.0 };
+        activations += held * per_element * tokens * h / if c.sequence_parallel { t } else { 1.0 };
     }
     // Logits of the micro-batch at the loss on the last stage.
     let loss = if stage == c.pp - 1 {
-        k.logit_bytes * seq * b * super::vocab_per_rank(s, c)
+        k.logit_bytes * tokens * super::vocab_per_rank(s, c)
     } else {
         0.0
     };
     // Pipeline send/receive buffers; ZeRO-3 keeps two layers gathered.
     let mut buffers = if c.pp > 1 {
-        4.0 * HALF * seq * b * h / t
+        4.0 * HALF * tokens * h / t
     } else {
         0.0
     };
     buffers += gathered_weight_bytes(s, c, stage);
+    buffers += context_parallel_buffers(s, c);
     if c.tp_comm_overlap {
         // Transformer Engine's userbuffers: a gathered (whole-sequence)
         // 16-bit buffer for each of the layer's four overlapped GEMMs.
-        buffers += 4.0 * HALF * seq * b * h;
+        buffers += 4.0 * HALF * tokens * h;
     }
     if c.cuda_graphs {
         buffers += k.cuda_graph_memory_gib * GIB;
@@ -349,9 +447,9 @@ pub fn stage_memory(s: &Scenario, c: &ParallelConfig, stage: u64) -> StageMemory
     buffers += k.workspace_gib * GIB;
     let mut memory = StageMemory {
         stage,
-        weights: params * bytes.weights / state_shards,
-        gradients: params * bytes.gradients / state_shards,
-        optimizer_states: params * bytes.optimizer / optimizer_shards,
+        weights,
+        gradients,
+        optimizer_states,
         activations,
         in_flight: held,
         loss,
@@ -361,6 +459,28 @@ pub fn stage_memory(s: &Scenario, c: &ParallelConfig, stage: u64) -> StageMemory
     };
     memory.allocator_reserve = k.allocator_fragmentation * memory.allocated();
     memory
+}
+
+/// The key/value buffers context parallelism holds while a layer attends:
+/// the ring's chunk being sent and the one being received, forward and (for
+/// their gradients) backward; the whole gathered keys and values, twice,
+/// for the all-gather exchange; Q, K, V and the output re-split by head for
+/// the all-to-all.
+fn context_parallel_buffers(s: &Scenario, c: &ParallelConfig) -> f64 {
+    if c.cp == 1 {
+        return 0.0;
+    }
+    let model = s.model;
+    let tokens = local_tokens(s, c);
+    let kv_chunk = HALF * tokens * model.kv_width() as f64 / c.tp as f64;
+    match c.cp_comm {
+        CpComm::P2p => 4.0 * kv_chunk,
+        CpComm::AllGather => 2.0 * c.cp as f64 * kv_chunk,
+        CpComm::A2a => {
+            2.0 * HALF * tokens * (2.0 * model.q_width() as f64 + model.kv_width() as f64)
+                / c.tp as f64
+        }
+    }
 }
 
 /// The stages that can hold the most memory: the first (the most in-flight

@@ -22,12 +22,12 @@
 mod comm;
 mod kernels;
 mod layer;
-pub use layer::EndsTime;
+pub use layer::{EndsTime, LayerKind};
 mod memory;
 
 pub use memory::{
-    StageMemory, gathered_weight_bytes, in_flight, layer_activation_bytes, schedule_in_flight,
-    stage_memory,
+    StageMemory, gathered_weight_bytes, in_flight, layer_activation_bytes,
+    layer_activation_bytes_of, schedule_in_flight, stage_activation_bytes, stage_memory,
 };
 
 use crate::cluster::{GpuSpec, NodeGroup, Placement};
@@ -130,6 +130,12 @@ pub struct TimeBreakdown {
     /// Pipeline fill and drain.
     pub bubble: f64,
     pub tensor_parallel: f64,
+    /// Expert parallelism's token all-to-alls (and etp's gathers) not hidden.
+    #[serde(default)]
+    pub expert_parallel: f64,
+    /// Context parallelism's key/value exchange not hidden.
+    #[serde(default)]
+    pub context_parallel: f64,
     pub pipeline_p2p: f64,
     /// Data-parallel gradient (and parameter) synchronisation not hidden.
     pub data_parallel: f64,
@@ -145,6 +151,8 @@ impl TimeBreakdown {
             + self.host
             + self.bubble
             + self.tensor_parallel
+            + self.expert_parallel
+            + self.context_parallel
             + self.pipeline_p2p
             + self.data_parallel
             + self.optimizer
@@ -153,12 +161,14 @@ impl TimeBreakdown {
     }
 
     /// Named parts, largest first not implied: in a fixed order for tables.
-    pub fn parts(&self) -> [(&'static str, f64); 9] {
+    pub fn parts(&self) -> [(&'static str, f64); 11] {
         [
             ("compute", self.compute),
             ("host overhead", self.host),
             ("pipeline bubble", self.bubble),
             ("tensor-parallel comm", self.tensor_parallel),
+            ("expert-parallel comm", self.expert_parallel),
+            ("context-parallel comm", self.context_parallel),
             ("pipeline p2p", self.pipeline_p2p),
             ("data-parallel comm (exposed)", self.data_parallel),
             ("optimizer step", self.optimizer),
@@ -297,6 +307,11 @@ pub struct StageTime {
     pub host: f64,
     /// Tensor-parallel collectives not hidden.
     pub tensor_parallel: f64,
+    /// Expert- and context-parallel exchanges not hidden.
+    #[serde(default)]
+    pub expert_parallel: f64,
+    #[serde(default)]
+    pub context_parallel: f64,
     pub p2p: f64,
     /// BPipe's transfers not hidden behind the stage's compute.
     pub bpipe: f64,
@@ -307,7 +322,14 @@ pub struct StageTime {
 
 impl StageTime {
     pub fn total(&self) -> f64 {
-        self.compute + self.host + self.tensor_parallel + self.p2p + self.bpipe + self.data_parallel
+        self.compute
+            + self.host
+            + self.tensor_parallel
+            + self.expert_parallel
+            + self.context_parallel
+            + self.p2p
+            + self.bpipe
+            + self.data_parallel
     }
 }
 
@@ -346,6 +368,33 @@ pub fn vocab_per_rank(s: &Scenario, c: &ParallelConfig) -> f64 {
     vocab as f64 / c.tp as f64
 }
 
+/// Dense and MoE layers of pipeline stage `stage`: its model chunks are
+/// chunks `stage`, `stage + pp`, ... of the model in layer order
+/// (Megatron-LM's interleaving), each a `1 / v` share of the stage's layers.
+/// Counted without allocating; a loop over chunks only for MoE models.
+pub fn stage_layer_kinds(s: &Scenario, c: &ParallelConfig, stage: u64) -> (u64, u64) {
+    let layers = c.stage_layers(s.model.layers, stage);
+    let Some(moe) = s.model.moe else {
+        return (layers, 0);
+    };
+    let v = c.virtual_stages.max(1);
+    let chunk_len = |st: u64, chunk: u64| {
+        let n = c.stage_layers(s.model.layers, st);
+        n / v + if chunk == v - 1 { n % v } else { 0 }
+    };
+    let mut start = 0;
+    let mut moe_layers = 0;
+    for g in 0..c.pp * v {
+        let (st, chunk) = (g % c.pp, g / c.pp);
+        let len = chunk_len(st, chunk);
+        if st == stage {
+            moe_layers += moe.moe_layers_in(start, start + len);
+        }
+        start += len;
+    }
+    (layers - moe_layers.min(layers), moe_layers.min(layers))
+}
+
 /// Per-micro-batch GPU time of the work only the first stage (embedding)
 /// and only the last stage (output head, loss) do.
 pub fn pipeline_ends(s: &Scenario, c: &ParallelConfig) -> layer::EndsTime {
@@ -356,7 +405,7 @@ pub fn pipeline_ends(s: &Scenario, c: &ParallelConfig) -> layer::EndsTime {
 /// trial runs; `predict` computes the same without allocating).
 pub fn stage_times(s: &Scenario, c: &ParallelConfig) -> Vec<StageTime> {
     let mut usage = ProfileUsage::default();
-    let layer = layer::layer_time(s, c, &mut usage);
+    let layer = layer::LayerTimes::of(s, c, &mut usage);
     let ends = layer::pipeline_ends_time(s, c);
     let p2p = comm::pipeline_p2p_per_microbatch(s, c, &mut usage);
     (0..c.pp)
@@ -367,7 +416,7 @@ pub fn stage_times(s: &Scenario, c: &ParallelConfig) -> Vec<StageTime> {
 fn stage_time(
     s: &Scenario,
     c: &ParallelConfig,
-    layer: &layer::LayerTime,
+    times: &layer::LayerTimes,
     ends: &layer::EndsTime,
     p2p: f64,
     i: u64,
@@ -375,10 +424,13 @@ fn stage_time(
     let p = c.pp;
     let k = s.coef();
     let layers = c.stage_layers(s.model.layers, i) as f64;
+    let work = times.stage(s, c, i);
     let mut t = StageTime {
-        compute: layers * layer.gpu_compute,
-        host: layers * layer.host_excess + k.microbatch_overhead_ms * 1e-3,
-        tensor_parallel: layers * layer.tensor_parallel,
+        compute: work.gpu_compute,
+        host: work.host_excess + k.microbatch_overhead_ms * 1e-3,
+        tensor_parallel: work.tensor_parallel,
+        expert_parallel: work.expert_parallel,
+        context_parallel: work.context_parallel,
         p2p: if p > 1 { p2p } else { 0.0 },
         bpipe: 0.0,
         data_parallel: 0.0,
@@ -389,7 +441,7 @@ fn stage_time(
     if i == p - 1 {
         t.compute += ends.last;
     }
-    let window = layers * (layer.forward + layer.backward);
+    let window = work.forward + work.backward;
     if c.bpipe {
         let transfer = comm::bpipe_transfer_per_microbatch(s, c, i);
         let (exposed, hidden) = overlapped(transfer, window, k.bpipe_overlap, 0.0);
@@ -420,7 +472,7 @@ pub fn predict_with_usage(s: &Scenario, c: &ParallelConfig) -> (Prediction, Prof
     let m = c.micro_batches(s.global_batch) as f64;
     let v = c.virtual_stages as f64;
     let p = c.pp;
-    let layer = layer::layer_time(s, c, &mut usage);
+    let layer = layer::LayerTimes::of(s, c, &mut usage);
     let ends = layer::pipeline_ends_time(s, c);
     let p2p = comm::pipeline_p2p_per_microbatch(s, c, &mut usage);
 
@@ -444,6 +496,8 @@ pub fn predict_with_usage(s: &Scenario, c: &ParallelConfig) -> (Prediction, Prof
         host: m * slowest.host,
         bubble,
         tensor_parallel: m * slowest.tensor_parallel,
+        expert_parallel: m * slowest.expert_parallel,
+        context_parallel: m * slowest.context_parallel,
         pipeline_p2p: m * slowest.p2p,
         data_parallel: m * slowest.data_parallel + sync.exposed_comm,
         optimizer: sync.optimizer,
@@ -490,7 +544,7 @@ pub fn predict_with_usage(s: &Scenario, c: &ParallelConfig) -> (Prediction, Prof
 pub fn busiest_link_seconds(s: &Scenario, c: &ParallelConfig) -> f64 {
     let mut usage = ProfileUsage::default();
     let m = c.micro_batches(s.global_batch) as f64;
-    let layer = layer::layer_time(s, c, &mut usage);
+    let layer = layer::LayerTimes::of(s, c, &mut usage);
     let p2p = comm::pipeline_p2p_per_microbatch(s, c, &mut usage);
     let sync = data_parallel_and_optimizer(s, c, &layer, &mut usage);
     let links = link_busy(s, c, &layer, m, p2p, &sync);
@@ -519,18 +573,37 @@ impl LinkBusy {
 fn link_busy(
     s: &Scenario,
     c: &ParallelConfig,
-    layer: &layer::LayerTime,
+    times: &layer::LayerTimes,
     m: f64,
     p2p: f64,
     sync: &SyncTime,
 ) -> LinkBusy {
     let mut busy = LinkBusy::default();
-    let most_layers = (0..c.pp)
-        .map(|i| c.stage_layers(s.model.layers, i))
-        .max()
-        .unwrap_or(0) as f64;
+    // The stage whose layers keep their links busiest (the most layers,
+    // or the most MoE layers).
+    let mut work = times.stage(s, c, 0);
+    for i in 1..c.pp {
+        let w = times.stage(s, c, i);
+        if w.tp_link + w.ep_link + w.etp_link + w.cp_link
+            > work.tp_link + work.ep_link + work.etp_link + work.cp_link
+        {
+            work = w;
+        }
+    }
     let tp_link = comm::Link::of(comm::tensor_parallel_span(s, c));
-    busy.add(tp_link, m * most_layers * layer.tp_link);
+    busy.add(tp_link, m * work.tp_link);
+    busy.add(
+        comm::Link::of(comm::expert_parallel_span(s, c)),
+        m * work.ep_link,
+    );
+    busy.add(
+        comm::Link::of(comm::expert_tensor_span(s, c)),
+        m * work.etp_link,
+    );
+    busy.add(
+        comm::Link::of(comm::context_parallel_span(s, c)),
+        m * work.cp_link,
+    );
     busy.add(comm::pipeline_link(s, c), m * p2p);
     busy.add(
         comm::Link::of(comm::shard_group_span(s, c)),
@@ -630,7 +703,7 @@ struct SyncTime {
 fn data_parallel_and_optimizer(
     s: &Scenario,
     c: &ParallelConfig,
-    layer: &layer::LayerTime,
+    times: &layer::LayerTimes,
     usage: &mut ProfileUsage,
 ) -> SyncTime {
     let k = s.coef();
@@ -655,19 +728,21 @@ fn data_parallel_and_optimizer(
     for stage in memory::peak_candidates(c) {
         let groups = memory::parameter_groups(s, c, stage);
         let layers = c.stage_layers(s.model.layers, stage) as f64;
-        let before: f64 = (0..stage)
-            .map(|j| c.stage_layers(s.model.layers, j) as f64)
-            .sum();
+        let work = times.stage(s, c, stage);
+        // The layers of the stages before this one, forward and backward.
+        let (before_forward, before_backward) = (0..stage)
+            .map(|j| times.stage(s, c, j))
+            .fold((0.0, 0.0), |(f, b), w| (f + w.forward, b + w.backward));
         let sync = comm::stage_sync(s, c, &groups, usage);
         let same_link = sync.link == tp_link;
         // Gradients: bucketed under the last backward on the first stage.
         let grads = if c.overlap_grad_reduce && stage == 0 {
             let busy = if same_link {
-                layers * layer.tp_link * tp_backward_share
+                work.tp_link * tp_backward_share
             } else {
                 0.0
             };
-            let window = layers * layer.backward - busy;
+            let window = work.backward - busy;
             let (exposed, hidden) =
                 overlapped(sync.grads, window, k.dp_overlap, sync.grads_last_bucket);
             exposed + k.overlap_sm_cost * hidden
@@ -677,11 +752,11 @@ fn data_parallel_and_optimizer(
         // Weights: after the optimizer step, or under the next forwards.
         let gather = if c.overlap_param_gather {
             let busy = if same_link {
-                layers * layer.tp_link * (1.0 - tp_backward_share)
+                work.tp_link * (1.0 - tp_backward_share)
             } else {
                 0.0
             };
-            let window = layers * layer.forward - busy + before * layer.forward / v;
+            let window = work.forward - busy + before_forward / v;
             let (exposed, hidden) =
                 overlapped(sync.gather, window, k.dp_overlap, sync.gather_first_bucket);
             gather_ahead = gather_ahead.max(exposed + k.overlap_sm_cost * hidden);
@@ -690,15 +765,17 @@ fn data_parallel_and_optimizer(
             sync.gather
         };
         let comm = grads + gather + comm::tied_embedding_sync(s, c, stage);
-        let owned = memory::stage_params(s, c, stage)
-            / match c.optimizer_sharding {
-                OptimizerSharding::None => 1.0,
-                _ => c.shard_degree() as f64,
-            };
+        let owned: f64 = groups
+            .iter()
+            .map(|g| match c.optimizer_sharding {
+                OptimizerSharding::None => g.params,
+                _ => g.params / g.ranks.max(1) as f64,
+            })
+            .sum();
         let optimizer = owned * k.optimizer_step_bytes_per_param
             / (s.gpu.hbm_bandwidth * k.hbm_efficiency * s.measured_hbm_scale);
         // Stage `stage` ended its schedule this much before stage 0.
-        let slack = before * layer.backward / v;
+        let slack = before_backward / v;
         let tail = comm + optimizer - slack;
         let (zero3, _) = comm::zero3_per_microbatch(s, c, &groups, layers, usage);
         let replica = m * comm::replica_all_reduce_per_microbatch(s, c, &groups, usage);

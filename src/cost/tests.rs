@@ -857,7 +857,7 @@ mod profiled {
         // host work) + optimizer step + fixed per-iteration work.
         let k = s.coef();
         let ends = layer::pipeline_ends_time(&s, &c);
-        let layer_t = layer::layer_time(&s, &c, &mut ProfileUsage::default());
+        let layer_t = layer::LayerTimes::of(&s, &c, &mut ProfileUsage::default());
         let optimizer =
             data_parallel_and_optimizer(&s, &c, &layer_t, &mut ProfileUsage::default()).optimizer;
         let expected = 4.0
@@ -1305,7 +1305,7 @@ mod overlap_and_layout {
         let c = f.checked(c);
         let s = f.scenario();
         let mut usage = ProfileUsage::default();
-        let layer_t = layer::layer_time(&s, &c, &mut usage);
+        let layer_t = layer::LayerTimes::of(&s, &c, &mut usage);
         let sync = data_parallel_and_optimizer(&s, &c, &layer_t, &mut usage);
         let groups = memory::parameter_groups(&s, &c, c.pp - 1);
         let last = comm::stage_sync(&s, &c, &groups, &mut usage);
@@ -1713,7 +1713,9 @@ mod hybrid_sharding {
         // collectives cross nodes at the node's bandwidth; the replicas'
         // all-reduce moves an eighth of the gradients through one NIC per
         // rank, twice: each is priced, neither is free.
-        let (full_time, _) = comm::zero3_per_microbatch(&s, &full, &groups, layers, &mut usage);
+        let full_groups = memory::parameter_groups(&s, &full, 0);
+        let (full_time, _) =
+            comm::zero3_per_microbatch(&s, &full, &full_groups, layers, &mut usage);
         assert!(full_time > within, "{full_time} s vs {within} s");
     }
 

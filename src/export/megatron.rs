@@ -103,6 +103,29 @@ pub fn megatron_args(job: &LaunchJob) -> Result<Vec<String>, ExportError> {
     let mut args = Args::default();
     args.pair("--tensor-model-parallel-size", c.tp);
     args.pair("--pipeline-model-parallel-size", c.pp);
+    if c.cp > 1 {
+        args.pair("--context-parallel-size", c.cp);
+        args.pair("--cp-comm-type", c.cp_comm.name());
+    }
+    if let Some(moe) = model.moe {
+        args.pair("--num-experts", moe.experts);
+        args.pair("--moe-router-topk", moe.topk);
+        args.pair("--moe-ffn-hidden-size", moe.ffn_hidden);
+        if moe.shared_ffn_hidden > 0 {
+            args.pair(
+                "--moe-shared-expert-intermediate-size",
+                moe.shared_ffn_hidden,
+            );
+        }
+        if moe.dense_layers > 0 || moe.layer_freq > 1 {
+            args.pair("--moe-layer-freq", moe_layer_pattern(model));
+        }
+        args.pair("--expert-model-parallel-size", c.ep);
+        args.pair("--expert-tensor-parallel-size", c.etp);
+        args.pair("--moe-token-dispatcher-type", c.dispatcher.name());
+        // The local experts' GEMMs run grouped, as paratune prices them.
+        args.flag("--moe-grouped-gemm");
+    }
     if let Some(first) = c.first_stage_layers {
         args.pair("--decoder-first-pipeline-num-layers", first);
     }
@@ -153,6 +176,9 @@ pub fn megatron_args(job: &LaunchJob) -> Result<Vec<String>, ExportError> {
     args.pair("--num-layers", model.layers);
     args.pair("--hidden-size", model.hidden);
     args.pair("--num-attention-heads", model.heads);
+    if model.head_dim_override.is_some() {
+        args.pair("--kv-channels", model.head_dim());
+    }
     if model.kv_heads < model.heads {
         args.flag("--group-query-attention");
         args.pair("--num-query-groups", model.kv_heads);
@@ -198,6 +224,23 @@ pub fn megatron_args(job: &LaunchJob) -> Result<Vec<String>, ExportError> {
     }
     args.flag("--bf16");
     Ok(args.0)
+}
+
+/// `--moe-layer-freq`'s list form, one entry per layer (1: experts, 0: a
+/// dense MLP), which Megatron-LM reads as a Python expression:
+/// `([0]*3+[1]*58)` for DeepSeek-V3's three dense layers first.
+fn moe_layer_pattern(model: &crate::model::ModelSpec) -> String {
+    let Some(moe) = model.moe else {
+        return String::new();
+    };
+    if moe.layer_freq <= 1 {
+        let dense = moe.dense_layers.min(model.layers);
+        return format!("([0]*{dense}+[1]*{})", model.layers - dense);
+    }
+    let flags: Vec<&str> = (0..model.layers)
+        .map(|i| if moe.is_moe_layer(i) { "1" } else { "0" })
+        .collect();
+    format!("[{}]", flags.join(","))
 }
 
 /// [`megatron_args`] as one shell-quoted line, each flag with its value,

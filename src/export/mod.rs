@@ -121,6 +121,8 @@ pub(crate) mod tests {
             tied_embeddings: false,
             learned_positions: false,
             dropout: false,
+            head_dim_override: None,
+            moe: None,
             attention: AttentionKind::Flash,
         }
     }

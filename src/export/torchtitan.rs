@@ -85,12 +85,14 @@ fn layout(job: &LaunchJob) -> Result<Layout, ExportError> {
     let (replicate, shard, reshard) = match c.optimizer_sharding {
         _ if c.dp == 1 => (1, 1, None),
         // Hybrid sharding (HSDP): replicas of a shard group.
-        OptimizerSharding::Full => (c.replicas(), c.shard_degree(), Some("default")),
+        // torchtitan's shard degree leaves context parallelism out (its
+        // FSDP mesh adds the cp ranks itself).
+        OptimizerSharding::Full => (c.replicas(), c.dp_shard.unwrap_or(c.dp), Some("default")),
         OptimizerSharding::OptimizerStates => {
             notes.push(
                 "optimizer-state sharding: FSDP keeping weights gathered between forward and backward",
             );
-            (c.replicas(), c.shard_degree(), Some("never"))
+            (c.replicas(), c.dp_shard.unwrap_or(c.dp), Some("never"))
         }
         OptimizerSharding::None if c.tp == 1 && c.pp == 1 => (c.dp, 1, None),
         OptimizerSharding::None => {
@@ -136,6 +138,85 @@ fn layout(job: &LaunchJob) -> Result<Layout, ExportError> {
     })
 }
 
+/// Which torchtitan release an export is for: their expert and context
+/// parallelism differ.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Release {
+    /// 0.2: experts split like the dense layers (`dp2ep`, etp = tp), ep
+    /// carved out of dp_shard x cp; `context_parallel_rotate_method`.
+    V02,
+    /// 0.3: experts whole (etp = 1), ep carved out of dp_shard x cp x tp;
+    /// no rotate method.
+    V03,
+}
+
+/// What a release cannot run of the plan's expert and context parallelism.
+fn check_experts_and_context(job: &LaunchJob, release: Release) -> Result<(), ExportError> {
+    let c = job.config;
+    let unsupported = |feature: String, hint: &str| {
+        Err(ExportError::Unsupported {
+            engine: ENGINE,
+            feature,
+            hint: hint.into(),
+        })
+    };
+    let shard = c.dp_shard.unwrap_or(c.dp);
+    if job.model.moe.is_some() {
+        let (etp, carved) = match release {
+            Release::V02 => (
+                c.tp,
+                c.ep.is_multiple_of(c.cp) && (shard * c.cp).is_multiple_of(c.ep),
+            ),
+            Release::V03 => (
+                1,
+                c.ep.is_multiple_of(c.tp) && (shard * c.cp * c.tp).is_multiple_of(c.ep),
+            ),
+        };
+        if c.etp != etp {
+            return unsupported(
+                format!("expert tensor parallelism etp {} with tp {}", c.etp, c.tp),
+                match release {
+                    Release::V02 => {
+                        "torchtitan 0.2 splits the experts as the dense layers (etp = tp); search again with --etp equal to --tp"
+                    }
+                    Release::V03 => {
+                        "torchtitan 0.3 keeps each expert whole (etp 1); search again with --etp 1"
+                    }
+                },
+            );
+        }
+        if !carved {
+            return unsupported(
+                format!(
+                    "expert parallelism ep {} over dp_shard {shard}, cp {}, tp {}",
+                    c.ep, c.cp, c.tp
+                ),
+                "torchtitan carves the expert-parallel group out of the data-parallel shard ranks (with cp, and in 0.3 with tp): pick an --ep that is a multiple of cp (0.3: of cp x tp) and divides dp_shard x cp (0.3: x tp)",
+            );
+        }
+    }
+    match (c.cp_comm, release) {
+        (crate::config::CpComm::A2a, _) if c.cp > 1 => unsupported(
+            "all-to-all context parallelism (DeepSpeed-Ulysses)".into(),
+            "torchtitan's context parallelism rotates keys and values around the ranks; search again with --cp-comm p2p or allgather",
+        ),
+        (crate::config::CpComm::AllGather, Release::V03) if c.cp > 1 => unsupported(
+            "context parallelism by all-gather".into(),
+            "torchtitan 0.3 has no rotate-method switch; search again with --cp-comm p2p",
+        ),
+        _ => Ok(()),
+    }
+}
+
+/// torchtitan 0.2's `context_parallel_rotate_method` for a plan's key/value
+/// exchange: the ring passes chunks on (`alltoall`), or gathers them all.
+fn rotate_method(c: &crate::config::ParallelConfig) -> &'static str {
+    match c.cp_comm {
+        crate::config::CpComm::AllGather => "allgather",
+        _ => "alltoall",
+    }
+}
+
 /// What the model needs and llama3 lacks, for the comment above the model.
 fn unlike_llama(job: &LaunchJob) -> Vec<&'static str> {
     let model = job.model;
@@ -148,6 +229,9 @@ fn unlike_llama(job: &LaunchJob) -> Vec<&'static str> {
     }
     if model.tied_embeddings {
         unlike.push("tied embeddings");
+    }
+    if model.moe.is_some() {
+        unlike.push("a mixture of experts (a torchtitan MoE model: qwen3, deepseek_v3 or llama4)");
     }
     unlike
 }
@@ -184,6 +268,7 @@ fn dimensions(job: &LaunchJob) -> String {
 /// for the job, or uses BPipe or CUDA graphs, which 0.2 does not have.
 pub fn torchtitan_toml(job: &LaunchJob) -> Result<String, ExportError> {
     let layout = layout(job)?;
+    check_experts_and_context(job, Release::V02)?;
     let (model, c) = (job.model, job.config);
     if c.cuda_graphs {
         return Err(ExportError::Unsupported {
@@ -286,6 +371,16 @@ pub fn torchtitan_toml(job: &LaunchJob) -> Result<String, ExportError> {
         format_args!("enable_async_tensor_parallel = {}", c.tp_comm_overlap),
     );
     line(w, format_args!("pipeline_parallel_degree = {}", c.pp));
+    if c.cp > 1 {
+        line(w, format_args!("context_parallel_degree = {}", c.cp));
+        line(
+            w,
+            format_args!("context_parallel_rotate_method = \"{}\"", rotate_method(c)),
+        );
+    }
+    if model.moe.is_some() {
+        line(w, format_args!("expert_parallel_degree = {}", c.ep));
+    }
     if let Some(p) = &layout.pipeline {
         line(
             w,
@@ -414,6 +509,7 @@ pub struct TorchtitanFlags {
 /// removed.
 pub fn torchtitan_flags(job: &LaunchJob) -> Result<TorchtitanFlags, ExportError> {
     let layout = layout(job)?;
+    check_experts_and_context(job, Release::V03)?;
     let c = job.config;
     let activation_checkpoint = match c.recompute {
         Recompute::None => "activation-checkpoint:none",
@@ -447,7 +543,10 @@ pub fn torchtitan_flags(job: &LaunchJob) -> Result<TorchtitanFlags, ExportError>
     }
     value("parallelism.tensor_parallel_degree", c.tp.to_string());
     value("parallelism.pipeline_parallel_degree", c.pp.to_string());
-    value("parallelism.context_parallel_degree", "1".into());
+    value("parallelism.context_parallel_degree", c.cp.to_string());
+    if job.model.moe.is_some() {
+        value("parallelism.expert_parallel_degree", c.ep.to_string());
+    }
     if let Some(p) = &layout.pipeline {
         value("parallelism.pipeline_parallel_schedule", p.schedule.into());
         value(

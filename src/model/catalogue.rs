@@ -1,7 +1,7 @@
 //! Built-in models: the shapes published for well-known decoder-only
 //! transformers, so that a plan can name a model instead of describing it.
 
-use super::{AttentionKind, ModelSpec};
+use super::{AttentionKind, ModelSpec, MoeSpec};
 
 /// GPT shapes: (name, hidden, heads, layers). All use vocabulary 51200 and
 /// sequence 2048, MLP 4h, learned positions and tied embeddings.
@@ -58,6 +58,86 @@ const LLAMA3: [Llama; 3] = [
     Llama { name: "llama3-405b", hidden: 16384, heads: 128, kv_heads: 8, ffn_hidden: 53248, layers: 126, vocab: 128256, seq_len: 8192 },
 ];
 
+// Llama 3.1 at its 128K context (`max_position_embeddings` 131072 in the
+// meta-llama/Llama-3.1-*B config.json model cards; the paper's long-context
+// pre-training stage), the shapes of Llama 3.
+#[rustfmt::skip]
+const LLAMA31_128K: [Llama; 3] = [
+    Llama { name: "llama3.1-8b", hidden: 4096, heads: 32, kv_heads: 8, ffn_hidden: 14336, layers: 32, vocab: 128256, seq_len: 131_072 },
+    Llama { name: "llama3.1-70b", hidden: 8192, heads: 64, kv_heads: 8, ffn_hidden: 28672, layers: 80, vocab: 128256, seq_len: 131_072 },
+    Llama { name: "llama3.1-405b", hidden: 16384, heads: 128, kv_heads: 8, ffn_hidden: 53248, layers: 126, vocab: 128256, seq_len: 131_072 },
+];
+
+/// A mixture-of-experts model with Llama's layer (SwiGLU, rotary, RMSNorm,
+/// untied head, no dropout): every layer's MLP routed to `experts`.
+struct Moe {
+    name: &'static str,
+    hidden: u64,
+    heads: u64,
+    kv_heads: u64,
+    /// Where a head is not hidden / heads wide.
+    head_dim: Option<u64>,
+    layers: u64,
+    vocab: u64,
+    seq_len: u64,
+    experts: u64,
+    topk: u64,
+    expert_ffn: u64,
+}
+
+// Sources, each model's config.json on Hugging Face (as reproduced by the
+// official code where the page itself was not at hand) and its model card:
+// - mixtral-8x7b: mistralai/Mixtral-8x7B-v0.1 (32 layers, 8 experts, top-2,
+//   expert width 14336; Jiang et al., "Mixtral of Experts", 2024: 46.7B
+//   parameters, 12.9B active, trained with a 32K context).
+// - mixtral-8x22b: mistralai/Mixtral-8x22B-v0.1 (56 layers, 8 experts of
+//   16384, vocabulary 32768 of the v3 tokenizer; Mistral AI: 141B, 39B
+//   active, 64K context).
+// - qwen3-30b-a3b, qwen3-235b-a22b: Qwen/Qwen3-30B-A3B and
+//   Qwen/Qwen3-235B-A22B (128 experts, top-8, head_dim 128; torchtitan's
+//   qwen3 flavours agree; Qwen3 technical report: pre-training stages 1
+//   and 2 at 4,096 tokens; 30.5B/3.3B and 235B/22B).
+// - gpt-oss-20b, gpt-oss-120b: openai/gpt-oss (`gpt_oss/torch/model.py`:
+//   hidden 2880, 64 heads of 64, 8 KV heads, experts 2880 wide, top-4,
+//   initial context 4096; 20.9B and 116.8B). Their alternate layers attend
+//   over a 128-token window; paratune prices every layer's attention over
+//   the whole sequence, which over-counts those layers' attention.
+#[rustfmt::skip]
+const MOE: [Moe; 6] = [
+    Moe { name: "mixtral-8x7b", hidden: 4096, heads: 32, kv_heads: 8, head_dim: None, layers: 32, vocab: 32000, seq_len: 32768, experts: 8, topk: 2, expert_ffn: 14336 },
+    Moe { name: "mixtral-8x22b", hidden: 6144, heads: 48, kv_heads: 8, head_dim: None, layers: 56, vocab: 32768, seq_len: 65536, experts: 8, topk: 2, expert_ffn: 16384 },
+    Moe { name: "qwen3-30b-a3b", hidden: 2048, heads: 32, kv_heads: 4, head_dim: Some(128), layers: 48, vocab: 151_936, seq_len: 4096, experts: 128, topk: 8, expert_ffn: 768 },
+    Moe { name: "qwen3-235b-a22b", hidden: 4096, heads: 64, kv_heads: 4, head_dim: Some(128), layers: 94, vocab: 151_936, seq_len: 4096, experts: 128, topk: 8, expert_ffn: 1536 },
+    Moe { name: "gpt-oss-20b", hidden: 2880, heads: 64, kv_heads: 8, head_dim: Some(64), layers: 24, vocab: 201_088, seq_len: 4096, experts: 32, topk: 4, expert_ffn: 2880 },
+    Moe { name: "gpt-oss-120b", hidden: 2880, heads: 64, kv_heads: 8, head_dim: Some(64), layers: 36, vocab: 201_088, seq_len: 4096, experts: 128, topk: 4, expert_ffn: 2880 },
+];
+
+impl Moe {
+    fn spec(&self) -> ModelSpec {
+        let mut spec = Llama {
+            name: self.name,
+            hidden: self.hidden,
+            heads: self.heads,
+            kv_heads: self.kv_heads,
+            ffn_hidden: self.expert_ffn,
+            layers: self.layers,
+            vocab: self.vocab,
+            seq_len: self.seq_len,
+        }
+        .spec();
+        spec.head_dim_override = self.head_dim;
+        spec.moe = Some(MoeSpec {
+            experts: self.experts,
+            topk: self.topk,
+            ffn_hidden: self.expert_ffn,
+            shared_ffn_hidden: 0,
+            dense_layers: 0,
+            layer_freq: 1,
+        });
+        spec
+    }
+}
+
 impl Llama {
     fn spec(&self) -> ModelSpec {
         ModelSpec {
@@ -74,6 +154,8 @@ impl Llama {
             learned_positions: false,
             attention: AttentionKind::Flash,
             dropout: false,
+            head_dim_override: None,
+            moe: None,
         }
     }
 }
@@ -81,8 +163,12 @@ impl Llama {
 /// Names of the built-in models, in catalogue order.
 pub fn builtin_model_names() -> Vec<&'static str> {
     let gpt = MEGATRON_SC21.iter().chain(GPT3.iter()).map(|m| m.0);
-    let llama = LLAMA2.iter().chain(LLAMA3.iter()).map(|m| m.name);
-    gpt.chain(llama).collect()
+    let llama = LLAMA2
+        .iter()
+        .chain(LLAMA3.iter())
+        .chain(LLAMA31_128K.iter())
+        .map(|m| m.name);
+    gpt.chain(llama).chain(MOE.iter().map(|m| m.name)).collect()
 }
 
 /// The built-in model of that name (case-insensitive), if any.
@@ -97,9 +183,13 @@ pub fn builtin_model(name: &str) -> Option<ModelSpec> {
             name, hidden, heads, layers, GPT_VOCAB, GPT_SEQ,
         ));
     }
+    if let Some(moe) = MOE.iter().find(|m| m.name == wanted) {
+        return Some(moe.spec());
+    }
     LLAMA2
         .iter()
         .chain(LLAMA3.iter())
+        .chain(LLAMA31_128K.iter())
         .find(|m| m.name == wanted)
         .map(Llama::spec)
 }
@@ -121,7 +211,7 @@ mod tests {
     #[test]
     fn every_name_resolves_to_a_valid_model_of_that_name() {
         let names = builtin_model_names();
-        assert_eq!(names.len(), 18);
+        assert_eq!(names.len(), 27);
         for name in names {
             let m = builtin_model(name).unwrap_or_else(|| panic!("{name} does not resolve"));
             assert_eq!(m.name, name);
@@ -164,6 +254,40 @@ mod tests {
         within("llama3-8b", 8.03e9, 0.03);
         within("llama3-70b", 70.6e9, 0.03);
         within("llama3-405b", 405.8e9, 0.03);
+    }
+
+    /// Total and active parameters as the model cards state them (gpt-oss's
+    /// card counts its active parameters without the input embedding).
+    #[test]
+    fn mixtures_of_experts_have_their_published_total_and_active_sizes() {
+        let active = |name: &str, published: f64, tolerance: f64| {
+            let m = builtin_model(name).unwrap();
+            let embedding = if name.starts_with("gpt-oss") {
+                m.embedding_params()
+            } else {
+                0.0
+            };
+            let got = m.active_params() - embedding;
+            let rel = (got - published).abs() / published;
+            assert!(
+                rel < tolerance,
+                "{name}: {got:.4e} active, published {published:.4e}"
+            );
+        };
+        within("mixtral-8x7b", 46.7e9, 0.02);
+        active("mixtral-8x7b", 12.9e9, 0.02);
+        within("mixtral-8x22b", 141e9, 0.02);
+        active("mixtral-8x22b", 39e9, 0.02);
+        within("qwen3-30b-a3b", 30.5e9, 0.02);
+        active("qwen3-30b-a3b", 3.3e9, 0.03);
+        within("qwen3-235b-a22b", 235e9, 0.02);
+        active("qwen3-235b-a22b", 22e9, 0.03);
+        within("gpt-oss-20b", 20.9e9, 0.02);
+        active("gpt-oss-20b", 3.61e9, 0.03);
+        within("gpt-oss-120b", 116.8e9, 0.02);
+        active("gpt-oss-120b", 5.13e9, 0.03);
+        within("llama3.1-405b", 405.8e9, 0.03);
+        assert_eq!(builtin_model("llama3.1-8b").unwrap().seq_len, 131_072);
     }
 
     #[test]

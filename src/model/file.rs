@@ -16,6 +16,13 @@
 //! learned_positions = false  # default: true
 //! dropout = false            # default: true (GPT's 0.1; Llama trains without)
 //! attention = "flash"        # or "standard"; default: flash
+//! head_dim = 128             # default: hidden / heads
+//! experts = 128              # a mixture of experts: routed experts per MoE layer
+//! moe_topk = 8               # experts per token (default 2, Megatron-LM's)
+//! moe_ffn_hidden = 768       # one expert's width (default: ffn_hidden)
+//! moe_shared_ffn_hidden = 0  # shared experts' width together (default: none)
+//! moe_dense_layers = 0       # leading layers with a dense MLP (default 0)
+//! moe_layer_freq = 1         # then every n-th layer has experts (default 1)
 //! ```
 //!
 //! With `base`, an absent key keeps the base's value (changing `hidden` does
@@ -26,7 +33,7 @@
 //!
 //! Every error is one line that starts with the file's path.
 
-use super::{AttentionKind, ModelSpec, builtin_model, builtin_model_names};
+use super::{AttentionKind, ModelSpec, MoeSpec, builtin_model, builtin_model_names};
 use crate::suggest::did_you_mean;
 use std::path::Path;
 use toml::{Table, Value};
@@ -42,7 +49,7 @@ pub enum ModelFileError {
 }
 
 /// Keys a model file may hold, in the order they are documented.
-const KEYS: [&str; 14] = [
+const KEYS: [&str; 21] = [
     "base",
     "name",
     "hidden",
@@ -57,6 +64,22 @@ const KEYS: [&str; 14] = [
     "learned_positions",
     "attention",
     "dropout",
+    "head_dim",
+    "experts",
+    "moe_topk",
+    "moe_ffn_hidden",
+    "moe_shared_ffn_hidden",
+    "moe_dense_layers",
+    "moe_layer_freq",
+];
+
+/// The mixture-of-experts keys besides `experts`.
+const MOE_KEYS: [&str; 5] = [
+    "moe_topk",
+    "moe_ffn_hidden",
+    "moe_shared_ffn_hidden",
+    "moe_dense_layers",
+    "moe_layer_freq",
 ];
 
 /// Keys that must be given when there is no `base`.
@@ -82,7 +105,67 @@ pub fn load_model_file(path: &Path) -> Result<ModelSpec, ModelFileError> {
 
 /// Renders a model as a file that [`parse_model_toml`] reads back unchanged.
 pub fn render_model_toml(model: &ModelSpec) -> String {
-    toml::to_string(model).expect("a model always serialises")
+    let mut flat = model.clone();
+    flat.moe = None;
+    let mut text = toml::to_string(&flat).expect("a model always serialises");
+    if let Some(moe) = model.moe {
+        text.push_str(&format!(
+            "experts = {}\nmoe_topk = {}\nmoe_ffn_hidden = {}\nmoe_shared_ffn_hidden = {}\nmoe_dense_layers = {}\nmoe_layer_freq = {}\n",
+            moe.experts,
+            moe.topk,
+            moe.ffn_hidden,
+            moe.shared_ffn_hidden,
+            moe.dense_layers,
+            moe.layer_freq
+        ));
+    }
+    text
+}
+
+/// The mixture-of-experts keys applied to `model`: `experts` makes a model
+/// one (Megatron-LM's defaults for what is left out), the other keys need
+/// it or a base that has experts.
+fn apply_moe(table: &Table, model: &mut ModelSpec) -> Result<(), String> {
+    if let Some(experts) = positive(table, "experts")? {
+        let mut moe = model.moe.unwrap_or(MoeSpec {
+            experts,
+            topk: 2,
+            ffn_hidden: model.ffn_hidden,
+            shared_ffn_hidden: 0,
+            dense_layers: 0,
+            layer_freq: 1,
+        });
+        moe.experts = experts;
+        model.moe = Some(moe);
+    }
+    let Some(moe) = model.moe.as_mut() else {
+        if let Some(key) = MOE_KEYS.iter().find(|k| table.contains_key(**k)) {
+            return Err(format!(
+                "`{key}` needs a mixture of experts: add `experts = N` (the routed experts per MoE layer) or remove `{key}`"
+            ));
+        }
+        return Ok(());
+    };
+    for (key, field) in [
+        ("moe_topk", &mut moe.topk),
+        ("moe_ffn_hidden", &mut moe.ffn_hidden),
+        ("moe_layer_freq", &mut moe.layer_freq),
+    ] {
+        if let Some(value) = positive(table, key)? {
+            *field = value;
+        }
+    }
+    for (key, field) in [
+        ("moe_shared_ffn_hidden", &mut moe.shared_ffn_hidden),
+        ("moe_dense_layers", &mut moe.dense_layers),
+    ] {
+        match table.get(key) {
+            None => {}
+            Some(Value::Integer(0)) => *field = 0,
+            Some(_) => *field = positive(table, key)?.unwrap_or(0),
+        }
+    }
+    Ok(())
 }
 
 fn parse(text: &str, path: &str) -> Result<ModelSpec, String> {
@@ -150,6 +233,8 @@ fn parse(text: &str, path: &str) -> Result<ModelSpec, String> {
                 learned_positions: true,
                 attention: AttentionKind::Flash,
                 dropout: true,
+                head_dim_override: None,
+                moe: None,
             }
         }
     };
@@ -182,6 +267,10 @@ fn parse(text: &str, path: &str) -> Result<ModelSpec, String> {
     if let Some(text) = string(&table, "attention")? {
         model.attention = attention(text)?;
     }
+    if let Some(width) = positive(&table, "head_dim")? {
+        model.head_dim_override = Some(width);
+    }
+    apply_moe(&table, &mut model)?;
 
     let overrides = table.keys().any(|k| k != "base" && k != "name");
     match string(&table, "name")? {
@@ -229,7 +318,7 @@ fn positive(table: &Table, key: &str) -> Result<Option<u64>, String> {
     // search finite.
     let max: i64 = match key {
         "vocab" | "seq_len" => 1 << 24,
-        "ffn_hidden" => 1 << 22,
+        "ffn_hidden" | "moe_ffn_hidden" | "moe_shared_ffn_hidden" => 1 << 22,
         "hidden" => 1 << 20,
         _ => 1 << 16,
     };

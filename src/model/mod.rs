@@ -58,10 +58,67 @@ pub struct ModelSpec {
     /// it, so no dropout masks are kept (a dropout of 0 keeps none).
     #[serde(default = "dropout_default")]
     pub dropout: bool,
+    /// Width of one attention head where it is not hidden / heads (Qwen3's
+    /// 128 at hidden 2048 and 32 heads, gpt-oss's 64 at hidden 2880).
+    #[serde(default, skip_serializing_if = "Option::is_none", rename = "head_dim")]
+    pub head_dim_override: Option<u64>,
+    /// Mixture-of-experts layers, where the model has them: the MLP of
+    /// every MoE layer is replaced by routed experts (and shared ones).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moe: Option<MoeSpec>,
 }
 
 fn dropout_default() -> bool {
     true
+}
+
+/// The mixture-of-experts part of a model, in Megatron-Core's terms
+/// (`--num-experts`, `--moe-router-topk`, `--moe-ffn-hidden-size`,
+/// `--moe-shared-expert-intermediate-size`, `--moe-layer-freq`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MoeSpec {
+    /// Routed experts per MoE layer.
+    pub experts: u64,
+    /// Experts each token is routed to.
+    pub topk: u64,
+    /// Width of one routed expert's MLP (gated like the dense MLP).
+    pub ffn_hidden: u64,
+    /// Width of the shared experts together (DeepSeek's always-on experts,
+    /// Megatron-LM's `--moe-shared-expert-intermediate-size`); 0 for none.
+    #[serde(default)]
+    pub shared_ffn_hidden: u64,
+    /// Leading layers that keep a dense MLP (DeepSeek-V3's first three).
+    #[serde(default)]
+    pub dense_layers: u64,
+    /// After those, every `layer_freq`-th layer is an MoE layer (1: all).
+    #[serde(default = "layer_freq_default")]
+    pub layer_freq: u64,
+}
+
+fn layer_freq_default() -> u64 {
+    1
+}
+
+impl MoeSpec {
+    /// Whether layer `i` (from 0) has experts.
+    pub fn is_moe_layer(&self, i: u64) -> bool {
+        i >= self.dense_layers && (i - self.dense_layers).is_multiple_of(self.layer_freq.max(1))
+    }
+
+    /// MoE layers among layers `start..end`, counted without a loop.
+    pub fn moe_layers_in(&self, start: u64, end: u64) -> u64 {
+        let freq = self.layer_freq.max(1);
+        let below = |n: u64| {
+            // MoE layers among 0..n: the multiples of freq in dense..n.
+            if n <= self.dense_layers {
+                0
+            } else {
+                (n - self.dense_layers).div_ceil(freq)
+            }
+        };
+        below(end).saturating_sub(below(start))
+    }
 }
 
 impl ModelSpec {
@@ -82,11 +139,20 @@ impl ModelSpec {
             learned_positions: true,
             attention: AttentionKind::Flash,
             dropout: true,
+            head_dim_override: None,
+            moe: None,
         }
     }
 
     pub fn head_dim(&self) -> u64 {
-        self.hidden / self.heads
+        self.head_dim_override
+            .unwrap_or(self.hidden / self.heads.max(1))
+    }
+
+    /// Width of the query projection (and of the attention's output before
+    /// its projection): hidden, unless the heads are wider or narrower.
+    pub fn q_width(&self) -> u64 {
+        self.heads * self.head_dim()
     }
 
     /// Width of the key and value projections together.
@@ -94,16 +160,59 @@ impl ModelSpec {
         2 * self.kv_heads * self.head_dim()
     }
 
-    /// Parameters of one transformer layer (weights and biases, two layer norms).
-    pub fn params_per_layer(&self) -> f64 {
+    /// Parameters of one layer's attention block: QKV and output projection
+    /// with their biases, and the block's layer norm.
+    pub fn attention_params(&self) -> f64 {
         let h = self.hidden as f64;
-        let f = self.ffn_hidden as f64;
-        let qkv = h * (h + self.kv_width() as f64) + h + self.kv_width() as f64;
-        let proj = h * h + h;
-        let mlp_mats = if self.gated_mlp { 3.0 } else { 2.0 };
-        let mlp = mlp_mats * h * f + f + h;
-        let norms = 4.0 * h;
-        qkv + proj + mlp + norms
+        let q = self.q_width() as f64;
+        let kv = self.kv_width() as f64;
+        h * (q + kv) + q + kv + q * h + h + 2.0 * h
+    }
+
+    /// Matrices of an MLP of this model (gated: up, gate and down).
+    fn mlp_matrices(&self) -> f64 {
+        if self.gated_mlp { 3.0 } else { 2.0 }
+    }
+
+    /// Parameters of an MLP `width` wide, biases included.
+    pub fn mlp_params(&self, width: u64) -> f64 {
+        let h = self.hidden as f64;
+        let f = width as f64;
+        self.mlp_matrices() * h * f + f + h
+    }
+
+    /// Parameters of one dense layer (weights and biases, two layer norms).
+    pub fn dense_layer_params(&self) -> f64 {
+        self.attention_params() + self.mlp_params(self.ffn_hidden) + 2.0 * self.hidden as f64
+    }
+
+    /// Parameters of one MoE layer's experts (all of them), and of the rest
+    /// of that layer (attention, router, shared experts, norms).
+    pub fn moe_layer_params(&self) -> Option<(f64, f64)> {
+        let moe = self.moe?;
+        let h = self.hidden as f64;
+        let experts = moe.experts as f64 * self.mlp_params(moe.ffn_hidden);
+        let shared = if moe.shared_ffn_hidden > 0 {
+            self.mlp_params(moe.shared_ffn_hidden)
+        } else {
+            0.0
+        };
+        let router = h * moe.experts as f64;
+        Some((experts, self.attention_params() + shared + router + 2.0 * h))
+    }
+
+    /// Layers with experts (0 for a dense model).
+    pub fn moe_layers(&self) -> u64 {
+        self.moe.map_or(0, |m| m.moe_layers_in(0, self.layers))
+    }
+
+    /// Parameters of one transformer layer, averaged over the model's dense
+    /// and MoE layers (all experts counted).
+    pub fn params_per_layer(&self) -> f64 {
+        let moe = self.moe_layers() as f64;
+        let dense = self.layers as f64 - moe;
+        let moe_params = self.moe_layer_params().map_or(0.0, |(e, rest)| e + rest);
+        (dense * self.dense_layer_params() + moe * moe_params) / self.layers.max(1) as f64
     }
 
     /// Parameters of one layer that tensor parallelism does not split: the two
@@ -133,25 +242,69 @@ impl ModelSpec {
         } else {
             self.embedding_params()
         };
-        self.layers as f64 * self.params_per_layer()
+        let moe = self.moe_layers() as f64;
+        let dense = self.layers as f64 - moe;
+        let moe_params = self.moe_layer_params().map_or(0.0, |(e, rest)| e + rest);
+        dense * self.dense_layer_params()
+            + moe * moe_params
             + self.embedding_params()
             + head
             + self.position_params()
             + 2.0 * self.hidden as f64 // final layer norm
     }
 
-    /// Dense-GEMM FLOPs of one layer's forward pass per token, excluding the
-    /// attention-score products (which scale with the sequence).
-    pub fn layer_gemm_flops_per_token(&self) -> f64 {
+    /// Parameters a token passes through: the model with only its top-k
+    /// routed experts counted (the "active" parameters model cards quote).
+    pub fn active_params(&self) -> f64 {
+        let Some(moe) = self.moe else {
+            return self.total_params();
+        };
+        let unused = (moe.experts - moe.topk.min(moe.experts)) as f64
+            * self.mlp_params(moe.ffn_hidden)
+            * self.moe_layers() as f64;
+        self.total_params() - unused
+    }
+
+    /// GEMM FLOPs per token of the attention block's projections, forward.
+    pub fn attention_gemm_flops_per_token(&self) -> f64 {
         let h = self.hidden as f64;
-        let f = self.ffn_hidden as f64;
-        let mlp_mats = if self.gated_mlp { 3.0 } else { 2.0 };
-        2.0 * (h * (h + self.kv_width() as f64) + h * h + mlp_mats * h * f)
+        let q = self.q_width() as f64;
+        2.0 * (h * (q + self.kv_width() as f64) + q * h)
+    }
+
+    /// GEMM FLOPs per token of an MLP `width` wide, forward.
+    pub fn mlp_flops_per_token(&self, width: u64) -> f64 {
+        2.0 * self.mlp_matrices() * self.hidden as f64 * width as f64
+    }
+
+    /// GEMM FLOPs per token of one MoE layer's MLP part, forward: the
+    /// router, the top-k routed experts and the shared experts.
+    pub fn moe_mlp_flops_per_token(&self) -> Option<f64> {
+        let moe = self.moe?;
+        let router = 2.0 * self.hidden as f64 * moe.experts as f64;
+        let routed = moe.topk as f64 * self.mlp_flops_per_token(moe.ffn_hidden);
+        let shared = self.mlp_flops_per_token(moe.shared_ffn_hidden);
+        Some(router + routed + shared)
+    }
+
+    /// GEMM FLOPs of one layer's forward pass per token, excluding the
+    /// attention-score products (which scale with the sequence), averaged
+    /// over dense and MoE layers (a token's active experts only).
+    pub fn layer_gemm_flops_per_token(&self) -> f64 {
+        let dense_mlp = self.mlp_flops_per_token(self.ffn_hidden);
+        let moe = self.moe_layers() as f64;
+        let mlp = match self.moe_mlp_flops_per_token() {
+            Some(moe_mlp) => {
+                (dense_mlp * (self.layers as f64 - moe) + moe_mlp * moe) / self.layers.max(1) as f64
+            }
+            None => dense_mlp,
+        };
+        self.attention_gemm_flops_per_token() + mlp
     }
 
     /// FLOPs of the two attention-score products (QK^T and AV) per token, forward.
     pub fn layer_attention_flops_per_token(&self) -> f64 {
-        4.0 * self.seq_len as f64 * self.hidden as f64
+        4.0 * self.seq_len as f64 * self.q_width() as f64
     }
 
     /// Forward FLOPs of the output head per token.
@@ -187,7 +340,10 @@ impl ModelSpec {
                 return Err(format!("model `{}`: {field} must be positive", self.name));
             }
         }
-        if !self.hidden.is_multiple_of(self.heads) {
+        if self.head_dim_override == Some(0) {
+            return Err(format!("model `{}`: head_dim must be positive", self.name));
+        }
+        if self.head_dim_override.is_none() && !self.hidden.is_multiple_of(self.heads) {
             return Err(format!(
                 "model `{}`: hidden ({}) must be divisible by heads ({}); change one of them",
                 self.name, self.hidden, self.heads
@@ -197,6 +353,36 @@ impl ModelSpec {
             return Err(format!(
                 "model `{}`: heads ({}) must be a multiple of kv_heads ({})",
                 self.name, self.heads, self.kv_heads
+            ));
+        }
+        if let Some(moe) = self.moe {
+            self.check_moe(&moe)?;
+        }
+        Ok(())
+    }
+
+    fn check_moe(&self, moe: &MoeSpec) -> Result<(), String> {
+        let name = &self.name;
+        for (field, value) in [
+            ("experts", moe.experts),
+            ("moe_topk", moe.topk),
+            ("moe_ffn_hidden", moe.ffn_hidden),
+            ("moe_layer_freq", moe.layer_freq),
+        ] {
+            if value == 0 {
+                return Err(format!("model `{name}`: {field} must be positive"));
+            }
+        }
+        if moe.topk > moe.experts {
+            return Err(format!(
+                "model `{name}`: moe_topk ({}) cannot exceed the {} experts; route to at most as many experts as there are",
+                moe.topk, moe.experts
+            ));
+        }
+        if self.moe_layers() == 0 {
+            return Err(format!(
+                "model `{name}`: dense_layers ({}) leaves no MoE layer of the {}; lower dense_layers",
+                moe.dense_layers, self.layers
             ));
         }
         Ok(())

@@ -15,10 +15,11 @@ pub use history::{HistoryError, RunHistory, TailRepair};
 pub use table::{RunTable, write_csv};
 
 use crate::config::{
-    Engine, OptimizerSharding, ParallelConfig, Recompute, ScheduleKind, StageOrder,
+    CpComm, Dispatcher, Engine, OptimizerSharding, ParallelConfig, Recompute, ScheduleKind,
+    StageOrder,
 };
 pub use crate::cost::MemoryRank;
-use crate::model::{AttentionKind, ModelSpec};
+use crate::model::{AttentionKind, ModelSpec, MoeSpec};
 
 /// Column values for what a row does not say.
 #[derive(Debug, Clone)]
@@ -297,22 +298,18 @@ fn unsupported(cell: &dyn Fn(&str) -> Option<String>) -> Option<String> {
             .filter(|&n| n > 1)
     };
     if let Some(family) = cell("model_family")
-        && !matches!(family.as_str(), "gpt" | "llama")
+        && !matches!(family.as_str(), "gpt" | "llama" | "moe")
     {
         return Some(match family.as_str() {
             "t5" => "an encoder-decoder model (T5)".into(),
             "bert" => "an encoder with BERT's heads".into(),
             "hybrid" => "a hybrid Mamba model".into(),
             "multimodal" => "a multimodal model".into(),
-            "moe" => "a mixture of experts".into(),
             other => format!("a `{other}` model"),
         });
     }
-    if let Some(cp) = above_one("cp") {
-        return Some(format!("context parallelism (cp {cp})"));
-    }
-    if cell("num_experts").is_some() || above_one("ep").is_some() {
-        return Some("a mixture of experts".into());
+    if above_one("ep").is_some() && cell("num_experts").is_none() {
+        return Some("expert parallelism without a num_experts column".into());
     }
     if cell("multi_latent_attention").is_some_and(|v| parse_switch("", &v).unwrap_or(false)) {
         return Some("multi-latent attention".into());
@@ -446,14 +443,52 @@ fn parse_row(table: &RunTable, index: usize, defaults: &RowDefaults) -> Result<R
             &AttentionKind::ALL.map(|k| (k.name(), k)),
         )?;
     }
+    if let Some(width) = int("head_dim")? {
+        model.head_dim_override = Some(width);
+    }
+    if let Some(experts) = int("num_experts")? {
+        let count = |name: &str| -> Result<Option<u64>, String> {
+            match cell(name) {
+                Some("0") => Ok(Some(0)),
+                _ => int(name),
+            }
+        };
+        model.moe = Some(MoeSpec {
+            experts,
+            // Megatron-LM's defaults: top-2, experts as wide as the MLP.
+            topk: int("moe_topk")?.unwrap_or(2),
+            ffn_hidden: int("moe_ffn_hidden")?.unwrap_or(model.ffn_hidden),
+            shared_ffn_hidden: count("moe_shared_ffn_hidden")?.unwrap_or(0),
+            dense_layers: count("moe_dense_layers")?.unwrap_or(0),
+            layer_freq: int("moe_layer_freq")?.unwrap_or(1),
+        });
+    }
     model.name = format!("h{}-L{}", model.hidden, model.layers);
 
     let gpus = required("gpus")?;
     let tp = required("tp")?;
     let pp = required("pp")?;
+    let cp = int("cp")?.unwrap_or(1);
     let dp = match int("dp")? {
         Some(dp) => dp,
-        None => gpus / (tp * pp).max(1),
+        None => gpus / (tp * pp * cp).max(1),
+    };
+    let ep = int("ep")?.unwrap_or(1);
+    // Megatron-LM's default expert tensor parallelism is tp.
+    let etp = int("etp")?.unwrap_or(if model.moe.is_some() { tp } else { 1 });
+    // Megatron-LM's default dispatcher gathers the tokens.
+    let dispatcher = match cell("moe_dispatcher") {
+        Some(text) => parse_choice(
+            "moe_dispatcher",
+            text,
+            &Dispatcher::ALL.map(|k| (k.name(), k)),
+        )?,
+        None if model.moe.is_some() => Dispatcher::AllGather,
+        None => Dispatcher::AllToAll,
+    };
+    let cp_comm = match cell("cp_comm") {
+        Some(text) => parse_choice("cp_comm", text, &CpComm::ALL.map(|k| (k.name(), k)))?,
+        None => CpComm::P2p,
     };
     let global_batch = required("global_batch")?;
     let micro_batch = required("micro_batch")?;
@@ -553,6 +588,11 @@ fn parse_row(table: &RunTable, index: usize, defaults: &RowDefaults) -> Result<R
         ac_frequency: int("ac_frequency")?.unwrap_or(defaults.ac_frequency),
         // A shard group of all of dp is plain sharding.
         dp_shard: int("dp_shard")?.filter(|&n| n != dp),
+        cp,
+        cp_comm,
+        ep,
+        etp,
+        dispatcher,
     };
 
     let measured_s = match (real("iter_ms")?, real("tflops_per_gpu")?) {
@@ -709,7 +749,7 @@ pub(crate) fn assert_row_columns_follow_the_schema(columns: &[&str]) {
 }
 
 /// Every column a run table may use; others are carried through untouched.
-pub const KNOWN_COLUMNS: [&str; 59] = [
+pub const KNOWN_COLUMNS: [&str; 65] = [
     "gpus",
     "global_batch",
     "micro_batch",
@@ -756,14 +796,20 @@ pub const KNOWN_COLUMNS: [&str; 59] = [
     "memory_rank",
     "position_embedding",
     "attention_backend",
-    // Megatron-LM's CI runs: rows with these beyond 1 are left out (context
-    // and expert parallelism), the rest describe the run.
+    // Context and expert parallelism, and the experts (Megatron-LM's CI
+    // runs' names).
     "cp",
+    "cp_comm",
     "ep",
     "etp",
     "num_experts",
     "moe_topk",
     "moe_ffn_hidden",
+    "moe_shared_ffn_hidden",
+    "moe_dense_layers",
+    "moe_layer_freq",
+    "moe_dispatcher",
+    "head_dim",
     "multi_latent_attention",
     "precision",
     "model_family",

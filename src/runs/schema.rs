@@ -7,7 +7,7 @@ use crate::cost::Prediction;
 
 /// The configuration's columns, named as run tables name them (so a plan's
 /// CSV reads back as a run table).
-pub const CONFIG_COLUMNS: [&str; 22] = [
+pub const CONFIG_COLUMNS: [&str; 27] = [
     "tp",
     "pp",
     "dp",
@@ -30,6 +30,11 @@ pub const CONFIG_COLUMNS: [&str; 22] = [
     "compile",
     "ac_frequency",
     "dp_shard",
+    "cp",
+    "cp_comm",
+    "ep",
+    "etp",
+    "moe_dispatcher",
 ];
 
 pub fn config_cells(c: &ParallelConfig) -> Vec<String> {
@@ -60,6 +65,11 @@ pub fn config_cells(c: &ParallelConfig) -> Vec<String> {
         on_off(c.compile).into(),
         c.ac_frequency.to_string(),
         c.dp_shard.map(|n| n.to_string()).unwrap_or_default(),
+        c.cp.to_string(),
+        c.cp_comm.name().into(),
+        c.ep.to_string(),
+        c.etp.to_string(),
+        c.dispatcher.name().into(),
     ]
 }
 

@@ -5,7 +5,8 @@
 
 use super::Job;
 use crate::config::{
-    Engine, OptimizerSharding, ParallelConfig, Recompute, ScheduleKind, StageOrder,
+    CpComm, Dispatcher, Engine, OptimizerSharding, ParallelConfig, Recompute, ScheduleKind,
+    StageOrder,
 };
 use crate::model::AttentionKind;
 
@@ -37,7 +38,20 @@ pub struct SearchSpace {
     /// Hybrid-sharding groups (torchtitan's `data_parallel_shard_degree`);
     /// a value equal to dp is plain sharding.
     pub dp_shard: Option<Vec<u64>>,
+    /// Context-parallel degrees, and how their ranks exchange keys and values.
+    pub cp: Option<Vec<u64>>,
+    pub cp_comm: Option<Vec<CpComm>>,
+    /// Expert-parallel and expert-tensor-parallel degrees (MoE models).
+    pub ep: Option<Vec<u64>>,
+    pub etp: Option<Vec<u64>>,
+    pub dispatcher: Option<Vec<Dispatcher>>,
 }
+
+/// The sequence length from which the search tries context parallelism
+/// unless told otherwise: Megatron-Core's MoE guide ("use CP when sequence
+/// length >= 8K", `megatron/core/transformer/moe/README.md`), the point
+/// below which splitting the sequence costs more than it saves.
+pub const CONTEXT_PARALLEL_FROM: u64 = 8192;
 
 /// How many layers the search may take off an end stage (or put on the
 /// others) against the even share: enough for the embedding's and the
@@ -125,6 +139,7 @@ fn divisors(n: u64) -> Vec<u64> {
 pub struct Outer {
     tp: u64,
     pp: u64,
+    cp: u64,
     dp: u64,
     micro_batch: u64,
 }
@@ -155,26 +170,49 @@ impl SearchSpace {
                 if tp == 0 || pp == 0 || !job.gpus.is_multiple_of(tp * pp) {
                     continue;
                 }
-                let dp = job.gpus / (tp * pp);
-                if self.dp.as_ref().is_some_and(|dps| !dps.contains(&dp)) {
-                    continue;
-                }
-                let micro_batches = self.micro_batch.clone().unwrap_or_else(|| {
-                    if job.global_batch.is_multiple_of(dp) {
-                        divisors(job.global_batch / dp)
-                    } else {
-                        vec![1]
+                for cp in self.context_degrees(job, job.gpus / (tp * pp)) {
+                    if cp == 0 || !job.gpus.is_multiple_of(tp * pp * cp) {
+                        continue;
                     }
-                });
-                outer.extend(micro_batches.into_iter().map(|micro_batch| Outer {
-                    tp,
-                    pp,
-                    dp,
-                    micro_batch,
-                }));
+                    let dp = job.gpus / (tp * pp * cp);
+                    if self.dp.as_ref().is_some_and(|dps| !dps.contains(&dp)) {
+                        continue;
+                    }
+                    let micro_batches = self.micro_batch.clone().unwrap_or_else(|| {
+                        if job.global_batch.is_multiple_of(dp) {
+                            divisors(job.global_batch / dp)
+                        } else {
+                            vec![1]
+                        }
+                    });
+                    outer.extend(micro_batches.into_iter().map(|micro_batch| Outer {
+                        tp,
+                        pp,
+                        cp,
+                        dp,
+                        micro_batch,
+                    }));
+                }
             }
         }
         outer
+    }
+
+    /// The context-parallel degrees to try with `ranks` GPUs left after tp
+    /// and pp: the user's, or from [`CONTEXT_PARALLEL_FROM`] tokens on every
+    /// degree that divides them and splits the sequence into 2 x cp chunks.
+    fn context_degrees(&self, job: &Job, ranks: u64) -> Vec<u64> {
+        if let Some(given) = &self.cp {
+            return given.clone();
+        }
+        let seq = job.model.seq_len;
+        if seq < CONTEXT_PARALLEL_FROM {
+            return vec![1];
+        }
+        divisors(ranks)
+            .into_iter()
+            .filter(|&cp| seq.is_multiple_of(2 * cp) || cp == 1)
+            .collect()
     }
 
     /// Every tp x pp x dp product the space allows for `job`'s model and batch
@@ -216,6 +254,36 @@ impl SearchSpace {
             }
         }
         splits
+    }
+
+    /// Expert-parallel degrees to try: the user's, or for an MoE model every
+    /// divisor of the experts that divides the stage's tp x cp x dp ranks.
+    fn expert_degrees(&self, job: &Job, c: &ParallelConfig) -> Vec<u64> {
+        if let Some(given) = &self.ep {
+            return given.clone();
+        }
+        let Some(moe) = job.model.moe else {
+            return vec![1];
+        };
+        let ranks = c.tp * c.cp * c.dp;
+        divisors(moe.experts)
+            .into_iter()
+            .filter(|&ep| ranks.is_multiple_of(ep))
+            .collect()
+    }
+
+    /// Expert-tensor-parallel degrees: the user's, or for an MoE model 1
+    /// (experts whole, as Mixtral and DeepSeek-V3 train) and tp
+    /// (Megatron-LM's default).
+    fn expert_tensor_degrees(&self, job: &Job, c: &ParallelConfig) -> Vec<u64> {
+        if let Some(given) = &self.etp {
+            return given.clone();
+        }
+        match job.model.moe {
+            None => vec![1],
+            Some(_) if c.tp > 1 => vec![1, c.tp],
+            Some(_) => vec![1],
+        }
     }
 
     /// Every combination of the remaining dimensions for one outer point.
@@ -296,6 +364,7 @@ impl SearchSpace {
                 let mut variants = vec![ParallelConfig {
                     tp: o.tp,
                     pp: o.pp,
+                    cp: o.cp,
                     dp: o.dp,
                     micro_batch: o.micro_batch,
                     schedule,
@@ -305,6 +374,34 @@ impl SearchSpace {
                     engine,
                     ..ParallelConfig::default()
                 }];
+                expand(
+                    &mut variants,
+                    |c| match (&self.cp_comm, c.cp) {
+                        (_, 1) => vec![CpComm::P2p],
+                        (Some(given), _) => given.clone(),
+                        (None, _) => vec![CpComm::P2p],
+                    },
+                    |c, comm| c.cp_comm = comm,
+                );
+                expand(
+                    &mut variants,
+                    |c| self.expert_degrees(job, c),
+                    |c, ep| c.ep = ep,
+                );
+                expand(
+                    &mut variants,
+                    |c| self.expert_tensor_degrees(job, c),
+                    |c, etp| c.etp = etp,
+                );
+                expand(
+                    &mut variants,
+                    |_| match (&self.dispatcher, job.model.moe) {
+                        (Some(given), _) => given.clone(),
+                        (None, Some(_)) => Dispatcher::ALL.to_vec(),
+                        (None, None) => vec![Dispatcher::AllToAll],
+                    },
+                    |c, d| c.dispatcher = d,
+                );
                 expand(&mut variants, |_| recompute.clone(), |c, r| c.recompute = r);
                 expand(
                     &mut variants,

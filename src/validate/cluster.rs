@@ -89,7 +89,7 @@ impl Cluster {
             Cluster::Megatron(_) => candidate.megatron_args.is_some(),
             Cluster::Torchtitan(settings) => torchtitan_script(plan, candidate, settings).is_ok(),
             Cluster::Torch(_) => {
-                torch_launch::unsupported(&candidate.config, plan.model.layers).is_none()
+                torch_launch::unsupported(&plan.model, &candidate.config).is_none()
             }
         }
     }
@@ -293,7 +293,7 @@ pub fn run_loop(
             // best candidates it can run, and say which it passed over.
             let runnable = top.clone();
             for c in top.candidates.iter().take(settings.top) {
-                if let Some(reason) = torch_launch::unsupported(&c.config, plan.model.layers) {
+                if let Some(reason) = torch_launch::unsupported(&plan.model, &c.config) {
                     let _ = writeln!(report, "candidate #{}: passed over ({reason})", c.rank);
                 }
             }

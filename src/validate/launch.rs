@@ -652,7 +652,7 @@ pub(crate) mod tests {
     /// `_add_validation_args` (`--eval-iters`), `_add_data_args`
     /// (`--mock-data`, `--seq-length`), `_add_tokenizer_args`
     /// (`--tokenizer-type`, `--vocab-size`), `_add_learning_rate_args` (`--lr`).
-    const MEGATRON_FLAGS: [&str; 40] = [
+    const MEGATRON_FLAGS: [&str; 51] = [
         "--tensor-model-parallel-size",
         "--pipeline-model-parallel-size",
         "--num-layers-per-virtual-pipeline-stage",
@@ -684,9 +684,21 @@ pub(crate) mod tests {
         "--tokenizer-type",
         "--vocab-size",
         "--lr",
-        // `_add_distributed_args`; not emitted today, listed so that a
-        // future export of context parallelism passes.
+        // `_add_distributed_args` (context parallelism), `_add_moe_args`
+        // (experts) and `_add_network_size_args` (`--kv-channels`, the head
+        // width), arguments.py at 000c4ac.
         "--context-parallel-size",
+        "--cp-comm-type",
+        "--num-experts",
+        "--moe-router-topk",
+        "--moe-ffn-hidden-size",
+        "--moe-shared-expert-intermediate-size",
+        "--moe-layer-freq",
+        "--expert-model-parallel-size",
+        "--expert-tensor-parallel-size",
+        "--moe-token-dispatcher-type",
+        "--moe-grouped-gemm",
+        "--kv-channels",
         // `_add_distributed_args` (uneven pipelines, interleaving's micro-batch
         // group, the overlaps) and `_add_inference_args` (`--cuda-graph-impl`,
         // which training reads too), arguments.py at 000c4ac.

@@ -79,6 +79,20 @@ pub fn stage_prediction(s: &Scenario, c: &ParallelConfig, stage: u64) -> StagePr
     }
 }
 
+/// Why a stage of `c` cannot be trialled on one device, if it cannot: the
+/// stage trial builds dense layers on one rank.
+pub fn not_trialled(model: &crate::model::ModelSpec, c: &ParallelConfig) -> Option<&'static str> {
+    if model.moe.is_some() {
+        Some("its mixture-of-experts layers are not built by the local stage trial yet")
+    } else if c.cp > 1 {
+        Some("context parallelism is not run by the local stage trial yet")
+    } else if model.head_dim_override.is_some() {
+        Some("heads of other than hidden / heads width are not built by the local stage trial")
+    } else {
+        None
+    }
+}
+
 /// The trial job of stage `stage` of configuration `c`.
 pub fn stage_job(
     s: &Scenario,

@@ -283,6 +283,13 @@ impl TrialRunner {
             if self.done.iter().any(|t| t.config == *config) {
                 continue;
             }
+            if let Some(reason) = local::not_trialled(scenario.model, config) {
+                progress(&format!(
+                    "round {round}: #{} {config} is not trialled: {reason}",
+                    i + 1
+                ));
+                continue;
+            }
             for stage in trial_stages(config) {
                 let device = self.settings.device;
                 progress(&format!(

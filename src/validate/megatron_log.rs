@@ -984,13 +984,13 @@ impl MegatronRun {
                     "context parallelism (context_parallel_size {})",
                     m.context_parallel_size
                 ),
-                "paratune plans tensor, pipeline and data parallelism only; measure with --context-parallel-size 1",
+                "log ingestion reads dense runs without context parallelism yet; write the run as a CSV row with its cp column (evaluate and calibrate read it)",
             ));
         }
         if let Some(experts) = m.num_experts {
             return Err(unsupported(
                 format!("a mixture of experts (num_experts {experts})"),
-                "paratune models dense transformers only",
+                "log ingestion reads dense runs yet; write the run as a CSV row with its num_experts, moe_topk, moe_ffn_hidden, ep and etp columns (evaluate and calibrate read it)",
             ));
         }
         let vocab = m.vocab().ok_or_else(|| MegatronLogError::MissingArguments {

@@ -152,8 +152,15 @@ pub fn chunk_layers(c: &ParallelConfig, layers: u64) -> Vec<u64> {
 }
 
 /// Why the worker cannot run `c` as planned, if it cannot.
-pub fn unsupported(c: &ParallelConfig, layers: u64) -> Option<String> {
-    let reason = if c.engine != Engine::Torchtitan {
+pub fn unsupported(model: &crate::model::ModelSpec, c: &ParallelConfig) -> Option<String> {
+    let layers = model.layers;
+    let reason = if model.moe.is_some() {
+        "mixture-of-experts layers are not built by the worker yet (its layers are dense)"
+    } else if c.cp > 1 {
+        "context parallelism is not run by the worker yet"
+    } else if model.head_dim_override.is_some() {
+        "heads of other than hidden / heads width are not built by the worker"
+    } else if c.engine != Engine::Torchtitan {
         "the torch worker holds state as FSDP2 does (fp32 parameters, gradients and Adam moments); plan with --engine torchtitan to trial on it"
     } else if c.compile {
         "torch.compile is not run by the worker (plan with --compile off)"
@@ -233,7 +240,7 @@ pub fn trial_job(
     report_dir: &Path,
 ) -> Result<TrialJob, LaunchError> {
     let c = &candidate.config;
-    if let Some(reason) = unsupported(c, plan.model.layers) {
+    if let Some(reason) = unsupported(&plan.model, c) {
         return Err(LaunchError::Unsupported {
             rank: candidate.rank,
             engine: "the torch worker",
@@ -927,13 +934,15 @@ mod tests {
 
     #[test]
     fn what_the_worker_cannot_run_is_skipped_with_the_reason() {
-        let base = plan(SearchSpace::default()).candidates[0].config;
+        let planned = plan(SearchSpace::default());
+        let model = planned.model.clone();
+        let base = planned.candidates[0].config;
         let megatron = ParallelConfig {
             engine: Engine::Megatron,
             ..base
         };
         assert!(
-            unsupported(&megatron, 24)
+            unsupported(&model, &megatron)
                 .unwrap()
                 .contains("--engine torchtitan")
         );
@@ -942,11 +951,20 @@ mod tests {
             ..base
         };
         assert!(
-            unsupported(&compiled, 24)
+            unsupported(&model, &compiled)
                 .unwrap()
                 .contains("torch.compile")
         );
-        assert_eq!(unsupported(&base, 24), None);
+        let context = ParallelConfig { cp: 2, ..base };
+        assert!(
+            unsupported(&model, &context)
+                .unwrap()
+                .contains("context parallelism")
+        );
+        let mut experts = model.clone();
+        experts.moe = crate::model::builtin_model("mixtral-8x7b").unwrap().moe;
+        assert!(unsupported(&experts, &base).unwrap().contains("experts"));
+        assert_eq!(unsupported(&model, &base), None);
     }
 
     #[test]

@@ -2161,7 +2161,7 @@ fn refuse_features(scan: &Scan, r: &Reader, path: &str) -> Result<()> {
     if cp > 1 {
         return Err(unsupported(
             format!("context parallelism (context_parallel_degree {cp})"),
-            "paratune plans tensor, pipeline and data parallelism only; measure with context_parallel_degree = 1",
+            "log ingestion reads runs without context parallelism yet; write the run as a CSV row with its cp column (evaluate and calibrate read it)",
         ));
     }
     let ep = r.count("parallelism.expert_parallel_degree", 1)?;
@@ -2172,7 +2172,7 @@ fn refuse_features(scan: &Scan, r: &Reader, path: &str) -> Result<()> {
     if ep > 1 || mesh_ep {
         return Err(unsupported(
             format!("expert parallelism (expert_parallel_degree {ep})"),
-            "paratune models dense transformers only",
+            "log ingestion reads dense runs yet; write the run as a CSV row with its num_experts, moe_topk, moe_ffn_hidden, ep and etp columns",
         ));
     }
     let name = r
@@ -2194,7 +2194,7 @@ fn refuse_features(scan: &Scan, r: &Reader, path: &str) -> Result<()> {
                 name.as_deref()
                     .unwrap_or("the model's arguments have MoE layers")
             ),
-            "paratune models dense transformers only",
+            "log ingestion reads dense runs yet; write the run as a CSV row with its num_experts, moe_topk, moe_ffn_hidden, ep and etp columns",
         ));
     }
     let converters = r.list("model.converters")?.unwrap_or_default();
@@ -2433,6 +2433,8 @@ fn llama_spec(
         learned_positions: false,
         attention: AttentionKind::Flash,
         dropout: false,
+        head_dim_override: None,
+        moe: None,
     }
 }
 
@@ -3518,7 +3520,7 @@ mod tests {
         };
         let e = err("context_parallel_degree = 2", "", Some(8));
         assert!(
-            e.contains("context parallelism") && e.contains("context_parallel_degree = 1"),
+            e.contains("context parallelism") && e.contains("CSV row with its cp column"),
             "{e}"
         );
         let e = err(
