@@ -227,6 +227,29 @@ impl CpComm {
     }
 }
 
+/// The number format of the layers' matrix multiplies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    /// bf16 everywhere (fp32 master weights and gradients).
+    #[default]
+    Bf16,
+    /// The transformer layers' linear layers in FP8 (Transformer Engine's
+    /// hybrid E4M3/E5M2, MXFP8 on Blackwell), the rest in bf16.
+    Fp8,
+}
+
+impl Precision {
+    pub const ALL: [Precision; 2] = [Precision::Bf16, Precision::Fp8];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::Bf16 => "bf16",
+            Precision::Fp8 => "fp8",
+        }
+    }
+}
+
 /// How an MoE layer's tokens reach their experts (Megatron-LM's
 /// `--moe-token-dispatcher-type`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
@@ -279,6 +302,9 @@ pub struct ParallelConfig {
     /// How an MoE model's tokens reach their experts.
     #[serde(default)]
     pub dispatcher: Dispatcher,
+    /// The layers' GEMMs in bf16 or FP8.
+    #[serde(default)]
+    pub precision: Precision,
     pub micro_batch: u64,
     pub schedule: ScheduleKind,
     /// Model chunks per pipeline rank; 1 unless the schedule is interleaved.
@@ -356,6 +382,7 @@ impl Default for ParallelConfig {
             ep: 1,
             etp: 1,
             dispatcher: Dispatcher::AllToAll,
+            precision: Precision::Bf16,
             micro_batch: 1,
             schedule: ScheduleKind::OneFOneB,
             virtual_stages: 1,
@@ -1062,6 +1089,9 @@ impl fmt::Display for ParallelConfig {
         }
         if self.dispatcher != Dispatcher::AllToAll {
             write!(f, " dispatch={}", self.dispatcher.name())?;
+        }
+        if self.precision != Precision::Bf16 {
+            write!(f, " {}", self.precision.name())?;
         }
         if self.recompute == Recompute::SelectiveLayer {
             write!(f, " every={}", self.ac_frequency)?;

@@ -6,7 +6,7 @@
 use paratune::cluster::{NodeGroup, builtin_node};
 use paratune::coefficients::{Coefficients, CollectiveAlgorithm, CostModel};
 use paratune::config::{
-    Engine, OptimizerSharding, ParallelConfig, Recompute, ScheduleKind, StageOrder,
+    Engine, OptimizerSharding, ParallelConfig, Precision, Recompute, ScheduleKind, StageOrder,
 };
 use paratune::cost::{Scenario, busiest_link_seconds, memory_per_stage, peak_memory, predict};
 use paratune::model::{AttentionKind, ModelSpec, builtin_model, builtin_model_names};
@@ -99,6 +99,7 @@ fn synthetic_model() -> impl Strategy<Value = ModelSpec> {
                     learned_positions: learned,
                     dropout: learned,
                     head_dim_override: None,
+                    mla: None,
                     moe: None,
                     attention: if flash {
                         AttentionKind::Flash
@@ -160,6 +161,9 @@ struct Picks {
     ac_frequency: u64,
     /// Hybrid sharding over the smallest proper group of dp (torchtitan).
     hybrid: bool,
+    /// Context parallelism over two ranks, the expert-parallel degree (an
+    /// index into those that fit), experts split over tp, FP8 GEMMs.
+    parallel: (bool, usize, bool, bool),
 }
 
 fn picks() -> impl Strategy<Value = Picks> {
@@ -185,6 +189,7 @@ fn picks() -> impl Strategy<Value = Picks> {
             any::<bool>(),
         ),
         (any::<bool>(), any::<bool>(), 1u64..=4, any::<bool>()),
+        (any::<bool>(), any::<usize>(), any::<bool>(), any::<bool>()),
     )
         .prop_map(
             |(
@@ -193,6 +198,7 @@ fn picks() -> impl Strategy<Value = Picks> {
                 (recompute, sequence_parallel, sharding, bpipe, attention),
                 (switches, uneven, tp_over_nodes, pairs),
                 (torchtitan, compile, ac_frequency, hybrid),
+                parallel,
             )| Picks {
                 gpu,
                 tp,
@@ -215,6 +221,7 @@ fn picks() -> impl Strategy<Value = Picks> {
                 compile,
                 ac_frequency,
                 hybrid,
+                parallel,
             },
         )
 }
@@ -236,13 +243,37 @@ fn build(model: ModelSpec, cost: CostModel, p: Picks) -> Case {
         .filter(|&pp| !default_splits(model.layers, pp, 1).is_empty())
         .collect();
     let pp = pps[p.pp % pps.len()];
+    let (context, ep_pick, experts_over_tp, fp8) = p.parallel;
+    let cp = if context && model.seq_len.is_multiple_of(4) {
+        2
+    } else {
+        1
+    };
     let mut dp = p.dp;
-    let ranks = tp * pp * dp;
+    let ranks = tp * pp * cp * dp;
     if ranks > 8 {
         // Whole 8-GPU nodes.
         dp *= 8 / gcd(ranks, 8);
     }
-    let gpus = tp * pp * dp;
+    let gpus = tp * pp * cp * dp;
+    let etp = if experts_over_tp && model.moe.is_some_and(|m| m.ffn_hidden.is_multiple_of(tp)) {
+        tp
+    } else {
+        1
+    };
+    let eps: Vec<u64> = match model.moe {
+        Some(moe) => (1..=moe.experts)
+            .filter(|&ep| moe.experts.is_multiple_of(ep) && (tp * cp * dp).is_multiple_of(ep * etp))
+            .collect(),
+        None => vec![1],
+    };
+    let ep = eps[ep_pick % eps.len()];
+    let group = builtin_node(GPUS[p.gpu], gpus.div_ceil(8)).unwrap();
+    let precision = if fp8 && group.gpu.fp8_peak_flops.is_some() {
+        Precision::Fp8
+    } else {
+        Precision::Bf16
+    };
     let mut schedule = [
         ScheduleKind::OneFOneB,
         ScheduleKind::Gpipe,
@@ -274,7 +305,8 @@ fn build(model: ModelSpec, cost: CostModel, p: Picks) -> Case {
     let policies = Recompute::of(engine);
     let recompute = policies[p.recompute % policies.len()];
     let compile = p.compile && engine == Engine::Torchtitan;
-    let sequence_parallel = p.sequence_parallel && tp > 1;
+    // Megatron-Core runs MoE layers under tp only sequence-parallel.
+    let sequence_parallel = (p.sequence_parallel || model.moe.is_some()) && tp > 1;
     let optimizer_sharding = if dp > 1 {
         OptimizerSharding::ALL[p.sharding]
     } else {
@@ -319,10 +351,14 @@ fn build(model: ModelSpec, cost: CostModel, p: Picks) -> Case {
                 && engine == Engine::Torchtitan
                 && optimizer_sharding != OptimizerSharding::None
         }),
+        cp,
+        ep,
+        etp: if model.moe.is_some() { etp } else { 1 },
+        precision,
         ..ParallelConfig::default()
     };
     Case {
-        group: builtin_node(GPUS[p.gpu], gpus.div_ceil(8)).unwrap(),
+        group,
         model,
         cost,
         global_batch: p.micro_batch * dp * micro_batches,
@@ -332,11 +368,20 @@ fn build(model: ModelSpec, cost: CostModel, p: Picks) -> Case {
 }
 
 fn case() -> impl Strategy<Value = Case> {
-    (
-        prop_oneof![catalogue_model(), synthetic_model()],
-        cost_model(),
-        picks(),
-    )
+    valid_cases(prop_oneof![catalogue_model(), synthetic_model()])
+}
+
+/// Cases of the catalogue's mixtures of experts only.
+fn moe_case() -> impl Strategy<Value = Case> {
+    let names: Vec<&str> = builtin_model_names()
+        .into_iter()
+        .filter(|n| builtin_model(n).unwrap().moe.is_some())
+        .collect();
+    valid_cases((0..names.len()).prop_map(move |i| builtin_model(names[i]).unwrap()))
+}
+
+fn valid_cases(models: impl Strategy<Value = ModelSpec>) -> impl Strategy<Value = Case> {
+    (models, cost_model(), picks())
         .prop_map(|(model, cost, picks)| build(model, cost, picks))
         .prop_filter("violates a rule", |c| {
             let per_node = c.group.gpus_per_node.min(c.gpus);
@@ -472,6 +517,8 @@ proptest! {
     #[test]
     fn model_states_of_all_stages_add_up_to_the_sharded_model(case in case()) {
         let c = &case.config;
+        // FP8's weight copies are checked on their own below.
+        prop_assume!(c.precision == Precision::Bf16);
         let k = &case.cost.coefficients;
         let stages = memory_per_stage(&case.scenario(), c);
         prop_assert_eq!(stages.len() as u64, c.pp);
@@ -581,7 +628,12 @@ proptest! {
     #[test]
     fn mfu_and_tflops_never_exceed_the_peak(case in case()) {
         let p = predict(&case.scenario(), &case.config);
-        let peak_tflops = case.group.gpu.peak_flops / 1e12;
+        // The peak of the precision the GEMMs run at.
+        let peak = match (case.config.precision, case.group.gpu.fp8_peak_flops) {
+            (Precision::Fp8, Some(fp8)) => fp8,
+            _ => case.group.gpu.peak_flops,
+        };
+        let peak_tflops = peak / 1e12;
         prop_assert!(at_most(p.mfu, 1.0), "MFU {} for {}", p.mfu, case.config);
         prop_assert!(
             at_most(p.tflops_per_gpu, peak_tflops),
@@ -672,4 +724,120 @@ fn bpipe_with_fewer_micro_batches_than_stages_peaks_in_the_middle() {
     let held: Vec<f64> = stages.iter().map(|m| m.in_flight).collect();
     assert_eq!(held, [3.0, 3.0, 4.0, 4.0, 4.0, 3.0, 3.0, 2.0]);
     peak_is_the_max_over_stages(&case).unwrap();
+}
+
+/// The expert-parallel degrees of `case` that keep it valid, ascending.
+fn valid_expert_degrees(case: &Case) -> Vec<u64> {
+    let Some(moe) = case.model.moe else {
+        return vec![1];
+    };
+    let c = &case.config;
+    let per_node = case.group.gpus_per_node.min(case.gpus);
+    (1..=moe.experts)
+        .filter(|&ep| {
+            ParallelConfig { ep, ..*c }
+                .check(&case.model, case.global_batch, case.gpus, per_node)
+                .is_ok()
+        })
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    /// (v) More experts on more expert-parallel ranks never raise a rank's
+    /// expert memory (weights, gradients, optimizer states of every stage).
+    #[test]
+    fn more_expert_parallel_ranks_never_raise_a_ranks_memory(case in moe_case()) {
+        let degrees = valid_expert_degrees(&case);
+        let state = |ep: u64| -> f64 {
+            let c = ParallelConfig { ep, ..case.config };
+            memory_per_stage(&case.scenario(), &c)
+                .iter()
+                .map(|m| m.weights + m.gradients + m.optimizer_states)
+                .fold(0.0, f64::max)
+        };
+        for pair in degrees.windows(2) {
+            prop_assert!(
+                at_most(state(pair[1]), state(pair[0])),
+                "ep {} holds {} bytes, ep {} {}",
+                pair[1], state(pair[1]), pair[0], state(pair[0])
+            );
+        }
+    }
+
+    /// (vi) Context parallelism divides the activation memory: cp ranks
+    /// each keep a cp-th of the layers' activations.
+    #[test]
+    fn context_parallelism_divides_the_activations(case in case()) {
+        let c = case.config;
+        prop_assume!(c.cp == 1 && case.model.seq_len.is_multiple_of(8));
+        let s = case.scenario();
+        let split = ParallelConfig { cp: 2, ..c };
+        for stage in [0, c.pp - 1] {
+            let whole = paratune::cost::stage_activation_bytes(&s, &c, stage);
+            let half = paratune::cost::stage_activation_bytes(&s, &split, stage);
+            prop_assert!(
+                (2.0 * half - whole).abs() <= 1e-9 * whole,
+                "stage {stage}: {whole} bytes whole, {half} with cp 2"
+            );
+        }
+    }
+
+    /// (vii) FP8 copies of the layers' weights add at most two bytes a
+    /// parameter, and never take any away.
+    #[test]
+    fn fp8_adds_at_most_two_bytes_per_parameter(case in case()) {
+        prop_assume!(case.group.gpu.fp8_peak_flops.is_some());
+        let s = case.scenario();
+        let bf16 = ParallelConfig { precision: Precision::Bf16, ..case.config };
+        let fp8 = ParallelConfig { precision: Precision::Fp8, ..case.config };
+        let params = expected_params_over_stages(&case.model, &bf16);
+        let weights = |c: &ParallelConfig| -> f64 {
+            memory_per_stage(&s, c).iter().map(|m| m.weights).sum()
+        };
+        prop_assert!(weights(&fp8) >= weights(&bf16));
+        prop_assert!(at_most(weights(&fp8) - weights(&bf16), 2.0 * params));
+    }
+}
+
+/// (viii) FP8 never slows a GEMM-bound layer: on every GPU with FP8, large
+/// layers of every catalogue shape take less time with FP8 GEMMs.
+#[test]
+fn fp8_never_slows_a_gemm_bound_layer() {
+    let cost = CostModel::datasheet();
+    for gpu in ["h100-sxm", "h200", "b200", "gb200", "mi300x"] {
+        let group = builtin_node(gpu, 1).unwrap();
+        for name in [
+            "llama3-70b",
+            "gpt3-175b",
+            "mixtral-8x22b",
+            "qwen3-235b-a22b",
+        ] {
+            let mut model = builtin_model(name).unwrap();
+            model.seq_len = 4096;
+            model.layers = 8;
+            let scenario = Scenario::new(&model, 64, &group, 8, &cost);
+            let base = ParallelConfig {
+                tp: 8,
+                micro_batch: 4,
+                sequence_parallel: true,
+                // Experts whole, over the ranks (wide GEMMs).
+                ep: if model.moe.is_some() { 8 } else { 1 },
+                ..ParallelConfig::default()
+            };
+            let fp8 = ParallelConfig {
+                precision: Precision::Fp8,
+                ..base
+            };
+            let (slow, fast) = (
+                predict(&scenario, &base).time.compute,
+                predict(&scenario, &fp8).time.compute,
+            );
+            assert!(
+                fast < slow,
+                "{name} on {gpu}: {fast} s in FP8, {slow} s in bf16"
+            );
+        }
+    }
 }

@@ -197,6 +197,22 @@ pub struct ModelArgs {
     /// Leading layers that keep a dense MLP (DeepSeek-V3's first three).
     #[arg(long, value_parser = clap::value_parser!(u64).range(0..=65536))]
     pub dense_layers: Option<u64>,
+    /// Multi-latent attention (DeepSeek): rank of the keys' and values' latent
+    /// (Megatron-LM's --kv-lora-rank; the other MLA flags default to its defaults).
+    #[arg(long, value_parser = count(1 << 16), allow_negative_numbers = true)]
+    pub kv_lora_rank: Option<u64>,
+    /// MLA: rank of the queries' latent (--q-lora-rank; 0: projected directly).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(0..=65536))]
+    pub q_lora_rank: Option<u64>,
+    /// MLA: query/key width per head without position (--qk-head-dim; default 128).
+    #[arg(long, value_parser = count(1 << 12), allow_negative_numbers = true)]
+    pub qk_head_dim: Option<u64>,
+    /// MLA: rotary width per head (--qk-pos-emb-head-dim; default 64).
+    #[arg(long, value_parser = count(1 << 12), allow_negative_numbers = true)]
+    pub qk_pos_head_dim: Option<u64>,
+    /// MLA: value width per head (--v-head-dim; default 128).
+    #[arg(long, value_parser = count(1 << 12), allow_negative_numbers = true)]
+    pub v_head_dim: Option<u64>,
     /// After them, every N-th layer has experts (--moe-layer-freq; default 1).
     #[arg(long, value_parser = count(1 << 16), allow_negative_numbers = true)]
     pub moe_layer_freq: Option<u64>,
@@ -368,6 +384,10 @@ pub struct SpaceArgs {
     /// Expert-tensor-parallel degree(s) (--expert-tensor-parallel-size; searched: 1 and tp).
     #[arg(long, value_delimiter = ',', value_parser = count(1 << 16), allow_negative_numbers = true)]
     pub etp: Option<Vec<u64>>,
+    /// Number format of the layers' GEMMs: bf16 (default), fp8 (Transformer Engine's
+    /// FP8, MXFP8 on Blackwell; needs a GPU with FP8), or both to compare.
+    #[arg(long, value_delimiter = ',')]
+    pub precision: Option<Vec<String>>,
     /// How an MoE layer's tokens reach their experts: alltoall, allgather
     /// (--moe-token-dispatcher-type; searched: both).
     #[arg(long, value_delimiter = ',')]

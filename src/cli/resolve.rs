@@ -8,11 +8,11 @@ use paratune::coefficients::{
     CostModel, builtin_cost_model, builtin_cost_model_names, default_cost_model, parse_cost_model,
 };
 use paratune::config::{
-    CpComm, Dispatcher, Engine, OptimizerSharding, ParallelConfig, Recompute, Rule, ScheduleKind,
-    StageOrder,
+    CpComm, Dispatcher, Engine, OptimizerSharding, ParallelConfig, Precision, Recompute, Rule,
+    ScheduleKind, StageOrder,
 };
 use paratune::model::{
-    AttentionKind, ModelSpec, MoeSpec, builtin_model, builtin_model_names, load_model_file,
+    AttentionKind, MlaSpec, ModelSpec, MoeSpec, builtin_model, builtin_model_names, load_model_file,
 };
 use paratune::runs::{MemoryRank, RowDefaults, Run, RunTable, parse_choice, parse_switch};
 use paratune::search::{Job, SearchSpace};
@@ -83,6 +83,7 @@ pub fn model(args: &ModelArgs) -> Result<ModelSpec> {
         model.head_dim_override = Some(width);
     }
     apply_moe_flags(args, &mut model)?;
+    apply_mla_flags(args, &mut model)?;
     model.check().map_err(|e| anyhow!(flag_names(&e)))?;
     Ok(model)
 }
@@ -133,6 +134,49 @@ fn apply_moe_flags(args: &ModelArgs, model: &mut ModelSpec) -> Result<()> {
     }
     if let Some(freq) = args.moe_layer_freq {
         moe.layer_freq = freq;
+    }
+    Ok(())
+}
+
+/// The multi-latent attention flags: `--kv-lora-rank` turns it on (with
+/// Megatron-LM's defaults for the rest); the others need it.
+fn apply_mla_flags(args: &ModelArgs, model: &mut ModelSpec) -> Result<()> {
+    if let Some(rank) = args.kv_lora_rank {
+        let mut mla = model.mla.unwrap_or(MlaSpec {
+            q_lora_rank: 0,
+            kv_lora_rank: rank,
+            qk_head_dim: 128,
+            qk_pos_head_dim: 64,
+            v_head_dim: 128,
+        });
+        mla.kv_lora_rank = rank;
+        model.mla = Some(mla);
+        model.kv_heads = model.heads;
+    }
+    let given = [
+        ("--q-lora-rank", args.q_lora_rank.is_some()),
+        ("--qk-head-dim", args.qk_head_dim.is_some()),
+        ("--qk-pos-head-dim", args.qk_pos_head_dim.is_some()),
+        ("--v-head-dim", args.v_head_dim.is_some()),
+    ];
+    let Some(mla) = model.mla.as_mut() else {
+        if let Some((flag, _)) = given.iter().find(|(_, on)| *on) {
+            bail!(
+                "{flag} needs multi-latent attention, and model `{}` has none: add --kv-lora-rank N or leave {flag} out",
+                model.name
+            );
+        }
+        return Ok(());
+    };
+    for (value, field) in [
+        (args.q_lora_rank, &mut mla.q_lora_rank),
+        (args.qk_head_dim, &mut mla.qk_head_dim),
+        (args.qk_pos_head_dim, &mut mla.qk_pos_head_dim),
+        (args.v_head_dim, &mut mla.v_head_dim),
+    ] {
+        if let Some(v) = value {
+            *field = v;
+        }
     }
     Ok(())
 }
@@ -450,9 +494,29 @@ pub fn space(args: &SpaceArgs) -> Result<SearchSpace> {
             &args.moe_dispatcher,
             &Dispatcher::ALL.map(|k| (k.name(), k)),
         )?,
+        precision: choices(
+            "--precision",
+            &args.precision,
+            &Precision::ALL.map(|k| (k.name(), k)),
+        )?,
     };
     check_engine_choices(&space)?;
     Ok(space)
+}
+
+/// `--precision fp8` on a GPU without FP8 tensor cores, refused up front.
+pub fn check_precision(space: &SearchSpace, job: &Job) -> Result<()> {
+    let asks_fp8 = space
+        .precision
+        .as_deref()
+        .is_some_and(|p| p.contains(&Precision::Fp8));
+    if asks_fp8 && job.nodes.gpu.fp8_peak_flops.is_none() {
+        bail!(
+            "--precision fp8: the {} has no FP8 tensor cores (Hopper and later do); plan with --precision bf16, or give the GPU an fp8_peak_tflops in a cluster file",
+            job.nodes.gpu.name
+        );
+    }
+    Ok(())
 }
 
 /// A search restricted to what its engine cannot run would only count
@@ -511,6 +575,7 @@ fn single_optional(flag: &str, values: &Option<Vec<u64>>) -> Result<Option<u64>>
 /// tp 1, pp 1 and dp = GPUs / (tp x pp).
 pub fn single_config(args: &SpaceArgs, job: &Job) -> Result<ParallelConfig> {
     let space = space(args)?;
+    check_precision(&space, job)?;
     let tp = single("--tp", &space.tp, 1)?;
     let pp = single("--pp", &space.pp, 1)?;
     let cp = single("--cp", &space.cp, 1)?;
@@ -578,6 +643,7 @@ pub fn single_config(args: &SpaceArgs, job: &Job) -> Result<ParallelConfig> {
         ep: single("--ep", &space.ep, 1)?,
         etp: single("--etp", &space.etp, moe_etp)?,
         dispatcher: single("--moe-dispatcher", &space.dispatcher, Dispatcher::AllToAll)?,
+        precision: single("--precision", &space.precision, Precision::Bf16)?,
     };
     // A group of all of dp is plain sharding.
     if config.dp_shard == Some(config.dp) {

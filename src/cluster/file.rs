@@ -40,7 +40,13 @@ const NODE_KEYS: [&str; 5] = [
     "intra_node_bw",
     "inter_node_bw",
 ];
-const GPU_KEYS: [&str; 4] = ["name", "peak_tflops", "memory", "hbm_bandwidth"];
+const GPU_KEYS: [&str; 5] = [
+    "name",
+    "peak_tflops",
+    "memory",
+    "hbm_bandwidth",
+    "fp8_peak_tflops",
+];
 const DEFAULT_GPUS_PER_NODE: u64 = 8;
 
 /// Parses a cluster file's text; `path` names the file in messages.
@@ -188,7 +194,9 @@ fn inline_gpu(table: &Table, at: &str) -> Result<GpuSpec, String> {
             ));
         }
     }
-    if let Some(missing) = GPU_KEYS.iter().find(|k| !table.contains_key(**k)) {
+    // All but the FP8 peak, which a GPU without FP8 leaves out.
+    let required = &GPU_KEYS[..4];
+    if let Some(missing) = required.iter().find(|k| !table.contains_key(**k)) {
         return Err(format!(
             "{at}: the inline `gpu` table lacks `{missing}`; give all of \
              `name = \"x\", peak_tflops = 312.0, memory = \"80GiB\", hbm_bandwidth = \"2039GB/s\"`"
@@ -214,11 +222,23 @@ fn inline_gpu(table: &Table, at: &str) -> Result<GpuSpec, String> {
     };
     let memory = with_units::<Bytes>(&table["memory"], "memory", at)?.0;
     let hbm = bandwidth(&table["hbm_bandwidth"], "hbm_bandwidth", at)?;
+    let fp8_peak_flops = match table.get("fp8_peak_tflops") {
+        None => None,
+        Some(Value::Integer(n)) if *n > 0 => Some(*n as f64 * 1e12),
+        Some(Value::Float(x)) if x.is_finite() && *x > 0.0 => Some(x * 1e12),
+        Some(other) => {
+            return Err(format!(
+                "{at}: `fp8_peak_tflops` must be a positive number of dense FP8 TFLOP/s, \
+                 e.g. `fp8_peak_tflops = 1979.0`, or left out for a GPU without FP8, not `{other}`"
+            ));
+        }
+    };
     Ok(GpuSpec {
         name,
         peak_flops: peak_tflops * 1e12,
         memory_bytes: memory,
         hbm_bandwidth: hbm.bytes_per_s(),
+        fp8_peak_flops,
     })
 }
 

@@ -25,6 +25,10 @@ pub struct GpuSpec {
     pub memory_bytes: f64,
     /// HBM bandwidth, bytes/s.
     pub hbm_bandwidth: f64,
+    /// Dense FP8 tensor-core peak, FLOP/s, on GPUs that have FP8 (Hopper
+    /// and later; MXFP8 on Blackwell runs at the same peak).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fp8_peak_flops: Option<f64>,
 }
 
 impl GpuSpec {
@@ -50,6 +54,13 @@ impl NodeGroup {
     /// a plan file read back must hold before anything is derived from it.
     pub fn check(&self) -> Result<(), String> {
         crate::text::check_printable("GPU name", &self.gpu.name)?;
+        if let Some(fp8) = self.gpu.fp8_peak_flops
+            && !(fp8.is_finite() && fp8 > 0.0)
+        {
+            return Err(format!(
+                "`gpu.fp8_peak_flops` is {fp8}; it must be a positive number"
+            ));
+        }
         let figures = [
             ("gpu.peak_flops", self.gpu.peak_flops),
             ("gpu.memory_bytes", self.gpu.memory_bytes),

@@ -1,6 +1,7 @@
 //! Time of single GPU kernels: GEMMs, attention cores, memory-bound passes.
 
 use super::Scenario;
+use crate::config::Precision;
 
 /// Bytes per 16-bit element.
 pub const HALF: f64 = 2.0;
@@ -25,6 +26,37 @@ fn gemm_at(s: &Scenario, peak_fraction: f64, m: f64, n: f64, k: f64) -> f64 {
 /// over `tokens` rows, `input` to `output` features.
 pub fn linear_forward_backward(s: &Scenario, tokens: f64, input: f64, output: f64) -> (f64, f64) {
     linear_at(s, s.coef().gemm_efficiency, tokens, input, output)
+}
+
+/// [`linear_forward_backward`] of a transformer layer's linear in `precision`:
+/// in FP8 (on a GPU with an FP8 peak) the three GEMMs run at that peak on
+/// 1-byte operands, and the 16-bit activation (forward) and gradient
+/// (backward) are cast, with their transposed FP8 copies, on the way in.
+pub fn layer_linear(
+    s: &Scenario,
+    precision: Precision,
+    tokens: f64,
+    input: f64,
+    output: f64,
+) -> (f64, f64) {
+    let fp8_peak = match (precision, s.gpu.fp8_peak_flops) {
+        (Precision::Fp8, Some(peak)) => peak,
+        _ => return linear_forward_backward(s, tokens, input, output),
+    };
+    let k = s.coef();
+    let gemm = |m: f64, n: f64, kk: f64| {
+        let fill = |d: f64| d / (d + k.gemm_dim_half);
+        let compute =
+            2.0 * m * n * kk / (fp8_peak * k.fp8_gemm_efficiency * fill(m) * fill(n) * fill(kk));
+        // FP8 operands, a 16-bit result.
+        let bytes = m * kk + kk * n + HALF * m * n;
+        compute.max(memory_pass(s, bytes))
+    };
+    let cast = |elements: f64| memory_pass(s, k.fp8_cast_bytes_per_element * elements);
+    let forward = gemm(tokens, output, input) + cast(tokens * input);
+    let backward =
+        gemm(tokens, input, output) + gemm(input, output, tokens) + cast(tokens * output);
+    (forward, backward)
 }
 
 /// [`linear_forward_backward`] for the output head, at its own efficiency.

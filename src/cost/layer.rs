@@ -17,7 +17,7 @@
 use super::kernels::{self, HALF};
 use super::{ProfileUsage, Scenario, comm};
 use crate::config::{CpComm, Dispatcher, ParallelConfig, Recompute};
-use crate::model::AttentionKind;
+use crate::model::{AttentionKind, Split};
 use crate::profile::{LayerArch, LayerShape};
 
 /// Seconds per layer per micro-batch, forward + backward + recomputation.
@@ -136,15 +136,15 @@ impl PassTime {
 
 /// Forward and backward GEMM time of an MLP `width` wide split `split`
 /// ways, over `rows` tokens.
-fn mlp_gemms(s: &Scenario, rows: f64, width: f64, split: f64) -> (f64, f64) {
+fn mlp_gemms(s: &Scenario, c: &ParallelConfig, rows: f64, width: f64, split: f64) -> (f64, f64) {
     let h = s.model.hidden as f64;
     let up_width = if s.model.gated_mlp {
         2.0 * width
     } else {
         width
     };
-    let (up_f, up_b) = kernels::linear_forward_backward(s, rows, h, up_width / split);
-    let (down_f, down_b) = kernels::linear_forward_backward(s, rows, width / split, h);
+    let (up_f, up_b) = kernels::layer_linear(s, c.precision, rows, h, up_width / split);
+    let (down_f, down_b) = kernels::layer_linear(s, c.precision, rows, width / split, h);
     (up_f + down_f, up_b + down_b)
 }
 
@@ -161,12 +161,13 @@ fn moe_gemms(s: &Scenario, c: &ParallelConfig) -> (f64, f64) {
     let tokens = local_tokens(s, c);
     let local_experts = (moe.experts / c.ep.max(1)) as f64;
     let rows_per_expert = expert_rows(s, c) / local_experts;
-    let (expert_f, expert_b) = mlp_gemms(s, rows_per_expert, moe.ffn_hidden as f64, c.etp as f64);
+    let (expert_f, expert_b) =
+        mlp_gemms(s, c, rows_per_expert, moe.ffn_hidden as f64, c.etp as f64);
     let imbalance = s.coef().moe_load_imbalance;
     let (router_f, router_b) =
         kernels::linear_forward_backward(s, tokens / t, h, moe.experts as f64);
     let (shared_f, shared_b) = if moe.shared_ffn_hidden > 0 {
-        mlp_gemms(s, tokens, moe.shared_ffn_hidden as f64, t)
+        mlp_gemms(s, c, tokens, moe.shared_ffn_hidden as f64, t)
     } else {
         (0.0, 0.0)
     };
@@ -182,21 +183,24 @@ fn layer_passes(s: &Scenario, c: &ParallelConfig, kind: LayerKind) -> (PassTime,
     let k = s.coef();
     let t = c.tp as f64;
     let seq = model.seq_len as f64;
-    let h = model.hidden as f64;
     let f = model.ffn_hidden as f64;
     let tokens = local_tokens(s, c);
 
-    let q = model.q_width() as f64;
-    let linears = [
-        (h, (q + model.kv_width() as f64) / t), // QKV
-        (q / t, h),                             // attention output projection
-    ];
     let (mut gemm_fwd, mut gemm_bwd) = match kind {
-        LayerKind::Dense => mlp_gemms(s, tokens, f, t),
+        LayerKind::Dense => mlp_gemms(s, c, tokens, f, t),
         LayerKind::Moe => moe_gemms(s, c),
     };
-    for (input, output) in linears {
-        let (fwd, bwd) = kernels::linear_forward_backward(s, tokens, input, output);
+    // QKV and the output projection (MLA: its down- and up-projections).
+    for (input, output, split) in model.attention_projections() {
+        if input == 0 {
+            continue;
+        }
+        let (input, output) = match split {
+            Split::Output => (input as f64, output as f64 / t),
+            Split::Input => (input as f64 / t, output as f64),
+            Split::Replicated => (input as f64, output as f64),
+        };
+        let (fwd, bwd) = kernels::layer_linear(s, c.precision, tokens, input, output);
         gemm_fwd += fwd;
         gemm_bwd += bwd;
     }

@@ -10,7 +10,8 @@ use super::kernels::HALF;
 use super::layer::{LayerKind, dispatch_gathered_tokens, expert_rows, local_tokens};
 use crate::cluster::GroupSpan;
 use crate::config::{
-    CpComm, Dispatcher, Engine, OptimizerSharding, ParallelConfig, Recompute, ScheduleKind,
+    CpComm, Dispatcher, Engine, OptimizerSharding, ParallelConfig, Precision, Recompute,
+    ScheduleKind,
 };
 use crate::model::{AttentionKind, ModelSpec};
 use serde::{Deserialize, Serialize};
@@ -142,7 +143,7 @@ pub fn gathered_weight_bytes(s: &Scenario, c: &ParallelConfig, stage: u64) -> f6
 /// whole.
 fn layer_params_per_rank(model: &ModelSpec, tp: u64) -> f64 {
     let replicated = model.replicated_params_per_layer();
-    (model.params_per_layer() - replicated) / tp as f64 + replicated
+    (model.dense_layer_params() - replicated) / tp as f64 + replicated
 }
 
 /// Bytes of one stage on one GPU at its peak, by kind.
@@ -287,7 +288,10 @@ fn layer_kept(s: &Scenario, c: &ParallelConfig, recompute: Recompute, kind: Laye
     // replicated over tp without SP.
     let replicated = (8.0 + masks) * sb * h / sp;
     // Q, K, V and the attention output (the projection's input)...
-    let attention_io = sb * HALF * (2.0 * model.q_width() as f64 + model.kv_width() as f64) / t;
+    // (MLA also keeps its latents, whole on every tp rank, for the
+    // up-projections' backward.)
+    let widths = model.q_width() + model.kv_width() + model.v_width();
+    let attention_io = sb * HALF * widths as f64 / t + sb * HALF * model.latent_width() as f64;
     // ...and the MLP activation's input and output: a gated MLP keeps both
     // projections and their product, torch.compile fuses the product away.
     let mlp_width = match (model.gated_mlp, c.compile) {
@@ -402,6 +406,12 @@ pub fn stage_memory(s: &Scenario, c: &ParallelConfig, stage: u64) -> StageMemory
         gradients += group.params * bytes.gradients / state_shards;
         optimizer_states += group.params * bytes.optimizer / optimizer_shards;
     }
+    // Transformer Engine keeps an FP8 copy of each layer weight and its
+    // transpose (for the backward GEMMs), 1 byte each.
+    if c.precision == Precision::Fp8 && s.gpu.fp8_peak_flops.is_some() {
+        let groups = parameter_groups(s, c, stage);
+        weights += 2.0 * (groups[0].params + groups[2].params);
+    }
     let t = c.tp as f64;
     let tokens = local_tokens(s, c);
     let h = model.hidden as f64;
@@ -477,8 +487,8 @@ fn context_parallel_buffers(s: &Scenario, c: &ParallelConfig) -> f64 {
         CpComm::P2p => 4.0 * kv_chunk,
         CpComm::AllGather => 2.0 * c.cp as f64 * kv_chunk,
         CpComm::A2a => {
-            2.0 * HALF * tokens * (2.0 * model.q_width() as f64 + model.kv_width() as f64)
-                / c.tp as f64
+            let widths = model.q_width() + model.kv_width() + model.v_width();
+            2.0 * HALF * tokens * widths as f64 / c.tp as f64
         }
     }
 }
@@ -486,13 +496,60 @@ fn context_parallel_buffers(s: &Scenario, c: &ParallelConfig) -> f64 {
 /// The stages that can hold the most memory: the first (the most in-flight
 /// micro-batches under every schedule, and the embedding) and the last (the
 /// output head and the logits); with an uneven split also their neighbours,
-/// which may hold more layers than the ends. Stages between hold less of
-/// everything.
-pub fn peak_candidates(c: &ParallelConfig) -> impl Iterator<Item = u64> {
+/// which may hold more layers than the ends; in a mixture of experts whose
+/// first layers are dense, the first stages holding only MoE layers (their
+/// experts outweigh the dense layers before them). Stages between hold less
+/// of everything. Where MoE layers alternate with dense ones, every stage.
+pub fn peak_candidates(s: &Scenario, c: &ParallelConfig) -> impl Iterator<Item = u64> {
     let p = c.pp;
     // A stage listed twice (p <= 3) is harmless where the largest is taken.
-    let stages = [0, p - 1, 1.min(p - 1), p.saturating_sub(2)];
-    stages.into_iter().take(if c.uneven() { 4 } else { 2 })
+    let mut stages = [0, p - 1, 1.min(p - 1), p.saturating_sub(2), 0, 0];
+    let mut count = if c.uneven() { 4 } else { 2 };
+    if let Some(moe) = s
+        .model
+        .moe
+        .filter(|m| m.dense_layers > 0 || m.layer_freq > 1)
+    {
+        match first_moe_stage(c, s.model.layers, moe.dense_layers) {
+            Some(stage) if moe.layer_freq == 1 => {
+                stages[count] = stage;
+                stages[count + 1] = (stage + 1).min(p - 1);
+                count += 2;
+            }
+            _ => return AllOrSome::All(0..p),
+        }
+    }
+    AllOrSome::Some(stages.into_iter().take(count))
+}
+
+/// The stage holding layer `layer` when that layer is in the first round
+/// of model chunks (always without interleaving); `None` past it.
+fn first_moe_stage(c: &ParallelConfig, layers: u64, layer: u64) -> Option<u64> {
+    let v = c.virtual_stages.max(1);
+    let first = c.stage_layers(layers, 0) / v;
+    let middle = c.middle_stage_layers(layers) / v;
+    if c.pp == 1 || layer < first {
+        return Some(0);
+    }
+    let stage = 1 + (layer - first) / middle.max(1);
+    (stage < c.pp).then_some(stage)
+}
+
+/// The candidates: a few stages, or all of them.
+enum AllOrSome<S> {
+    All(std::ops::Range<u64>),
+    Some(S),
+}
+
+impl<S: Iterator<Item = u64>> Iterator for AllOrSome<S> {
+    type Item = u64;
+
+    fn next(&mut self) -> Option<u64> {
+        match self {
+            AllOrSome::All(range) => range.next(),
+            AllOrSome::Some(stages) => stages.next(),
+        }
+    }
 }
 
 /// The stage with the most memory: among [`peak_candidates`], or, under
@@ -504,5 +561,5 @@ pub fn peak_stage(s: &Scenario, c: &ParallelConfig) -> StageMemory {
     if c.bpipe {
         return (1..c.pp).map(memory).fold(memory(0), best);
     }
-    peak_candidates(c).map(memory).fold(memory(0), best)
+    peak_candidates(s, c).map(memory).fold(memory(0), best)
 }

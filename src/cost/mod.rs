@@ -186,7 +186,8 @@ pub struct Prediction {
     pub tokens_per_s: f64,
     /// Hardware FLOP/s per GPU in TFLOP/s, recomputation included (Megatron's convention).
     pub tflops_per_gpu: f64,
-    /// Model FLOPs utilisation: model FLOPs (no recomputation) over peak.
+    /// Model FLOPs utilisation: model FLOPs (no recomputation) over the peak
+    /// of the precision the GEMMs run at (bf16, or FP8's under FP8).
     pub mfu: f64,
     /// Device memory of the peak stage: PyTorch's reserved peak plus what
     /// lives outside its allocator. `fits` is judged on it.
@@ -377,22 +378,35 @@ pub fn stage_layer_kinds(s: &Scenario, c: &ParallelConfig, stage: u64) -> (u64, 
     let Some(moe) = s.model.moe else {
         return (layers, 0);
     };
-    let v = c.virtual_stages.max(1);
-    let chunk_len = |st: u64, chunk: u64| {
-        let n = c.stage_layers(s.model.layers, st);
-        n / v + if chunk == v - 1 { n % v } else { 0 }
+    let (pp, v) = (c.pp, c.virtual_stages.max(1));
+    // Chunk j of a stage holds 1/v of its layers, the last chunk also the
+    // remainder; the first stage and the middle ones precede `stage` in
+    // every round.
+    let of = |st: u64| c.stage_layers(s.model.layers, st);
+    let (first, middle) = (of(0), c.middle_stage_layers(s.model.layers));
+    let base = |n: u64| n / v;
+    let round: u64 = if pp == 1 {
+        base(layers)
+    } else {
+        base(first) + (pp - 2) * base(middle) + base(of(pp - 1))
     };
-    let mut start = 0;
-    let mut moe_layers = 0;
-    for g in 0..c.pp * v {
-        let (st, chunk) = (g % c.pp, g / c.pp);
-        let len = chunk_len(st, chunk);
-        if st == stage {
-            moe_layers += moe.moe_layers_in(start, start + len);
+    let before_in_round = |remainders: bool| -> u64 {
+        if stage == 0 {
+            return 0;
         }
-        start += len;
+        let part = |n: u64| if remainders { n % v } else { base(n) };
+        part(first) + (stage - 1) * part(middle)
+    };
+    let mut moe_layers = 0;
+    for j in 0..v {
+        let last_round = j == v - 1;
+        let start =
+            j * round + before_in_round(false) + if last_round { before_in_round(true) } else { 0 };
+        let len = base(layers) + if last_round { layers % v } else { 0 };
+        moe_layers += moe.moe_layers_in(start, start + len);
     }
-    (layers - moe_layers.min(layers), moe_layers.min(layers))
+    let moe_layers = moe_layers.min(layers);
+    (layers - moe_layers, moe_layers)
 }
 
 /// Per-micro-batch GPU time of the work only the first stage (embedding)
@@ -523,7 +537,7 @@ pub fn predict_with_usage(s: &Scenario, c: &ParallelConfig) -> (Prediction, Prof
         time,
         tokens_per_s: (s.global_batch * s.model.seq_len) as f64 / iteration_s,
         tflops_per_gpu: hardware_flops(s, c) / iteration_s / gpus / 1e12,
-        mfu: model_flops / iteration_s / gpus / s.gpu.peak_flops,
+        mfu: model_flops / iteration_s / gpus / gemm_peak(s, c),
         peak_memory_bytes: memory.bytes,
         peak_stage: memory.stage,
         peak_allocated_bytes: memory.allocated,
@@ -536,6 +550,15 @@ pub fn predict_with_usage(s: &Scenario, c: &ParallelConfig) -> (Prediction, Prof
         fits: memory.fits,
     };
     (prediction, usage)
+}
+
+/// The dense tensor-core peak the configuration's GEMMs run at: FP8's
+/// under FP8 on a GPU that has it, else the 16-bit one.
+pub fn gemm_peak(s: &Scenario, c: &ParallelConfig) -> f64 {
+    match (c.precision, s.gpu.fp8_peak_flops) {
+        (crate::config::Precision::Fp8, Some(fp8)) => fp8,
+        _ => s.gpu.peak_flops,
+    }
 }
 
 /// The time the busiest link of a GPU is busy in one iteration, hidden or
@@ -639,6 +662,19 @@ pub struct MemoryCheck {
     pub fits: bool,
 }
 
+/// `c` with the switches that move no byte of memory cleared (the
+/// data-parallel overlaps and where BPipe's stages sit): two configurations
+/// with the same key have the same [`peak_memory`], so a search may check
+/// one for both.
+pub fn memory_key(c: &ParallelConfig) -> ParallelConfig {
+    ParallelConfig {
+        overlap_grad_reduce: false,
+        overlap_param_gather: false,
+        stage_order: crate::config::StageOrder::Megatron,
+        ..*c
+    }
+}
+
 pub fn peak_memory(s: &Scenario, c: &ParallelConfig) -> MemoryCheck {
     let peak = memory::peak_stage(s, c);
     let usable = s.usable_memory();
@@ -725,14 +761,28 @@ fn data_parallel_and_optimizer(
     let mut worst_tail = f64::NEG_INFINITY;
     let mut gather_ahead = 0.0_f64;
     let m = c.micro_batches(s.global_batch) as f64;
-    for stage in memory::peak_candidates(c) {
+    // Forward and backward time of all stages' layers, once needed.
+    let mut total: Option<(f64, f64)> = None;
+    for stage in memory::peak_candidates(s, c) {
         let groups = memory::parameter_groups(s, c, stage);
         let layers = c.stage_layers(s.model.layers, stage) as f64;
         let work = times.stage(s, c, stage);
         // The layers of the stages before this one, forward and backward.
-        let (before_forward, before_backward) = (0..stage)
-            .map(|j| times.stage(s, c, j))
-            .fold((0.0, 0.0), |(f, b), w| (f + w.forward, b + w.backward));
+        // Summed from the nearer end: the candidates sit at the ends.
+        let sum = |range: std::ops::Range<u64>| {
+            range
+                .map(|j| times.stage(s, c, j))
+                .fold((0.0, 0.0), |(f, b), w: layer::LayerTime| {
+                    (f + w.forward, b + w.backward)
+                })
+        };
+        let (before_forward, before_backward) = if stage <= c.pp / 2 {
+            sum(0..stage)
+        } else {
+            let (all_f, all_b) = *total.get_or_insert_with(|| sum(0..c.pp));
+            let (after_f, after_b) = sum(stage..c.pp);
+            (all_f - after_f, all_b - after_b)
+        };
         let sync = comm::stage_sync(s, c, &groups, usage);
         let same_link = sync.link == tp_link;
         // Gradients: bucketed under the last backward on the first stage.
@@ -772,7 +822,13 @@ fn data_parallel_and_optimizer(
                 _ => g.params / g.ranks.max(1) as f64,
             })
             .sum();
-        let optimizer = owned * k.optimizer_step_bytes_per_param
+        // In FP8, each updated layer weight is cast again with its
+        // transpose once per iteration (read 2 bytes, write 1 + 1).
+        let recast = match (c.precision, s.gpu.fp8_peak_flops) {
+            (crate::config::Precision::Fp8, Some(_)) => 4.0 * (groups[0].params + groups[2].params),
+            _ => 0.0,
+        };
+        let optimizer = (owned * k.optimizer_step_bytes_per_param + recast)
             / (s.gpu.hbm_bandwidth * k.hbm_efficiency * s.measured_hbm_scale);
         // Stage `stage` ended its schedule this much before stage 0.
         let slack = before_backward / v;

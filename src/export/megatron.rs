@@ -6,7 +6,7 @@
 //! release branches, which introduced `--attention-backend`.
 
 use super::{ExportError, LaunchJob, check_job, shell_quote};
-use crate::config::{OptimizerSharding, Recompute, ScheduleKind};
+use crate::config::{OptimizerSharding, Precision, Recompute, ScheduleKind};
 use crate::model::AttentionKind;
 
 const ENGINE: &str = "Megatron-LM";
@@ -176,7 +176,16 @@ pub fn megatron_args(job: &LaunchJob) -> Result<Vec<String>, ExportError> {
     args.pair("--num-layers", model.layers);
     args.pair("--hidden-size", model.hidden);
     args.pair("--num-attention-heads", model.heads);
-    if model.head_dim_override.is_some() {
+    if let Some(mla) = model.mla {
+        args.flag("--multi-latent-attention");
+        if mla.q_lora_rank > 0 {
+            args.pair("--q-lora-rank", mla.q_lora_rank);
+        }
+        args.pair("--kv-lora-rank", mla.kv_lora_rank);
+        args.pair("--qk-head-dim", mla.qk_head_dim);
+        args.pair("--qk-pos-emb-head-dim", mla.qk_pos_head_dim);
+        args.pair("--v-head-dim", mla.v_head_dim);
+    } else if model.head_dim_override.is_some() {
         args.pair("--kv-channels", model.head_dim());
     }
     if model.kv_heads < model.heads {
@@ -223,6 +232,19 @@ pub fn megatron_args(job: &LaunchJob) -> Result<Vec<String>, ExportError> {
         }
     }
     args.flag("--bf16");
+    if c.precision == Precision::Fp8 {
+        // Transformer Engine's E4M3 forward / E5M2 backward, scaled per
+        // tensor on Hopper and per 32-element block (MXFP8) on Blackwell.
+        args.pair("--fp8-format", "hybrid");
+        args.pair(
+            "--fp8-recipe",
+            if job.blackwell() {
+                "mxfp8"
+            } else {
+                "tensorwise"
+            },
+        );
+    }
     Ok(args.0)
 }
 

@@ -28,9 +28,16 @@ pub struct LaunchJob<'a> {
     pub global_batch: u64,
     pub gpus: u64,
     pub gpus_per_node: u64,
+    /// The GPU's catalogue name (its FP8 recipe: MXFP8 on Blackwell).
+    pub gpu: &'a str,
 }
 
 impl<'a> LaunchJob<'a> {
+    /// Whether the GPU is a Blackwell part, whose FP8 recipe is MXFP8.
+    pub fn blackwell(&self) -> bool {
+        let gpu = self.gpu.to_lowercase();
+        gpu.starts_with("b200") || gpu.starts_with("gb200") || gpu.starts_with("b300")
+    }
     /// `config` of a search's `job`.
     pub fn of(job: &'a crate::search::Job, config: &'a ParallelConfig) -> Self {
         LaunchJob {
@@ -39,6 +46,7 @@ impl<'a> LaunchJob<'a> {
             global_batch: job.global_batch,
             gpus: job.gpus,
             gpus_per_node: job.nodes.gpus_per_node,
+            gpu: &job.nodes.gpu.name,
         }
     }
 }
@@ -103,6 +111,7 @@ pub(crate) mod tests {
             global_batch: 1536,
             gpus: config.gpus(),
             gpus_per_node: 8,
+            gpu: "a100-80gb",
         }
     }
 
@@ -122,6 +131,7 @@ pub(crate) mod tests {
             learned_positions: false,
             dropout: false,
             head_dim_override: None,
+            mla: None,
             moe: None,
             attention: AttentionKind::Flash,
         }

@@ -233,6 +233,9 @@ fn unlike_llama(job: &LaunchJob) -> Vec<&'static str> {
     if model.moe.is_some() {
         unlike.push("a mixture of experts (a torchtitan MoE model: qwen3, deepseek_v3 or llama4)");
     }
+    if model.mla.is_some() {
+        unlike.push("multi-latent attention (torchtitan's deepseek_v3)");
+    }
     unlike
 }
 
@@ -321,6 +324,19 @@ pub fn torchtitan_toml(job: &LaunchJob) -> Result<String, ExportError> {
     }
     line(w, format_args!("name = \"llama3\""));
     line(w, format_args!("flavor = {}", toml_string(&model.name)));
+    if c.precision == crate::config::Precision::Fp8 {
+        // torchao's float8 linears (tensorwise scaling) on Hopper, its
+        // MXFP8 converter on Blackwell.
+        if job.blackwell() {
+            line(w, format_args!("converters = [\"mx\"]"));
+            line(w, format_args!("\n[mx]"));
+            line(w, format_args!("recipe_name = \"mxfp8\""));
+        } else {
+            line(w, format_args!("converters = [\"float8\"]"));
+            line(w, format_args!("\n[float8]"));
+            line(w, format_args!("recipe_name = \"tensorwise\""));
+        }
+    }
 
     line(w, format_args!("\n[training]"));
     line(w, format_args!("local_batch_size = {}", layout.local_batch));
@@ -510,6 +526,16 @@ pub struct TorchtitanFlags {
 pub fn torchtitan_flags(job: &LaunchJob) -> Result<TorchtitanFlags, ExportError> {
     let layout = layout(job)?;
     check_experts_and_context(job, Release::V03)?;
+    if job.config.precision == crate::config::Precision::Fp8 {
+        return Err(ExportError::Unsupported {
+            engine: ENGINE,
+            feature: "FP8 from the command line".into(),
+            hint: "torchtitan 0.3 sets float8 in the Python config function (a \
+                   Float8LinearConverter, or its MXFP8 converter on Blackwell); add it there \
+                   and run these flags, or give a torchtitan 0.2 job TOML"
+                .into(),
+        });
+    }
     let c = job.config;
     let activation_checkpoint = match c.recompute {
         Recompute::None => "activation-checkpoint:none",

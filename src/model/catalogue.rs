@@ -1,7 +1,7 @@
 //! Built-in models: the shapes published for well-known decoder-only
 //! transformers, so that a plan can name a model instead of describing it.
 
-use super::{AttentionKind, ModelSpec, MoeSpec};
+use super::{AttentionKind, MlaSpec, ModelSpec, MoeSpec};
 
 /// GPT shapes: (name, hidden, heads, layers). All use vocabulary 51200 and
 /// sequence 2048, MLP 4h, learned positions and tied embeddings.
@@ -112,6 +112,43 @@ const MOE: [Moe; 6] = [
     Moe { name: "gpt-oss-120b", hidden: 2880, heads: 64, kv_heads: 8, head_dim: Some(64), layers: 36, vocab: 201_088, seq_len: 4096, experts: 128, topk: 4, expert_ffn: 2880 },
 ];
 
+/// DeepSeek-V3 (deepseek-ai/DeepSeek-V3 config.json and its
+/// `README_WEIGHTS.md`; DeepSeek-AI, "DeepSeek-V3 Technical Report", 2024):
+/// 61 layers, the first three dense (18432 wide), then 256 routed experts
+/// of 2048 with top-8 and one shared expert, multi-latent attention (q/kv
+/// latents 1536/512, heads 128 + 64 rotary, values 128), pre-trained at
+/// 4K tokens; 671B parameters, 37B active. Its multi-token-prediction
+/// module (one more layer and head, 11.5B) is not counted.
+fn deepseek_v3() -> ModelSpec {
+    let mut spec = Llama {
+        name: "deepseek-v3",
+        hidden: 7168,
+        heads: 128,
+        kv_heads: 128,
+        ffn_hidden: 18432,
+        layers: 61,
+        vocab: 129_280,
+        seq_len: 4096,
+    }
+    .spec();
+    spec.mla = Some(MlaSpec {
+        q_lora_rank: 1536,
+        kv_lora_rank: 512,
+        qk_head_dim: 128,
+        qk_pos_head_dim: 64,
+        v_head_dim: 128,
+    });
+    spec.moe = Some(MoeSpec {
+        experts: 256,
+        topk: 8,
+        ffn_hidden: 2048,
+        shared_ffn_hidden: 2048,
+        dense_layers: 3,
+        layer_freq: 1,
+    });
+    spec
+}
+
 impl Moe {
     fn spec(&self) -> ModelSpec {
         let mut spec = Llama {
@@ -155,6 +192,7 @@ impl Llama {
             attention: AttentionKind::Flash,
             dropout: false,
             head_dim_override: None,
+            mla: None,
             moe: None,
         }
     }
@@ -168,7 +206,10 @@ pub fn builtin_model_names() -> Vec<&'static str> {
         .chain(LLAMA3.iter())
         .chain(LLAMA31_128K.iter())
         .map(|m| m.name);
-    gpt.chain(llama).chain(MOE.iter().map(|m| m.name)).collect()
+    gpt.chain(llama)
+        .chain(MOE.iter().map(|m| m.name))
+        .chain(["deepseek-v3"])
+        .collect()
 }
 
 /// The built-in model of that name (case-insensitive), if any.
@@ -185,6 +226,9 @@ pub fn builtin_model(name: &str) -> Option<ModelSpec> {
     }
     if let Some(moe) = MOE.iter().find(|m| m.name == wanted) {
         return Some(moe.spec());
+    }
+    if wanted == "deepseek-v3" {
+        return Some(deepseek_v3());
     }
     LLAMA2
         .iter()
@@ -211,7 +255,7 @@ mod tests {
     #[test]
     fn every_name_resolves_to_a_valid_model_of_that_name() {
         let names = builtin_model_names();
-        assert_eq!(names.len(), 27);
+        assert_eq!(names.len(), 28);
         for name in names {
             let m = builtin_model(name).unwrap_or_else(|| panic!("{name} does not resolve"));
             assert_eq!(m.name, name);
@@ -286,6 +330,8 @@ mod tests {
         active("gpt-oss-20b", 3.61e9, 0.03);
         within("gpt-oss-120b", 116.8e9, 0.02);
         active("gpt-oss-120b", 5.13e9, 0.03);
+        within("deepseek-v3", 671e9, 0.01);
+        active("deepseek-v3", 37e9, 0.03);
         within("llama3.1-405b", 405.8e9, 0.03);
         assert_eq!(builtin_model("llama3.1-8b").unwrap().seq_len, 131_072);
     }

@@ -23,6 +23,11 @@
 //! moe_shared_ffn_hidden = 0  # shared experts' width together (default: none)
 //! moe_dense_layers = 0       # leading layers with a dense MLP (default 0)
 //! moe_layer_freq = 1         # then every n-th layer has experts (default 1)
+//! kv_lora_rank = 512         # multi-latent attention (DeepSeek): the keys' and values' latent
+//! q_lora_rank = 1536         # the queries' latent (default 0: projected directly)
+//! qk_head_dim = 128          # per head, without position (default 128)
+//! qk_pos_head_dim = 64       # per head, rotary (default 64)
+//! v_head_dim = 128           # per head, values (default 128)
 //! ```
 //!
 //! With `base`, an absent key keeps the base's value (changing `hidden` does
@@ -33,7 +38,7 @@
 //!
 //! Every error is one line that starts with the file's path.
 
-use super::{AttentionKind, ModelSpec, MoeSpec, builtin_model, builtin_model_names};
+use super::{AttentionKind, MlaSpec, ModelSpec, MoeSpec, builtin_model, builtin_model_names};
 use crate::suggest::did_you_mean;
 use std::path::Path;
 use toml::{Table, Value};
@@ -49,7 +54,7 @@ pub enum ModelFileError {
 }
 
 /// Keys a model file may hold, in the order they are documented.
-const KEYS: [&str; 21] = [
+const KEYS: [&str; 26] = [
     "base",
     "name",
     "hidden",
@@ -71,6 +76,19 @@ const KEYS: [&str; 21] = [
     "moe_shared_ffn_hidden",
     "moe_dense_layers",
     "moe_layer_freq",
+    "kv_lora_rank",
+    "q_lora_rank",
+    "qk_head_dim",
+    "qk_pos_head_dim",
+    "v_head_dim",
+];
+
+/// Multi-latent attention's keys besides `kv_lora_rank`.
+const MLA_KEYS: [&str; 4] = [
+    "q_lora_rank",
+    "qk_head_dim",
+    "qk_pos_head_dim",
+    "v_head_dim",
 ];
 
 /// The mixture-of-experts keys besides `experts`.
@@ -107,7 +125,14 @@ pub fn load_model_file(path: &Path) -> Result<ModelSpec, ModelFileError> {
 pub fn render_model_toml(model: &ModelSpec) -> String {
     let mut flat = model.clone();
     flat.moe = None;
+    flat.mla = None;
     let mut text = toml::to_string(&flat).expect("a model always serialises");
+    if let Some(mla) = model.mla {
+        text.push_str(&format!(
+            "kv_lora_rank = {}\nq_lora_rank = {}\nqk_head_dim = {}\nqk_pos_head_dim = {}\nv_head_dim = {}\n",
+            mla.kv_lora_rank, mla.q_lora_rank, mla.qk_head_dim, mla.qk_pos_head_dim, mla.v_head_dim
+        ));
+    }
     if let Some(moe) = model.moe {
         text.push_str(&format!(
             "experts = {}\nmoe_topk = {}\nmoe_ffn_hidden = {}\nmoe_shared_ffn_hidden = {}\nmoe_dense_layers = {}\nmoe_layer_freq = {}\n",
@@ -120,6 +145,48 @@ pub fn render_model_toml(model: &ModelSpec) -> String {
         ));
     }
     text
+}
+
+/// Multi-latent attention's keys applied to `model`: `kv_lora_rank` makes
+/// its attention MLA (Megatron-LM's defaults for what is left out), the
+/// other keys need it or a base that has it.
+fn apply_mla(table: &Table, model: &mut ModelSpec) -> Result<(), String> {
+    if let Some(rank) = positive(table, "kv_lora_rank")? {
+        let mut mla = model.mla.unwrap_or(MlaSpec {
+            q_lora_rank: 0,
+            kv_lora_rank: rank,
+            qk_head_dim: 128,
+            qk_pos_head_dim: 64,
+            v_head_dim: 128,
+        });
+        mla.kv_lora_rank = rank;
+        model.mla = Some(mla);
+        // Every head has its own keys and values.
+        model.kv_heads = model.heads;
+    }
+    let Some(mla) = model.mla.as_mut() else {
+        if let Some(key) = MLA_KEYS.iter().find(|k| table.contains_key(**k)) {
+            return Err(format!(
+                "`{key}` needs multi-latent attention: add `kv_lora_rank = N` or remove `{key}`"
+            ));
+        }
+        return Ok(());
+    };
+    for (key, field) in [
+        ("qk_head_dim", &mut mla.qk_head_dim),
+        ("qk_pos_head_dim", &mut mla.qk_pos_head_dim),
+        ("v_head_dim", &mut mla.v_head_dim),
+    ] {
+        if let Some(value) = positive(table, key)? {
+            *field = value;
+        }
+    }
+    match table.get("q_lora_rank") {
+        None => {}
+        Some(Value::Integer(0)) => mla.q_lora_rank = 0,
+        Some(_) => mla.q_lora_rank = positive(table, "q_lora_rank")?.unwrap_or(0),
+    }
+    Ok(())
 }
 
 /// The mixture-of-experts keys applied to `model`: `experts` makes a model
@@ -234,6 +301,7 @@ fn parse(text: &str, path: &str) -> Result<ModelSpec, String> {
                 attention: AttentionKind::Flash,
                 dropout: true,
                 head_dim_override: None,
+                mla: None,
                 moe: None,
             }
         }
@@ -271,6 +339,7 @@ fn parse(text: &str, path: &str) -> Result<ModelSpec, String> {
         model.head_dim_override = Some(width);
     }
     apply_moe(&table, &mut model)?;
+    apply_mla(&table, &mut model)?;
 
     let overrides = table.keys().any(|k| k != "base" && k != "name");
     match string(&table, "name")? {

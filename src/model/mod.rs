@@ -62,6 +62,10 @@ pub struct ModelSpec {
     /// 128 at hidden 2048 and 32 heads, gpt-oss's 64 at hidden 2880).
     #[serde(default, skip_serializing_if = "Option::is_none", rename = "head_dim")]
     pub head_dim_override: Option<u64>,
+    /// Multi-latent attention (DeepSeek-V2/V3), where the model has it: keys
+    /// and values projected through a shared low-rank latent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mla: Option<MlaSpec>,
     /// Mixture-of-experts layers, where the model has them: the MLP of
     /// every MoE layer is replaced by routed experts (and shared ones).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -70,6 +74,34 @@ pub struct ModelSpec {
 
 fn dropout_default() -> bool {
     true
+}
+
+/// Multi-latent attention's shapes, in Megatron-Core's terms (`--q-lora-rank`,
+/// `--kv-lora-rank`, `--qk-head-dim`, `--qk-pos-emb-head-dim`,
+/// `--v-head-dim`; DeepSeek-V3's config calls them q_lora_rank,
+/// kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MlaSpec {
+    /// Rank of the queries' latent; 0 projects queries directly.
+    pub q_lora_rank: u64,
+    pub kv_lora_rank: u64,
+    /// Per head: the query/key part without position, the rotary part
+    /// (its key part shared by all heads), and the value width.
+    pub qk_head_dim: u64,
+    pub qk_pos_head_dim: u64,
+    pub v_head_dim: u64,
+}
+
+/// How tensor parallelism splits one projection of the attention block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Split {
+    /// Column-parallel: the outputs over the tp ranks.
+    Output,
+    /// Row-parallel: the inputs over the tp ranks.
+    Input,
+    /// Whole on every rank (MLA's down-projections).
+    Replicated,
 }
 
 /// The mixture-of-experts part of a model, in Megatron-Core's terms
@@ -140,30 +172,99 @@ impl ModelSpec {
             attention: AttentionKind::Flash,
             dropout: true,
             head_dim_override: None,
+            mla: None,
             moe: None,
         }
     }
 
+    /// Width of one query/key head.
     pub fn head_dim(&self) -> u64 {
+        if let Some(mla) = self.mla {
+            return mla.qk_head_dim + mla.qk_pos_head_dim;
+        }
         self.head_dim_override
             .unwrap_or(self.hidden / self.heads.max(1))
     }
 
-    /// Width of the query projection (and of the attention's output before
-    /// its projection): hidden, unless the heads are wider or narrower.
+    /// Width of the queries: hidden, unless the heads are wider or narrower.
     pub fn q_width(&self) -> u64 {
         self.heads * self.head_dim()
     }
 
+    /// Width of the attention's values and of its output before the output
+    /// projection: the queries' width, or MLA's value heads.
+    pub fn v_width(&self) -> u64 {
+        match self.mla {
+            Some(mla) => self.heads * mla.v_head_dim,
+            None => self.q_width(),
+        }
+    }
+
+    /// The attention block's projections as (inputs, outputs, how tp splits
+    /// them): QKV and the output projection, or MLA's down- and
+    /// up-projections of queries and of keys and values and its output
+    /// projection. Unused entries are zero-sized; no allocation.
+    pub fn attention_projections(&self) -> [(u64, u64, Split); 5] {
+        let h = self.hidden;
+        let none = (0, 0, Split::Replicated);
+        let Some(mla) = self.mla else {
+            return [
+                (h, self.q_width() + self.kv_width(), Split::Output),
+                (self.v_width(), h, Split::Input),
+                none,
+                none,
+                none,
+            ];
+        };
+        let per_head_kv = mla.qk_head_dim + mla.v_head_dim;
+        let queries = if mla.q_lora_rank > 0 {
+            [
+                (h, mla.q_lora_rank, Split::Replicated),
+                (mla.q_lora_rank, self.q_width(), Split::Output),
+            ]
+        } else {
+            [(h, self.q_width(), Split::Output), none]
+        };
+        [
+            queries[0],
+            queries[1],
+            (h, mla.kv_lora_rank + mla.qk_pos_head_dim, Split::Replicated),
+            (mla.kv_lora_rank, self.heads * per_head_kv, Split::Output),
+            (self.v_width(), h, Split::Input),
+        ]
+    }
+
+    /// Widths per token of the latents MLA keeps between its down- and
+    /// up-projections (0 without MLA).
+    pub fn latent_width(&self) -> u64 {
+        self.mla
+            .map_or(0, |m| m.q_lora_rank + m.kv_lora_rank + m.qk_pos_head_dim)
+    }
+
     /// Width of the key and value projections together.
     pub fn kv_width(&self) -> u64 {
-        2 * self.kv_heads * self.head_dim()
+        match self.mla {
+            // Keys as wide as the queries, values as the value heads.
+            Some(_) => self.q_width() + self.v_width(),
+            None => 2 * self.kv_heads * self.head_dim(),
+        }
     }
 
     /// Parameters of one layer's attention block: QKV and output projection
     /// with their biases, and the block's layer norm.
     pub fn attention_params(&self) -> f64 {
         let h = self.hidden as f64;
+        if self.mla.is_some() {
+            // DeepSeek's projections have no biases; the two latents have
+            // their own norms.
+            let matrices: f64 = self
+                .attention_projections()
+                .iter()
+                .map(|&(i, o, _)| (i * o) as f64)
+                .sum();
+            let latent_norms = self.mla.map_or(0, |m| m.q_lora_rank + m.kv_lora_rank) as f64;
+            return matrices + latent_norms + 2.0 * h;
+        }
         let q = self.q_width() as f64;
         let kv = self.kv_width() as f64;
         h * (q + kv) + q + kv + q * h + h + 2.0 * h
@@ -267,9 +368,12 @@ impl ModelSpec {
 
     /// GEMM FLOPs per token of the attention block's projections, forward.
     pub fn attention_gemm_flops_per_token(&self) -> f64 {
-        let h = self.hidden as f64;
-        let q = self.q_width() as f64;
-        2.0 * (h * (q + self.kv_width() as f64) + q * h)
+        let entries: u64 = self
+            .attention_projections()
+            .iter()
+            .map(|&(i, o, _)| i * o)
+            .sum();
+        2.0 * entries as f64
     }
 
     /// GEMM FLOPs per token of an MLP `width` wide, forward.
@@ -304,7 +408,8 @@ impl ModelSpec {
 
     /// FLOPs of the two attention-score products (QK^T and AV) per token, forward.
     pub fn layer_attention_flops_per_token(&self) -> f64 {
-        4.0 * self.seq_len as f64 * self.q_width() as f64
+        // QK^T over the query/key width, AV over the value width.
+        2.0 * self.seq_len as f64 * (self.q_width() + self.v_width()) as f64
     }
 
     /// Forward FLOPs of the output head per token.

@@ -90,6 +90,8 @@ pub fn measured_node(
             peak_flops: peak_tflops * 1e12,
             memory_bytes,
             hbm_bandwidth: copy.gbps * 1e9,
+            // No FP8 rate is measured yet.
+            fp8_peak_flops: None,
         },
         nodes: shape.nodes,
         gpus_per_node: shape.gpus_per_node,

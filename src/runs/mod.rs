@@ -15,11 +15,11 @@ pub use history::{HistoryError, RunHistory, TailRepair};
 pub use table::{RunTable, write_csv};
 
 use crate::config::{
-    CpComm, Dispatcher, Engine, OptimizerSharding, ParallelConfig, Recompute, ScheduleKind,
-    StageOrder,
+    CpComm, Dispatcher, Engine, OptimizerSharding, ParallelConfig, Precision, Recompute,
+    ScheduleKind, StageOrder,
 };
 pub use crate::cost::MemoryRank;
-use crate::model::{AttentionKind, ModelSpec, MoeSpec};
+use crate::model::{AttentionKind, MlaSpec, ModelSpec, MoeSpec};
 
 /// Column values for what a row does not say.
 #[derive(Debug, Clone)]
@@ -311,16 +311,27 @@ fn unsupported(cell: &dyn Fn(&str) -> Option<String>) -> Option<String> {
     if above_one("ep").is_some() && cell("num_experts").is_none() {
         return Some("expert parallelism without a num_experts column".into());
     }
-    if cell("multi_latent_attention").is_some_and(|v| parse_switch("", &v).unwrap_or(false)) {
-        return Some("multi-latent attention".into());
+    if cell("multi_latent_attention").is_some_and(|v| parse_switch("", &v).unwrap_or(false))
+        && cell("kv_lora_rank").is_none()
+    {
+        return Some("multi-latent attention without its kv_lora_rank column".into());
     }
     if let Some(precision) = cell("precision") {
         let p = precision.to_lowercase();
-        if p.contains("fp8") || p.contains("fp4") {
+        if p.contains("fp4") {
             return Some(format!("precision {precision}"));
         }
         if p == "fp32" {
             return Some("fp32 training".into());
+        }
+        if p.contains("fp8")
+            && let Some(gpu) = cell("gpu").and_then(|g| crate::cluster::builtin_gpu(&g))
+            && gpu.fp8_peak_flops.is_none()
+        {
+            return Some(format!(
+                "FP8 on {}, which has no FP8 tensor cores",
+                gpu.name
+            ));
         }
     }
     let method = cell("recompute_method");
@@ -446,6 +457,19 @@ fn parse_row(table: &RunTable, index: usize, defaults: &RowDefaults) -> Result<R
     if let Some(width) = int("head_dim")? {
         model.head_dim_override = Some(width);
     }
+    if let Some(rank) = int("kv_lora_rank")? {
+        model.mla = Some(MlaSpec {
+            q_lora_rank: match cell("q_lora_rank") {
+                Some("0") | None => 0,
+                Some(_) => int("q_lora_rank")?.unwrap_or(0),
+            },
+            kv_lora_rank: rank,
+            qk_head_dim: int("qk_head_dim")?.unwrap_or(128),
+            qk_pos_head_dim: int("qk_pos_head_dim")?.unwrap_or(64),
+            v_head_dim: int("v_head_dim")?.unwrap_or(128),
+        });
+        model.kv_heads = model.heads;
+    }
     if let Some(experts) = int("num_experts")? {
         let count = |name: &str| -> Result<Option<u64>, String> {
             match cell(name) {
@@ -485,6 +509,17 @@ fn parse_row(table: &RunTable, index: usize, defaults: &RowDefaults) -> Result<R
         )?,
         None if model.moe.is_some() => Dispatcher::AllGather,
         None => Dispatcher::AllToAll,
+    };
+    // Megatron-LM's CI names (`bf16+fp8-hybrid-tensorwise`) and paratune's.
+    let precision = match cell("precision").map(str::to_lowercase) {
+        Some(p) if p.contains("fp8") => Precision::Fp8,
+        Some(p) if p == "bf16" || p == "fp16" || p.is_empty() => Precision::Bf16,
+        Some(other) => {
+            return Err(RowProblem::Invalid(format!(
+                "column `precision` must be bf16 or fp8 (or Megatron-LM's bf16+fp8-...), found `{other}`"
+            )));
+        }
+        None => Precision::Bf16,
     };
     let cp_comm = match cell("cp_comm") {
         Some(text) => parse_choice("cp_comm", text, &CpComm::ALL.map(|k| (k.name(), k)))?,
@@ -593,6 +628,7 @@ fn parse_row(table: &RunTable, index: usize, defaults: &RowDefaults) -> Result<R
         ep,
         etp,
         dispatcher,
+        precision,
     };
 
     let measured_s = match (real("iter_ms")?, real("tflops_per_gpu")?) {
@@ -749,7 +785,7 @@ pub(crate) fn assert_row_columns_follow_the_schema(columns: &[&str]) {
 }
 
 /// Every column a run table may use; others are carried through untouched.
-pub const KNOWN_COLUMNS: [&str; 65] = [
+pub const KNOWN_COLUMNS: [&str; 70] = [
     "gpus",
     "global_batch",
     "micro_batch",
@@ -810,6 +846,11 @@ pub const KNOWN_COLUMNS: [&str; 65] = [
     "moe_layer_freq",
     "moe_dispatcher",
     "head_dim",
+    "kv_lora_rank",
+    "q_lora_rank",
+    "qk_head_dim",
+    "qk_pos_head_dim",
+    "v_head_dim",
     "multi_latent_attention",
     "precision",
     "model_family",

@@ -11,7 +11,7 @@ pub use space::{SearchSpace, default_splits};
 use crate::cluster::NodeGroup;
 use crate::coefficients::CostModel;
 use crate::config::{ParallelConfig, Rule};
-use crate::cost::{Prediction, Scenario, peak_memory, predict};
+use crate::cost::{Prediction, Scenario, memory_key, peak_memory, predict};
 use crate::model::ModelSpec;
 use crate::profile::Measurements;
 use rayon::prelude::*;
@@ -125,6 +125,10 @@ impl Tally {
     }
 }
 
+/// Memory verdicts a search remembers (the configurations the innermost
+/// switches of the space produce around one memory key).
+const RECENT: usize = 16;
+
 /// Searches `space` for `job` and ranks what fits.
 pub fn search(job: &Job, space: &SearchSpace, cost: &CostModel) -> SearchResult {
     let scenario = job.scenario(cost);
@@ -134,6 +138,11 @@ pub fn search(job: &Job, space: &SearchSpace, cost: &CostModel) -> SearchResult 
         .into_par_iter()
         .map(|outer| {
             let mut tally = Tally::default();
+            // Neighbouring configurations often differ only in switches
+            // that move no memory: check memory once for them (the last
+            // few verdicts, by memory key).
+            let mut recent: [Option<(ParallelConfig, bool)>; RECENT] = [None; RECENT];
+            let mut next = 0;
             for config in space.inner(job, outer) {
                 tally.considered += 1;
                 if let Some(rule) =
@@ -142,7 +151,18 @@ pub fn search(job: &Job, space: &SearchSpace, cost: &CostModel) -> SearchResult 
                     *tally.invalid.entry(rule).or_default() += 1;
                     continue;
                 }
-                if !peak_memory(&scenario, &config).fits {
+                let key = memory_key(&config);
+                let known = recent.iter().flatten().find(|(k, _)| *k == key);
+                let fits = match known {
+                    Some(&(_, fits)) => fits,
+                    None => {
+                        let fits = peak_memory(&scenario, &config).fits;
+                        recent[next] = Some((key, fits));
+                        next = (next + 1) % RECENT;
+                        fits
+                    }
+                };
+                if !fits {
                     tally.out_of_memory += 1;
                     continue;
                 }

@@ -5,8 +5,8 @@
 
 use super::Job;
 use crate::config::{
-    CpComm, Dispatcher, Engine, OptimizerSharding, ParallelConfig, Recompute, ScheduleKind,
-    StageOrder,
+    CpComm, Dispatcher, Engine, OptimizerSharding, ParallelConfig, Precision, Recompute,
+    ScheduleKind, StageOrder,
 };
 use crate::model::AttentionKind;
 
@@ -45,6 +45,8 @@ pub struct SearchSpace {
     pub ep: Option<Vec<u64>>,
     pub etp: Option<Vec<u64>>,
     pub dispatcher: Option<Vec<Dispatcher>>,
+    /// bf16 unless given: FP8 changes the numerics, so it is the user's call.
+    pub precision: Option<Vec<Precision>>,
 }
 
 /// The sequence length from which the search tries context parallelism
@@ -257,7 +259,8 @@ impl SearchSpace {
     }
 
     /// Expert-parallel degrees to try: the user's, or for an MoE model every
-    /// divisor of the experts that divides the stage's tp x cp x dp ranks.
+    /// divisor of the experts that, with etp, divides the stage's
+    /// tp x cp x dp ranks.
     fn expert_degrees(&self, job: &Job, c: &ParallelConfig) -> Vec<u64> {
         if let Some(given) = &self.ep {
             return given.clone();
@@ -268,7 +271,7 @@ impl SearchSpace {
         let ranks = c.tp * c.cp * c.dp;
         divisors(moe.experts)
             .into_iter()
-            .filter(|&ep| ranks.is_multiple_of(ep))
+            .filter(|&ep| ranks.is_multiple_of(ep * c.etp))
             .collect()
     }
 
@@ -319,10 +322,12 @@ impl SearchSpace {
             .clone()
             .unwrap_or(Recompute::of(engine).to_vec());
         let torchtitan = engine == Engine::Torchtitan;
-        let sequence_parallel = self.sequence_parallel.clone().unwrap_or(if o.tp > 1 {
-            vec![false, true]
-        } else {
-            vec![false]
+        // An MoE model runs tensor parallelism only sequence-parallel, so
+        // the other value is not generated just to be dropped.
+        let sequence_parallel = self.sequence_parallel.clone().unwrap_or(match o.tp {
+            1 => vec![false],
+            _ if job.model.moe.is_some() => vec![true],
+            _ => vec![false, true],
         });
         let sharding = self.optimizer_sharding.clone().unwrap_or(if o.dp > 1 {
             OptimizerSharding::ALL.to_vec()
@@ -385,22 +390,29 @@ impl SearchSpace {
                 );
                 expand(
                     &mut variants,
-                    |c| self.expert_degrees(job, c),
-                    |c, ep| c.ep = ep,
-                );
-                expand(
-                    &mut variants,
                     |c| self.expert_tensor_degrees(job, c),
                     |c, etp| c.etp = etp,
                 );
                 expand(
                     &mut variants,
-                    |_| match (&self.dispatcher, job.model.moe) {
+                    |c| self.expert_degrees(job, c),
+                    |c, ep| c.ep = ep,
+                );
+                expand(
+                    &mut variants,
+                    // With one expert rank no token moves, and the gathering
+                    // dispatcher only keeps more: it is tried where it gathers.
+                    |c| match (&self.dispatcher, job.model.moe) {
                         (Some(given), _) => given.clone(),
-                        (None, Some(_)) => Dispatcher::ALL.to_vec(),
-                        (None, None) => vec![Dispatcher::AllToAll],
+                        (None, Some(_)) if c.ep * c.etp > 1 => Dispatcher::ALL.to_vec(),
+                        (None, _) => vec![Dispatcher::AllToAll],
                     },
                     |c, d| c.dispatcher = d,
+                );
+                expand(
+                    &mut variants,
+                    |_| self.precision.clone().unwrap_or(vec![Precision::Bf16]),
+                    |c, p| c.precision = p,
                 );
                 expand(&mut variants, |_| recompute.clone(), |c, r| c.recompute = r);
                 expand(

@@ -339,6 +339,7 @@ pub fn candidate_megatron_args(
         global_batch: plan.global_batch,
         gpus: plan.gpus,
         gpus_per_node: plan.nodes.gpus_per_node,
+        gpu: &plan.nodes.gpu.name,
     };
     let rebuilt = megatron_args(&job).map_err(|e| LaunchError::Unsupported {
         rank: candidate.rank,
@@ -652,7 +653,7 @@ pub(crate) mod tests {
     /// `_add_validation_args` (`--eval-iters`), `_add_data_args`
     /// (`--mock-data`, `--seq-length`), `_add_tokenizer_args`
     /// (`--tokenizer-type`, `--vocab-size`), `_add_learning_rate_args` (`--lr`).
-    const MEGATRON_FLAGS: [&str; 51] = [
+    const MEGATRON_FLAGS: [&str; 59] = [
         "--tensor-model-parallel-size",
         "--pipeline-model-parallel-size",
         "--num-layers-per-virtual-pipeline-stage",
@@ -699,6 +700,15 @@ pub(crate) mod tests {
         "--moe-token-dispatcher-type",
         "--moe-grouped-gemm",
         "--kv-channels",
+        "--multi-latent-attention",
+        "--q-lora-rank",
+        "--kv-lora-rank",
+        "--qk-head-dim",
+        "--qk-pos-emb-head-dim",
+        "--v-head-dim",
+        // `_add_transformer_engine_args`.
+        "--fp8-format",
+        "--fp8-recipe",
         // `_add_distributed_args` (uneven pipelines, interleaving's micro-batch
         // group, the overlaps) and `_add_inference_args` (`--cuda-graph-impl`,
         // which training reads too), arguments.py at 000c4ac.

@@ -86,8 +86,10 @@ pub fn not_trialled(model: &crate::model::ModelSpec, c: &ParallelConfig) -> Opti
         Some("its mixture-of-experts layers are not built by the local stage trial yet")
     } else if c.cp > 1 {
         Some("context parallelism is not run by the local stage trial yet")
-    } else if model.head_dim_override.is_some() {
-        Some("heads of other than hidden / heads width are not built by the local stage trial")
+    } else if model.head_dim_override.is_some() || model.mla.is_some() {
+        Some(
+            "heads of other than hidden / heads width, and multi-latent attention, are not built by the local stage trial",
+        )
     } else {
         None
     }

@@ -158,8 +158,8 @@ pub fn unsupported(model: &crate::model::ModelSpec, c: &ParallelConfig) -> Optio
         "mixture-of-experts layers are not built by the worker yet (its layers are dense)"
     } else if c.cp > 1 {
         "context parallelism is not run by the worker yet"
-    } else if model.head_dim_override.is_some() {
-        "heads of other than hidden / heads width are not built by the worker"
+    } else if model.head_dim_override.is_some() || model.mla.is_some() {
+        "heads of other than hidden / heads width, and multi-latent attention, are not built by the worker"
     } else if c.engine != Engine::Torchtitan {
         "the torch worker holds state as FSDP2 does (fp32 parameters, gradients and Adam moments); plan with --engine torchtitan to trial on it"
     } else if c.compile {

@@ -129,6 +129,7 @@ fn launch_job<'a>(plan: &'a PlanFile, candidate: &'a PlannedCandidate) -> Launch
         global_batch: plan.global_batch,
         gpus: plan.gpus,
         gpus_per_node: plan.nodes.gpus_per_node,
+        gpu: &plan.nodes.gpu.name,
     }
 }
 

@@ -2434,6 +2434,7 @@ fn llama_spec(
         attention: AttentionKind::Flash,
         dropout: false,
         head_dim_override: None,
+        mla: None,
         moe: None,
     }
 }
