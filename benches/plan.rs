@@ -1,5 +1,8 @@
 //! How fast the search plans a large job: the whole default search space
-//! for GPT-3 175B on 1,024 A100-80GB and for a 1T-parameter GPT on 3,072.
+//! for GPT-3 175B on 1,024 A100-80GB and for a 1T-parameter GPT on 3,072,
+//! and DeepSeek-V3 on 1,024 H100s with tp, pp, ep, etp, virtual stages,
+//! recomputation, both dispatchers, bf16 and FP8 and the engine switches
+//! open (cp as the default space opens it: not at 4K tokens).
 //! Throughput is in configurations considered (every combination of the
 //! space, valid or not) per second.
 //!
@@ -8,13 +11,18 @@
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use paratune::cluster::builtin_node;
 use paratune::coefficients::CostModel;
+use paratune::config::Precision;
 use paratune::model::builtin_model;
 use paratune::search::{Job, SearchSpace, search};
 use std::hint::black_box;
 use std::time::Instant;
 
 fn job(model: &str, nodes: u64, global_batch: u64) -> Job {
-    let group = builtin_node("a100-80gb", nodes).expect("built-in GPU");
+    job_on("a100-80gb", model, nodes, global_batch)
+}
+
+fn job_on(gpu: &str, model: &str, nodes: u64, global_batch: u64) -> Job {
+    let group = builtin_node(gpu, nodes).expect("built-in GPU");
     Job {
         model: builtin_model(model).expect("built-in model"),
         global_batch,
@@ -27,25 +35,39 @@ fn job(model: &str, nodes: u64, global_batch: u64) -> Job {
 
 fn plan(c: &mut Criterion) {
     let cost = CostModel::datasheet();
-    let space = SearchSpace::default();
+    let dense = SearchSpace::default();
+    // Every dimension as the search opens it, and FP8 too (bf16 unless
+    // asked); cp stays 1 at DeepSeek's 4K tokens, as the search opens it
+    // from 8K (opening it here, 1 to 8, takes about ten times longer).
+    let everything = SearchSpace {
+        precision: Some(Precision::ALL.to_vec()),
+        ..SearchSpace::default()
+    };
     let jobs = [
         (
             "gpt3-175b on 1024 A100-80GB, batch 1536",
             job("gpt3-175b", 128, 1536),
+            &dense,
         ),
         (
             "gpt-1t on 3072 A100-80GB, batch 3072",
             job("gpt-1t", 384, 3072),
+            &dense,
+        ),
+        (
+            "deepseek-v3 on 1024 H100, batch 1920, all dimensions",
+            job_on("h100-sxm", "deepseek-v3", 128, 1920),
+            &everything,
         ),
     ];
     let mut group = c.benchmark_group("search");
     // A search takes milliseconds: criterion's default 100 linearly growing
     // samples would need at least 5,050 searches, far past a 3 s measurement.
     group.sample_size(10);
-    for (name, job) in &jobs {
+    for (name, job, space) in &jobs {
         job.check().expect("a valid job");
         let start = Instant::now();
-        let result = search(job, &space, &cost);
+        let result = search(job, space, &cost);
         let elapsed = start.elapsed().as_secs_f64();
         let best = result.candidates.first().expect("something fits");
         eprintln!(
@@ -61,7 +83,7 @@ fn plan(c: &mut Criterion) {
         );
         group.throughput(Throughput::Elements(result.considered as u64));
         group.bench_function(*name, |b| {
-            b.iter(|| search(black_box(job), black_box(&space), black_box(&cost)))
+            b.iter(|| search(black_box(job), black_box(*space), black_box(&cost)))
         });
     }
     group.finish();

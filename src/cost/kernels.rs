@@ -1,7 +1,7 @@
 //! Time of single GPU kernels: GEMMs, attention cores, memory-bound passes.
 
 use super::Scenario;
-use crate::config::Precision;
+use crate::config::{Engine, ParallelConfig, Precision};
 
 /// Bytes per 16-bit element.
 pub const HALF: f64 = 2.0;
@@ -28,18 +28,18 @@ pub fn linear_forward_backward(s: &Scenario, tokens: f64, input: f64, output: f6
     linear_at(s, s.coef().gemm_efficiency, tokens, input, output)
 }
 
-/// [`linear_forward_backward`] of a transformer layer's linear in `precision`:
+/// [`linear_forward_backward`] of a transformer layer's linear in `c`'s precision:
 /// in FP8 (on a GPU with an FP8 peak) the three GEMMs run at that peak on
 /// 1-byte operands, and the 16-bit activation (forward) and gradient
 /// (backward) are cast, with their transposed FP8 copies, on the way in.
 pub fn layer_linear(
     s: &Scenario,
-    precision: Precision,
+    c: &ParallelConfig,
     tokens: f64,
     input: f64,
     output: f64,
 ) -> (f64, f64) {
-    let fp8_peak = match (precision, s.gpu.fp8_peak_flops) {
+    let fp8_peak = match (c.precision, s.gpu.fp8_peak_flops) {
         (Precision::Fp8, Some(peak)) => peak,
         _ => return linear_forward_backward(s, tokens, input, output),
     };
@@ -53,9 +53,16 @@ pub fn layer_linear(
         compute.max(memory_pass(s, bytes))
     };
     let cast = |elements: f64| memory_pass(s, k.fp8_cast_bytes_per_element * elements);
-    let forward = gemm(tokens, output, input) + cast(tokens * input);
+    // Transformer Engine (Megatron-LM) keeps its FP8 weights from the first
+    // micro-batch on; torchao's float8 linears (torchtitan) cast the weight
+    // at every use, forward and backward.
+    let weight = match c.engine {
+        Engine::Torchtitan => cast(input * output),
+        Engine::Megatron => 0.0,
+    };
+    let forward = gemm(tokens, output, input) + cast(tokens * input) + weight;
     let backward =
-        gemm(tokens, input, output) + gemm(input, output, tokens) + cast(tokens * output);
+        gemm(tokens, input, output) + gemm(input, output, tokens) + cast(tokens * output) + weight;
     (forward, backward)
 }
 

@@ -116,6 +116,9 @@ pub fn expert_rows(s: &Scenario, c: &ParallelConfig) -> f64 {
     local_tokens(s, c) / c.tp as f64 * topk * c.etp as f64
 }
 
+/// The share of the attention-score products a causal fused kernel computes.
+const CAUSAL_SHARE: f64 = 0.5;
+
 /// GPU time of one forward pass of a layer, split by kind.
 #[derive(Debug, Clone, Copy)]
 struct PassTime {
@@ -143,8 +146,8 @@ fn mlp_gemms(s: &Scenario, c: &ParallelConfig, rows: f64, width: f64, split: f64
     } else {
         width
     };
-    let (up_f, up_b) = kernels::layer_linear(s, c.precision, rows, h, up_width / split);
-    let (down_f, down_b) = kernels::layer_linear(s, c.precision, rows, width / split, h);
+    let (up_f, up_b) = kernels::layer_linear(s, c, rows, h, up_width / split);
+    let (down_f, down_b) = kernels::layer_linear(s, c, rows, width / split, h);
     (up_f + down_f, up_b + down_b)
 }
 
@@ -200,7 +203,7 @@ fn layer_passes(s: &Scenario, c: &ParallelConfig, kind: LayerKind) -> (PassTime,
             Split::Input => (input as f64 / t, output as f64),
             Split::Replicated => (input as f64, output as f64),
         };
-        let (fwd, bwd) = kernels::layer_linear(s, c.precision, tokens, input, output);
+        let (fwd, bwd) = kernels::layer_linear(s, c, tokens, input, output);
         gemm_fwd += fwd;
         gemm_bwd += bwd;
     }
@@ -215,12 +218,16 @@ fn layer_passes(s: &Scenario, c: &ParallelConfig, kind: LayerKind) -> (PassTime,
     };
     let fill = keys_per_kernel / (keys_per_kernel + k.gemm_dim_half);
     let (attention_fwd, attention_bwd) = match c.attention {
-        // FlashAttention's backward recomputes the scores: 2.5x the forward FLOPs.
+        // FlashAttention's backward recomputes the scores: 2.5x the forward
+        // FLOPs. A decoder attends causally, and the fused kernel skips the
+        // blocks above the diagonal: half the products (Dao, FlashAttention-2,
+        // 2023, counts causal attention so, and its efficiencies with it).
         AttentionKind::Flash => {
             let e = k.attention_efficiency_flash * fill;
+            let done = CAUSAL_SHARE * attention_flops;
             (
-                kernels::attention_core(s, attention_flops, e),
-                kernels::attention_core(s, 2.5 * attention_flops, e),
+                kernels::attention_core(s, done, e),
+                kernels::attention_core(s, 2.5 * done, e),
             )
         }
         AttentionKind::Standard => {

@@ -407,8 +407,12 @@ pub fn stage_memory(s: &Scenario, c: &ParallelConfig, stage: u64) -> StageMemory
         optimizer_states += group.params * bytes.optimizer / optimizer_shards;
     }
     // Transformer Engine keeps an FP8 copy of each layer weight and its
-    // transpose (for the backward GEMMs), 1 byte each.
-    if c.precision == Precision::Fp8 && s.gpu.fp8_peak_flops.is_some() {
+    // transpose (for the backward GEMMs), 1 byte each; torchao's float8
+    // (torchtitan) casts at each use and keeps none.
+    if c.precision == Precision::Fp8
+        && s.gpu.fp8_peak_flops.is_some()
+        && c.engine == Engine::Megatron
+    {
         let groups = parameter_groups(s, c, stage);
         weights += 2.0 * (groups[0].params + groups[2].params);
     }

@@ -824,8 +824,10 @@ fn data_parallel_and_optimizer(
             .sum();
         // In FP8, each updated layer weight is cast again with its
         // transpose once per iteration (read 2 bytes, write 1 + 1).
-        let recast = match (c.precision, s.gpu.fp8_peak_flops) {
-            (crate::config::Precision::Fp8, Some(_)) => 4.0 * (groups[0].params + groups[2].params),
+        let recast = match (c.precision, s.gpu.fp8_peak_flops, c.engine) {
+            (crate::config::Precision::Fp8, Some(_), crate::config::Engine::Megatron) => {
+                4.0 * (groups[0].params + groups[2].params)
+            }
             _ => 0.0,
         };
         let optimizer = (owned * k.optimizer_step_bytes_per_param + recast)

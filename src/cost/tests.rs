@@ -1747,3 +1747,152 @@ mod hybrid_sharding {
         assert!(fsdp(Some(8)).to_string().contains("hsdp=4x8"));
     }
 }
+
+mod experts_and_context {
+    use super::*;
+    use crate::config::{CpComm, Dispatcher};
+
+    fn scenario_for<'a>(
+        model: &'a ModelSpec,
+        group: &'a crate::cluster::NodeGroup,
+        gpus: u64,
+        cost: &'a CostModel,
+    ) -> Scenario<'a> {
+        Scenario::new(model, 1024, group, gpus, cost)
+    }
+
+    /// An even split where there is one, else the middle stages' share
+    /// rounded up with the rest halved between the end stages (no import of
+    /// the search, which sits above the cost model).
+    fn splits(layers: u64, pp: u64, v: u64) -> Vec<(Option<u64>, Option<u64>)> {
+        if layers.is_multiple_of(pp * v) {
+            return vec![(None, None)];
+        }
+        if pp < 2 {
+            return vec![];
+        }
+        let middle = (layers / v).div_ceil(pp) * v;
+        let rest = layers.saturating_sub((pp - 2) * middle);
+        let first = rest / 2 / v * v;
+        let last = rest - first;
+        if first == 0 || last == 0 || !last.is_multiple_of(v) {
+            return vec![];
+        }
+        vec![(Some(first), Some(last))]
+    }
+
+    /// The closed form of the MoE layers per stage against walking the
+    /// model chunks layer by layer, for DeepSeek-V3's three dense layers
+    /// and for every other layer an MoE one, even and uneven, interleaved.
+    #[test]
+    fn moe_layers_per_stage_match_walking_the_chunks() {
+        let group = builtin_node("h100-sxm", 8).unwrap();
+        let cost = CostModel::datasheet();
+        let mut alternating = builtin_model("deepseek-v3").unwrap();
+        alternating.layers = 48;
+        if let Some(moe) = alternating.moe.as_mut() {
+            moe.dense_layers = 1;
+            moe.layer_freq = 2;
+        }
+        for model in [builtin_model("deepseek-v3").unwrap(), alternating] {
+            let s = scenario_for(&model, &group, 64, &cost);
+            let moe = model.moe.unwrap();
+            for (pp, v) in [(1, 1), (4, 1), (8, 1), (4, 2), (8, 3)] {
+                for (first, last) in splits(model.layers, pp, v) {
+                    let c = ParallelConfig {
+                        pp,
+                        dp: 64 / pp,
+                        virtual_stages: v,
+                        schedule: if v > 1 {
+                            ScheduleKind::Interleaved
+                        } else {
+                            ScheduleKind::OneFOneB
+                        },
+                        first_stage_layers: first,
+                        last_stage_layers: last,
+                        ..ParallelConfig::default()
+                    };
+                    // Chunk g = j * pp + stage holds its stage's layers / v.
+                    let mut start = 0;
+                    let mut walked = vec![0; pp as usize];
+                    for j in 0..v {
+                        for stage in 0..pp {
+                            let n = c.stage_layers(model.layers, stage);
+                            let len = n / v + if j == v - 1 { n % v } else { 0 };
+                            walked[stage as usize] += (start..start + len)
+                                .filter(|&i| moe.is_moe_layer(i))
+                                .count()
+                                as u64;
+                            start += len;
+                        }
+                    }
+                    assert_eq!(start, model.layers);
+                    for stage in 0..pp {
+                        let (dense, experts) = stage_layer_kinds(&s, &c, stage);
+                        assert_eq!(experts, walked[stage as usize], "{c} stage {stage}");
+                        assert_eq!(dense + experts, c.stage_layers(model.layers, stage));
+                    }
+                }
+            }
+        }
+    }
+
+    /// The allgather dispatcher keeps its group's gathered hidden states,
+    /// the all-to-all one does not; both move tokens only with more than
+    /// one expert rank.
+    #[test]
+    fn dispatchers_differ_in_what_they_keep_and_move() {
+        let group = builtin_node("h100-sxm", 1).unwrap();
+        let cost = CostModel::datasheet();
+        let model = builtin_model("mixtral-8x7b").unwrap();
+        let s = scenario_for(&model, &group, 8, &cost);
+        let a2a = ParallelConfig {
+            dp: 8,
+            ep: 8,
+            ..ParallelConfig::default()
+        };
+        let gather = ParallelConfig {
+            dispatcher: Dispatcher::AllGather,
+            ..a2a
+        };
+        let kept = |c: &ParallelConfig| memory::layer_activation_bytes_of(&s, c, LayerKind::Moe);
+        // Every rank's tokens, hidden wide, 2 bytes: the group's 8 ranks.
+        let gathered = 2.0 * 8.0 * (model.seq_len * model.hidden) as f64;
+        assert_close(
+            kept(&gather) - kept(&a2a),
+            gathered,
+            1e-9,
+            "gathered states",
+        );
+        let moved = |c: &ParallelConfig| {
+            layer::layer_time_of(&s, c, LayerKind::Moe, &mut ProfileUsage::default()).ep_link
+        };
+        assert!(moved(&a2a) > 0.0 && moved(&gather) > 0.0);
+        let alone = ParallelConfig { ep: 1, ..a2a };
+        assert_eq!(moved(&alone), 0.0);
+    }
+
+    /// The ring's key/value exchange hides under the attention up to the
+    /// overlap coefficient; all-to-all's and all-gather's are exposed.
+    #[test]
+    fn only_the_ring_hides_its_exchange() {
+        let group = builtin_node("h100-sxm", 1).unwrap();
+        let cost = CostModel::datasheet();
+        let mut model = builtin_model("llama3-8b").unwrap();
+        model.seq_len = 65536;
+        let s = scenario_for(&model, &group, 8, &cost);
+        for comm in CpComm::ALL {
+            let c = ParallelConfig {
+                cp: 8,
+                cp_comm: comm,
+                ..ParallelConfig::default()
+            };
+            let t = layer::layer_time_of(&s, &c, LayerKind::Dense, &mut ProfileUsage::default());
+            assert!(t.cp_link > 0.0, "{comm:?}");
+            match comm {
+                CpComm::P2p => assert!(t.context_parallel < t.cp_link, "{t:?}"),
+                _ => assert_eq!(t.context_parallel, t.cp_link),
+            }
+        }
+    }
+}

@@ -106,6 +106,15 @@ fn expand<T: Copy>(
     values: impl Fn(&ParallelConfig) -> Vec<T>,
     set: impl Fn(&mut ParallelConfig, T),
 ) {
+    // A dimension with one value for every configuration (most of them, for
+    // most models) is set in place rather than copied.
+    if configs.iter().all(|c| values(c).len() == 1) {
+        for config in configs.iter_mut() {
+            let value = values(config)[0];
+            set(config, value);
+        }
+        return;
+    }
     let mut expanded = Vec::with_capacity(configs.len() * 2);
     for config in configs.iter() {
         for value in values(config) {

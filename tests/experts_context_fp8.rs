@@ -1,0 +1,250 @@
+//! Mixtures of experts, context parallelism and FP8 from the command line:
+//! bad input is one line naming the flag and the fix, plans export the
+//! flags Megatron-LM and torchtitan take, run tables read the columns.
+
+mod common;
+use common::{fails, ok};
+
+/// Each line of `text` that `says` must all appear in.
+fn says(text: &str, parts: &[&str]) {
+    for part in parts {
+        assert!(text.contains(part), "`{part}` missing from:\n{text}");
+    }
+}
+
+const MIXTRAL_ON_64: [&str; 10] = [
+    "--model",
+    "mixtral-8x7b",
+    "--gpu",
+    "h100-sxm",
+    "--nodes",
+    "8",
+    "--global-batch",
+    "256",
+    "--seq-len",
+    "4096",
+];
+
+fn with<'a>(base: &[&'a str], extra: &[&'a str]) -> Vec<&'a str> {
+    base.iter().chain(extra).copied().collect()
+}
+
+#[test]
+fn impossible_expert_context_and_precision_settings_name_the_flag() {
+    let predict = |extra: &[&str]| fails(&with(&with(&["predict"], &MIXTRAL_ON_64), extra));
+    // ep must divide the experts.
+    says(
+        &predict(&["--ep", "3", "--dp", "64"]),
+        &["ep 3 must divide the 8 experts"],
+    );
+    // etp x ep must divide the stage's ranks.
+    says(
+        &predict(&[
+            "--tp",
+            "2",
+            "--sequence-parallel",
+            "on",
+            "--ep",
+            "8",
+            "--etp",
+            "2",
+            "--pp",
+            "8",
+        ]),
+        &[
+            "etp x ep = 2 x 8 must divide tp x cp x dp = 8",
+            "--ep or --etp",
+        ],
+    );
+    // 2 x cp must divide the sequence.
+    says(
+        &fails(&with(
+            &[
+                "predict",
+                "--model",
+                "llama3-8b",
+                "--gpu",
+                "h100-sxm",
+                "--nodes",
+                "1",
+            ],
+            &["--global-batch", "8", "--seq-len", "1000", "--cp", "8"],
+        )),
+        &["cp 8 must split the sequence 1000 into 2 x cp equal chunks"],
+    );
+    // MoE with tp needs sequence parallelism.
+    says(
+        &predict(&["--tp", "2"]),
+        &["MoE layers with tp 2 need --sequence-parallel on"],
+    );
+    // FP8 on a GPU without it.
+    says(
+        &fails(&[
+            "plan",
+            "--model",
+            "llama3-8b",
+            "--gpu",
+            "a100-80gb",
+            "--nodes",
+            "1",
+            "--global-batch",
+            "8",
+            "--precision",
+            "fp8",
+        ]),
+        &["--precision fp8", "a100-80gb has no FP8 tensor cores"],
+    );
+    // A mistyped choice.
+    says(&predict(&["--cp-comm", "ring"]), &["--cp-comm", "p2p"]);
+}
+
+#[test]
+fn expert_flags_on_a_dense_model_are_refused() {
+    let dense = [
+        "predict",
+        "--model",
+        "llama3-8b",
+        "--gpu",
+        "h100-sxm",
+        "--nodes",
+        "1",
+        "--global-batch",
+        "8",
+    ];
+    says(
+        &fails(&with(&dense, &["--moe-topk", "2"])),
+        &["--moe-topk needs a mixture of experts", "--experts N"],
+    );
+    says(
+        &fails(&with(&dense, &["--ep", "2"])),
+        &["has no experts", "--experts"],
+    );
+    says(
+        &fails(&with(&dense, &["--v-head-dim", "64"])),
+        &[
+            "--v-head-dim needs multi-latent attention",
+            "--kv-lora-rank",
+        ],
+    );
+    // More experts routed to than there are.
+    says(
+        &fails(&with(&dense, &["--experts", "4", "--moe-topk", "8"])),
+        &["--moe-topk (8) cannot exceed the 4 experts"],
+    );
+}
+
+#[test]
+fn a_moe_plan_exports_megatron_lm_and_torchtitan_flags() {
+    let out = ok(&with(&with(&["plan"], &MIXTRAL_ON_64), &["--top", "1"]));
+    says(
+        &out,
+        &[
+            "cp  ep/etp",
+            "--num-experts 8",
+            "--moe-router-topk 2",
+            "--moe-ffn-hidden-size 14336",
+            "--expert-model-parallel-size 8",
+            "--expert-tensor-parallel-size 1",
+            "--moe-token-dispatcher-type alltoall",
+            "--moe-grouped-gemm",
+        ],
+    );
+    // torchtitan 0.3 keeps experts whole and carves ep out of dp x tp.
+    let titan = ok(&with(
+        &with(&["plan"], &MIXTRAL_ON_64),
+        &["--engine", "torchtitan", "--etp", "1", "--top", "1"],
+    ));
+    says(&titan, &["--parallelism.expert_parallel_degree"]);
+}
+
+#[test]
+fn context_parallel_and_fp8_plans_export_their_flags() {
+    let out = ok(&[
+        "plan",
+        "--model",
+        "llama3.1-8b",
+        "--gpu",
+        "h100-sxm",
+        "--nodes",
+        "4",
+        "--global-batch",
+        "8",
+        "--cp",
+        "8",
+        "--cp-comm",
+        "p2p",
+        "--precision",
+        "fp8",
+        "--top",
+        "1",
+    ]);
+    says(
+        &out,
+        &[
+            "--context-parallel-size 8",
+            "--cp-comm-type p2p",
+            "--fp8-format hybrid",
+            "--fp8-recipe tensorwise",
+            "context-parallel comm",
+        ],
+    );
+    // Blackwell's FP8 is MXFP8.
+    let b200 = ok(&[
+        "plan",
+        "--model",
+        "llama3-8b",
+        "--gpu",
+        "b200",
+        "--nodes",
+        "1",
+        "--global-batch",
+        "16",
+        "--precision",
+        "fp8",
+        "--top",
+        "1",
+    ]);
+    says(&b200, &["--fp8-recipe mxfp8"]);
+}
+
+#[test]
+fn run_tables_read_experts_context_and_precision_columns() {
+    let dir = tempfile::tempdir().unwrap();
+    let table = dir.path().join("runs.csv");
+    // A Mixtral-like layer on 8 GPUs with ep 4, one with cp 2, one in FP8.
+    std::fs::write(
+        &table,
+        "gpus,gpu,global_batch,micro_batch,layers,hidden,heads,seq_len,vocab,tp,pp,cp,ep,etp,num_experts,moe_topk,moe_ffn_hidden,precision,sequence_parallel,peak_allocated_gib\n\
+         8,h100-sxm,32,4,4,1024,16,2048,32000,2,1,1,4,1,8,2,2048,bf16,on,9.0\n\
+         8,h100-sxm,32,4,4,1024,16,2048,32000,2,1,2,,,,,,bf16,on,4.0\n\
+         8,h100-sxm,32,4,4,1024,16,2048,32000,2,1,1,,,,,,bf16+fp8-hybrid-tensorwise,on,4.0\n",
+    )
+    .unwrap();
+    let out = ok(&["evaluate", "--runs", table.to_str().unwrap()]);
+    says(
+        &out,
+        &[
+            "rows with a measured peak memory 3",
+            "dense: 1 rows",
+            "context-parallel: 1 rows",
+            "mixture of experts: 1 rows",
+        ],
+    );
+    // An ep that does not divide the experts is the row's error.
+    std::fs::write(
+        &table,
+        "gpus,global_batch,micro_batch,layers,hidden,heads,seq_len,vocab,tp,pp,ep,num_experts,iter_ms\n\
+         8,32,4,4,1024,16,2048,32000,1,1,3,8,100\n",
+    )
+    .unwrap();
+    says(
+        &fails(&[
+            "evaluate",
+            "--runs",
+            table.to_str().unwrap(),
+            "--gpu",
+            "h100-sxm",
+        ]),
+        &["line 2", "ep 3 must divide the 8 experts"],
+    );
+}
