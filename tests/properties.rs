@@ -841,3 +841,17 @@ fn fp8_never_slows_a_gemm_bound_layer() {
         }
     }
 }
+
+proptest! {
+    #![proptest_config(config())]
+
+    /// (ix) The search's shortcut is exact: the model-state floor never
+    /// exceeds the memory the peak stage needs.
+    #[test]
+    fn the_state_floor_never_exceeds_the_peak(case in case()) {
+        let s = case.scenario();
+        let floor = paratune::cost::state_floor(&s, &case.config);
+        let peak = peak_memory(&s, &case.config).bytes;
+        prop_assert!(at_most(floor, peak), "floor {} above peak {} for {}", floor, peak, case.config);
+    }
+}

@@ -492,27 +492,51 @@ pub fn layer_time(s: &Scenario, c: &ParallelConfig, usage: &mut ProfileUsage) ->
     layer_time_of(s, c, LayerKind::Dense, usage)
 }
 
+/// Pipelines up to this deep keep their stages' summed layer times at hand
+/// (on the stack): a prediction asks for them several times each.
+const KEPT_STAGES: usize = 64;
+
 /// The times of the model's dense and MoE layers (the second `None` for a
-/// dense model).
-#[derive(Debug, Clone, Copy)]
+/// dense model), and each stage's sum of them.
+#[derive(Debug, Clone)]
 pub struct LayerTimes {
     pub dense: LayerTime,
     pub moe: Option<LayerTime>,
+    kept: [LayerTime; KEPT_STAGES],
+    kept_stages: usize,
 }
 
 impl LayerTimes {
     pub fn of(s: &Scenario, c: &ParallelConfig, usage: &mut ProfileUsage) -> LayerTimes {
-        LayerTimes {
-            dense: layer_time_of(s, c, LayerKind::Dense, usage),
+        let dense = layer_time_of(s, c, LayerKind::Dense, usage);
+        let mut times = LayerTimes {
+            dense,
             moe: s
                 .model
                 .moe
                 .map(|_| layer_time_of(s, c, LayerKind::Moe, usage)),
+            kept: [dense.times(0.0); KEPT_STAGES],
+            kept_stages: 0,
+        };
+        let stages = c.pp as usize;
+        if stages <= KEPT_STAGES {
+            for i in 0..stages {
+                times.kept[i] = times.summed(s, c, i as u64);
+            }
+            times.kept_stages = stages;
         }
+        times
     }
 
     /// The summed time of stage `stage`'s layers.
     pub fn stage(&self, s: &Scenario, c: &ParallelConfig, stage: u64) -> LayerTime {
+        match self.kept.get(stage as usize) {
+            Some(kept) if (stage as usize) < self.kept_stages => *kept,
+            _ => self.summed(s, c, stage),
+        }
+    }
+
+    fn summed(&self, s: &Scenario, c: &ParallelConfig, stage: u64) -> LayerTime {
         let (dense, moe) = super::stage_layer_kinds(s, c, stage);
         match self.moe {
             Some(m) if moe > 0 => self.dense.times(dense as f64).plus(&m.times(moe as f64)),

@@ -381,16 +381,29 @@ pub fn in_flight(c: &ParallelConfig, m: u64, stage: u64) -> f64 {
     }
 }
 
-pub fn stage_memory(s: &Scenario, c: &ParallelConfig, stage: u64) -> StageMemory {
-    let k = s.coef();
-    let model = s.model;
-    let m = c.micro_batches(s.global_batch);
+/// Weights, gradients and optimizer states of stage `stage` on one GPU.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ModelState {
+    pub weights: f64,
+    pub gradients: f64,
+    pub optimizer_states: f64,
+}
+
+impl ModelState {
+    pub fn total(&self) -> f64 {
+        self.weights + self.gradients + self.optimizer_states
+    }
+}
+
+/// The model state stage `stage` holds: each group's state sharded over its
+/// own ranks (the shard group, all of dp x cp unless hybrid sharding keeps
+/// replicas, or the experts' expert-data-parallel group), and under FP8 the
+/// weights' FP8 copies.
+pub fn model_state(s: &Scenario, c: &ParallelConfig, stage: u64) -> ModelState {
     let bytes = state_bytes(s, c);
-    // Each group's state is sharded over its own ranks: the shard group
-    // (all of dp x cp unless hybrid sharding keeps replicas), or the
-    // experts' expert-data-parallel group.
-    let (mut weights, mut gradients, mut optimizer_states) = (0.0, 0.0, 0.0);
-    for group in parameter_groups(s, c, stage) {
+    let groups = parameter_groups(s, c, stage);
+    let mut state = ModelState::default();
+    for group in groups {
         let d = group.ranks as f64;
         let state_shards = match c.optimizer_sharding {
             OptimizerSharding::Full => d,
@@ -402,9 +415,9 @@ pub fn stage_memory(s: &Scenario, c: &ParallelConfig, stage: u64) -> StageMemory
             OptimizerSharding::None => 1.0,
             _ => d,
         };
-        weights += group.params * bytes.weights / state_shards;
-        gradients += group.params * bytes.gradients / state_shards;
-        optimizer_states += group.params * bytes.optimizer / optimizer_shards;
+        state.weights += group.params * bytes.weights / state_shards;
+        state.gradients += group.params * bytes.gradients / state_shards;
+        state.optimizer_states += group.params * bytes.optimizer / optimizer_shards;
     }
     // Transformer Engine keeps an FP8 copy of each layer weight and its
     // transpose (for the backward GEMMs), 1 byte each; torchao's float8
@@ -413,9 +426,58 @@ pub fn stage_memory(s: &Scenario, c: &ParallelConfig, stage: u64) -> StageMemory
         && s.gpu.fp8_peak_flops.is_some()
         && c.engine == Engine::Megatron
     {
-        let groups = parameter_groups(s, c, stage);
-        weights += 2.0 * (groups[0].params + groups[2].params);
+        state.weights += 2.0 * (groups[0].params + groups[2].params);
     }
+    state
+}
+
+/// The least device memory any stage among the peak candidates needs: its
+/// model state and the workspaces, with the allocator's share and the
+/// runtime outside PyTorch, before any activation or buffer. A
+/// configuration this exceeds the usable memory for cannot fit, whatever
+/// the switches that do not move the state (see [`state_key`]).
+pub fn state_floor(s: &Scenario, c: &ParallelConfig) -> f64 {
+    let k = s.coef();
+    peak_candidates(s, c)
+        .map(|stage| {
+            let allocated = model_state(s, c, stage).total() + k.workspace_gib * GIB;
+            allocated * (1.0 + k.allocator_fragmentation) + k.runtime_overhead_gib * GIB
+        })
+        .fold(0.0, f64::max)
+}
+
+/// `c` with everything that does not move the model state cleared: two
+/// configurations with the same key have the same [`state_floor`].
+pub fn state_key(c: &ParallelConfig) -> ParallelConfig {
+    let plain = ParallelConfig::default();
+    ParallelConfig {
+        micro_batch: plain.micro_batch,
+        recompute: plain.recompute,
+        ac_frequency: plain.ac_frequency,
+        sequence_parallel: plain.sequence_parallel,
+        bpipe: plain.bpipe,
+        stage_order: plain.stage_order,
+        attention: plain.attention,
+        overlap_grad_reduce: plain.overlap_grad_reduce,
+        overlap_param_gather: plain.overlap_param_gather,
+        tp_comm_overlap: plain.tp_comm_overlap,
+        cuda_graphs: plain.cuda_graphs,
+        compile: plain.compile,
+        cp_comm: plain.cp_comm,
+        dispatcher: plain.dispatcher,
+        ..*c
+    }
+}
+
+pub fn stage_memory(s: &Scenario, c: &ParallelConfig, stage: u64) -> StageMemory {
+    let k = s.coef();
+    let model = s.model;
+    let m = c.micro_batches(s.global_batch);
+    let ModelState {
+        weights,
+        gradients,
+        optimizer_states,
+    } = model_state(s, c, stage);
     let t = c.tp as f64;
     let tokens = local_tokens(s, c);
     let h = model.hidden as f64;

@@ -26,8 +26,9 @@ pub use layer::{EndsTime, LayerKind};
 mod memory;
 
 pub use memory::{
-    StageMemory, gathered_weight_bytes, in_flight, layer_activation_bytes,
-    layer_activation_bytes_of, schedule_in_flight, stage_activation_bytes, stage_memory,
+    ModelState, StageMemory, gathered_weight_bytes, in_flight, layer_activation_bytes,
+    layer_activation_bytes_of, model_state, schedule_in_flight, stage_activation_bytes,
+    stage_memory, state_floor, state_key,
 };
 
 use crate::cluster::{GpuSpec, NodeGroup, Placement};

@@ -11,7 +11,7 @@ pub use space::{SearchSpace, default_splits};
 use crate::cluster::NodeGroup;
 use crate::coefficients::CostModel;
 use crate::config::{ParallelConfig, Rule};
-use crate::cost::{Prediction, Scenario, memory_key, peak_memory, predict};
+use crate::cost::{Prediction, Scenario, memory_key, peak_memory, predict, state_floor, state_key};
 use crate::model::ModelSpec;
 use crate::profile::Measurements;
 use rayon::prelude::*;
@@ -143,6 +143,8 @@ pub fn search(job: &Job, space: &SearchSpace, cost: &CostModel) -> SearchResult 
             // few verdicts, by memory key).
             let mut recent: [Option<(ParallelConfig, bool)>; RECENT] = [None; RECENT];
             let mut next = 0;
+            let mut states: [Option<(ParallelConfig, bool)>; RECENT] = [None; RECENT];
+            let mut next_state = 0;
             for config in space.inner(job, outer) {
                 tally.considered += 1;
                 if let Some(rule) =
@@ -151,10 +153,23 @@ pub fn search(job: &Job, space: &SearchSpace, cost: &CostModel) -> SearchResult 
                     *tally.invalid.entry(rule).or_default() += 1;
                     continue;
                 }
+                // The model state alone rules most misfits out, and it moves
+                // with few of the dimensions.
+                let state = state_key(&config);
+                let too_big = match states.iter().flatten().find(|(k, _)| *k == state) {
+                    Some(&(_, too_big)) => too_big,
+                    None => {
+                        let too_big = state_floor(&scenario, &config) > scenario.usable_memory();
+                        states[next_state] = Some((state, too_big));
+                        next_state = (next_state + 1) % RECENT;
+                        too_big
+                    }
+                };
                 let key = memory_key(&config);
                 let known = recent.iter().flatten().find(|(k, _)| *k == key);
                 let fits = match known {
                     Some(&(_, fits)) => fits,
+                    None if too_big => false,
                     None => {
                         let fits = peak_memory(&scenario, &config).fits;
                         recent[next] = Some((key, fits));
