@@ -169,6 +169,20 @@ pub struct MegatronConfig {
     pub attention_backend: Option<String>,
     pub transformer_impl: Option<String>,
     pub num_experts: Option<u64>,
+    pub moe_router_topk: Option<u64>,
+    pub moe_ffn_hidden_size: Option<u64>,
+    pub moe_shared_expert_intermediate_size: Option<u64>,
+    /// As printed: an int, or a per-layer list (`[0, 1, 1, ...]`).
+    pub moe_layer_freq: Option<String>,
+    pub moe_token_dispatcher_type: Option<String>,
+    pub expert_model_parallel_size: u64,
+    /// `None` means tp (Megatron-LM's default).
+    pub expert_tensor_parallel_size: Option<u64>,
+    /// `--cp-comm-type` as printed (`['p2p']`, one per layer or for all).
+    pub cp_comm_type: Option<String>,
+    /// `--fp8-format` (`hybrid`, `e4m3`) when FP8 is on.
+    pub fp8: Option<String>,
+    pub multi_latent_attention: bool,
     /// Every argument of the dump as printed, for what the fields above leave out.
     pub all: BTreeMap<String, String>,
 }
@@ -802,7 +816,17 @@ fn config_from_arguments(
         use_flash_attn: flag("use_flash_attn")?,
         attention_backend,
         transformer_impl: text("transformer_impl"),
-        num_experts: int("num_experts")?,
+        num_experts: int("num_experts")?.filter(|&n| n > 0),
+        moe_router_topk: int("moe_router_topk")?,
+        moe_ffn_hidden_size: int("moe_ffn_hidden_size")?,
+        moe_shared_expert_intermediate_size: int("moe_shared_expert_intermediate_size")?,
+        moe_layer_freq: text("moe_layer_freq"),
+        moe_token_dispatcher_type: text("moe_token_dispatcher_type"),
+        expert_model_parallel_size: int("expert_model_parallel_size")?.unwrap_or(1).max(1),
+        expert_tensor_parallel_size: int("expert_tensor_parallel_size")?,
+        cp_comm_type: text("cp_comm_type"),
+        fp8: text("fp8"),
+        multi_latent_attention: flag("multi_latent_attention")?,
         all: args
             .iter()
             .map(|(k, (v, _))| (k.clone(), v.clone()))
@@ -887,8 +911,45 @@ impl MegatronConfig {
             },
             bpipe: false,
             attention: self.attention(),
+            cp: self.context_parallel_size,
+            cp_comm: match self.cp_comm_names().as_slice() {
+                ["a2a"] => crate::config::CpComm::A2a,
+                ["allgather"] => crate::config::CpComm::AllGather,
+                _ => crate::config::CpComm::P2p,
+            },
+            ep: self.expert_model_parallel_size,
+            etp: match self.num_experts {
+                Some(_) => self
+                    .expert_tensor_parallel_size
+                    .unwrap_or(self.tensor_model_parallel_size),
+                None => 1,
+            },
+            dispatcher: match self.moe_token_dispatcher_type.as_deref() {
+                Some("alltoall") => crate::config::Dispatcher::AllToAll,
+                _ if self.num_experts.is_some() => crate::config::Dispatcher::AllGather,
+                _ => crate::config::Dispatcher::AllToAll,
+            },
+            precision: if self.fp8.is_some() {
+                crate::config::Precision::Fp8
+            } else {
+                crate::config::Precision::Bf16
+            },
             ..ParallelConfig::default()
         }
+    }
+
+    /// The distinct `--cp-comm-type` values the run used (`p2p` unless given).
+    pub fn cp_comm_names(&self) -> Vec<&str> {
+        let mut names: Vec<&str> = self
+            .cp_comm_type
+            .as_deref()
+            .unwrap_or("p2p")
+            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '+'))
+            .filter(|w| !w.is_empty())
+            .collect();
+        names.sort();
+        names.dedup();
+        names
     }
 
     /// `tp2 pp2 dp2 mb1 gb16 L24 h1024 a16 s1024 8 GPUs` and the switches that are on.
@@ -925,7 +986,7 @@ impl MegatronConfig {
 /// The columns of the run-table row [`MegatronRun::row`] gives: paratune's
 /// run-table schema (see `runs::KNOWN_COLUMNS`), then measurements the
 /// schema does not read, carried through as the user's own columns.
-pub const ROW_COLUMNS: [&str; 30] = [
+pub const ROW_COLUMNS: [&str; 41] = [
     "gpus",
     "global_batch",
     "micro_batch",
@@ -950,6 +1011,17 @@ pub const ROW_COLUMNS: [&str; 30] = [
     "peak_allocated_gib",
     "peak_reserved_gib",
     "memory_rank",
+    "cp",
+    "cp_comm",
+    "ep",
+    "etp",
+    "num_experts",
+    "moe_topk",
+    "moe_ffn_hidden",
+    "moe_shared_ffn_hidden",
+    "moe_layer_freq",
+    "moe_dispatcher",
+    "precision",
     "iter_ms_mean",
     "tflops_per_gpu_measured",
     "steady_iterations",
@@ -957,6 +1029,11 @@ pub const ROW_COLUMNS: [&str; 30] = [
     "nan_iterations",
     "source_log",
 ];
+
+/// A count's cell, empty when absent.
+fn optional_count(n: Option<u64>) -> String {
+    n.map(|n| n.to_string()).unwrap_or_default()
+}
 
 impl MegatronRun {
     /// Peak `max allocated` in GiB, when the log has memory lines.
@@ -978,20 +1055,46 @@ impl MegatronRun {
             feature,
             hint,
         };
-        if m.context_parallel_size > 1 {
+        if m.context_parallel_size > 1
+            && !matches!(
+                m.cp_comm_names().as_slice(),
+                ["p2p"] | ["a2a"] | ["allgather"]
+            )
+        {
             return Err(unsupported(
                 format!(
-                    "context parallelism (context_parallel_size {})",
-                    m.context_parallel_size
+                    "context parallelism by {}",
+                    m.cp_comm_type.clone().unwrap_or_default()
                 ),
-                "log ingestion reads dense runs without context parallelism yet; write the run as a CSV row with its cp column (evaluate and calibrate read it)",
+                "paratune prices one key/value exchange for all layers (p2p, a2a or allgather); measure with one --cp-comm-type",
             ));
         }
-        if let Some(experts) = m.num_experts {
+        if m.multi_latent_attention {
             return Err(unsupported(
-                format!("a mixture of experts (num_experts {experts})"),
-                "log ingestion reads dense runs yet; write the run as a CSV row with its num_experts, moe_topk, moe_ffn_hidden, ep and etp columns (evaluate and calibrate read it)",
+                "multi-latent attention".into(),
+                "log ingestion reads standard attention yet; write the run as a CSV row with its kv_lora_rank, q_lora_rank and head-width columns",
             ));
+        }
+        if m.num_experts.is_some() {
+            let dispatcher = m
+                .moe_token_dispatcher_type
+                .as_deref()
+                .unwrap_or("allgather");
+            if !matches!(dispatcher, "alltoall" | "allgather") {
+                return Err(unsupported(
+                    format!("the `{dispatcher}` token dispatcher"),
+                    "paratune prices the alltoall and allgather dispatchers; measure with one of them",
+                ));
+            }
+            if m.moe_layer_freq
+                .as_deref()
+                .is_some_and(|f| f.parse::<u64>().is_err())
+            {
+                return Err(unsupported(
+                    "a per-layer MoE pattern (--moe-layer-freq as a list)".into(),
+                    "log ingestion reads every-n-th MoE layers yet; write the run as a CSV row with its moe_dense_layers and moe_layer_freq columns",
+                ));
+            }
         }
         let vocab = m.vocab().ok_or_else(|| MegatronLogError::MissingArguments {
             path: path.into(),
@@ -1033,6 +1136,27 @@ impl MegatronRun {
             } else {
                 String::new()
             },
+            c.cp.to_string(),
+            c.cp_comm.name().to_string(),
+            c.ep.to_string(),
+            c.etp.to_string(),
+            optional_count(m.num_experts),
+            optional_count(m.num_experts.and(Some(m.moe_router_topk.unwrap_or(2)))),
+            optional_count(
+                m.num_experts
+                    .and(m.moe_ffn_hidden_size.or(m.ffn_hidden_size)),
+            ),
+            optional_count(m.num_experts.and(m.moe_shared_expert_intermediate_size)),
+            optional_count(
+                m.num_experts
+                    .and(m.moe_layer_freq.as_deref().and_then(|f| f.parse().ok())),
+            ),
+            if m.num_experts.is_some() {
+                c.dispatcher.name().to_string()
+            } else {
+                String::new()
+            },
+            c.precision.name().to_string(),
             format!("{:.3}", self.steady_mean_ms),
             optional(self.tflops_per_gpu, 2),
             self.steady_iterations.to_string(),
@@ -1388,19 +1512,58 @@ mod tests {
         }
     }
 
+    /// A context-parallel and an MoE run become rows with their columns; a
+    /// mixed key/value exchange and multi-latent attention are refused.
     #[test]
-    fn context_parallel_and_moe_runs_are_refused_as_rows() {
-        let run = parse(
-            &log(
-                &[("context_parallel_size", "2"), ("data_parallel_size", "1")],
-                &[9.0, 3.0, 2.0],
-            ),
-            "cp.log",
-            2,
-        )
+    fn context_parallel_and_moe_runs_become_rows() {
+        let row_of = |extra: &[(&str, &str)]| {
+            let run = parse(&log(extra, &[9.0, 3.0, 2.0]), "x.log", 2).unwrap();
+            run.row("x.log", "x.log").map(|cells| {
+                ROW_COLUMNS
+                    .iter()
+                    .map(|c| c.to_string())
+                    .zip(cells)
+                    .collect::<BTreeMap<String, String>>()
+            })
+        };
+        let cp = row_of(&[("context_parallel_size", "2"), ("data_parallel_size", "1")]).unwrap();
+        assert_eq!((cp["cp"].as_str(), cp["cp_comm"].as_str()), ("2", "p2p"));
+        assert_eq!(cp["num_experts"], "");
+        let moe = row_of(&[
+            ("num_experts", "8"),
+            ("moe_router_topk", "2"),
+            ("expert_model_parallel_size", "2"),
+            ("moe_token_dispatcher_type", "alltoall"),
+            ("fp8", "hybrid"),
+        ])
         .unwrap();
-        let err = run.row("cp.log", "cp.log").unwrap_err().to_string();
-        assert!(err.contains("context parallelism"), "{err}");
+        assert_eq!(
+            (
+                moe["num_experts"].as_str(),
+                moe["moe_topk"].as_str(),
+                moe["ep"].as_str(),
+                moe["moe_dispatcher"].as_str(),
+                moe["precision"].as_str()
+            ),
+            ("8", "2", "2", "alltoall", "fp8")
+        );
+        let mixed = row_of(&[
+            ("context_parallel_size", "2"),
+            ("data_parallel_size", "1"),
+            ("cp_comm_type", "['a2a+p2p']"),
+        ]);
+        assert!(
+            mixed
+                .unwrap_err()
+                .to_string()
+                .contains("context parallelism by")
+        );
+        let mla = row_of(&[("multi_latent_attention", "True")]);
+        assert!(
+            mla.unwrap_err()
+                .to_string()
+                .contains("multi-latent attention")
+        );
     }
 
     #[test]
