@@ -12,7 +12,7 @@ use paratune::config::{
     ScheduleKind, StageOrder,
 };
 use paratune::model::{
-    AttentionKind, MlaSpec, ModelSpec, MoeSpec, builtin_model, builtin_model_names, load_model_file,
+    AttentionKind, ModelSpec, builtin_model, builtin_model_names, load_model_file,
 };
 use paratune::runs::{MemoryRank, RowDefaults, Run, RunTable, parse_choice, parse_switch};
 use paratune::search::{Job, SearchSpace};
@@ -93,16 +93,7 @@ pub fn model(args: &ModelArgs) -> Result<ModelSpec> {
 /// experts and need it to have some.
 fn apply_moe_flags(args: &ModelArgs, model: &mut ModelSpec) -> Result<()> {
     if let Some(experts) = args.experts {
-        let mut moe = model.moe.unwrap_or(MoeSpec {
-            experts,
-            topk: 2,
-            ffn_hidden: model.ffn_hidden,
-            shared_ffn_hidden: 0,
-            dense_layers: 0,
-            layer_freq: 1,
-        });
-        moe.experts = experts;
-        model.moe = Some(moe);
+        model.set_experts(experts);
     }
     let given = [
         ("--moe-topk", args.moe_topk.is_some()),
@@ -142,16 +133,7 @@ fn apply_moe_flags(args: &ModelArgs, model: &mut ModelSpec) -> Result<()> {
 /// Megatron-LM's defaults for the rest); the others need it.
 fn apply_mla_flags(args: &ModelArgs, model: &mut ModelSpec) -> Result<()> {
     if let Some(rank) = args.kv_lora_rank {
-        let mut mla = model.mla.unwrap_or(MlaSpec {
-            q_lora_rank: 0,
-            kv_lora_rank: rank,
-            qk_head_dim: 128,
-            qk_pos_head_dim: 64,
-            v_head_dim: 128,
-        });
-        mla.kv_lora_rank = rank;
-        model.mla = Some(mla);
-        model.kv_heads = model.heads;
+        model.set_kv_lora_rank(rank);
     }
     let given = [
         ("--q-lora-rank", args.q_lora_rank.is_some()),

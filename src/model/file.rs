@@ -38,7 +38,7 @@
 //!
 //! Every error is one line that starts with the file's path.
 
-use super::{AttentionKind, MlaSpec, ModelSpec, MoeSpec, builtin_model, builtin_model_names};
+use super::{AttentionKind, ModelSpec, builtin_model, builtin_model_names};
 use crate::suggest::did_you_mean;
 use std::path::Path;
 use toml::{Table, Value};
@@ -152,17 +152,7 @@ pub fn render_model_toml(model: &ModelSpec) -> String {
 /// other keys need it or a base that has it.
 fn apply_mla(table: &Table, model: &mut ModelSpec) -> Result<(), String> {
     if let Some(rank) = positive(table, "kv_lora_rank")? {
-        let mut mla = model.mla.unwrap_or(MlaSpec {
-            q_lora_rank: 0,
-            kv_lora_rank: rank,
-            qk_head_dim: 128,
-            qk_pos_head_dim: 64,
-            v_head_dim: 128,
-        });
-        mla.kv_lora_rank = rank;
-        model.mla = Some(mla);
-        // Every head has its own keys and values.
-        model.kv_heads = model.heads;
+        model.set_kv_lora_rank(rank);
     }
     let Some(mla) = model.mla.as_mut() else {
         if let Some(key) = MLA_KEYS.iter().find(|k| table.contains_key(**k)) {
@@ -194,16 +184,7 @@ fn apply_mla(table: &Table, model: &mut ModelSpec) -> Result<(), String> {
 /// it or a base that has experts.
 fn apply_moe(table: &Table, model: &mut ModelSpec) -> Result<(), String> {
     if let Some(experts) = positive(table, "experts")? {
-        let mut moe = model.moe.unwrap_or(MoeSpec {
-            experts,
-            topk: 2,
-            ffn_hidden: model.ffn_hidden,
-            shared_ffn_hidden: 0,
-            dense_layers: 0,
-            layer_freq: 1,
-        });
-        moe.experts = experts;
-        model.moe = Some(moe);
+        model.set_experts(experts);
     }
     let Some(moe) = model.moe.as_mut() else {
         if let Some(key) = MOE_KEYS.iter().find(|k| table.contains_key(**k)) {

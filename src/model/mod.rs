@@ -93,6 +93,20 @@ pub struct MlaSpec {
     pub v_head_dim: u64,
 }
 
+impl MlaSpec {
+    /// A `kv_lora_rank` latent with Megatron-LM's defaults for the rest
+    /// (queries projected directly, heads of 128 + 64 rotary, values 128).
+    pub fn megatron_defaults(kv_lora_rank: u64) -> MlaSpec {
+        MlaSpec {
+            q_lora_rank: 0,
+            kv_lora_rank,
+            qk_head_dim: 128,
+            qk_pos_head_dim: 64,
+            v_head_dim: 128,
+        }
+    }
+}
+
 /// How tensor parallelism splits one projection of the attention block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Split {
@@ -133,6 +147,20 @@ fn layer_freq_default() -> u64 {
 }
 
 impl MoeSpec {
+    /// `experts` experts with Megatron-LM's defaults for the rest
+    /// (`--moe-router-topk 2`, `--moe-ffn-hidden-size` the MLP's width, no
+    /// shared experts, every layer an MoE layer).
+    pub fn megatron_defaults(experts: u64, ffn_hidden: u64) -> MoeSpec {
+        MoeSpec {
+            experts,
+            topk: 2,
+            ffn_hidden,
+            shared_ffn_hidden: 0,
+            dense_layers: 0,
+            layer_freq: 1,
+        }
+    }
+
     /// Whether layer `i` (from 0) has experts.
     pub fn is_moe_layer(&self, i: u64) -> bool {
         i >= self.dense_layers && (i - self.dense_layers).is_multiple_of(self.layer_freq.max(1))
@@ -175,6 +203,26 @@ impl ModelSpec {
             mla: None,
             moe: None,
         }
+    }
+
+    /// Gives the model `experts` routed experts per MoE layer, keeping the
+    /// rest of its MoE shape, or Megatron-LM's defaults for a dense model.
+    pub fn set_experts(&mut self, experts: u64) {
+        let mut moe = self
+            .moe
+            .unwrap_or(MoeSpec::megatron_defaults(experts, self.ffn_hidden));
+        moe.experts = experts;
+        self.moe = Some(moe);
+    }
+
+    /// Gives the model multi-latent attention with a `rank` key/value
+    /// latent (its other shapes kept, or Megatron-LM's defaults); every
+    /// head then has its own keys and values.
+    pub fn set_kv_lora_rank(&mut self, rank: u64) {
+        let mut mla = self.mla.unwrap_or(MlaSpec::megatron_defaults(rank));
+        mla.kv_lora_rank = rank;
+        self.mla = Some(mla);
+        self.kv_heads = self.heads;
     }
 
     /// Width of one query/key head.

@@ -19,7 +19,7 @@ use crate::config::{
     ScheduleKind, StageOrder,
 };
 pub use crate::cost::MemoryRank;
-use crate::model::{AttentionKind, MlaSpec, ModelSpec, MoeSpec};
+use crate::model::{AttentionKind, ModelSpec, MoeSpec};
 
 /// Column values for what a row does not say.
 #[derive(Debug, Clone)]
@@ -458,17 +458,22 @@ fn parse_row(table: &RunTable, index: usize, defaults: &RowDefaults) -> Result<R
         model.head_dim_override = Some(width);
     }
     if let Some(rank) = int("kv_lora_rank")? {
-        model.mla = Some(MlaSpec {
-            q_lora_rank: match cell("q_lora_rank") {
+        model.set_kv_lora_rank(rank);
+        if let Some(mla) = model.mla.as_mut() {
+            mla.q_lora_rank = match cell("q_lora_rank") {
                 Some("0") | None => 0,
                 Some(_) => int("q_lora_rank")?.unwrap_or(0),
-            },
-            kv_lora_rank: rank,
-            qk_head_dim: int("qk_head_dim")?.unwrap_or(128),
-            qk_pos_head_dim: int("qk_pos_head_dim")?.unwrap_or(64),
-            v_head_dim: int("v_head_dim")?.unwrap_or(128),
-        });
-        model.kv_heads = model.heads;
+            };
+            for (name, field) in [
+                ("qk_head_dim", &mut mla.qk_head_dim),
+                ("qk_pos_head_dim", &mut mla.qk_pos_head_dim),
+                ("v_head_dim", &mut mla.v_head_dim),
+            ] {
+                if let Some(v) = int(name)? {
+                    *field = v;
+                }
+            }
+        }
     }
     if let Some(experts) = int("num_experts")? {
         let count = |name: &str| -> Result<Option<u64>, String> {
@@ -477,14 +482,15 @@ fn parse_row(table: &RunTable, index: usize, defaults: &RowDefaults) -> Result<R
                 _ => int(name),
             }
         };
+        // Megatron-LM's defaults for the columns the row leaves empty.
+        let defaults = MoeSpec::megatron_defaults(experts, model.ffn_hidden);
         model.moe = Some(MoeSpec {
             experts,
-            // Megatron-LM's defaults: top-2, experts as wide as the MLP.
-            topk: int("moe_topk")?.unwrap_or(2),
-            ffn_hidden: int("moe_ffn_hidden")?.unwrap_or(model.ffn_hidden),
+            topk: int("moe_topk")?.unwrap_or(defaults.topk),
+            ffn_hidden: int("moe_ffn_hidden")?.unwrap_or(defaults.ffn_hidden),
             shared_ffn_hidden: count("moe_shared_ffn_hidden")?.unwrap_or(0),
             dense_layers: count("moe_dense_layers")?.unwrap_or(0),
-            layer_freq: int("moe_layer_freq")?.unwrap_or(1),
+            layer_freq: int("moe_layer_freq")?.unwrap_or(defaults.layer_freq),
         });
     }
     model.name = format!("h{}-L{}", model.hidden, model.layers);
