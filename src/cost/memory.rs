@@ -621,11 +621,26 @@ impl<S: Iterator<Item = u64>> Iterator for AllOrSome<S> {
 /// The stage with the most memory: among [`peak_candidates`], or, under
 /// BPipe with fewer micro-batches than stages (a middle pair can then hold
 /// more than the ends), every stage.
-pub fn peak_stage(s: &Scenario, c: &ParallelConfig) -> StageMemory {
+/// (Returned with the first and the last stage's memory, which torchtitan
+/// and Megatron-LM log, each stage computed once.)
+pub fn peak_first_last(
+    s: &Scenario,
+    c: &ParallelConfig,
+) -> (StageMemory, StageMemory, StageMemory) {
     let best = |best: StageMemory, x: StageMemory| if x.total() > best.total() { x } else { best };
     let memory = |i: u64| stage_memory(s, c, i);
-    if c.bpipe {
-        return (1..c.pp).map(memory).fold(memory(0), best);
-    }
-    peak_candidates(s, c).map(memory).fold(memory(0), best)
+    let p = c.pp;
+    let first = memory(0);
+    let last = if p > 1 { memory(p - 1) } else { first };
+    let ends = best(first, last);
+    let between = |i: &u64| *i != 0 && *i != p - 1;
+    let peak = if c.bpipe {
+        (1..p).filter(between).map(memory).fold(ends, best)
+    } else {
+        peak_candidates(s, c)
+            .filter(between)
+            .map(memory)
+            .fold(ends, best)
+    };
+    (peak, first, last)
 }

@@ -483,6 +483,20 @@ pub fn predict(s: &Scenario, c: &ParallelConfig) -> Prediction {
 /// [`predict`], also saying how the prediction used the scenario's profile.
 /// As pure and allocation-free as `predict`: the counts are a local tally.
 pub fn predict_with_usage(s: &Scenario, c: &ParallelConfig) -> (Prediction, ProfileUsage) {
+    predict_with(s, c, None)
+}
+
+/// [`predict`] of a configuration whose [`peak_memory`] is already known
+/// (the search checked it before timing it).
+pub fn predict_checked(s: &Scenario, c: &ParallelConfig, memory: &MemoryCheck) -> Prediction {
+    predict_with(s, c, Some(*memory)).0
+}
+
+fn predict_with(
+    s: &Scenario,
+    c: &ParallelConfig,
+    memory: Option<MemoryCheck>,
+) -> (Prediction, ProfileUsage) {
     let mut usage = ProfileUsage::default();
     let m = c.micro_batches(s.global_batch) as f64;
     let v = c.virtual_stages as f64;
@@ -528,9 +542,7 @@ pub fn predict_with_usage(s: &Scenario, c: &ParallelConfig) -> (Prediction, Prof
     }
     let iteration_s = time.total();
 
-    let memory = peak_memory(s, c);
-    let first = memory::stage_memory(s, c, 0);
-    let last = memory::stage_memory(s, c, c.pp - 1);
+    let memory = memory.unwrap_or_else(|| peak_memory(s, c));
     let gpus = c.gpus() as f64;
     let model_flops = s.model.model_flops_per_iteration(s.global_batch);
     let prediction = Prediction {
@@ -543,10 +555,10 @@ pub fn predict_with_usage(s: &Scenario, c: &ParallelConfig) -> (Prediction, Prof
         peak_stage: memory.stage,
         peak_allocated_bytes: memory.allocated,
         peak_reserved_bytes: memory.reserved,
-        first_stage_allocated_bytes: first.allocated(),
-        first_stage_reserved_bytes: first.reserved(),
-        last_stage_allocated_bytes: last.allocated(),
-        last_stage_reserved_bytes: last.reserved(),
+        first_stage_allocated_bytes: memory.first.0,
+        first_stage_reserved_bytes: memory.first.1,
+        last_stage_allocated_bytes: memory.last.0,
+        last_stage_reserved_bytes: memory.last.1,
         usable_memory_bytes: memory.usable,
         fits: memory.fits,
     };
@@ -661,6 +673,9 @@ pub struct MemoryCheck {
     pub reserved: f64,
     pub usable: f64,
     pub fits: bool,
+    /// The first and the last stage's allocated and reserved peaks.
+    pub first: (f64, f64),
+    pub last: (f64, f64),
 }
 
 /// `c` with the switches that move no byte of memory cleared (the
@@ -677,7 +692,7 @@ pub fn memory_key(c: &ParallelConfig) -> ParallelConfig {
 }
 
 pub fn peak_memory(s: &Scenario, c: &ParallelConfig) -> MemoryCheck {
-    let peak = memory::peak_stage(s, c);
+    let (peak, first, last) = memory::peak_first_last(s, c);
     let usable = s.usable_memory();
     MemoryCheck {
         stage: peak.stage,
@@ -686,6 +701,8 @@ pub fn peak_memory(s: &Scenario, c: &ParallelConfig) -> MemoryCheck {
         reserved: peak.reserved(),
         usable,
         fits: peak.total() <= usable,
+        first: (first.allocated(), first.reserved()),
+        last: (last.allocated(), last.reserved()),
     }
 }
 

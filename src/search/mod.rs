@@ -11,7 +11,10 @@ pub use space::{SearchSpace, default_splits};
 use crate::cluster::NodeGroup;
 use crate::coefficients::CostModel;
 use crate::config::{ParallelConfig, Rule};
-use crate::cost::{Prediction, Scenario, memory_key, peak_memory, predict, state_floor, state_key};
+use crate::cost::{
+    MemoryCheck, Prediction, Scenario, memory_key, peak_memory, predict_checked, state_floor,
+    state_key,
+};
 use crate::model::ModelSpec;
 use crate::profile::Measurements;
 use rayon::prelude::*;
@@ -141,7 +144,7 @@ pub fn search(job: &Job, space: &SearchSpace, cost: &CostModel) -> SearchResult 
             // Neighbouring configurations often differ only in switches
             // that move no memory: check memory once for them (the last
             // few verdicts, by memory key).
-            let mut recent: [Option<(ParallelConfig, bool)>; RECENT] = [None; RECENT];
+            let mut recent: [Option<(ParallelConfig, MemoryCheck)>; RECENT] = [None; RECENT];
             let mut next = 0;
             let mut states: [Option<(ParallelConfig, bool)>; RECENT] = [None; RECENT];
             let mut next_state = 0;
@@ -165,25 +168,27 @@ pub fn search(job: &Job, space: &SearchSpace, cost: &CostModel) -> SearchResult 
                         too_big
                     }
                 };
+                if too_big {
+                    tally.out_of_memory += 1;
+                    continue;
+                }
                 let key = memory_key(&config);
-                let known = recent.iter().flatten().find(|(k, _)| *k == key);
-                let fits = match known {
-                    Some(&(_, fits)) => fits,
-                    None if too_big => false,
+                let memory = match recent.iter().flatten().find(|(k, _)| *k == key) {
+                    Some(&(_, memory)) => memory,
                     None => {
-                        let fits = peak_memory(&scenario, &config).fits;
-                        recent[next] = Some((key, fits));
+                        let memory = peak_memory(&scenario, &config);
+                        recent[next] = Some((key, memory));
                         next = (next + 1) % RECENT;
-                        fits
+                        memory
                     }
                 };
-                if !fits {
+                if !memory.fits {
                     tally.out_of_memory += 1;
                     continue;
                 }
                 tally.candidates.push(Candidate {
                     config,
-                    prediction: predict(&scenario, &config),
+                    prediction: predict_checked(&scenario, &config, &memory),
                 });
             }
             tally
