@@ -167,7 +167,7 @@ impl OptimizerSharding {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum StageOrder {
-    /// Megatron-LM's order: stage `i` on ranks `i·tp·dp ..`, so neighbouring
+    /// Megatron-LM's order: stage `i` on ranks `i·tp·cp·dp ..`, so neighbouring
     /// stages are neighbours on the machine.
     #[default]
     Megatron,

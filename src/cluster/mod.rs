@@ -115,8 +115,9 @@ impl Cluster {
 }
 
 /// Where a job's ranks sit: how many GPUs it uses and how many of them share
-/// a node. Ranks are numbered Megatron's way: tensor-parallel fastest, then
-/// data-parallel, then pipeline.
+/// a node. Ranks are numbered Megatron-Core's way: tensor-parallel fastest,
+/// then context-parallel, then data-parallel, then pipeline (the cost
+/// model's spans in `cost/comm.rs` follow it).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Placement {
     pub gpus: u64,

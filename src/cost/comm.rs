@@ -1,5 +1,7 @@
 //! Collectives and point-to-point messages, charged on the link that the
-//! rank placement gives them (Megatron order: tp fastest, then dp, then pp).
+//! rank placement gives them (Megatron-Core's order: tp fastest, then cp,
+//! then dp, then pp; the experts laid out etp, ep, expert-data over the same
+//! ranks).
 //!
 //! With a profile, an intra-node collective whose (op, ranks) curve was
 //! measured takes the measured time (see [`Measurements::collective`] for

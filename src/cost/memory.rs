@@ -248,6 +248,7 @@ pub fn layer_activation_bytes(s: &Scenario, c: &ParallelConfig) -> f64 {
 }
 
 /// [`layer_activation_bytes`] of a layer of `kind`.
+#[cfg(test)]
 pub fn layer_activation_bytes_of(s: &Scenario, c: &ParallelConfig, kind: LayerKind) -> f64 {
     layer_kept(s, c, c.recompute, kind)
 }

@@ -22,13 +22,12 @@
 mod comm;
 mod kernels;
 mod layer;
-pub use layer::{EndsTime, LayerKind};
+pub use layer::EndsTime;
 mod memory;
 
 pub use memory::{
-    ModelState, StageMemory, gathered_weight_bytes, in_flight, layer_activation_bytes,
-    layer_activation_bytes_of, model_state, schedule_in_flight, stage_activation_bytes,
-    stage_memory, state_floor, state_key,
+    StageMemory, gathered_weight_bytes, in_flight, layer_activation_bytes, schedule_in_flight,
+    stage_activation_bytes, stage_memory, state_floor, state_key,
 };
 
 use crate::cluster::{GpuSpec, NodeGroup, Placement};
@@ -567,7 +566,7 @@ fn predict_with(
 
 /// The dense tensor-core peak the configuration's GEMMs run at: FP8's
 /// under FP8 on a GPU that has it, else the 16-bit one.
-pub fn gemm_peak(s: &Scenario, c: &ParallelConfig) -> f64 {
+fn gemm_peak(s: &Scenario, c: &ParallelConfig) -> f64 {
     match (c.precision, s.gpu.fp8_peak_flops) {
         (crate::config::Precision::Fp8, Some(fp8)) => fp8,
         _ => s.gpu.peak_flops,

@@ -1751,6 +1751,7 @@ mod hybrid_sharding {
 mod experts_and_context {
     use super::*;
     use crate::config::{CpComm, Dispatcher};
+    use layer::LayerKind;
 
     fn scenario_for<'a>(
         model: &'a ModelSpec,
