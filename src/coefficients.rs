@@ -194,6 +194,9 @@ coefficients! {
     moe_load_imbalance: "x mean", [1.0, 4.0], 1.1, Carries,
         "tokens the busiest expert rank computes, over the mean a balanced router gives it (the experts' GEMMs wait for it)",
         "GShard and Switch Transformer (Fedus et al., JMLR 2022) train with capacity factors of 1.0-1.25, dropping what a rank receives above the mean times the factor; 1.1 is inside that band, and auxiliary-loss or bias balancing (DeepSeek-V3, 2024) keeps routing near it";
+    token_zipf_exponent: "exponent", [0.3, 2.5], 1.0, Carries,
+        "exponent s of the token-frequency law P(rank r) ~ r^-s that estimates the distinct embedding rows a batch touches, where no token stream was measured (`profile tokens`)",
+        "Zipf's law: word frequency falls as 1/rank (Zipf 1949); Piantadosi (Psychonomic Bulletin & Review 2014) finds exponents near 1 across languages and corpora";
     cp_overlap: "fraction", [0.0, 1.0], 0.8, Carries,
         "share of a layer's attention compute under which context parallelism's ring hides its key/value exchange (p2p)",
         "Ring Attention (Liu et al., ICLR 2024) sends the next key/value block while the current one is attended; Megatron-Core's p2p context parallelism (Transformer Engine) overlaps the same way, the first block's compute having nothing before it";

@@ -277,6 +277,50 @@ impl Dispatcher {
     }
 }
 
+/// How a parameter group's gradients reach every rank that holds it. Dense
+/// groups are all-reduced (or reduce-scattered under the distributed
+/// optimizer); an untied input embedding, whose gradient touches only the
+/// rows of a rank's tokens, can move just those rows (Parallax, Kim et al.,
+/// EuroSys'19).
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum SyncMethod {
+    /// The whole gradient, dense: a ring all-reduce (NCCL, gloo).
+    #[default]
+    AllReduce,
+    /// Every rank all-gathers every rank's touched rows and their indices
+    /// and sums them locally: PyTorch DDP's path for sparse gradients
+    /// (`nn.Embedding(sparse=True)`), DeepSpeed's `sparse_gradients`.
+    SparseAllGather,
+    /// The table is split by row over p of the group's ranks (servers);
+    /// each rank pushes its touched rows to their owners, which sum and
+    /// update them, and pulls the updated rows back (Parallax's sparse
+    /// path), with p chosen from its `t(p) = a/p + b(p - 1) + c` curve.
+    ParameterServer,
+}
+
+impl SyncMethod {
+    pub const ALL: [SyncMethod; 3] = [
+        SyncMethod::AllReduce,
+        SyncMethod::SparseAllGather,
+        SyncMethod::ParameterServer,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            SyncMethod::AllReduce => "all-reduce",
+            SyncMethod::SparseAllGather => "sparse-all-gather",
+            SyncMethod::ParameterServer => "parameter-server",
+        }
+    }
+
+    pub fn is_sparse(self) -> bool {
+        self != SyncMethod::AllReduce
+    }
+}
+
 /// One parallel training configuration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct ParallelConfig {
@@ -305,6 +349,10 @@ pub struct ParallelConfig {
     /// The layers' GEMMs in bf16 or FP8.
     #[serde(default)]
     pub precision: Precision,
+    /// How an untied input embedding's gradient is synchronised over its
+    /// data-parallel ranks (every other group is all-reduced).
+    #[serde(default)]
+    pub embedding_sync: SyncMethod,
     pub micro_batch: u64,
     pub schedule: ScheduleKind,
     /// Model chunks per pipeline rank; 1 unless the schedule is interleaved.
@@ -383,6 +431,7 @@ impl Default for ParallelConfig {
             etp: 1,
             dispatcher: Dispatcher::AllToAll,
             precision: Precision::Bf16,
+            embedding_sync: SyncMethod::AllReduce,
             micro_batch: 1,
             schedule: ScheduleKind::OneFOneB,
             virtual_stages: 1,
@@ -567,6 +616,23 @@ impl ParallelConfig {
                 c.cp_comm == CpComm::A2a
                     && (!model.heads.is_multiple_of(c.tp * c.cp)
                         || !model.kv_heads.is_multiple_of(c.tp * c.cp)),
+            ),
+            (
+                Rule::SparseSyncOfDenseEmbedding,
+                c.embedding_sync.is_sparse()
+                    && (model.tied_embeddings || c.dense_sync_degree() < 2),
+            ),
+            (
+                Rule::SparseSyncWithSharding,
+                match c.embedding_sync {
+                    SyncMethod::AllReduce => false,
+                    SyncMethod::SparseAllGather => c.optimizer_sharding != OptimizerSharding::None,
+                    SyncMethod::ParameterServer => {
+                        c.optimizer_sharding == OptimizerSharding::Full
+                            || (c.engine == Engine::Torchtitan
+                                && c.optimizer_sharding != OptimizerSharding::None)
+                    }
+                },
             ),
             (
                 Rule::ExpertsWithoutMoe,
@@ -784,6 +850,13 @@ pub enum Rule {
     CpCommWithoutCp,
     /// All-to-all context parallelism splits the heads over tp x cp.
     ContextHeadsNotDivisible,
+    /// A sparse embedding sync on a model whose input embedding's gradient
+    /// is dense (tied to the output head) or that has no data-parallel ranks.
+    SparseSyncOfDenseEmbedding,
+    /// A sparse embedding sync the sharding cannot carry: FSDP / ZeRO-3
+    /// gathers the table for every micro-batch, and the distributed
+    /// optimizer's shards take rows only through their owners.
+    SparseSyncWithSharding,
     /// Expert parallelism on a model without experts.
     ExpertsWithoutMoe,
     /// ep must divide the experts.
@@ -830,6 +903,8 @@ impl Rule {
             Rule::ContextNotDivisible => "sequence not divisible by 2 x cp",
             Rule::CpCommWithoutCp => "a context-parallel exchange without cp",
             Rule::ContextHeadsNotDivisible => "all-to-all cp needs tp x cp to divide the heads",
+            Rule::SparseSyncOfDenseEmbedding => "a sparse embedding sync of a dense gradient",
+            Rule::SparseSyncWithSharding => "a sparse embedding sync under this sharding",
             Rule::ExpertsWithoutMoe => "expert parallelism on a dense model",
             Rule::ExpertsNotDivisible => "experts not divisible by ep",
             Rule::ExpertFfnNotDivisible => "expert ffn hidden not divisible by etp",
@@ -1024,6 +1099,25 @@ impl Rule {
                 "MoE layers with tp {} need --sequence-parallel on (Megatron-Core refuses MoE with tensor parallelism otherwise)",
                 c.tp
             ),
+            Rule::SparseSyncOfDenseEmbedding if model.tied_embeddings => format!(
+                "embedding sync {}: this model ties its input embedding to the output head, whose gradient touches every row; use all-reduce",
+                c.embedding_sync.name()
+            ),
+            Rule::SparseSyncOfDenseEmbedding => format!(
+                "embedding sync {}: dp x cp = {} leaves no data-parallel ranks to synchronise; use all-reduce",
+                c.embedding_sync.name(),
+                c.dense_sync_degree()
+            ),
+            Rule::SparseSyncWithSharding if c.embedding_sync == SyncMethod::SparseAllGather => format!(
+                "embedding sync sparse-all-gather with optimizer sharding {}: a sharded embedding's rows go to their shard's owner, which is the parameter-server method; use parameter-server or no sharding",
+                c.optimizer_sharding.name()
+            ),
+            Rule::SparseSyncWithSharding => format!(
+                "embedding sync {} with optimizer sharding {}{}: FSDP gathers and reduce-scatters the whole table every micro-batch; use the distributed optimizer (optimizer-states) with megatron, or all-reduce",
+                c.embedding_sync.name(),
+                c.optimizer_sharding.name(),
+                if c.engine == Engine::Torchtitan { " on torchtitan" } else { "" }
+            ),
         }
     }
 }
@@ -1092,6 +1186,9 @@ impl fmt::Display for ParallelConfig {
         }
         if self.precision != Precision::Bf16 {
             write!(f, " {}", self.precision.name())?;
+        }
+        if self.embedding_sync != SyncMethod::AllReduce {
+            write!(f, " embedding-sync={}", self.embedding_sync.name())?;
         }
         if self.recompute == Recompute::SelectiveLayer {
             write!(f, " every={}", self.ac_frequency)?;

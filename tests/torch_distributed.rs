@@ -304,3 +304,160 @@ fn the_worker_maps_degrees_schedules_and_sharding_as_planned() {
             .contains("reshard_after_forward=False")
     );
 }
+
+/// The input embedding's sync by each method as `predict --format json`
+/// prices it for the measured CPU node (two ranks, data-parallel), with
+/// the profile `profile` (its collectives; its sync points where it has
+/// them): (method, rows touched, seconds, measured) per method.
+fn predicted_syncs(
+    dir: &Path,
+    profile: &Path,
+    vocab: u64,
+    tokens: u64,
+) -> Vec<(String, f64, f64, bool)> {
+    let profile = profile.to_str().unwrap();
+    let (vocab, seq) = (vocab.to_string(), tokens.to_string());
+    let json = ok(
+        dir,
+        &[
+            "predict",
+            "--cluster-from-profile",
+            "profiles/cpu-measured",
+            "--gpus-per-node",
+            "2",
+            "--profile",
+            profile,
+            "--hidden",
+            "64",
+            "--heads",
+            "1",
+            "--ffn-hidden",
+            "256",
+            "--layers",
+            "1",
+            "--vocab",
+            &vocab,
+            "--seq-len",
+            &seq,
+            "--global-batch",
+            "2",
+            "--tied-embeddings",
+            "off",
+            "--tp",
+            "1",
+            "--pp",
+            "1",
+            "--cost-model",
+            "datasheet",
+            "--format",
+            "json",
+        ],
+    );
+    let value: serde_json::Value = serde_json::from_str(&json).unwrap();
+    value["embedding_sync"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no embedding_sync in {json}"))
+        .iter()
+        .map(|o| {
+            (
+                o["method"].as_str().unwrap().to_string(),
+                o["rows"].as_f64().unwrap(),
+                o["seconds"].as_f64().unwrap(),
+                o["measured"].as_bool().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// all-reduce's time against the best and the worst sparse method's.
+fn dense_against_sparse(times: &[(String, f64)]) -> (f64, f64, f64) {
+    let dense = times.iter().find(|(m, _)| m == "all-reduce").unwrap().1;
+    let sparse = times.iter().filter(|(m, _)| m != "all-reduce").map(|t| t.1);
+    let best = sparse.clone().fold(f64::INFINITY, f64::min);
+    let worst = sparse.fold(0.0, f64::max);
+    (dense, best, worst)
+}
+
+#[test]
+fn measured_embedding_syncs_rank_as_predicted_for_a_sparse_and_a_dense_case() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    // The shipped CPU profile with the sync points added to a copy of it.
+    let profile = dir.path().join("cpu-sync");
+    std::fs::create_dir(&profile).unwrap();
+    for entry in std::fs::read_dir(root.join("profiles/cpu-measured")).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), profile.join(entry.file_name())).unwrap();
+    }
+    let python = python();
+    // Sparse: few of 65,536 rows touched; dense: every one of 512.
+    for (vocab, tokens, sparse) in [(65536u64, 256u64, true), (512, 16384, false)] {
+        let text = ok(
+            root,
+            &[
+                "profile",
+                "sync",
+                "--ranks",
+                "2",
+                "--python",
+                &python,
+                "--vocab",
+                &vocab.to_string(),
+                "--hidden",
+                "64",
+                "--tokens-per-rank",
+                &tokens.to_string(),
+                "--iterations",
+                "9",
+                "--out",
+                profile.to_str().unwrap(),
+            ],
+        );
+        assert!(text.contains("parameter-server"), "{text}");
+        let points = paratune::profile::read_profile(&profile).unwrap().sync;
+        let measured: Vec<(String, f64)> = ["all-reduce", "sparse-all-gather", "parameter-server"]
+            .iter()
+            .map(|&m| {
+                let best = points
+                    .iter()
+                    .filter(|p| p.method.name() == m && p.vocab == vocab)
+                    .map(|p| p.seconds)
+                    .fold(f64::INFINITY, f64::min);
+                (m.to_string(), best)
+            })
+            .collect();
+        let measured_rows = points.iter().find(|p| p.vocab == vocab).unwrap().rows;
+        // Predicted from the link and the collectives alone.
+        let predicted = predicted_syncs(root, &root.join("profiles/cpu-measured"), vocab, tokens);
+        let predicted_times: Vec<(String, f64)> = predicted
+            .iter()
+            .map(|(m, _, t, _)| (m.clone(), *t))
+            .collect();
+        assert!(
+            predicted.iter().all(|p| !p.3),
+            "no sync point in that profile: {predicted:?}"
+        );
+        // Zipf's law with the prior exponent against the worker's draws.
+        let rows = predicted[0].1;
+        assert!(
+            (rows / measured_rows - 1.0).abs() < 0.05,
+            "rows touched: predicted {rows}, measured {measured_rows}"
+        );
+        let (m_dense, m_best, m_worst) = dense_against_sparse(&measured);
+        let (p_dense, p_best, p_worst) = dense_against_sparse(&predicted_times);
+        if sparse {
+            assert!(
+                m_dense > m_worst && p_dense > p_worst,
+                "sparse case: measured {measured:?}, predicted {predicted_times:?}"
+            );
+        } else {
+            assert!(
+                m_dense < m_best && p_dense < p_best,
+                "dense case: measured {measured:?}, predicted {predicted_times:?}"
+            );
+        }
+        // With the points in the profile, predict prices the methods from them.
+        let from_points = predicted_syncs(root, &profile, vocab, tokens);
+        assert!(from_points.iter().all(|p| p.3), "{from_points:?}");
+    }
+}

@@ -19,6 +19,7 @@ mod figures;
 mod fit;
 mod memory;
 mod report;
+pub mod tokens;
 mod util;
 
 #[cfg(test)]

@@ -388,6 +388,11 @@ pub struct SpaceArgs {
     /// FP8, MXFP8 on Blackwell; needs a GPU with FP8), or both to compare.
     #[arg(long, value_delimiter = ',')]
     pub precision: Option<Vec<String>>,
+    /// How an untied input embedding's gradient is synchronised over the data-parallel
+    /// ranks: all-reduce (default), sparse-all-gather, parameter-server, or all to let the
+    /// search pick (Parallax; Megatron-LM and torchtitan run all-reduce only).
+    #[arg(long, value_delimiter = ',')]
+    pub embedding_sync: Option<Vec<String>>,
     /// How an MoE layer's tokens reach their experts: alltoall, allgather
     /// (--moe-token-dispatcher-type; searched: both).
     #[arg(long, value_delimiter = ',')]
@@ -522,9 +527,74 @@ pub enum ProfileCommand {
     /// Sweep NCCL all-reduce, all-gather, reduce-scatter and send/recv over the local
     /// GPUs (feature `cuda`).
     Comm(ProfileCommArgs),
+    /// Count the distinct token ids per batch of a token stream (one id per line, or a
+    /// NumPy .npy array): the embedding rows a rank's batch touches, which sparse
+    /// embedding syncs move.
+    Tokens(ProfileTokensArgs),
+    /// Time the three embedding-gradient syncs (all-reduce, sparse-all-gather,
+    /// parameter-server) for real between N local torch.distributed ranks (gloo on the
+    /// CPU, NCCL on GPUs), through the worker `validate --launch torch` runs.
+    Sync(ProfileSyncArgs),
     /// Internal: measure one point in a fresh process (the sweeps spawn it).
     #[command(hide = true)]
     Worker(WorkerArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct ProfileTokensArgs {
+    /// Token ids: text with one id per line, or a .npy integer array.
+    #[arg(long)]
+    pub data: PathBuf,
+    /// The tokenizer's vocabulary size (every id must be below it).
+    #[arg(long, value_parser = count(1 << 32), allow_negative_numbers = true)]
+    pub vocab: u64,
+    /// Batch sizes in tokens, comma-separated (default: powers of two up to the stream).
+    #[arg(long, value_delimiter = ',', value_parser = count(1 << 40), allow_negative_numbers = true)]
+    pub batch_tokens: Option<Vec<u64>>,
+    #[command(flatten)]
+    pub provenance: ProvenanceArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct ProfileSyncArgs {
+    /// Local ranks of torch.distributed (at least 2).
+    #[arg(long, value_parser = count(1 << 12), allow_negative_numbers = true)]
+    pub ranks: u64,
+    /// cpu or cuda.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// A Python interpreter with PyTorch.
+    #[arg(long, default_value = "python3")]
+    pub python: PathBuf,
+    /// Rows of the embedding table (the vocabulary).
+    #[arg(long, value_parser = count(1 << 32), allow_negative_numbers = true)]
+    pub vocab: u64,
+    /// Columns of the embedding table (the hidden size).
+    #[arg(long, value_parser = count(1 << 20), allow_negative_numbers = true)]
+    pub hidden: u64,
+    /// Tokens in one rank's batch, comma-separated: one point per size.
+    #[arg(long, value_delimiter = ',', value_parser = count(1 << 32), allow_negative_numbers = true, required = true)]
+    pub tokens_per_rank: Vec<u64>,
+    /// Token ids to batch (one per line, or .npy); default: drawn from Zipf's law.
+    #[arg(long, conflicts_with = "zipf_exponent")]
+    pub data: Option<PathBuf>,
+    /// Exponent of the Zipf law the ids are drawn from without --data.
+    #[arg(long, default_value_t = 1.0)]
+    pub zipf_exponent: f64,
+    /// Parameter-server shard counts (default: 1 to --ranks).
+    #[arg(long, value_delimiter = ',', value_parser = count(1 << 12), allow_negative_numbers = true)]
+    pub partitions: Option<Vec<u64>>,
+    /// Methods to time, comma-separated (default: all three).
+    #[arg(long, value_delimiter = ',')]
+    pub methods: Option<Vec<String>>,
+    /// Timed repetitions per point (the median is kept).
+    #[arg(long, value_parser = count(1000), allow_negative_numbers = true, default_value_t = 7)]
+    pub iterations: u64,
+    /// Seconds the whole sweep may take before it is killed and reported.
+    #[arg(long, default_value_t = 1800.0)]
+    pub timeout: f64,
+    #[command(flatten)]
+    pub provenance: ProvenanceArgs,
 }
 
 /// How long each measured point repeats.

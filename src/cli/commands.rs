@@ -8,6 +8,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use paratune::cluster::{builtin_gpu_names, builtin_node};
 use paratune::coefficients::CostModel;
 use paratune::config::{Engine, ParallelConfig};
+use paratune::cost::sparse::embedding_sync_options;
 use paratune::cost::{ProfileUsage, Scenario, memory_per_stage, predict, predict_with_usage};
 use paratune::evaluate::{Setting, evaluate_with};
 use paratune::export::{
@@ -103,6 +104,11 @@ pub fn plan(args: &PlanArgs) -> Result<()> {
                 band: band.is_some(),
                 context_and_experts: job.model.moe.is_some()
                     || shown.clone().any(|c| c.config.cp > 1),
+                embedding_sync: !job.model.tied_embeddings
+                    && space
+                        .embedding_sync
+                        .as_ref()
+                        .is_some_and(|m| m.iter().any(|m| m.is_sparse())),
             };
             let _ = writeln!(out, "\n{}", render::ranking_header(columns));
             for (i, c) in shown.enumerate() {
@@ -466,6 +472,7 @@ pub fn predict_command(args: &PredictArgs) -> Result<()> {
                 "config": config,
                 "prediction": prediction,
                 "stages": stages,
+                "embedding_sync": embedding_sync_options(&scenario, &config),
                 "megatron_args": megatron_args(&LaunchJob::of(&job, &config)).ok(),
                 "megatron_unsupported": megatron_args(&LaunchJob::of(&job, &config)).err().map(|e| e.to_string()),
             });
@@ -520,6 +527,9 @@ pub fn predict_command(args: &PredictArgs) -> Result<()> {
                 }
             );
             render::breakdown(&mut out, &prediction.time);
+            if let Some(options) = embedding_sync_options(&scenario, &config) {
+                render::embedding_sync(&mut out, &options, config.embedding_sync);
+            }
             render::stage_memory(
                 &mut out,
                 &stages,

@@ -107,7 +107,7 @@ pub fn check_writable(dir: &Path, flag: &str) -> Result<()> {
 
 /// `--out` of a measuring sweep: writable, and not a damaged profile (which
 /// stops the sweep before any work, left as it is).
-fn check_out(out: &Path) -> Result<()> {
+pub(super) fn check_out(out: &Path) -> Result<()> {
     check_writable(out, "--out")?;
     if out.join(paratune::profile::ENVIRONMENT_FILE).is_file() {
         paratune::profile::read_profile(out)?;
@@ -457,44 +457,10 @@ fn profile_comm_torch(args: &ProfileCommArgs, ranks: u64) -> Result<()> {
     let iterations = args.repetitions.max_repetitions.min(10) as u64;
     let job =
         torch_launch::comm_sweep_job(device, ranks, args.max_bytes.0 as u64, iterations, &dir);
-    let job_path = dir.join("job.json");
-    paratune::atomic::write_atomically(&job_path, serde_json::to_string_pretty(&job)?.as_bytes())?;
-    let worker = dir.join(torch_launch::WORKER_FILE);
-    paratune::atomic::write_atomically(&worker, torch_launch::WORKER_SOURCE.as_bytes())?;
-    let log = dir.join("run.log");
-    let script = dir.join("run.sh");
-    let quote = |p: &Path| paratune::text::shell_quote(&p.display().to_string());
-    let text = format!(
-        "set -euo pipefail\nexport OMP_NUM_THREADS=1\n{} -m torch.distributed.run --standalone --nproc-per-node {ranks} {} --job {} > {} 2>&1\n",
-        quote(&args.python),
-        quote(&worker),
-        quote(&job_path),
-        quote(&log)
-    );
-    paratune::atomic::write_atomically(&script, text.as_bytes())?;
-    let spinner = ProgressBar::new_spinner();
-    spinner.set_message(format!(
-        "profile comm: {ranks} ranks of torch.distributed ({})",
-        device.backend()
-    ));
-    spinner.enable_steady_tick(Duration::from_millis(200));
-    let ran = paratune::measure::process::run_script(&script, timeout);
-    spinner.finish_and_clear();
-    let points = match ran
-        .map_err(|why| why.to_string())
-        .and_then(|()| torch_launch::read_comm(&dir).map_err(|e| e.to_string()))
-    {
-        Ok(points) => points,
-        Err(why) => {
-            let tail = std::fs::read_to_string(&log).unwrap_or_default();
-            let last = tail
-                .lines()
-                .rev()
-                .find(|l| !l.trim().is_empty())
-                .unwrap_or("");
-            bail!("profile comm --ranks {ranks}: {why}; the worker's last line: {last}");
-        }
-    };
+    let label = format!("profile comm --ranks {ranks}");
+    run_worker(&args.python, ranks, &job, &dir, timeout, &label)?;
+    let points =
+        torch_launch::read_comm(&dir).map_err(|e| worker_failure(&label, &e.to_string(), &dir))?;
     record_provenance(
         &mut profile,
         &args.provenance,
@@ -511,6 +477,51 @@ fn profile_comm_torch(args: &ProfileCommArgs, ranks: u64) -> Result<()> {
         out,
         profile.collectives.len(),
     ))
+}
+
+/// Runs the shipped torch.distributed worker on `job` between `ranks`
+/// local processes (torchrun), in `dir`, killed after `timeout`.
+pub(super) fn run_worker(
+    python: &Path,
+    ranks: u64,
+    job: &impl serde::Serialize,
+    dir: &Path,
+    timeout: Duration,
+    label: &str,
+) -> Result<()> {
+    use paratune::validate::torch_launch;
+    let job_path = dir.join("job.json");
+    paratune::atomic::write_atomically(&job_path, serde_json::to_string_pretty(job)?.as_bytes())?;
+    let worker = dir.join(torch_launch::WORKER_FILE);
+    paratune::atomic::write_atomically(&worker, torch_launch::WORKER_SOURCE.as_bytes())?;
+    let log = dir.join("run.log");
+    let script = dir.join("run.sh");
+    let quote = |p: &Path| paratune::text::shell_quote(&p.display().to_string());
+    let text = format!(
+        "set -euo pipefail\nexport OMP_NUM_THREADS=1\n{} -m torch.distributed.run --standalone --nproc-per-node {ranks} {} --job {} > {} 2>&1\n",
+        quote(python),
+        quote(&worker),
+        quote(&job_path),
+        quote(&log)
+    );
+    paratune::atomic::write_atomically(&script, text.as_bytes())?;
+    let spinner = ProgressBar::new_spinner();
+    spinner.set_message(format!("{label}: {ranks} ranks of torch.distributed"));
+    spinner.enable_steady_tick(Duration::from_millis(200));
+    let ran = paratune::measure::process::run_script(&script, timeout);
+    spinner.finish_and_clear();
+    ran.map_err(|why| worker_failure(label, &why.to_string(), dir))
+}
+
+/// A worker that failed, with the last line of its log.
+pub(super) fn worker_failure(label: &str, why: &str, dir: &Path) -> anyhow::Error {
+    let tail = std::fs::read_to_string(dir.join("run.log")).unwrap_or_default();
+    let last = tail
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("");
+    anyhow::anyhow!("{label}: {why}; the worker's last line: {last}")
 }
 
 /// The host's physical memory (`sysconf`), what CPU ranks share.

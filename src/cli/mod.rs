@@ -3,6 +3,7 @@
 pub mod args;
 pub mod calibrate;
 pub mod commands;
+pub mod embedding;
 pub mod ingest;
 pub mod measure;
 pub mod profile;

@@ -31,6 +31,8 @@ pub fn run(command: &ProfileCommand) -> Result<()> {
         ProfileCommand::Layer(args) => super::measure::profile_layer(args),
         ProfileCommand::Device(args) => super::measure::profile_device(args),
         ProfileCommand::Comm(args) => super::measure::profile_comm(args),
+        ProfileCommand::Tokens(args) => super::embedding::profile_tokens(args),
+        ProfileCommand::Sync(args) => super::embedding::profile_sync(args),
         ProfileCommand::Worker(args) => super::measure::worker(args),
     }
 }

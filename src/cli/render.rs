@@ -41,6 +41,17 @@ pub struct RankingColumns {
     /// Context and expert parallelism (shown when a model has experts or
     /// a candidate splits the sequence).
     pub context_and_experts: bool,
+    /// The input embedding's sync method (shown when the search could
+    /// pick a sparse one).
+    pub embedding_sync: bool,
+}
+
+/// The embedding-sync cell, inserted after the sharding when shown.
+fn sync_cell(c: Option<&ParallelConfig>, columns: RankingColumns) -> String {
+    if !columns.embedding_sync {
+        return String::new();
+    }
+    format!(" {:<17}", c.map_or("emb sync", |c| c.embedding_sync.name()))
 }
 
 /// The cp and ep/etp cells, inserted after dp when shown.
@@ -67,7 +78,7 @@ pub fn ranking_header(columns: RankingColumns) -> String {
         "schedule",
         "recompute",
         "sp",
-        "sharding",
+        format!("{:<19}{}", "sharding", sync_cell(None, columns)),
         "bpipe",
         "layers",
         "overlap",
@@ -153,7 +164,7 @@ pub fn ranking_row(
         schedule_name(c),
         c.recompute.name(),
         on_off(c.sequence_parallel),
-        sharding_name(c),
+        format!("{:<19}{}", sharding_name(c), sync_cell(Some(c), columns)),
         on_off(c.bpipe),
         split_name(c, layers),
         overlap_name(c),
@@ -194,6 +205,40 @@ pub fn breakdown(out: &mut String, time: &TimeBreakdown) {
                 percent(value / total)
             );
         }
+    }
+}
+
+/// The input embedding's sync by each method, the chosen one marked.
+pub fn embedding_sync(
+    out: &mut String,
+    options: &[paratune::cost::sparse::EmbeddingSync; 3],
+    chosen: paratune::config::SyncMethod,
+) {
+    let first = &options[0];
+    let _ = writeln!(
+        out,
+        "  input embedding sync (stage 0, per iteration): {} of {} rows touched per rank, {} ranks",
+        thousands(first.rows),
+        thousands(first.table_rows),
+        first.ranks
+    );
+    for option in options {
+        let servers = match option.partitions {
+            0 => String::new(),
+            p => format!(" ({p} servers)"),
+        };
+        let _ = writeln!(
+            out,
+            "    {:<18} {:>10}{servers}{}{}",
+            option.method.name(),
+            seconds(option.seconds),
+            if option.measured { " measured" } else { "" },
+            if option.method == chosen {
+                "  <- this configuration"
+            } else {
+                ""
+            }
+        );
     }
 }
 

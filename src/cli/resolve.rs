@@ -9,7 +9,7 @@ use paratune::coefficients::{
 };
 use paratune::config::{
     CpComm, Dispatcher, Engine, OptimizerSharding, ParallelConfig, Precision, Recompute, Rule,
-    ScheduleKind, StageOrder,
+    ScheduleKind, StageOrder, SyncMethod,
 };
 use paratune::model::{
     AttentionKind, ModelSpec, builtin_model, builtin_model_names, load_model_file,
@@ -481,9 +481,25 @@ pub fn space(args: &SpaceArgs) -> Result<SearchSpace> {
             &args.precision,
             &Precision::ALL.map(|k| (k.name(), k)),
         )?,
+        embedding_sync: embedding_sync(&args.embedding_sync)?,
     };
     check_engine_choices(&space)?;
     Ok(space)
+}
+
+/// `--embedding-sync`: the methods named, or every one for `all`.
+fn embedding_sync(values: &Option<Vec<String>>) -> Result<Option<Vec<SyncMethod>>> {
+    if values
+        .as_deref()
+        .is_some_and(|v| v.iter().any(|t| t.trim() == "all"))
+    {
+        return Ok(Some(SyncMethod::ALL.to_vec()));
+    }
+    choices(
+        "--embedding-sync",
+        values,
+        &SyncMethod::ALL.map(|k| (k.name(), k)),
+    )
 }
 
 /// `--precision fp8` on a GPU without FP8 tensor cores, refused up front.
@@ -626,6 +642,11 @@ pub fn single_config(args: &SpaceArgs, job: &Job) -> Result<ParallelConfig> {
         etp: single("--etp", &space.etp, moe_etp)?,
         dispatcher: single("--moe-dispatcher", &space.dispatcher, Dispatcher::AllToAll)?,
         precision: single("--precision", &space.precision, Precision::Bf16)?,
+        embedding_sync: single(
+            "--embedding-sync",
+            &space.embedding_sync,
+            SyncMethod::AllReduce,
+        )?,
     };
     // A group of all of dp is plain sharding.
     if config.dp_shard == Some(config.dp) {

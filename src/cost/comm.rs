@@ -295,6 +295,13 @@ impl Link {
 }
 
 /// Point-to-point bandwidth between two ranks, depending on whether they share a node.
+/// The bandwidth one rank of `span` sends to another at while all ranks
+/// exchange at once (the network's per-GPU share when the group spans
+/// nodes).
+pub fn point_to_point_bandwidth(s: &Scenario, span: GroupSpan) -> f64 {
+    p2p_bw(s, span.nodes > 1)
+}
+
 fn p2p_bw(s: &Scenario, crosses_nodes: bool) -> f64 {
     if crosses_nodes {
         inter_bw_per_gpu(s)
@@ -355,6 +362,19 @@ pub fn pipeline_p2p_per_microbatch(
     2.0 * c.virtual_stages as f64 * one
 }
 
+/// One point-to-point message of `bytes` between two ranks of `span`: a
+/// measured send/receive within a node where the profile has one, else the
+/// latency and the link's share.
+pub fn message_time(s: &Scenario, span: GroupSpan, bytes: f64, usage: &mut ProfileUsage) -> f64 {
+    let crosses = span.nodes > 1;
+    if !crosses && let Some(m) = s.profile.and_then(|p| p.send_recv(bytes.max(1.0))) {
+        usage.collective_lookups += 1;
+        usage.collective_extrapolated += u64::from(m.extrapolated);
+        return m.seconds;
+    }
+    s.coef().p2p_latency_us * 1e-6 + bytes / p2p_bw(s, crosses)
+}
+
 /// Megatron-LM's default gradient bucket: `max(40M, 1M x dp)` parameters
 /// (`DistributedDataParallelConfig.bucket_size` when unset, in
 /// `megatron/core/distributed/distributed_data_parallel.py`).
@@ -376,6 +396,15 @@ pub struct StageSync {
     /// Its first bucket, needed before any forward can start.
     pub gather_first_bucket: f64,
     pub link: Link,
+    /// The input embedding's sparse sync (Parallax), when it has one: its
+    /// gradient is the last the backward pass makes, so nothing hides it.
+    pub sparse: Option<super::sparse::EmbeddingSync>,
+}
+
+impl StageSync {
+    pub fn sparse_seconds(&self) -> f64 {
+        self.sparse.map_or(0.0, |e| e.seconds)
+    }
 }
 
 /// Whether the data-parallel collectives run per micro-batch (FSDP-style:
@@ -404,13 +433,19 @@ pub fn stage_sync(
         return sync;
     }
     let k = s.coef();
-    let params: f64 = groups.iter().map(|g| g.params).sum();
+    let dense = |g: &&ParamGroup| g.sync == SyncMethod::AllReduce;
+    let params: f64 = groups.iter().filter(dense).map(|g| g.params).sum();
     let bucket = (bucket_params(c) / params.max(1.0)).min(1.0);
     for group in groups {
-        let SyncMethod::AllReduce = group.sync;
         let span = group.span;
         if Link::of(span) == Link::InterNode {
             sync.link = Link::InterNode;
+        }
+        if group.sync.is_sparse() {
+            if group.params > 0.0 {
+                sync.sparse = Some(super::sparse::sparse_sync(s, c, group, group.sync, usage));
+            }
+            continue;
         }
         let grads = group.params * k.gradient_bytes_per_param;
         let weights = group.params * k.weight_bytes_per_param;

@@ -18,13 +18,7 @@ use serde::{Deserialize, Serialize};
 
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 
-/// How a parameter group's gradients are synchronised over data-parallel
-/// ranks. Today every group is dense and all-reduced; sparse-aware
-/// synchronisation (parameter server for embeddings) adds variants here.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SyncMethod {
-    AllReduce,
-}
+pub use crate::config::SyncMethod;
 
 /// Parameters of one stage that are synchronised the same way.
 #[derive(Debug, Clone, Copy)]
@@ -46,9 +40,11 @@ pub struct ParamGroup {
 }
 
 /// The parameter groups of stage `stage` on one GPU: the transformer layers
-/// first (without their experts), then the embeddings where the stage holds
-/// them, then the experts of its MoE layers.
-pub fn parameter_groups(s: &Scenario, c: &ParallelConfig, stage: u64) -> [ParamGroup; 3] {
+/// first (without their experts), then the dense embeddings and head where
+/// the stage holds them, then the experts of its MoE layers, then an untied
+/// input embedding (on the first stage), the one group whose gradient is
+/// sparse and which may sync by `c.embedding_sync`.
+pub fn parameter_groups(s: &Scenario, c: &ParallelConfig, stage: u64) -> [ParamGroup; 4] {
     let model = s.model;
     let (dense_layers, moe_layers) = super::stage_layer_kinds(s, c, stage);
     let layers = dense_layers as f64 * layer_params_per_rank(model, c.tp)
@@ -56,8 +52,16 @@ pub fn parameter_groups(s: &Scenario, c: &ParallelConfig, stage: u64) -> [ParamG
     let experts = moe_layers as f64 * expert_params_per_rank(model, c);
     let table = super::vocab_per_rank(s, c) * model.hidden as f64;
     let mut embeddings = 0.0;
+    let mut input_embedding = 0.0;
     if stage == 0 {
-        embeddings += table + model.position_params();
+        embeddings += model.position_params();
+        // A tied table is also the head, whose gradient is dense; a dense
+        // sync buckets the table with the other embeddings.
+        if model.tied_embeddings || !c.embedding_sync.is_sparse() {
+            embeddings += table;
+        } else {
+            input_embedding = table;
+        }
     }
     if stage == c.pp - 1 {
         // The output head: its own matrix when untied, and a copy of the
@@ -85,6 +89,10 @@ pub fn parameter_groups(s: &Scenario, c: &ParallelConfig, stage: u64) -> [ParamG
             span: super::comm::expert_data_span(s, c),
             experts: true,
             tables: false,
+        },
+        ParamGroup {
+            sync: c.embedding_sync,
+            ..dense(input_embedding, true)
         },
     ]
 }
@@ -405,6 +413,10 @@ pub fn model_state(s: &Scenario, c: &ParallelConfig, stage: u64) -> ModelState {
     let groups = parameter_groups(s, c, stage);
     let mut state = ModelState::default();
     for group in groups {
+        if group.sync == SyncMethod::ParameterServer && group.params > 0.0 {
+            add_server_state(s, c, &group, &bytes, &mut state);
+            continue;
+        }
         let d = group.ranks as f64;
         let state_shards = match c.optimizer_sharding {
             OptimizerSharding::Full => d,
@@ -430,6 +442,31 @@ pub fn model_state(s: &Scenario, c: &ParallelConfig, stage: u64) -> ModelState {
         state.weights += 2.0 * (groups[0].params + groups[2].params);
     }
     state
+}
+
+/// A parameter-server group's state on its busiest rank, a server: its
+/// shard of the table with the shard's gradients and optimizer states, and
+/// the rows its own tokens touch, pulled for the forward pass with their
+/// gradients (Parallax keeps sparse variables on the servers only).
+fn add_server_state(
+    s: &Scenario,
+    c: &ParallelConfig,
+    group: &ParamGroup,
+    bytes: &StateBytes,
+    state: &mut ModelState,
+) {
+    let sync = super::sparse::sparse_sync(
+        s,
+        c,
+        group,
+        SyncMethod::ParameterServer,
+        &mut super::ProfileUsage::default(),
+    );
+    let shard = group.params / sync.partitions.max(1) as f64;
+    let working = sync.rows * s.model.hidden as f64;
+    state.weights += (shard + working) * bytes.weights;
+    state.gradients += (shard + working) * bytes.gradients;
+    state.optimizer_states += shard * bytes.optimizer;
 }
 
 /// The least device memory any stage among the peak candidates needs: its

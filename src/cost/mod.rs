@@ -24,6 +24,7 @@ mod kernels;
 mod layer;
 pub use layer::EndsTime;
 mod memory;
+pub mod sparse;
 
 pub use memory::{
     StageMemory, gathered_weight_bytes, in_flight, layer_activation_bytes, schedule_in_flight,
@@ -32,7 +33,7 @@ pub use memory::{
 
 use crate::cluster::{GpuSpec, NodeGroup, Placement};
 use crate::coefficients::{Coefficients, CollectiveAlgorithm, CostModel};
-use crate::config::{OptimizerSharding, ParallelConfig, Recompute, ScheduleKind};
+use crate::config::{OptimizerSharding, ParallelConfig, Recompute, ScheduleKind, SyncMethod};
 use crate::model::ModelSpec;
 use crate::profile::Measurements;
 use serde::{Deserialize, Serialize};
@@ -285,6 +286,9 @@ pub struct ProfileUsage {
     pub layer_extrapolated: u64,
     /// Layers whose shape was not measured.
     pub layer_modelled: u64,
+    /// Sparse embedding syncs timed from `profile sync`'s points.
+    #[serde(default)]
+    pub sync_lookups: u64,
 }
 
 impl ProfileUsage {
@@ -296,6 +300,7 @@ impl ProfileUsage {
         self.layer_lookups += other.layer_lookups;
         self.layer_extrapolated += other.layer_extrapolated;
         self.layer_modelled += other.layer_modelled;
+        self.sync_lookups += other.sync_lookups;
     }
 }
 
@@ -810,8 +815,23 @@ fn data_parallel_and_optimizer(
                 0.0
             };
             let window = work.backward - busy;
-            let (exposed, hidden) =
-                overlapped(sync.grads, window, k.dp_overlap, sync.grads_last_bucket);
+            // The input embedding is used first, so its gradient comes
+            // last; Megatron-LM gives a parameter above the bucket size a
+            // bucket of its own, and no backward is left to hide it.
+            let dense: f64 = groups
+                .iter()
+                .filter(|g| !g.sync.is_sparse())
+                .map(|g| g.params)
+                .sum();
+            let table = if c.embedding_sync.is_sparse() && !s.model.tied_embeddings {
+                0.0
+            } else {
+                vocab_per_rank(s, c) * s.model.hidden as f64
+            };
+            let last_bucket = sync
+                .grads_last_bucket
+                .max(sync.grads * (table / dense.max(1.0)).min(1.0));
+            let (exposed, hidden) = overlapped(sync.grads, window, k.dp_overlap, last_bucket);
             exposed + k.overlap_sm_cost * hidden
         } else {
             sync.grads
@@ -831,11 +851,16 @@ fn data_parallel_and_optimizer(
         } else {
             sync.gather
         };
-        let comm = grads + gather + comm::tied_embedding_sync(s, c, stage);
+        let sparse = sync.sparse_seconds();
+        let comm = grads + gather + sparse + comm::tied_embedding_sync(s, c, stage);
         let owned: f64 = groups
             .iter()
-            .map(|g| match c.optimizer_sharding {
-                OptimizerSharding::None => g.params,
+            .map(|g| match (g.sync, c.optimizer_sharding) {
+                // A server updates its shard of the table.
+                (SyncMethod::ParameterServer, _) => {
+                    g.params / sync.sparse.map_or(1, |e| e.partitions.max(1)) as f64
+                }
+                (_, OptimizerSharding::None) => g.params,
                 _ => g.params / g.ranks.max(1) as f64,
             })
             .sum();
@@ -854,7 +879,7 @@ fn data_parallel_and_optimizer(
         let tail = comm + optimizer - slack;
         let (zero3, _) = comm::zero3_per_microbatch(s, c, &groups, layers, usage);
         let replica = m * comm::replica_all_reduce_per_microbatch(s, c, &groups, usage);
-        let link_seconds = sync.grads + sync.gather + m * zero3 - replica;
+        let link_seconds = sync.grads + sync.gather + sparse + m * zero3 - replica;
         if link_seconds > worst.link_seconds {
             worst.link_seconds = link_seconds;
             worst.replica_link_seconds = replica;

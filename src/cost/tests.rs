@@ -1897,3 +1897,82 @@ mod experts_and_context {
         }
     }
 }
+
+mod sparse_embedding_sync {
+    use super::*;
+    use crate::config::SyncMethod;
+    use proptest::prelude::*;
+
+    /// An untied model with `vocab` rows of `hidden`, on `nodes` nodes of
+    /// A100s, one data-parallel rank per GPU, `tokens` per rank.
+    fn fixture(vocab: u64, hidden: u64, nodes: u64, seq: u64) -> (Fixture, ParallelConfig) {
+        let mut model = ModelSpec::gpt("sparse", hidden, hidden / 64, 2, vocab, seq);
+        model.tied_embeddings = false;
+        let gpus = nodes * 8;
+        let f = Fixture::new(model, gpus, gpus);
+        let c = config(1, 1, gpus, 1);
+        (f, c)
+    }
+
+    fn options(f: &Fixture, c: &ParallelConfig) -> [sparse::EmbeddingSync; 3] {
+        sparse::embedding_sync_options(&f.scenario(), c).expect("an untied model with dp > 1")
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        /// Where all ranks' tokens together touch under an eighth of a
+        /// table large enough for bandwidth to dominate (over 100 MB), the
+        /// better sparse method never costs more than the dense all-reduce.
+        #[test]
+        fn sparse_sync_never_costs_more_than_dense_when_few_rows_are_touched(
+            vocab in 32_000u64..1_000_000,
+            hidden in prop::sample::select(vec![1024u64, 2048, 4096, 8192]),
+            nodes in 1u64..64,
+            seq in prop::sample::select(vec![8u64, 32, 128, 512]),
+        ) {
+            let (f, c) = fixture(vocab, hidden, nodes, seq);
+            let [dense, gather, server] = options(&f, &c);
+            prop_assume!(dense.rows * dense.ranks as f64 <= dense.table_rows / 8.0);
+            prop_assert!(gather.seconds.min(server.seconds) <= dense.seconds,
+                "{dense:?} {gather:?} {server:?}");
+        }
+
+        /// When (nearly) every row is touched, a search over all methods picks the
+        /// dense all-reduce: no sparse method beats it.
+        #[test]
+        fn with_every_row_touched_the_dense_all_reduce_is_best(
+            vocab_128s in 8u64..62,
+            nodes in 1u64..16,
+        ) {
+            // A multiple of 128, so Megatron-LM pads no rows nobody touches.
+            let (f, c) = fixture(vocab_128s * 128, 2048, nodes, 1 << 20);
+            let [dense, gather, server] = options(&f, &c);
+            prop_assert!(dense.rows >= 0.99 * dense.table_rows, "{dense:?}");
+            prop_assert!(dense.seconds <= gather.seconds && dense.seconds <= server.seconds,
+                "{dense:?} {gather:?} {server:?}");
+        }
+    }
+
+    #[test]
+    fn the_parameter_server_shards_the_table_and_a_tied_model_stays_dense() {
+        let (f, c) = fixture(256_000, 2048, 8, 2048);
+        let server = ParallelConfig {
+            embedding_sync: SyncMethod::ParameterServer,
+            ..c
+        };
+        let s = f.scenario();
+        let dense = memory::model_state(&s, &c, 0);
+        let sharded = memory::model_state(&s, &server, 0);
+        let table = 256_000.0 * 2048.0;
+        let p = options(&f, &c)[2].partitions as f64;
+        assert!(p > 1.0);
+        // The replica's table weights, less the server's shard and working rows.
+        let saved = dense.weights - sharded.weights;
+        let rows = options(&f, &c)[2].rows;
+        let expected = (table - table / p - rows * 2048.0) * 2.0;
+        assert_close(saved, expected, 1e-9, "weights saved");
+        let tied = Fixture::new(ModelSpec::gpt("tied", 2048, 32, 2, 256_000, 2048), 64, 64);
+        assert!(sparse::embedding_sync_options(&tied.scenario(), &c).is_none());
+    }
+}

@@ -37,6 +37,7 @@ const ENGINE: &str = "Megatron-LM";
 pub fn megatron_args(job: &LaunchJob) -> Result<Vec<String>, ExportError> {
     check_job(job)?;
     let (model, c) = (job.model, job.config);
+    super::check_embedding_sync(ENGINE, c)?;
 
     if c.schedule == ScheduleKind::Gpipe && c.pp > 1 {
         return Err(ExportError::Unsupported {

@@ -16,7 +16,7 @@ mod torchtitan;
 pub use megatron::{megatron_args, megatron_command_line};
 pub use torchtitan::{TorchtitanFlags, merge_job_config, torchtitan_flags, torchtitan_toml};
 
-use crate::config::ParallelConfig;
+use crate::config::{ParallelConfig, SyncMethod};
 use crate::model::ModelSpec;
 
 /// One training job to export: the model, the chosen plan and the job's size.
@@ -64,6 +64,36 @@ pub enum ExportError {
     /// The plan itself does not fit the job (model, batch or GPU count).
     #[error("the plan cannot run this job: {0}")]
     InvalidPlan(String),
+}
+
+/// How a user runs a sparse embedding sync, which neither engine paratune
+/// exports to can: both all-reduce (or reduce-scatter) the embedding's
+/// gradient densely with the other parameters.
+pub fn sparse_sync_how_to(method: SyncMethod) -> &'static str {
+    match method {
+        SyncMethod::AllReduce => "every engine all-reduces dense gradients",
+        SyncMethod::SparseAllGather => {
+            "train with PyTorch DDP over an nn.Embedding(sparse=True), whose sparse gradient DDP all-gathers, or with DeepSpeed's `sparse_gradients: true` (an optimizer that takes sparse gradients, such as torch.optim.SparseAdam, for the table)"
+        }
+        SyncMethod::ParameterServer => {
+            "shard the table by row over the servers and push/pull the touched rows, as Parallax does (github.com/snuspl/parallax, TensorFlow) or torch.distributed.rpc / TorchRec's row-wise sharded embeddings do in PyTorch"
+        }
+    }
+}
+
+/// A sparse embedding sync, refused by an engine that syncs densely.
+fn check_embedding_sync(engine: &'static str, c: &ParallelConfig) -> Result<(), ExportError> {
+    if !c.embedding_sync.is_sparse() {
+        return Ok(());
+    }
+    Err(ExportError::Unsupported {
+        engine,
+        feature: format!("the {} embedding sync", c.embedding_sync.name()),
+        hint: format!(
+            "it synchronises the embedding's gradient densely; to run this plan, {}; or search again with --embedding-sync all-reduce",
+            sparse_sync_how_to(c.embedding_sync)
+        ),
+    })
 }
 
 /// Checks the model and the plan against the job before any export.

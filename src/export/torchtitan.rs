@@ -74,6 +74,7 @@ struct Pipeline {
 fn layout(job: &LaunchJob) -> Result<Layout, ExportError> {
     check_job(job)?;
     let c = job.config;
+    super::check_embedding_sync(ENGINE, c)?;
     if c.bpipe {
         return Err(ExportError::Unsupported {
             engine: ENGINE,

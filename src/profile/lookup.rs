@@ -2,8 +2,8 @@
 //! once from a [`Profile`], then queried without allocating (binary search
 //! over pre-sorted vectors), so `cost::predict` stays pure and cheap.
 
-use super::{CollectiveOp, LayerArch, LayerPoint, LayerStatus, Profile};
-use crate::config::Recompute;
+use super::{CollectiveOp, LayerArch, LayerPoint, LayerStatus, Profile, SyncPoint, TokenPoint};
+use crate::config::{Recompute, SyncMethod};
 use crate::model::AttentionKind;
 
 /// What a layer measurement is keyed by: the layer's shape and architecture
@@ -125,6 +125,11 @@ pub struct Measurements {
     matmuls: Vec<(f64, f64, f64, f64)>,
     /// Measured copy bandwidth, bytes/s (read + written).
     copy_bandwidth: Option<f64>,
+    /// Embedding-gradient synchronisations, sorted by (method, ranks,
+    /// partitions, payload bytes).
+    sync: Vec<SyncPoint>,
+    /// Distinct rows per token batch, sorted by (vocab, tokens).
+    tokens: Vec<TokenPoint>,
 }
 
 impl Measurements {
@@ -248,12 +253,103 @@ impl Measurements {
             ),
             None => (Vec::new(), None),
         };
+        let mut sync: Vec<SyncPoint> = profile
+            .sync
+            .iter()
+            .filter(|p| p.check().is_ok())
+            .cloned()
+            .collect();
+        sync.sort_by(|a, b| {
+            (a.method, a.ranks, a.partitions)
+                .cmp(&(b.method, b.ranks, b.partitions))
+                .then(a.payload_bytes().total_cmp(&b.payload_bytes()))
+        });
+        let mut tokens: Vec<TokenPoint> = profile
+            .tokens
+            .iter()
+            .filter(|p| p.check().is_ok())
+            .cloned()
+            .collect();
+        tokens.sort_by_key(|p| (p.vocab, p.tokens));
         Measurements {
             curves,
             layers,
             matmuls,
             copy_bandwidth,
+            sync,
+            tokens,
         }
+    }
+
+    /// The measured time of synchronising `payload_bytes` of touched rows
+    /// (the whole table's for all-reduce) between `ranks` processes by
+    /// `method` over `partitions` shards (0 but for the parameter server):
+    /// interpolated log-log between the two nearest measured payloads, and
+    /// only inside the measured range (or within a quarter of its ends).
+    pub fn sync_seconds(
+        &self,
+        method: SyncMethod,
+        ranks: u64,
+        partitions: u64,
+        payload_bytes: f64,
+    ) -> Option<f64> {
+        let mut points = self
+            .sync
+            .iter()
+            .filter(|p| p.method == method && p.ranks == ranks && p.partitions == partitions)
+            .map(|p| (p.payload_bytes(), p.seconds));
+        let first = points.next()?;
+        // A payload within this factor of a measured end is covered by it,
+        // its time scaled in proportion (the rows' bytes dominate).
+        const NEAR: f64 = 1.25;
+        let mut below = first;
+        if payload_bytes < first.0 {
+            return (payload_bytes * NEAR >= first.0).then(|| first.1 * payload_bytes / first.0);
+        }
+        for above in std::iter::once(first).chain(points) {
+            if above.0 >= payload_bytes {
+                return Some(log_log(below, above, payload_bytes));
+            }
+            below = above;
+        }
+        (payload_bytes <= below.0 * NEAR).then(|| below.1 * payload_bytes / below.0)
+    }
+
+    /// The parameter-server shard counts measured between `ranks` processes.
+    pub fn sync_partitions(&self, ranks: u64) -> impl Iterator<Item = u64> + '_ {
+        let mut last = 0;
+        self.sync
+            .iter()
+            .filter(move |p| p.method == SyncMethod::ParameterServer && p.ranks == ranks)
+            .map(|p| p.partitions)
+            .filter(move |&p| std::mem::replace(&mut last, p) != p)
+    }
+
+    /// Measured distinct rows a batch of `tokens` ids over a vocabulary of
+    /// `vocab` touches (`profile tokens`), interpolated log-log inside the
+    /// measured batch sizes.
+    pub fn distinct_rows(&self, vocab: u64, tokens: f64) -> Option<f64> {
+        let mut points = self
+            .tokens
+            .iter()
+            .filter(|p| p.vocab == vocab)
+            .map(|p| (p.tokens as f64, p.distinct));
+        let first = points.next()?;
+        let mut below = first;
+        if tokens < first.0 {
+            return None;
+        }
+        for above in std::iter::once(first).chain(points) {
+            if above.0 >= tokens {
+                return Some(log_log(below, above, tokens));
+            }
+            below = above;
+        }
+        None
+    }
+
+    pub fn has_sync_points(&self) -> bool {
+        !self.sync.is_empty()
     }
 
     /// The fraction of `peak_flops` the measured 16-bit matrix multiplies
@@ -467,4 +563,14 @@ impl LayerCurve {
             includes_tp_comm: self.includes_tp_comm,
         }
     }
+}
+
+/// `y` at `x` on the straight line through two points in log-log space
+/// (the lower point itself when they coincide).
+fn log_log((x0, y0): (f64, f64), (x1, y1): (f64, f64), x: f64) -> f64 {
+    if x1 <= x0 {
+        return y1;
+    }
+    let t = (x / x0).ln() / (x1 / x0).ln();
+    (y0.ln() + t * (y1 / y0).ln()).exp()
 }

@@ -23,6 +23,7 @@ mod lookup;
 mod records;
 mod store;
 mod sweep;
+pub mod tokens;
 
 pub use cluster::{MeasuredNodeShape, measured_link, measured_node};
 pub use import::{
@@ -140,6 +141,106 @@ pub struct CollectivePoint {
     pub seconds: f64,
     /// nccl-tests' bus bandwidth, GB/s (10^9 bytes per second).
     pub busbw: f64,
+}
+
+/// One measured synchronisation of an embedding table's gradient between
+/// `ranks` processes (`profile sync`): the method, the table's shape, the
+/// distinct rows each rank touched (its mean over ranks), and the median
+/// time of one synchronisation, the slowest rank's.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SyncPoint {
+    pub method: crate::config::SyncMethod,
+    pub ranks: u64,
+    /// Server shards of the parameter-server method; 0 for the others.
+    pub partitions: u64,
+    pub vocab: u64,
+    pub hidden: u64,
+    /// Bytes of one gradient element as synchronised (4: fp32).
+    pub element_bytes: u64,
+    /// Distinct rows one rank's tokens touched (mean over ranks).
+    pub rows: f64,
+    pub seconds: f64,
+}
+
+impl SyncPoint {
+    /// The bytes one rank's touched rows carry (the dense gradient's for
+    /// all-reduce).
+    pub fn payload_bytes(&self) -> f64 {
+        let rows = match self.method {
+            crate::config::SyncMethod::AllReduce => self.vocab as f64,
+            _ => self.rows,
+        };
+        rows * (self.hidden * self.element_bytes) as f64
+    }
+
+    pub fn check(&self) -> Result<(), String> {
+        if self.ranks < 2 || self.ranks > 1 << 20 {
+            return Err(format!(
+                "`ranks` is {}; a synchronisation needs between 2 and {} ranks",
+                self.ranks,
+                1u64 << 20
+            ));
+        }
+        let parameter_server = self.method == crate::config::SyncMethod::ParameterServer;
+        if parameter_server && !(1..=self.ranks).contains(&self.partitions) {
+            return Err(format!(
+                "`partitions` is {}; a parameter server has 1 to ranks = {} shards",
+                self.partitions, self.ranks
+            ));
+        }
+        if !parameter_server && self.partitions != 0 {
+            return Err(format!(
+                "`partitions` is {}; only parameter-server points have shards (0 otherwise)",
+                self.partitions
+            ));
+        }
+        for (name, value) in [("vocab", self.vocab), ("hidden", self.hidden)] {
+            if value == 0 {
+                return Err(format!("`{name}` is 0; it must be at least 1"));
+            }
+        }
+        if ![2, 4].contains(&self.element_bytes) {
+            return Err(format!(
+                "`element_bytes` is {}; gradients are synchronised in 2 or 4 bytes",
+                self.element_bytes
+            ));
+        }
+        if !(self.rows.is_finite() && self.rows >= 1.0 && self.rows <= self.vocab as f64) {
+            return Err(format!(
+                "`rows` is {}; a rank touches between 1 and vocab = {} rows",
+                self.rows, self.vocab
+            ));
+        }
+        measured("seconds", self.seconds, MAX_MEASURED_SECONDS)
+    }
+}
+
+/// Distinct token ids in batches of `tokens` consecutive ids of a measured
+/// token stream (`profile tokens`): the rows of an embedding table that one
+/// rank's batch touches. `distinct` is the mean over the stream's batches.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TokenPoint {
+    pub vocab: u64,
+    pub tokens: u64,
+    pub distinct: f64,
+    /// How many batches of the stream the mean is over.
+    pub batches: u64,
+}
+
+impl TokenPoint {
+    pub fn check(&self) -> Result<(), String> {
+        if self.vocab == 0 || self.tokens == 0 || self.batches == 0 {
+            return Err("`vocab`, `tokens` and `batches` must each be at least 1".into());
+        }
+        let most = self.vocab.min(self.tokens) as f64;
+        if !(self.distinct.is_finite() && self.distinct >= 1.0 && self.distinct <= most) {
+            return Err(format!(
+                "`distinct` is {}; a batch of {} tokens over {} ids has 1 to {most} distinct ids",
+                self.distinct, self.tokens, self.vocab
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// The largest message a collective point may have: nccl-tests sweeps stop
@@ -379,6 +480,10 @@ pub struct Profile {
     pub collectives: Vec<CollectivePoint>,
     pub layers: Vec<LayerPoint>,
     pub device: Option<DeviceProfile>,
+    /// Embedding-gradient synchronisations (`profile sync`).
+    pub sync: Vec<SyncPoint>,
+    /// Distinct rows per batch of a token stream (`profile tokens`).
+    pub tokens: Vec<TokenPoint>,
 }
 
 impl Profile {
@@ -388,6 +493,8 @@ impl Profile {
             collectives: Vec::new(),
             layers: Vec::new(),
             device: None,
+            sync: Vec::new(),
+            tokens: Vec::new(),
         }
     }
 }

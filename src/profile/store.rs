@@ -14,6 +14,7 @@ use super::{
 use crate::config::Recompute;
 use crate::model::AttentionKind;
 use polars::prelude::*;
+use serde::{Deserialize, Serialize};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
@@ -71,6 +72,9 @@ pub fn read_profile(dir: &Path) -> Result<Profile, ProfileError> {
     } else {
         None
     };
+    let sync: Vec<super::SyncPoint> = read_points(dir, SYNC_FILE, "rerun `paratune profile sync`")?;
+    let tokens: Vec<super::TokenPoint> =
+        read_points(dir, TOKENS_FILE, "rerun `paratune profile tokens`")?;
     // Checked; a profile in memory carries no checksums (writing computes them).
     environment.checksums.clear();
     Ok(Profile {
@@ -78,6 +82,8 @@ pub fn read_profile(dir: &Path) -> Result<Profile, ProfileError> {
         collectives,
         layers,
         device,
+        sync,
+        tokens,
     })
 }
 
@@ -107,6 +113,14 @@ pub fn write_profile(dir: &Path, profile: &Profile) -> Result<(), ProfileError> 
         let text =
             toml::to_string_pretty(device).map_err(|e| write_error(&dir.join(DEVICE_FILE), &e))?;
         files.push((DEVICE_FILE, text.into_bytes()));
+    }
+    for (name, text) in [
+        (SYNC_FILE, points_text(&profile.sync)),
+        (TOKENS_FILE, points_text(&profile.tokens)),
+    ] {
+        if let Some(text) = text.map_err(|e| write_error(&dir.join(name), &e))? {
+            files.push((name, text.into_bytes()));
+        }
     }
     // Parquet pages can be damaged without any reader noticing; the CSV
     // twins and the TOML files are text, read and checked value by value
@@ -600,4 +614,72 @@ fn layers_from(df: &DataFrame) -> Result<Vec<LayerPoint>, String> {
             Ok(point)
         })
         .collect()
+}
+
+/// Embedding-synchronisation points (`profile sync`), a small TOML table.
+pub const SYNC_FILE: &str = "sync.toml";
+/// Distinct rows per token batch (`profile tokens`), a small TOML table.
+pub const TOKENS_FILE: &str = "tokens.toml";
+
+#[derive(Serialize, Deserialize)]
+struct Points<T> {
+    points: Vec<T>,
+}
+
+/// Points that check themselves (`SyncPoint`, `TokenPoint`).
+trait Checked {
+    fn check_point(&self) -> Result<(), String>;
+}
+
+impl Checked for super::SyncPoint {
+    fn check_point(&self) -> Result<(), String> {
+        self.check()
+    }
+}
+
+impl Checked for super::TokenPoint {
+    fn check_point(&self) -> Result<(), String> {
+        self.check()
+    }
+}
+
+/// The points of `dir/name`, each checked; none when the file is absent.
+fn read_points<T: serde::de::DeserializeOwned + Checked>(
+    dir: &Path,
+    name: &str,
+    fix: &str,
+) -> Result<Vec<T>, ProfileError> {
+    let path = dir.join(name);
+    if !path.is_file() {
+        return Ok(Vec::new());
+    }
+    let shown = path.display().to_string();
+    let text = std::fs::read_to_string(&path).map_err(|cause| ProfileError::Read {
+        path: shown.clone(),
+        cause,
+    })?;
+    let points: Points<T> = toml::from_str(&text).map_err(|e| ProfileError::Corrupt {
+        path: shown.clone(),
+        message: crate::toml_error::one_line(&e, &text, fix),
+    })?;
+    for (i, point) in points.points.iter().enumerate() {
+        point
+            .check_point()
+            .map_err(|message| ProfileError::Corrupt {
+                path: shown.clone(),
+                message: format!("point {}: {message}", i + 1),
+            })?;
+    }
+    Ok(points.points)
+}
+
+/// The TOML text of `points`; none when there are none (no file is written).
+fn points_text<T: Serialize + Clone>(points: &[T]) -> Result<Option<String>, toml::ser::Error> {
+    if points.is_empty() {
+        return Ok(None);
+    }
+    toml::to_string_pretty(&Points {
+        points: points.to_vec(),
+    })
+    .map(Some)
 }

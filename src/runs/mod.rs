@@ -16,7 +16,7 @@ pub use table::{RunTable, write_csv};
 
 use crate::config::{
     CpComm, Dispatcher, Engine, OptimizerSharding, ParallelConfig, Precision, Recompute,
-    ScheduleKind, StageOrder,
+    ScheduleKind, StageOrder, SyncMethod,
 };
 pub use crate::cost::MemoryRank;
 use crate::model::{AttentionKind, ModelSpec, MoeSpec};
@@ -635,6 +635,14 @@ fn parse_row(table: &RunTable, index: usize, defaults: &RowDefaults) -> Result<R
         etp,
         dispatcher,
         precision,
+        embedding_sync: match cell("embedding_sync") {
+            Some(text) => parse_choice(
+                "embedding_sync",
+                text,
+                &SyncMethod::ALL.map(|k| (k.name(), k)),
+            )?,
+            None => SyncMethod::AllReduce,
+        },
     };
 
     let measured_s = match (real("iter_ms")?, real("tflops_per_gpu")?) {
@@ -791,7 +799,7 @@ pub(crate) fn assert_row_columns_follow_the_schema(columns: &[&str]) {
 }
 
 /// Every column a run table may use; others are carried through untouched.
-pub const KNOWN_COLUMNS: [&str; 70] = [
+pub const KNOWN_COLUMNS: [&str; 71] = [
     "gpus",
     "global_batch",
     "micro_batch",
@@ -851,6 +859,7 @@ pub const KNOWN_COLUMNS: [&str; 70] = [
     "moe_dense_layers",
     "moe_layer_freq",
     "moe_dispatcher",
+    "embedding_sync",
     "head_dim",
     "kv_lora_rank",
     "q_lora_rank",

@@ -7,7 +7,7 @@ use crate::cost::Prediction;
 
 /// The configuration's columns, named as run tables name them (so a plan's
 /// CSV reads back as a run table).
-pub const CONFIG_COLUMNS: [&str; 27] = [
+pub const CONFIG_COLUMNS: [&str; 28] = [
     "tp",
     "pp",
     "dp",
@@ -35,6 +35,7 @@ pub const CONFIG_COLUMNS: [&str; 27] = [
     "ep",
     "etp",
     "moe_dispatcher",
+    "embedding_sync",
 ];
 
 pub fn config_cells(c: &ParallelConfig) -> Vec<String> {
@@ -70,6 +71,7 @@ pub fn config_cells(c: &ParallelConfig) -> Vec<String> {
         c.ep.to_string(),
         c.etp.to_string(),
         c.dispatcher.name().into(),
+        c.embedding_sync.name().into(),
     ]
 }
 

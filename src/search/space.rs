@@ -6,7 +6,7 @@
 use super::Job;
 use crate::config::{
     CpComm, Dispatcher, Engine, OptimizerSharding, ParallelConfig, Precision, Recompute,
-    ScheduleKind, StageOrder,
+    ScheduleKind, StageOrder, SyncMethod,
 };
 use crate::model::AttentionKind;
 
@@ -47,6 +47,10 @@ pub struct SearchSpace {
     pub dispatcher: Option<Vec<Dispatcher>>,
     /// bf16 unless given: FP8 changes the numerics, so it is the user's call.
     pub precision: Option<Vec<Precision>>,
+    /// How an untied input embedding syncs: all-reduce unless given, the
+    /// one method Megatron-LM and torchtitan run; tied embeddings and a
+    /// single data-parallel rank always all-reduce.
+    pub embedding_sync: Option<Vec<SyncMethod>>,
 }
 
 /// The sequence length from which the search tries context parallelism
@@ -422,6 +426,16 @@ impl SearchSpace {
                     &mut variants,
                     |_| self.precision.clone().unwrap_or(vec![Precision::Bf16]),
                     |c, p| c.precision = p,
+                );
+                expand(
+                    &mut variants,
+                    |c| match &self.embedding_sync {
+                        Some(given) if !job.model.tied_embeddings && c.dense_sync_degree() > 1 => {
+                            given.clone()
+                        }
+                        _ => vec![SyncMethod::AllReduce],
+                    },
+                    |c, m| c.embedding_sync = m,
                 );
                 expand(&mut variants, |_| recompute.clone(), |c, r| c.recompute = r);
                 expand(

@@ -7,6 +7,7 @@ pub mod local;
 pub mod local_loop;
 pub mod megatron_log;
 pub mod refit;
+pub mod sync_sweep;
 pub mod torch_launch;
 pub mod torchtitan_launch;
 pub mod torchtitan_log;

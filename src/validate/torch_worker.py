@@ -16,7 +16,7 @@ This docstring is the contract with the Rust side (`src/validate`).
 
 Modes
 -----
-* `--job JOB.json` (under torchrun): run `job.mode`, "train" or "comm".
+* `--job JOB.json` (under torchrun): run `job.mode`, "train", "comm" or "sync".
 * `--describe --job JOB.json --world N`: no processes, no torch.distributed;
   print {"ranks": [{rank, mesh_coords, stages, stage_layers, schedule,
   data_parallel, tensor_parallel, checkpointed_blocks, micro_batches}, ...]}
@@ -24,7 +24,7 @@ Modes
 
 Job JSON (input)
 ----------------
-    {"schema": 1, "mode": "train" | "comm", "candidate": <label, copied>,
+    {"schema": 1, "mode": "train" | "comm" | "sync", "candidate": <label, copied>,
      "device": "cpu" | "cuda",            # cuda: the GPU of LOCAL_RANK
      "backend": "gloo" | "nccl",
      "threads_per_rank": int,             # torch.set_num_threads when > 0
@@ -46,7 +46,17 @@ Job JSON (input)
      "comm": null | {"ops": ["all_reduce", "all_gather", "reduce_scatter",
                              "send_recv"],
                      "sizes_bytes": [int, ...], "warmup": int,
-                     "iterations": int}}
+                     "iterations": int},
+     "sync": null | {"vocab": int, "hidden": int,
+                     "tokens_per_rank": [int, ...],     # batch sizes
+                     "methods": ["all_reduce", "sparse_all_gather",
+                                 "parameter_server"],
+                     "partitions": [int, ...],          # 1..world each
+                     "token_file": null | "/abs/file",  # exactly one of
+                     "zipf_exponent": null | float,     # these two
+                     "warmup": int, "iterations": int}}
+The train mode reads model and parallel, the comm mode comm, the sync mode
+sync (with dtype fp32 and at least 2 ranks).
 
 Model: GPT style when learned_positions (learned positions, LayerNorm, GELU
 MLP, biases on every linear as in Megatron-LM's GPT), Llama style otherwise
@@ -136,6 +146,43 @@ multiple of 4*world bytes), the send_recv message.  "seconds" is the median
 over the timed repetitions, the maximum of that over ranks; send_recv is a
 rank 0 <-> rank 1 ping-pong and counts the one-way time (half a round trip).
 
+Sync mode: the gradient of an embedding table (vocab V rows x hidden h
+columns, fp32) after one batch of n token ids per rank, synchronised for
+real between the ranks in three ways.  Rank R's ids: with token_file (one
+non-negative integer id < V per line), ids [R*n, (R+1)*n) of the file,
+wrapping around; with zipf_exponent s, n ids drawn i.i.d. with
+P(id = r) proportional to (r+1)^-s, r in 0..V-1, by torch.multinomial
+seeded with seed + R (inverse-CDF sampling above multinomial's 2^24
+categories).  Each rank holds the k distinct ids its batch touched (int64,
+sorted) and their gradient rows (k x h fp32, each row filled with that id's
+token count).  Per method:
+* all_reduce: the dense V x h gradient (the touched rows, zeros elsewhere,
+  written before the clock starts), one dist.all_reduce (the dense path).
+* sparse_all_gather: PyTorch DDP's path for sparse gradients
+  (nn.Embedding(sparse=True)): an all_gather of every rank's k, padding to
+  the largest, all_gathers of the ids and of the rows, then
+  torch.sparse_coo_tensor(...).coalesce() of the valid entries (the summed
+  gradient of every touched row).
+* parameter_server, for each p in partitions: Parallax's sparse path with
+  servers on ranks 0..p-1; row r is owned by server r % p, which holds that
+  shard (row r at r // p, fp32, from zeros) as a parameter.  Each rank groups
+  its ids and rows by owner and, to every other owner, sends its count, then
+  the ids and the rows (dist.batch_isend_irecv; a rank's own share stays
+  local; empty messages are skipped); each server sums what it holds per
+  row (torch.unique + index_add_), applies SGD (lr 0.01) to those rows of
+  its shard and sends each rank the updated rows of the ids it pushed; the
+  rank writes them (and those of its own shard) into its V x h local copy.
+Timed: for each (method, p, n): warmup + iterations repetitions, each a
+barrier, perf_counter, the whole exchange above (counts, padding, grouping,
+summing and updating included), a device synchronize; "seconds" is the
+median over the timed repetitions, the maximum of that over ranks.  Rank 0
+alone writes report_dir/sync.json:
+    {"schema": 1, "mode": "sync", "world_size", "backend", "device",
+     "points": [{"method", "ranks": world, "partitions": p (0 for
+                 all_reduce and sparse_all_gather), "vocab", "hidden",
+                 "element_bytes": 4, "tokens": n, "rows": mean over ranks
+                 of k (float), "seconds", "samples"}]}
+
 Errors: rank-<R>.error.json {"schema": 1, "rank", "error": one line,
 "traceback"} (when report_dir is known), the one line on stderr, exit 1.
 All reports are written atomically (temporary file + os.replace).
@@ -170,6 +217,8 @@ SCHEDULE_CLASSES = {
 RECOMPUTE_POLICIES = ("none", "selective", "full", "selective-op", "selective-layer")
 OPTIMIZER_SHARDINGS = ("none", "optimizer-states", "full")
 COMM_OPS = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
+SYNC_METHODS = ("all_reduce", "sparse_all_gather", "parameter_server")
+SYNC_LEARNING_RATE = 0.01  # the parameter server's SGD step
 
 
 class JobError(ValueError):
@@ -374,7 +423,7 @@ def _check_header(job):
     schema = job.get("schema")
     if schema != SCHEMA:
         raise JobError(f"schema: {schema!r} is not the supported schema {SCHEMA}")
-    _get(job, "mode", "", str, choices=("train", "comm"))
+    _get(job, "mode", "", str, choices=("train", "comm", "sync"))
     _get(job, "device", "", str, choices=("cpu", "cuda"))
     _get(job, "backend", "", str, choices=("gloo", "nccl"))
     _get(job, "dtype", "", str, choices=("bf16", "fp32"))
@@ -1457,6 +1506,330 @@ def run_comm(job):
 
 
 # ---------------------------------------------------------------------------
+# Sync mode: three ways to synchronise an embedding table's gradient
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class SyncSweepSpec:
+    vocab: int
+    hidden: int
+    tokens_per_rank: list
+    methods: list
+    partitions: list
+    token_file: str | None
+    zipf_exponent: float | None
+    warmup: int
+    iterations: int
+
+
+def _int_list(obj, key, prefix, minimum, maximum=None, maximum_name=None):
+    """A list of distinct integers in [minimum, maximum]; errors name prefix.key[i]."""
+    values = _get(obj, key, prefix, list)
+    seen = set()
+    for i, v in enumerate(values):
+        name = f"{prefix}{key}[{i}]"
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise JobError(f"{name}: expected an integer, got {v!r}")
+        if v < minimum:
+            raise JobError(f"{name}: {v} is below the minimum {minimum}")
+        if maximum is not None and v > maximum:
+            raise JobError(f"{name}: {v} is above the {maximum_name} {maximum}")
+        if v in seen:
+            raise JobError(f"{name}: {v} is listed twice")
+        seen.add(v)
+    return values
+
+
+def parse_sync(job, world):
+    s = _get(job, "sync", "", dict)
+    p = "sync."
+    if world < 2:
+        raise JobError(f"sync: a synchronisation needs at least 2 ranks, the world size is {world}")
+    if job["dtype"] != "fp32":
+        raise JobError(f"dtype: sync mode synchronises fp32 gradients, got {job['dtype']!r}")
+    vocab = _get(s, "vocab", p, int, minimum=1)
+    hidden = _get(s, "hidden", p, int, minimum=1)
+    tokens = _int_list(s, "tokens_per_rank", p, 1)
+    if not tokens:
+        raise JobError("sync.tokens_per_rank: empty; at least one batch size is needed")
+    methods = _get(s, "methods", p, list)
+    if not methods:
+        raise JobError("sync.methods: empty; at least one method is needed")
+    for i, m in enumerate(methods):
+        if m not in SYNC_METHODS:
+            raise JobError(f"sync.methods[{i}]: {m!r} is not one of {', '.join(SYNC_METHODS)}")
+        if m in methods[:i]:
+            raise JobError(f"sync.methods[{i}]: {m!r} is listed twice")
+    partitions = _int_list(s, "partitions", p, 1, world, "world size")
+    if "parameter_server" in methods and not partitions:
+        raise JobError("sync.partitions: empty, but sync.methods has parameter_server")
+    token_file = _get(s, "token_file", p, str, optional=True)
+    if token_file is not None and not os.path.isabs(token_file):
+        raise JobError(f"sync.token_file: expected an absolute path, got {token_file!r}")
+    zipf = s.get("zipf_exponent")
+    if zipf is not None and (isinstance(zipf, bool) or not isinstance(zipf, (int, float))
+                             or not math.isfinite(zipf) or zipf < 0):
+        raise JobError(f"sync.zipf_exponent: expected a non-negative number, got {zipf!r}")
+    if (token_file is None) == (zipf is None):
+        raise JobError("sync: give exactly one of token_file and zipf_exponent, "
+                       + ("got neither" if token_file is None else "got both"))
+    return SyncSweepSpec(
+        vocab=vocab, hidden=hidden, tokens_per_rank=tokens, methods=methods,
+        partitions=partitions, token_file=token_file,
+        zipf_exponent=None if zipf is None else float(zipf),
+        warmup=_get(s, "warmup", p, int, minimum=0),
+        iterations=_get(s, "iterations", p, int, minimum=1),
+    )
+
+
+def read_token_file(path, vocab):
+    """The ids of a token file (one non-negative integer per line, blank lines skipped)."""
+    ids = []
+    try:
+        with open(path) as f:
+            for line_no, line in enumerate(f, 1):
+                text = line.strip()
+                if not text:
+                    continue
+                if not (text.isascii() and text.isdigit()):
+                    raise JobError(f"sync.token_file: {path} line {line_no}: {text[:40]!r} is not a "
+                                   "non-negative integer")
+                v = int(text)
+                if v >= vocab:
+                    raise JobError(f"sync.token_file: {path} line {line_no}: id {v} is not below "
+                                   f"sync.vocab = {vocab}")
+                ids.append(v)
+    except OSError as e:
+        raise JobError(f"sync.token_file: cannot read {path}: {e.strerror}") from e
+    if not ids:
+        raise JobError(f"sync.token_file: {path} holds no token ids")
+    return torch.tensor(ids, dtype=torch.int64)
+
+
+def zipf_token_ids(vocab, exponent, n, seed):
+    """n ids drawn i.i.d. with P(id = r) proportional to (r + 1)^-exponent."""
+    g = torch.Generator().manual_seed(seed)
+    probs = torch.arange(1, vocab + 1, dtype=torch.float64).pow_(-exponent)
+    if vocab <= 1 << 24:  # torch.multinomial's limit on categories
+        return torch.multinomial(probs, n, replacement=True, generator=g)
+    cdf = probs.cumsum_(0)
+    u = torch.rand(n, dtype=torch.float64, generator=g) * cdf[-1]
+    return torch.searchsorted(cdf, u, right=True).clamp_(max=vocab - 1)
+
+
+@dataclass
+class SyncBatch:
+    """One rank's batch: the distinct ids its tokens touched and their gradient rows."""
+
+    tokens: int
+    ids: torch.Tensor  # (k,) int64, sorted
+    rows: torch.Tensor  # (k, hidden) fp32: each row's token count
+    mean_rows: float  # mean of k over the ranks
+
+
+def sync_batch(spec, stream, n, rank, world, seed, device):
+    import torch.distributed as dist
+
+    if stream is not None:
+        ids = stream[(torch.arange(n, dtype=torch.int64) + rank * n) % stream.numel()]
+    else:
+        ids = zipf_token_ids(spec.vocab, spec.zipf_exponent, n, seed + rank)
+    unique, counts = torch.unique(ids, sorted=True, return_counts=True)
+    k = torch.tensor([unique.numel()], dtype=torch.int64, device=device)
+    dist.all_reduce(k)
+    rows = counts.to(torch.float32)[:, None].expand(-1, spec.hidden).contiguous()
+    return SyncBatch(tokens=n, ids=unique.to(device), rows=rows.to(device),
+                     mean_rows=int(k.item()) / world)
+
+
+def _exchange(ops):
+    """Run point-to-point ops as one batch (deadlock-free on NCCL too) and wait."""
+    import torch.distributed as dist
+
+    if ops:
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+
+
+def dense_all_reduce_runner(batch, dense):
+    """(prepare, run): the dense gradient, then one all_reduce of it."""
+    import torch.distributed as dist
+
+    def prepare():
+        dense.zero_()
+        dense.index_copy_(0, batch.ids, batch.rows)
+
+    return prepare, (lambda: dist.all_reduce(dense))
+
+
+def sparse_all_gather_runner(batch, vocab, world, device):
+    """(prepare, run): DDP's sparse path, all-gathers of counts, ids and rows, then a local sum."""
+    import torch.distributed as dist
+
+    ids, rows = batch.ids, batch.rows
+    k, hidden = rows.shape
+
+    def run():
+        counts = torch.empty(world, dtype=torch.int64, device=device)
+        dist.all_gather_into_tensor(counts, torch.tensor([k], dtype=torch.int64, device=device))
+        k_max = int(counts.max().item())
+        ids_pad = torch.zeros(k_max, dtype=torch.int64, device=device)
+        ids_pad[:k] = ids
+        rows_pad = torch.zeros(k_max, hidden, dtype=rows.dtype, device=device)
+        rows_pad[:k] = rows
+        all_ids = torch.empty(world * k_max, dtype=torch.int64, device=device)
+        all_rows = torch.empty(world * k_max, hidden, dtype=rows.dtype, device=device)
+        dist.all_gather_into_tensor(all_ids, ids_pad)
+        dist.all_gather_into_tensor(all_rows, rows_pad)
+        keep = (torch.arange(k_max, device=device)[None, :] < counts[:, None]).flatten()
+        return torch.sparse_coo_tensor(all_ids[keep][None], all_rows[keep], (vocab, hidden)).coalesce()
+
+    return (lambda: None), run
+
+
+def shard_rows(vocab, partitions, server):
+    """Rows r of the table with r % partitions == server."""
+    return max(0, (vocab - server + partitions - 1) // partitions)
+
+
+def parameter_server_runner(batch, partitions, shard, table, rank, world, device):
+    """(prepare, run): Parallax's sparse path, push to the owners, SGD there, pull back.
+
+    Row r is owned by server r % partitions (ranks 0..partitions-1), at row
+    r // partitions of its shard.  Tags keep each kind of message apart on gloo.
+    """
+    import torch.distributed as dist
+
+    p = partitions
+    ids, rows = batch.ids, batch.rows
+    hidden = rows.shape[1]
+    server = rank < p
+    P2P = dist.P2POp
+
+    def run():
+        owner = ids % p
+        order = torch.argsort(owner, stable=True)
+        per = torch.bincount(owner, minlength=p).tolist()
+        ids_by = torch.split(ids[order], per)
+        rows_by = torch.split(rows[order], per)
+        # 1. counts to every other owner; a server learns what each rank sends
+        ops, got = [], {}
+        for s in range(p):
+            if s != rank:
+                ops.append(P2P(dist.isend, torch.tensor([per[s]], dtype=torch.int64, device=device), s, tag=1))
+        if server:
+            for q in range(world):
+                if q != rank:
+                    got[q] = torch.empty(1, dtype=torch.int64, device=device)
+                    ops.append(P2P(dist.irecv, got[q], q, tag=1))
+        _exchange(ops)
+        got = {q: int(t.item()) for q, t in got.items()}
+        # 2. push (ids, rows) to each owner
+        ops, in_ids, in_rows = [], {}, {}
+        for s in range(p):
+            if s != rank and per[s]:
+                ops.append(P2P(dist.isend, ids_by[s], s, tag=2))
+                ops.append(P2P(dist.isend, rows_by[s], s, tag=3))
+        for q, c in got.items():
+            if c:
+                in_ids[q] = torch.empty(c, dtype=torch.int64, device=device)
+                in_rows[q] = torch.empty(c, hidden, dtype=rows.dtype, device=device)
+                ops.append(P2P(dist.irecv, in_ids[q], q, tag=2))
+                ops.append(P2P(dist.irecv, in_rows[q], q, tag=3))
+        _exchange(ops)
+        # 3. each server sums what it holds and applies SGD to those rows
+        if server:
+            all_ids = torch.cat([ids_by[rank]] + [in_ids[q] for q in sorted(in_ids)])
+            all_rows = torch.cat([rows_by[rank]] + [in_rows[q] for q in sorted(in_rows)])
+            touched, inverse = torch.unique(all_ids, return_inverse=True)
+            grad = torch.zeros(touched.numel(), hidden, dtype=rows.dtype, device=device)
+            grad.index_add_(0, inverse, all_rows)
+            shard.index_add_(0, touched // p, grad, alpha=-SYNC_LEARNING_RATE)
+            table.index_copy_(0, ids_by[rank], shard[ids_by[rank] // p])
+        # 4. pull: each server returns the updated rows each rank asked for
+        ops, pulled = [], {}
+        for q in sorted(in_ids):
+            ops.append(P2P(dist.isend, shard[in_ids[q] // p], q, tag=4))
+        for s in range(p):
+            if s != rank and per[s]:
+                pulled[s] = torch.empty(per[s], hidden, dtype=rows.dtype, device=device)
+                ops.append(P2P(dist.irecv, pulled[s], s, tag=4))
+        _exchange(ops)
+        for s, buf in pulled.items():
+            table.index_copy_(0, ids_by[s], buf)
+
+    return (lambda: None), run
+
+
+def run_sync(job):
+    import torch.distributed as dist
+
+    _check_header(job)
+    rank, world, _, device = init_distributed(job)
+    set_threads(job)
+    spec = parse_sync(job, world)
+    seed = _get(job, "seed", "", int)
+    stream = read_token_file(spec.token_file, spec.vocab) if spec.token_file is not None else None
+    sync_device = device_synchronizer(device)
+    # The gathered ids are in range by construction: opt out of the sparse
+    # invariant checks explicitly (as DDP's path runs without them).
+    torch.sparse.check_sparse_tensor_invariants.disable()
+    # Connections: the collectives' first, then every pair's point-to-point
+    # links (the parameter server's), kept out of the first point.
+    for _ in range(3):
+        dist.all_reduce(torch.ones(1, device=device))
+    if "parameter_server" in spec.methods:
+        bufs = {q: torch.zeros(1, device=device) for q in range(world) if q != rank}
+        ops = [dist.P2POp(dist.isend, torch.ones(1, device=device), q) for q in bufs]
+        ops += [dist.P2POp(dist.irecv, b, q) for q, b in bufs.items()]
+        _exchange(ops)
+    dist.barrier()
+    batches = [sync_batch(spec, stream, n, rank, world, seed, device) for n in spec.tokens_per_rank]
+    table = dense = None
+    if "all_reduce" in spec.methods:
+        dense = torch.zeros(spec.vocab, spec.hidden, device=device)
+    if "parameter_server" in spec.methods:
+        table = torch.zeros(spec.vocab, spec.hidden, device=device)
+    points = []
+    for method in spec.methods:
+        for p in (spec.partitions if method == "parameter_server" else [0]):
+            shard = None
+            if method == "parameter_server" and rank < p:
+                shard = torch.zeros(shard_rows(spec.vocab, p, rank), spec.hidden, device=device)
+            for batch in batches:
+                if method == "all_reduce":
+                    prepare, fn = dense_all_reduce_runner(batch, dense)
+                elif method == "sparse_all_gather":
+                    prepare, fn = sparse_all_gather_runner(batch, spec.vocab, world, device)
+                else:
+                    prepare, fn = parameter_server_runner(batch, p, shard, table, rank, world, device)
+                samples = []
+                for rep in range(spec.warmup + spec.iterations):
+                    prepare()
+                    sync_device()
+                    dist.barrier()
+                    start = time.perf_counter()
+                    fn()
+                    sync_device()
+                    if rep >= spec.warmup:
+                        samples.append(time.perf_counter() - start)
+                median = statistics.median(samples)
+                seconds = max_over_ranks([median], device)[0]
+                points.append({"method": method, "ranks": world, "partitions": p,
+                               "vocab": spec.vocab, "hidden": spec.hidden, "element_bytes": 4,
+                               "tokens": batch.tokens, "rows": batch.mean_rows,
+                               "seconds": seconds, "samples": len(samples)})
+            del shard
+    if rank == 0:
+        report = {"schema": SCHEMA, "mode": "sync", "world_size": world,
+                  "backend": dist.get_backend(), "device": device.type, "points": points}
+        write_json_atomic(os.path.join(job["report_dir"], "sync.json"), report)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------------------
 # Entry point
 # ---------------------------------------------------------------------------
 
@@ -1512,8 +1885,10 @@ def main(argv=None):
             run_train(job)
         elif mode == "comm":
             run_comm(job)
+        elif mode == "sync":
+            run_sync(job)
         else:
-            raise JobError(f"mode: {mode!r} is not one of train, comm")
+            raise JobError(f"mode: {mode!r} is not one of train, comm, sync")
         return 0
     except Exception as e:  # every failure becomes a report, never a hang or silence
         line = one_line(e)
