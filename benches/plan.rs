@@ -2,7 +2,8 @@
 //! for GPT-3 175B on 1,024 A100-80GB and for a 1T-parameter GPT on 3,072,
 //! and DeepSeek-V3 on 1,024 H100s with tp, pp, ep, etp, virtual stages,
 //! recomputation, both dispatchers, bf16 and FP8 and the engine switches
-//! open (cp as the default space opens it: not at 4K tokens).
+//! open (cp as the default space opens it: not at 4K tokens), and Llama 3
+//! 8B with a 256K vocabulary on 64 A100s with every embedding sync.
 //! Throughput is in configurations considered (every combination of the
 //! space, valid or not) per second.
 //!
@@ -11,7 +12,7 @@
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use paratune::cluster::builtin_node;
 use paratune::coefficients::CostModel;
-use paratune::config::Precision;
+use paratune::config::{Precision, SyncMethod};
 use paratune::model::builtin_model;
 use paratune::search::{Job, SearchSpace, search};
 use std::hint::black_box;
@@ -43,7 +44,19 @@ fn plan(c: &mut Criterion) {
         precision: Some(Precision::ALL.to_vec()),
         ..SearchSpace::default()
     };
+    let every_sync = SearchSpace {
+        embedding_sync: Some(SyncMethod::ALL.to_vec()),
+        ..SearchSpace::default()
+    };
+    let mut wide_vocabulary = job("llama3-8b", 8, 64);
+    wide_vocabulary.model.vocab = 256_000;
+    wide_vocabulary.model.seq_len = 2048;
     let jobs = [
+        (
+            "llama3-8b with a 256K vocabulary on 64 A100-80GB, every embedding sync",
+            wide_vocabulary,
+            &every_sync,
+        ),
         (
             "gpt3-175b on 1024 A100-80GB, batch 1536",
             job("gpt3-175b", 128, 1536),

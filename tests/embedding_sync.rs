@@ -233,3 +233,29 @@ fn token_streams_are_counted_and_bad_ones_refused() {
         "nothing written for bad input"
     );
 }
+
+#[test]
+fn a_tied_dense_dominated_model_plans_the_same_with_every_sync_open() {
+    let job = [
+        "plan",
+        "--model",
+        "gpt3-175b",
+        "--gpu",
+        "a100-80gb",
+        "--nodes",
+        "128",
+        "--global-batch",
+        "1536",
+        "--top",
+        "5",
+    ];
+    // Past the search's line (which times itself).
+    let table = |text: String| text.lines().skip(3).map(String::from).collect::<Vec<_>>();
+    let default = table(ok(&job));
+    let open: Vec<&str> = job
+        .iter()
+        .copied()
+        .chain(["--embedding-sync", "all"])
+        .collect();
+    assert_eq!(table(ok(&open)), default);
+}

@@ -8,6 +8,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use paratune::cluster::{builtin_gpu_names, builtin_node};
 use paratune::coefficients::CostModel;
 use paratune::config::{Engine, ParallelConfig};
+use paratune::cost::group_syncs;
 use paratune::cost::sparse::embedding_sync_options;
 use paratune::cost::{ProfileUsage, Scenario, memory_per_stage, predict, predict_with_usage};
 use paratune::evaluate::{Setting, evaluate_with};
@@ -253,6 +254,12 @@ fn explain_winner(
     let scenario = job.scenario(cost);
     let _ = writeln!(out, "\nWhy #1 wins: {}", winner.config);
     render::breakdown(out, &winner.prediction.time);
+    // The embedding's sync by every method, when the winner syncs it sparsely.
+    if winner.config.embedding_sync.is_sparse()
+        && let Some(options) = embedding_sync_options(&scenario, &winner.config)
+    {
+        render::embedding_sync(out, &options, winner.config.embedding_sync);
+    }
     let stages = memory_per_stage(&scenario, &winner.config);
     render::stage_memory(
         out,
@@ -473,6 +480,7 @@ pub fn predict_command(args: &PredictArgs) -> Result<()> {
                 "prediction": prediction,
                 "stages": stages,
                 "embedding_sync": embedding_sync_options(&scenario, &config),
+                "group_syncs": group_syncs(&scenario, &config, 0),
                 "megatron_args": megatron_args(&LaunchJob::of(&job, &config)).ok(),
                 "megatron_unsupported": megatron_args(&LaunchJob::of(&job, &config)).err().map(|e| e.to_string()),
             });
@@ -527,6 +535,8 @@ pub fn predict_command(args: &PredictArgs) -> Result<()> {
                 }
             );
             render::breakdown(&mut out, &prediction.time);
+            let sharded = config.optimizer_sharding != paratune::config::OptimizerSharding::None;
+            render::group_syncs(&mut out, &group_syncs(&scenario, &config, 0), sharded);
             if let Some(options) = embedding_sync_options(&scenario, &config) {
                 render::embedding_sync(&mut out, &options, config.embedding_sync);
             }

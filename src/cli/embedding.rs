@@ -2,7 +2,7 @@
 //! measured, the rows a batch touches and the syncs' times, into a profile.
 
 use super::args::{ProfileSyncArgs, ProfileTokensArgs};
-use super::measure::{check_out, run_worker, timeout, worker_failure};
+use super::measure::{check_out, local_ranks, run_worker, timeout, worker_failure};
 use super::profile_dir::{open_profile, record_provenance};
 use super::render::{emit, thousands};
 use anyhow::{Result, anyhow, bail};
@@ -10,7 +10,7 @@ use paratune::config::SyncMethod;
 use paratune::profile::tokens::{default_batch_sizes, distinct_per_batch, read_token_ids};
 use paratune::profile::{SyncPoint, TokenPoint, write_profile};
 use paratune::validate::sync_sweep::{self, SyncSweep};
-use paratune::validate::torch_launch::{self, TrialDevice};
+use paratune::validate::torch_launch::TrialDevice;
 use std::fmt::Write as _;
 
 pub fn profile_tokens(args: &ProfileTokensArgs) -> Result<()> {
@@ -91,22 +91,13 @@ fn tokens_report(points: &[TokenPoint], ids: usize, out: &std::path::Path) -> St
 }
 
 pub fn profile_sync(args: &ProfileSyncArgs) -> Result<()> {
-    let device = match args.device.as_str() {
-        "cpu" => TrialDevice::Cpu,
-        d if d == "cuda" || d.starts_with("cuda:") => TrialDevice::Cuda,
-        other => bail!("--device {other}: profile sync runs on cpu or cuda"),
-    };
     let ranks = args.ranks;
-    if ranks < 2 {
-        bail!("--ranks {ranks}: a synchronisation needs at least 2 ranks");
-    }
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get() as u64);
-    if ranks > torch_launch::max_ranks(cores) {
-        bail!(
-            "--ranks {ranks}: this machine has {cores} cores and runs at most {} ranks (two per core)",
-            torch_launch::max_ranks(cores)
-        );
-    }
+    let device = local_ranks(
+        &args.device,
+        ranks,
+        "profile sync runs",
+        "a synchronisation",
+    )?;
     if let Some(p) = args
         .partitions
         .as_deref()

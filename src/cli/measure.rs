@@ -431,21 +431,7 @@ pub fn profile_device(args: &ProfileDeviceArgs) -> Result<()> {
 /// as collective points.
 fn profile_comm_torch(args: &ProfileCommArgs, ranks: u64) -> Result<()> {
     use paratune::validate::torch_launch::{self, TrialDevice};
-    let device = match args.device.as_str() {
-        "cpu" => TrialDevice::Cpu,
-        d if d == "cuda" || d.starts_with("cuda:") => TrialDevice::Cuda,
-        other => bail!("--device {other}: --ranks runs on cpu or cuda"),
-    };
-    if ranks < 2 {
-        bail!("--ranks {ranks}: a collective needs at least 2 ranks");
-    }
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get() as u64);
-    if ranks > torch_launch::max_ranks(cores) {
-        bail!(
-            "--ranks {ranks}: this machine has {cores} cores and runs at most {} ranks (two per core)",
-            torch_launch::max_ranks(cores)
-        );
-    }
+    let device = local_ranks(&args.device, ranks, "--ranks runs", "a collective")?;
     let timeout = timeout(args.timeout)?;
     let out = &args.provenance.out;
     check_out(out)?;
@@ -477,6 +463,34 @@ fn profile_comm_torch(args: &ProfileCommArgs, ranks: u64) -> Result<()> {
         out,
         profile.collectives.len(),
     ))
+}
+
+/// The device of `ranks` local torch.distributed ranks, checked: cpu or
+/// cuda, at least two ranks (`what` needs them), at most what this
+/// machine's cores run. `runs` is the message's subject for a bad device.
+pub(super) fn local_ranks(
+    device: &str,
+    ranks: u64,
+    runs: &str,
+    what: &str,
+) -> Result<paratune::validate::torch_launch::TrialDevice> {
+    use paratune::validate::torch_launch::{self, TrialDevice};
+    let device = match device {
+        "cpu" => TrialDevice::Cpu,
+        d if d == "cuda" || d.starts_with("cuda:") => TrialDevice::Cuda,
+        other => bail!("--device {other}: {runs} on cpu or cuda"),
+    };
+    if ranks < 2 {
+        bail!("--ranks {ranks}: {what} needs at least 2 ranks");
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get() as u64);
+    if ranks > torch_launch::max_ranks(cores) {
+        bail!(
+            "--ranks {ranks}: this machine has {cores} cores and runs at most {} ranks (two per core)",
+            torch_launch::max_ranks(cores)
+        );
+    }
+    Ok(device)
 }
 
 /// Runs the shipped torch.distributed worker on `job` between `ranks`

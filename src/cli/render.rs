@@ -208,6 +208,32 @@ pub fn breakdown(out: &mut String, time: &TimeBreakdown) {
     }
 }
 
+/// Each parameter group's data-parallel sync (stage 0), before overlap.
+pub fn group_syncs(out: &mut String, groups: &[paratune::cost::GroupSync], sharded: bool) {
+    if groups.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "  data-parallel sync per parameter group (stage 0, whole collectives before overlap):"
+    );
+    for g in groups {
+        let _ = writeln!(
+            out,
+            "    {:<20} {:<21} {:>10}  ({:.1} M parameters over {} ranks)",
+            g.group,
+            match g.method {
+                // The distributed optimizer's form of the dense sync.
+                paratune::config::SyncMethod::AllReduce if sharded => "reduce-scatter+gather",
+                method => method.name(),
+            },
+            seconds(g.seconds),
+            g.params / 1e6,
+            g.ranks
+        );
+    }
+}
+
 /// The input embedding's sync by each method, the chosen one marked.
 pub fn embedding_sync(
     out: &mut String,

@@ -432,7 +432,6 @@ pub fn stage_sync(
     if syncs_per_microbatch(c) {
         return sync;
     }
-    let k = s.coef();
     let dense = |g: &&ParamGroup| g.sync == SyncMethod::AllReduce;
     let params: f64 = groups.iter().filter(dense).map(|g| g.params).sum();
     let bucket = (bucket_params(c) / params.max(1.0)).min(1.0);
@@ -447,21 +446,38 @@ pub fn stage_sync(
             }
             continue;
         }
-        let grads = group.params * k.gradient_bytes_per_param;
-        let weights = group.params * k.weight_bytes_per_param;
-        match c.optimizer_sharding {
-            OptimizerSharding::None => {
-                sync.grads += collective(s, Collective::AllReduce, span, grads, usage);
-            }
-            _ => {
-                sync.grads += collective(s, Collective::ReduceScatter, span, grads, usage);
-                sync.gather += collective(s, Collective::AllGather, span, weights, usage);
-            }
-        }
+        let (grads, gather) = dense_group_sync(s, c, group, usage);
+        sync.grads += grads;
+        sync.gather += gather;
     }
     sync.grads_last_bucket = sync.grads * bucket;
     sync.gather_first_bucket = sync.gather * bucket;
     sync
+}
+
+/// A dense group's end-of-iteration collectives over its ranks: the
+/// gradients' all-reduce (or reduce-scatter under the distributed
+/// optimizer) and the updated weights' all-gather (0 without sharding).
+pub fn dense_group_sync(
+    s: &Scenario,
+    c: &ParallelConfig,
+    group: &ParamGroup,
+    usage: &mut ProfileUsage,
+) -> (f64, f64) {
+    let k = s.coef();
+    let span = group.span;
+    let grads = group.params * k.gradient_bytes_per_param;
+    let weights = group.params * k.weight_bytes_per_param;
+    match c.optimizer_sharding {
+        OptimizerSharding::None => (
+            collective(s, Collective::AllReduce, span, grads, usage),
+            0.0,
+        ),
+        _ => (
+            collective(s, Collective::ReduceScatter, span, grads, usage),
+            collective(s, Collective::AllGather, span, weights, usage),
+        ),
+    }
 }
 
 /// ZeRO-3/FSDP's collectives per micro-batch on one stage: each layer's

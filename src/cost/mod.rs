@@ -710,6 +710,55 @@ pub fn peak_memory(s: &Scenario, c: &ParallelConfig) -> MemoryCheck {
     }
 }
 
+/// One parameter group's data-parallel sync at the end of an iteration,
+/// for explanations.
+#[derive(Debug, Clone, Serialize)]
+pub struct GroupSync {
+    pub group: &'static str,
+    pub method: SyncMethod,
+    /// Parameters on one GPU.
+    pub params: f64,
+    pub ranks: u64,
+    /// The collectives' whole time, before any overlap.
+    pub seconds: f64,
+}
+
+/// The data-parallel sync of each parameter group of stage `stage` that
+/// has parameters, as the end of an iteration runs it; empty when the
+/// collectives run per micro-batch (FSDP / ZeRO-3) or nothing syncs.
+pub fn group_syncs(s: &Scenario, c: &ParallelConfig, stage: u64) -> Vec<GroupSync> {
+    if comm::syncs_per_microbatch(c) || c.dense_sync_degree() < 2 {
+        return Vec::new();
+    }
+    const NAMES: [&str; 4] = [
+        "layers",
+        "embeddings and head",
+        "experts",
+        "input embedding",
+    ];
+    let mut usage = ProfileUsage::default();
+    memory::parameter_groups(s, c, stage)
+        .iter()
+        .zip(NAMES)
+        .filter(|(g, _)| g.params > 0.0 && g.ranks > 1)
+        .map(|(g, name)| {
+            let seconds = if g.sync.is_sparse() {
+                sparse::sparse_sync(s, c, g, g.sync, &mut usage).seconds
+            } else {
+                let (grads, gather) = comm::dense_group_sync(s, c, g, &mut usage);
+                grads + gather
+            };
+            GroupSync {
+                group: name,
+                method: g.sync,
+                params: g.params,
+                ranks: g.ranks,
+                seconds,
+            }
+        })
+        .collect()
+}
+
 /// Memory of every pipeline stage, for explanations.
 pub fn memory_per_stage(s: &Scenario, c: &ParallelConfig) -> Vec<StageMemory> {
     (0..c.pp).map(|i| memory::stage_memory(s, c, i)).collect()

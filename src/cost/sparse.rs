@@ -89,15 +89,25 @@ pub fn tokens_per_rank(s: &Scenario, c: &ParallelConfig) -> f64 {
 
 /// Distinct rows of this rank's shard of the input embedding that its
 /// tokens of one iteration touch: measured by `profile tokens` where the
-/// profile covers the vocabulary and batch, else Zipf's law with
-/// `token_zipf_exponent`; a tensor-parallel shard holds its share of them.
+/// profile covers the vocabulary and batch; Zipf's law with
+/// `token_zipf_exponent` otherwise, through the nearest measured batch
+/// where the vocabulary was measured at other sizes (the law's shape, the
+/// data's level); a tensor-parallel shard holds its share of them.
 pub fn touched_rows(s: &Scenario, c: &ParallelConfig) -> f64 {
     let tokens = tokens_per_rank(s, c);
     let vocab = s.model.vocab;
-    let distinct = s
-        .profile
-        .and_then(|p| p.distinct_rows(vocab, tokens))
-        .unwrap_or_else(|| zipf_distinct(vocab as f64, tokens, s.coef().token_zipf_exponent));
+    let zipf = |n: f64| zipf_distinct(vocab as f64, n, s.coef().token_zipf_exponent);
+    let distinct = match s.profile {
+        Some(p) => match (
+            p.distinct_rows(vocab, tokens),
+            p.nearest_token_point(vocab, tokens),
+        ) {
+            (Some(measured), _) => measured,
+            (None, Some((n, d))) => (zipf(tokens) * d / zipf(n)).min(vocab as f64).min(tokens),
+            (None, None) => zipf(tokens),
+        },
+        None => zipf(tokens),
+    };
     (distinct / c.tp as f64).max(1.0)
 }
 
@@ -256,12 +266,15 @@ pub fn sparse_sync(
     };
     match method {
         SyncMethod::AllReduce => {
+            // The dense sync as the sharding runs it: all-reduce, or
+            // reduce-scatter and all-gather under the distributed optimizer.
             let bytes = group.params * s.coef().gradient_bytes_per_param;
-            match measured(SyncMethod::AllReduce, 0, bytes) {
+            let unsharded = c.optimizer_sharding == crate::config::OptimizerSharding::None;
+            match measured(SyncMethod::AllReduce, 0, bytes).filter(|_| unsharded) {
                 Some(t) => (result.seconds, result.measured) = (t, true),
                 None => {
-                    result.seconds =
-                        comm::collective(s, Collective::AllReduce, group.span, bytes, usage)
+                    let (grads, gather) = comm::dense_group_sync(s, c, group, usage);
+                    result.seconds = grads + gather;
                 }
             }
         }

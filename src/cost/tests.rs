@@ -1954,6 +1954,79 @@ mod sparse_embedding_sync {
         }
     }
 
+    /// Sparse all-gather's traffic grows with the ranks ((R - 1) k rows
+    /// reach each); the parameter server's best time grows as sqrt(R)
+    /// (`t(p) = a/p + b(p - 1) + c` with a ~ R is least near 2 sqrt(ab));
+    /// the dense ring's stays about 2 V.
+    #[test]
+    fn each_method_scales_with_the_ranks_as_its_traffic_does() {
+        let at = |nodes| {
+            let (f, c) = fixture(256_000, 4096, nodes, 2048);
+            options(&f, &c)
+        };
+        let (few, many) = (at(2), at(16));
+        assert!(
+            (few[0].rows - many[0].rows).abs() < 1e-9,
+            "same tokens per rank"
+        );
+        let growth = |m: usize| many[m].seconds / few[m].seconds;
+        assert!(growth(1) > 4.0, "sparse all-gather: x{}", growth(1));
+        assert!(
+            growth(2) < 1.05 * 8f64.sqrt(),
+            "parameter server: x{}",
+            growth(2)
+        );
+        assert!(growth(0) < 1.5, "dense all-reduce: x{}", growth(0));
+        assert!(
+            many[2].partitions > few[2].partitions,
+            "more servers for more ranks"
+        );
+    }
+
+    #[test]
+    fn measured_token_batches_set_the_rows_touched_and_anchor_zipf_beyond_them() {
+        use crate::profile::{Measurements, Profile, TokenPoint};
+        // 64 ranks, 2,048 tokens each.
+        let (f, c) = fixture(256_000, 2048, 8, 2048);
+        let mut p = Profile::empty("a100-80gb");
+        let point = |tokens: u64, distinct: f64| TokenPoint {
+            vocab: 256_000,
+            tokens,
+            distinct,
+            batches: 4,
+        };
+        p.tokens = vec![point(1024, 500.0), point(4096, 1500.0)];
+        let m = Measurements::from_profile(&p);
+        let s = f.scenario().with_profile(Some(&m));
+        // Log-log between the two points: sqrt(500 x 1500).
+        assert_close(
+            sparse::touched_rows(&s, &c),
+            (500.0_f64 * 1500.0).sqrt(),
+            1e-9,
+            "inside",
+        );
+        // Beyond them: Zipf's shape through the nearest point.
+        p.tokens = vec![point(256, 150.0), point(1024, 500.0)];
+        let m = Measurements::from_profile(&p);
+        let s = f.scenario().with_profile(Some(&m));
+        let zipf = |n: f64| sparse::zipf_distinct(256_000.0, n, s.coef().token_zipf_exponent);
+        let anchored = zipf(2048.0) * 500.0 / zipf(1024.0);
+        assert_close(sparse::touched_rows(&s, &c), anchored, 1e-9, "anchored");
+        // Another vocabulary's points say nothing about this one.
+        p.tokens = vec![TokenPoint {
+            vocab: 32_000,
+            ..point(2048, 10.0)
+        }];
+        let m = Measurements::from_profile(&p);
+        let s = f.scenario().with_profile(Some(&m));
+        assert_close(
+            sparse::touched_rows(&s, &c),
+            zipf(2048.0),
+            1e-9,
+            "unmeasured",
+        );
+    }
+
     #[test]
     fn the_parameter_server_shards_the_table_and_a_tied_model_stays_dense() {
         let (f, c) = fixture(256_000, 2048, 8, 2048);

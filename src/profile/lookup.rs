@@ -348,6 +348,22 @@ impl Measurements {
         None
     }
 
+    /// The measured (tokens, distinct) point of `vocab` nearest `tokens`
+    /// outside the measured batch sizes: the first below them, the last
+    /// above; none inside them or without points.
+    pub fn nearest_token_point(&self, vocab: u64, tokens: f64) -> Option<(f64, f64)> {
+        let mut points = self.tokens.iter().filter(|p| p.vocab == vocab);
+        let first = points.next()?;
+        let last = points.next_back().unwrap_or(first);
+        if tokens < first.tokens as f64 {
+            Some((first.tokens as f64, first.distinct))
+        } else if tokens > last.tokens as f64 {
+            Some((last.tokens as f64, last.distinct))
+        } else {
+            None
+        }
+    }
+
     pub fn has_sync_points(&self) -> bool {
         !self.sync.is_empty()
     }
