@@ -12,6 +12,17 @@ use std::process::Command;
 mod common;
 use common::ok_in as ok;
 
+/// Held by each test that starts ranks: on a machine of few cores, ranks of
+/// two tests at once take turns, and the times they measure (which the
+/// tests compare) would measure that.
+static RANKS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn ranks_to_myself() -> std::sync::MutexGuard<'static, ()> {
+    RANKS
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 fn python() -> String {
     std::env::var("PARATUNE_PYTHON").unwrap_or_else(|_| "python3".into())
 }
@@ -114,6 +125,7 @@ fn percent_after(text: &str, prefix: &str) -> f64 {
 
 #[test]
 fn a_measured_cpu_cluster_is_planned_trialled_on_two_ranks_and_refitted() {
+    let _ranks = ranks_to_myself();
     let dir = tempfile::tempdir().unwrap();
     let profile = measured_profile(dir.path());
     let plan_path = plan(dir.path(), &profile);
@@ -380,6 +392,7 @@ fn dense_against_sparse(times: &[(String, f64)]) -> (f64, f64, f64) {
 
 #[test]
 fn measured_embedding_syncs_rank_as_predicted_for_a_sparse_and_a_dense_case() {
+    let _ranks = ranks_to_myself();
     let dir = tempfile::tempdir().unwrap();
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     // The shipped CPU profile with the sync points added to a copy of it.
@@ -460,4 +473,152 @@ fn measured_embedding_syncs_rank_as_predicted_for_a_sparse_and_a_dense_case() {
         let from_points = predicted_syncs(root, &profile, vocab, tokens);
         assert!(from_points.iter().all(|p| p.3), "{from_points:?}");
     }
+}
+
+/// The number before ` ms per iteration` on `line`.
+fn ms_before_per_iteration(line: &str) -> f64 {
+    let end = line
+        .find(" ms per iteration")
+        .unwrap_or_else(|| panic!("no time in {line}"));
+    let start = line[..end].rfind(' ').map_or(0, |i| i + 1);
+    line[start..end].parse().unwrap()
+}
+
+/// A sparse embedding sync trialled for real: an untied model with a large
+/// vocabulary, planned for the shipped CPU profile with the sparse
+/// all-gather, run by `validate --launch torch` on two ranks as PyTorch DDP
+/// over `nn.Embedding(sparse=True)`.
+#[test]
+fn a_sparse_all_gather_of_the_embedding_is_trialled_on_two_ranks() {
+    let _ranks = ranks_to_myself();
+    let dir = tempfile::tempdir().unwrap();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let json = ok(
+        root,
+        &[
+            "plan",
+            "--cluster-from-profile",
+            "profiles/cpu-measured",
+            "--gpus-per-node",
+            "2",
+            "--engine",
+            "torchtitan",
+            "--compile",
+            "off",
+            "--cuda-graphs",
+            "off",
+            "--hidden",
+            "64",
+            "--heads",
+            "2",
+            "--layers",
+            "2",
+            "--seq-len",
+            "64",
+            "--vocab",
+            "32768",
+            "--tied-embeddings",
+            "off",
+            "--global-batch",
+            "4",
+            "--tp",
+            "1",
+            "--pp",
+            "1",
+            "--optimizer-sharding",
+            "none",
+            "--embedding-sync",
+            "sparse-all-gather",
+            "--cost-model",
+            "datasheet",
+            "--top",
+            "1",
+            "--format",
+            "json",
+        ],
+    );
+    let plan_path = dir.path().join("plan.json");
+    std::fs::write(&plan_path, &json).unwrap();
+    let plan: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let planned = &plan["candidates"][0];
+    assert_eq!(planned["config"]["embedding_sync"], "sparse-all-gather");
+    assert_eq!(planned["config"]["dp"], 2);
+    let predicted_ms = planned["prediction"]["iteration_s"].as_f64().unwrap() * 1e3;
+
+    let out = dir.path().join("out");
+    let python = python();
+    let report = ok(
+        dir.path(),
+        &[
+            "validate",
+            plan_path.to_str().unwrap(),
+            "--launch",
+            "torch",
+            "--ranks",
+            "2",
+            "--device",
+            "cpu",
+            "--iterations",
+            "4",
+            "--python",
+            &python,
+            "--timeout",
+            "300",
+            "--out",
+            out.to_str().unwrap(),
+        ],
+    );
+    println!("{report}");
+    assert!(
+        !report.contains("no script") && !report.contains("passed over"),
+        "{report}"
+    );
+
+    // The job asked for the sparse all-gather, and every rank ran it under
+    // DDP with a gradient that really was sparse.
+    let folder = out.join("candidate-1");
+    let job: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(folder.join("job.json")).unwrap()).unwrap();
+    assert_eq!(job["parallel"]["embedding_sync"], "sparse-all-gather");
+    for rank in 0..2 {
+        let path = folder.join(format!("report/rank-{rank}.json"));
+        let text = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("{}: {e}\n{report}", path.display()));
+        let r: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(r["embedding_sync"], "sparse-all-gather", "{text}");
+        assert_eq!(r["data_parallel"], "DDP", "{text}");
+        assert_eq!(r["embedding_grad_sparse"], true, "{text}");
+        let notes: Vec<&str> = r["notes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|n| n.as_str())
+            .collect();
+        assert!(
+            notes
+                .iter()
+                .any(|n| n.contains("gradient was sparse after backward")),
+            "{notes:?}"
+        );
+        let times = r["iteration_ms"].as_array().unwrap();
+        assert_eq!(times.len(), 4, "{text}");
+        assert!(times.iter().all(|t| t.as_f64().unwrap() > 0.0), "{text}");
+    }
+
+    // The trial's measured time, in the report beside the plan's prediction.
+    let line = report
+        .lines()
+        .find(|l| l.starts_with("candidate #1: ") && l.contains(" ms per iteration"))
+        .unwrap_or_else(|| panic!("no measured trial in\n{report}"));
+    assert!(line.contains("embedding-sync=sparse-all-gather"), "{line}");
+    let measured_ms = ms_before_per_iteration(line);
+    assert!(measured_ms > 0.0, "{line}");
+    println!(
+        "sparse all-gather trial: predicted {predicted_ms:.1} ms, measured {measured_ms:.1} ms"
+    );
+    // Its run row says how the embedding was synchronised, so the refit
+    // prices the configuration that ran.
+    let history = common::read_table(&out.join("runs-history.csv"));
+    assert_eq!(history.cell(0, "embedding_sync"), Some("sparse-all-gather"));
+    assert!(common::number(&history, 0, "iter_ms") > 0.0);
 }

@@ -7,7 +7,9 @@
 //!
 //! [`SyncPoint`]: crate::profile::SyncPoint
 
-use super::torch_launch::{SCHEMA, TrialDevice, TrialError};
+use super::torch_launch::{
+    SCHEMA, SweepReport, TrialDevice, TrialError, read_report, report_error,
+};
 use crate::config::SyncMethod;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -95,6 +97,12 @@ struct SyncReport {
     points: Vec<SyncReportPoint>,
 }
 
+impl SweepReport for SyncReport {
+    fn schema(&self) -> u32 {
+        self.schema
+    }
+}
+
 #[derive(Deserialize)]
 struct SyncReportPoint {
     method: String,
@@ -109,22 +117,9 @@ struct SyncReportPoint {
 
 /// The synchronisation points of a sweep's `sync.json`, each checked.
 pub fn read_sync(report_dir: &Path) -> Result<Vec<crate::profile::SyncPoint>, TrialError> {
-    let path = report_dir.join("sync.json");
-    let shown = path.display().to_string();
-    let bad = |message: String| TrialError::Report {
-        path: shown.clone(),
-        message,
-    };
-    let text = std::fs::read_to_string(&path)
-        .map_err(|e| bad(format!("no sweep report ({e}); see the worker's log")))?;
-    let report: SyncReport =
-        serde_json::from_str(&text).map_err(|e| bad(format!("not a sweep report ({e})")))?;
-    if report.schema != SCHEMA {
-        return Err(bad(format!(
-            "schema {}, this paratune reads {SCHEMA}",
-            report.schema
-        )));
-    }
+    const FILE: &str = "sync.json";
+    let report: SyncReport = read_report(report_dir, FILE)?;
+    let bad = report_error(&report_dir.join(FILE));
     report
         .points
         .iter()

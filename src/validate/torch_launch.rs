@@ -15,7 +15,7 @@
 //! reports into a run row ([`ROW_COLUMNS`]) and per-rank memory.
 
 use super::launch::{LaunchError, ScriptOutcome, script_header, script_prologue, write_candidate};
-use crate::config::{Engine, ParallelConfig, ScheduleKind};
+use crate::config::{Engine, OptimizerSharding, ParallelConfig, ScheduleKind, SyncMethod};
 use crate::plan_file::{PlanFile, PlannedCandidate};
 use crate::text::shell_quote;
 use serde::{Deserialize, Serialize};
@@ -119,6 +119,16 @@ pub struct TrialParallel {
     pub optimizer_sharding: String,
     pub recompute: String,
     pub ac_frequency: u64,
+    /// How the token embedding's gradient is synchronised
+    /// ([`SyncMethod::name`]): `all-reduce`, or `sparse-all-gather` (DDP
+    /// over `nn.Embedding(sparse=True)`). A job without it (older) is
+    /// all-reduce.
+    #[serde(default = "all_reduce")]
+    pub embedding_sync: String,
+}
+
+fn all_reduce() -> String {
+    SyncMethod::AllReduce.name().into()
 }
 
 /// One candidate's job, `job.json`.
@@ -173,9 +183,37 @@ pub fn unsupported(model: &crate::model::ModelSpec, c: &ParallelConfig) -> Optio
     {
         "interleaved chunks of unequal size are not run by the worker"
     } else {
-        return None;
+        return sparse_sync_unsupported(model, c).map(str::to_string);
     };
     Some(reason.to_string())
+}
+
+/// Why the worker cannot synchronise `c`'s embedding as planned, if it
+/// cannot: it runs the sparse all-gather as PyTorch DDP does, over a sparse
+/// embedding, so only where it wraps the model in DDP.
+fn sparse_sync_unsupported(
+    model: &crate::model::ModelSpec,
+    c: &ParallelConfig,
+) -> Option<&'static str> {
+    match c.embedding_sync {
+        SyncMethod::AllReduce => None,
+        SyncMethod::ParameterServer => Some(
+            "the worker runs no parameter server; Parallax's sparse path is priced but not trialled",
+        ),
+        SyncMethod::SparseAllGather if c.tp > 1 || c.pp > 1 => Some(
+            "the sparse all-gather is DDP's, and the worker wraps the model in DDP only with tp 1 and pp 1",
+        ),
+        SyncMethod::SparseAllGather if c.optimizer_sharding != OptimizerSharding::None => Some(
+            "the sparse all-gather is DDP's, and a sharded configuration runs FSDP, which syncs the table dense",
+        ),
+        SyncMethod::SparseAllGather if c.dp < 2 => {
+            Some("the sparse all-gather needs dp > 1: there are no data-parallel ranks to sync")
+        }
+        SyncMethod::SparseAllGather if model.tied_embeddings => Some(
+            "a tied embedding's gradient is dense (the head's touches every row); use all-reduce",
+        ),
+        SyncMethod::SparseAllGather => None,
+    }
 }
 
 /// The layers of `plan`'s model a candidate's trial runs: all of them when
@@ -247,6 +285,13 @@ pub fn trial_job(
             reason,
         });
     }
+    if c.embedding_sync == SyncMethod::SparseAllGather && settings.device == TrialDevice::Cuda {
+        return Err(LaunchError::Unsupported {
+            rank: candidate.rank,
+            engine: "the torch worker",
+            reason: "NCCL has no sparse all-reduce, which DDP syncs a sparse gradient with; trial the sparse all-gather with --device cpu (gloo)".into(),
+        });
+    }
     check_ranks(plan, settings.ranks)?;
     let m = &plan.model;
     let layers = layers_that_fit(
@@ -299,6 +344,7 @@ pub fn trial_job(
             optimizer_sharding: c.optimizer_sharding.name().into(),
             recompute: c.recompute.name().into(),
             ac_frequency: c.ac_frequency,
+            embedding_sync: c.embedding_sync.name().into(),
         },
         comm: None,
     })
@@ -445,6 +491,10 @@ pub struct RankReport {
     pub collectives_ms: BTreeMap<String, f64>,
     #[serde(default)]
     pub notes: Vec<String>,
+    /// How the rank synchronised the token embedding, as applied; a report
+    /// without it (an older worker's) is all-reduce.
+    #[serde(default = "all_reduce")]
+    pub embedding_sync: String,
 }
 
 impl RankReport {
@@ -480,6 +530,14 @@ pub enum TrialError {
         rank: u64,
         found: Degrees,
         planned: Degrees,
+    },
+    #[error(
+        "rank {rank} synchronised the embedding by {found}, but the plan says {planned}: the worker did not run the candidate as planned"
+    )]
+    SyncDiffers {
+        rank: u64,
+        found: String,
+        planned: String,
     },
 }
 
@@ -517,6 +575,13 @@ pub fn read_trial(report_dir: &Path, job: &TrialJob) -> Result<TorchTrial, Trial
                 rank,
                 found: report.degrees,
                 planned,
+            });
+        }
+        if report.embedding_sync != job.parallel.embedding_sync {
+            return Err(TrialError::SyncDiffers {
+                rank,
+                found: report.embedding_sync,
+                planned: job.parallel.embedding_sync.clone(),
             });
         }
         ranks.push(report);
@@ -566,10 +631,46 @@ fn check_report(report: &RankReport, rank: u64, world: u64, path: &str) -> Resul
     Ok(())
 }
 
+/// A report rank 0 writes of a sweep (`comm.json`, `sync.json`), whose
+/// schema version is checked on reading.
+pub(crate) trait SweepReport: serde::de::DeserializeOwned {
+    fn schema(&self) -> u32;
+}
+
+/// What is wrong with the report at `path`, as a [`TrialError::Report`].
+pub(crate) fn report_error(path: &Path) -> impl Fn(String) -> TrialError + use<> {
+    let shown = path.display().to_string();
+    move |message| TrialError::Report {
+        path: shown.clone(),
+        message,
+    }
+}
+
+/// The sweep report `report_dir/file_name`: read, parsed as `T` and its
+/// schema checked, each failure a [`TrialError::Report`] naming the file.
+pub(crate) fn read_report<T: SweepReport>(
+    report_dir: &Path,
+    file_name: &str,
+) -> Result<T, TrialError> {
+    let path = report_dir.join(file_name);
+    let bad = report_error(&path);
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| bad(format!("no sweep report ({e}); see the worker's log")))?;
+    let report: T =
+        serde_json::from_str(&text).map_err(|e| bad(format!("not a sweep report ({e})")))?;
+    if report.schema() != SCHEMA {
+        return Err(bad(format!(
+            "schema {}, this paratune reads {SCHEMA}",
+            report.schema()
+        )));
+    }
+    Ok(report)
+}
+
 /// Columns of a torch trial's run row: paratune's run-table schema, every
 /// switch of the configuration included, so that the row reads back as the
 /// configuration that ran (a rerun resumes by it; the refit predicts it).
-pub const ROW_COLUMNS: [&str; 40] = [
+pub const ROW_COLUMNS: [&str; 41] = [
     "gpus",
     "global_batch",
     "micro_batch",
@@ -607,6 +708,7 @@ pub const ROW_COLUMNS: [&str; 40] = [
     "dp_shard",
     "peak_allocated_gib",
     "memory_rank",
+    "embedding_sync",
     "iter_ms_mean",
     "steady_iterations",
     "source_log",
@@ -672,6 +774,7 @@ impl TorchTrial {
             optional(c.dp_shard),
             format!("{:.6}", self.peak_bytes() / (1u64 << 30) as f64),
             "max".into(),
+            c.embedding_sync.name().to_string(),
             format!("{:.3}", self.mean_ms),
             self.iterations.to_string(),
             source.to_string(),
@@ -769,6 +872,12 @@ struct CommReport {
     points: Vec<CommReportPoint>,
 }
 
+impl SweepReport for CommReport {
+    fn schema(&self) -> u32 {
+        self.schema
+    }
+}
+
 #[derive(Deserialize)]
 struct CommReportPoint {
     op: String,
@@ -779,22 +888,9 @@ struct CommReportPoint {
 
 /// The collective points of a sweep's `comm.json`, each checked.
 pub fn read_comm(report_dir: &Path) -> Result<Vec<crate::profile::CollectivePoint>, TrialError> {
-    let path = report_dir.join("comm.json");
-    let shown = path.display().to_string();
-    let bad = |message: String| TrialError::Report {
-        path: shown.clone(),
-        message,
-    };
-    let text = std::fs::read_to_string(&path)
-        .map_err(|e| bad(format!("no sweep report ({e}); see the worker's log")))?;
-    let report: CommReport =
-        serde_json::from_str(&text).map_err(|e| bad(format!("not a sweep report ({e})")))?;
-    if report.schema != SCHEMA {
-        return Err(bad(format!(
-            "schema {}, this paratune reads {SCHEMA}",
-            report.schema
-        )));
-    }
+    const FILE: &str = "comm.json";
+    let report: CommReport = read_report(report_dir, FILE)?;
+    let bad = report_error(&report_dir.join(FILE));
     report
         .points
         .iter()
@@ -810,7 +906,7 @@ pub fn read_comm(report_dir: &Path) -> Result<Vec<crate::profile::CollectivePoin
                 seconds: p.seconds,
                 busbw: crate::measure::bus_factor(op, p.ranks) * p.bytes / p.seconds / 1e9,
             };
-            point.check().map_err(bad)?;
+            point.check().map_err(&bad)?;
             Ok(point)
         })
         .collect()
@@ -967,6 +1063,129 @@ mod tests {
         assert_eq!(unsupported(&model, &base), None);
     }
 
+    /// The plan's leader as a DDP candidate (tp 1, pp 1, dp 8, no sharding)
+    /// of the plan's model untied, syncing its embedding by `sync`.
+    fn ddp_candidate(sync: SyncMethod) -> (PlanFile, PlannedCandidate) {
+        let mut plan = plan(SearchSpace::default());
+        plan.model.tied_embeddings = false;
+        let mut candidate = plan.candidates[0].clone();
+        candidate.config = ParallelConfig {
+            tp: 1,
+            pp: 1,
+            dp: 8,
+            dp_shard: None,
+            virtual_stages: 1,
+            first_stage_layers: None,
+            last_stage_layers: None,
+            sequence_parallel: false,
+            optimizer_sharding: OptimizerSharding::None,
+            embedding_sync: sync,
+            ..candidate.config
+        };
+        (plan, candidate)
+    }
+
+    #[test]
+    fn a_job_carries_the_embedding_sync_by_its_name() {
+        for sync in [SyncMethod::AllReduce, SyncMethod::SparseAllGather] {
+            let (plan, candidate) = ddp_candidate(sync);
+            assert_eq!(unsupported(&plan.model, &candidate.config), None);
+            let job = trial_job(&plan, &candidate, &settings(8), Path::new("/r")).unwrap();
+            assert_eq!(job.parallel.embedding_sync, sync.name());
+            let v = serde_json::to_value(&job).unwrap();
+            assert_eq!(v["parallel"]["embedding_sync"], sync.name());
+        }
+        assert_eq!(SyncMethod::SparseAllGather.name(), "sparse-all-gather");
+        // A job written before the field reads back as all-reduce.
+        let (plan, candidate) = ddp_candidate(SyncMethod::SparseAllGather);
+        let job = trial_job(&plan, &candidate, &settings(8), Path::new("/r")).unwrap();
+        let mut v = serde_json::to_value(&job).unwrap();
+        v["parallel"]
+            .as_object_mut()
+            .unwrap()
+            .remove("embedding_sync");
+        let old: TrialJob = serde_json::from_value(v).unwrap();
+        assert_eq!(old.parallel.embedding_sync, "all-reduce");
+    }
+
+    #[test]
+    fn sparse_syncs_the_worker_cannot_run_are_skipped_with_the_reason() {
+        let (plan, candidate) = ddp_candidate(SyncMethod::SparseAllGather);
+        let model = &plan.model;
+        let base = candidate.config;
+        let reason = |c: ParallelConfig| unsupported(model, &c).unwrap_or_default();
+        let server = ParallelConfig {
+            embedding_sync: SyncMethod::ParameterServer,
+            ..base
+        };
+        assert!(
+            reason(server).contains("runs no parameter server")
+                && reason(server).contains("not trialled"),
+            "{}",
+            reason(server)
+        );
+        let tensor = ParallelConfig {
+            tp: 2,
+            dp: 4,
+            ..base
+        };
+        assert!(
+            reason(tensor).contains("tp 1 and pp 1"),
+            "{}",
+            reason(tensor)
+        );
+        let pipeline = ParallelConfig {
+            pp: 2,
+            dp: 4,
+            ..base
+        };
+        assert!(reason(pipeline).contains("tp 1 and pp 1"));
+        for sharding in [OptimizerSharding::OptimizerStates, OptimizerSharding::Full] {
+            let sharded = ParallelConfig {
+                optimizer_sharding: sharding,
+                ..base
+            };
+            assert!(reason(sharded).contains("FSDP"), "{}", reason(sharded));
+        }
+        let alone = ParallelConfig { dp: 1, ..base };
+        assert!(reason(alone).contains("dp > 1"), "{}", reason(alone));
+        let mut tied = model.clone();
+        tied.tied_embeddings = true;
+        assert!(unsupported(&tied, &base).unwrap().contains("tied"));
+        // All-reduce is run on every layout the worker runs.
+        let dense = ParallelConfig {
+            embedding_sync: SyncMethod::AllReduce,
+            ..tensor
+        };
+        assert_eq!(unsupported(model, &dense), None);
+        // NCCL has no sparse all-reduce: a GPU trial of it is skipped, a CPU one written.
+        let mut cuda = settings(8);
+        cuda.device = TrialDevice::Cuda;
+        let e = trial_job(&plan, &candidate, &cuda, Path::new("/r"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("NCCL") && e.contains("--device cpu"), "{e}");
+        let mut both = plan.clone();
+        both.candidates = vec![
+            candidate.clone(),
+            PlannedCandidate {
+                rank: 2,
+                config: server,
+                ..candidate.clone()
+            },
+        ];
+        let dir = tempfile::tempdir().unwrap();
+        let outcomes = write_torch_scripts(&both, &settings(8), dir.path()).unwrap();
+        assert!(
+            matches!(&outcomes[0], ScriptOutcome::Written { rank: 1, .. }),
+            "{outcomes:?}"
+        );
+        assert!(
+            matches!(&outcomes[1], ScriptOutcome::Skipped { rank: 2, reason } if reason.contains("parameter server")),
+            "{outcomes:?}"
+        );
+    }
+
     #[test]
     fn ranks_must_match_the_plan() {
         let plan = plan(SearchSpace::default());
@@ -1067,6 +1286,67 @@ mod tests {
         .unwrap();
         let e = read_trial(dir.path(), &job).unwrap_err().to_string();
         assert!(e.contains("rank 0 failed: parallel.tp"), "{e}");
+    }
+
+    #[test]
+    fn a_rank_that_synced_the_embedding_otherwise_than_planned_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let (plan, candidate) = ddp_candidate(SyncMethod::SparseAllGather);
+        let mut job = trial_job(&plan, &candidate, &settings(8), dir.path()).unwrap();
+        job.parallel.dp = 2;
+        let planned = Degrees {
+            tp: 1,
+            pp: 1,
+            dp: 2,
+        };
+        let write = |rank: u64, sync: Option<&str>| {
+            let mut r = report(rank, planned);
+            if let Some(sync) = sync {
+                r["embedding_sync"] = sync.into();
+            }
+            std::fs::write(dir.path().join(format!("rank-{rank}.json")), r.to_string()).unwrap();
+        };
+        write(0, Some("sparse-all-gather"));
+        write(1, Some("sparse-all-gather"));
+        let trial = read_trial(dir.path(), &job).unwrap();
+        assert!(
+            trial
+                .ranks
+                .iter()
+                .all(|r| r.embedding_sync == "sparse-all-gather")
+        );
+        // The run row records the sync, so that it reads back as what ran.
+        let row = trial.row(&plan, &plan.model, &candidate.config, "log");
+        let at = ROW_COLUMNS
+            .iter()
+            .position(|&c| c == "embedding_sync")
+            .unwrap();
+        assert_eq!(row[at], "sparse-all-gather");
+        // A rank that ran the dense all-reduce did not run the plan.
+        write(1, Some("all-reduce"));
+        let e = read_trial(dir.path(), &job).unwrap_err().to_string();
+        assert!(
+            e.contains("rank 1 synchronised the embedding by all-reduce")
+                && e.contains("the plan says sparse-all-gather"),
+            "{e}"
+        );
+        // Nor did one of a worker that does not report the field (all-reduce).
+        write(1, None);
+        let e = read_trial(dir.path(), &job).unwrap_err().to_string();
+        assert!(
+            e.contains("rank 1 synchronised the embedding by all-reduce"),
+            "{e}"
+        );
+        // A dense plan reads such reports as all-reduce, as planned.
+        write(0, None);
+        job.parallel.embedding_sync = "all-reduce".into();
+        assert!(read_trial(dir.path(), &job).is_ok());
+        write(0, Some("sparse-all-gather"));
+        let e = read_trial(dir.path(), &job).unwrap_err().to_string();
+        assert!(
+            e.contains("rank 0 synchronised the embedding by sparse-all-gather"),
+            "{e}"
+        );
     }
 
     #[test]

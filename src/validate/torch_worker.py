@@ -19,7 +19,8 @@ Modes
 * `--job JOB.json` (under torchrun): run `job.mode`, "train", "comm" or "sync".
 * `--describe --job JOB.json --world N`: no processes, no torch.distributed;
   print {"ranks": [{rank, mesh_coords, stages, stage_layers, schedule,
-  data_parallel, tensor_parallel, checkpointed_blocks, micro_batches}, ...]}
+  data_parallel, tensor_parallel, checkpointed_blocks, micro_batches,
+  embedding_sync}, ...]}
   for every rank, computed by the same functions the train mode uses.
 
 Job JSON (input)
@@ -42,7 +43,9 @@ Job JSON (input)
                   "optimizer_sharding": "none" | "optimizer-states" | "full",
                   "recompute": "none" | "selective" | "full" | "selective-op"
                                | "selective-layer",
-                  "ac_frequency": int},
+                  "ac_frequency": int,
+                  "embedding_sync": "all-reduce" | "sparse-all-gather"},
+                               # absent or null: all-reduce (older jobs)
      "comm": null | {"ops": ["all_reduce", "all_gather", "reduce_scatter",
                              "send_recv"],
                      "sizes_bytes": [int, ...], "warmup": int,
@@ -84,7 +87,23 @@ the last micro-batch; with a pipeline the schedule syncs once per iteration.
 Pipeline stages get static input/output shapes (runtime shape inference
 pickles objects through numpy, which is not installed).
 
-Training: AdamW (lr 1e-3, foreach=False), cross entropy of the next token,
+embedding_sync "all-reduce" syncs the token embedding's gradient like every
+other (dense).  "sparse-all-gather" builds it as nn.Embedding(sparse=True):
+its gradient is a sparse COO tensor of the rows looked up, which DDP puts in
+a bucket of its own and all-reduces through the process group, gloo doing
+that as an all-gather of every rank's indices and values (PyTorch DDP's
+sparse path).  It needs DDP (tp == pp == 1, optimizer_sharding "none",
+dp > 1), model.tied_embeddings false (a tied head's gradient is dense) and
+the gloo backend (ProcessGroupNCCL has no sparse all_reduce); a job asking
+for it elsewhere, or for "parameter-server" anywhere, is refused (JobError
+naming parallel.embedding_sync).  Under bf16 autocast the lookup is not
+autocast (embedding is on no autocast list): the table, its sparse
+gradient and the lookup's output stay fp32.
+
+Training: AdamW (lr 1e-3, foreach=False), with sparse-all-gather
+torch.optim.SparseAdam (lr 1e-3) for the token embedding's table and AdamW
+for every other parameter (both stepped, both zeroed every iteration);
+cross entropy of the next token,
 on fixed random token ids drawn once per dp rank from the seed and reused
 every iteration (so the loss falls); parameters are drawn from per-component
 seeds, so every partition of the same model starts from the same weights,
@@ -116,6 +135,10 @@ Report JSON (output), train mode: report_dir/rank-<R>.json on every rank
                       | "all-reduce of local gradients" | "none",
      "tensor_parallel": {module FQN in its chunk: style class name},
      "sequence_parallel": bool (as applied), "recompute",
+     "embedding_sync": "all-reduce" | "sparse-all-gather" (as applied),
+     "embedding_grad_sparse": bool | null,   # sparse-all-gather: whether
+         # the table's weight.grad.is_sparse after every backward (also in
+         # the notes); null with all-reduce
      "checkpointed_blocks": blocks of this rank with any recomputation,
      "parameters": numel of this rank's local parameter shards,
      "parameter_bytes": their bytes (fp32 master copies),
@@ -216,6 +239,7 @@ SCHEDULE_CLASSES = {
 }
 RECOMPUTE_POLICIES = ("none", "selective", "full", "selective-op", "selective-layer")
 OPTIMIZER_SHARDINGS = ("none", "optimizer-states", "full")
+EMBEDDING_SYNCS = ("all-reduce", "sparse-all-gather")
 COMM_OPS = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
 SYNC_METHODS = ("all_reduce", "sparse_all_gather", "parameter_server")
 SYNC_LEARNING_RATE = 0.01  # the parameter server's SGD step
@@ -300,7 +324,12 @@ class Layout:
     optimizer_sharding: str
     recompute: str
     ac_frequency: int
+    embedding_sync: str = "all-reduce"
     notes: list = field(default_factory=list)
+
+    @property
+    def sparse_embedding(self):
+        return self.embedding_sync == "sparse-all-gather"
 
     @property
     def world(self):
@@ -400,6 +429,7 @@ def parse_layout(job, model, world):
         sp = False
     if sp and model.seq_len % tp:
         raise JobError(f"parallel.sequence_parallel: model.seq_len = {model.seq_len} is not divisible by tp = {tp}")
+    embedding_sync = parse_embedding_sync(job, par, model, tp, pp, dp, sharding)
     return Layout(
         tp=tp, pp=pp, dp=dp, dp_shard=dp_shard, dp_replicate=dp_replicate,
         virtual_stages=virtual, stage_layers=list(stage_layers), chunk_first_layer=first,
@@ -407,8 +437,38 @@ def parse_layout(job, model, world):
         schedule=schedule, sequence_parallel=sp, optimizer_sharding=sharding,
         recompute=_get(par, "recompute", p, str, choices=RECOMPUTE_POLICIES),
         ac_frequency=_get(par, "ac_frequency", p, int, minimum=1),
+        embedding_sync=embedding_sync,
         notes=notes,
     )
+
+
+def parse_embedding_sync(job, par, model, tp, pp, dp, sharding):
+    """parallel.embedding_sync, "all-reduce" when absent (jobs older than the field).
+
+    "sparse-all-gather" is DDP over a sparse token embedding, so it is run
+    only where the model is wrapped in DDP, with an untied table, on gloo.
+    """
+    name = "parallel.embedding_sync"
+    if par.get("embedding_sync") == "parameter-server":
+        raise JobError(f"{name}: parameter-server is not run by the worker (it runs no parameter server)")
+    sync = _get(par, "embedding_sync", "parallel.", str, choices=EMBEDDING_SYNCS, optional=True)
+    if sync is None or sync == "all-reduce":
+        return "all-reduce"
+    why = []
+    if tp > 1 or pp > 1:
+        why.append(f"tp = {tp} and pp = {pp} (DDP wraps the model only with tp == pp == 1)")
+    if sharding != "none":
+        why.append(f"optimizer_sharding {sharding} (FSDP shards the table; DDP needs none)")
+    if dp < 2:
+        why.append(f"dp = {dp} (no data-parallel ranks to synchronise)")
+    if model.tied_embeddings:
+        why.append("model.tied_embeddings (the head's gradient of a tied table touches every row)")
+    if job.get("backend") == "nccl":
+        why.append("backend nccl (ProcessGroupNCCL has no sparse all_reduce, which DDP syncs a sparse gradient with)")
+    if why:
+        raise JobError(f"{name}: sparse-all-gather needs the model wrapped in DDP over a sparse, untied "
+                       f"token embedding on gloo; not with {'; '.join(why)}")
+    return sync
 
 
 def parse_train_job(job, world):
@@ -570,6 +630,7 @@ def describe_rank(rank, model, layout):
         "tensor_parallel": tp_styles,
         "checkpointed_blocks": sum(block_recompute(layout, l) is not None for l in blocks),
         "micro_batches": layout.micro_batches,
+        "embedding_sync": layout.embedding_sync,
     }
 
 
@@ -741,9 +802,11 @@ class Block(nn.Module):
 
 
 class Embeddings(nn.Module):
-    def __init__(self, cfg):
+    def __init__(self, cfg, sparse=False):
         super().__init__()
-        self.tok = nn.Embedding(cfg.vocab, cfg.hidden)
+        # sparse: the table's gradient is a sparse COO tensor of the rows
+        # looked up (DDP then all-gathers it instead of all-reducing).
+        self.tok = nn.Embedding(cfg.vocab, cfg.hidden, sparse=sparse)
         self.pos = nn.Embedding(cfg.seq_len, cfg.hidden) if cfg.learned_positions else None
         self.p = DROPOUT_P if cfg.dropout else 0.0
 
@@ -757,9 +820,9 @@ class Embeddings(nn.Module):
 class ModelChunk(nn.Module):
     """Consecutive layers of the model; chunk 0 adds the embeddings, the last the norm and head."""
 
-    def __init__(self, cfg, layers, is_first, is_last):
+    def __init__(self, cfg, layers, is_first, is_last, sparse_embedding=False):
         super().__init__()
-        self.embeddings = Embeddings(cfg) if is_first else None
+        self.embeddings = Embeddings(cfg, sparse_embedding) if is_first else None
         # Keyed by global layer index, as torchtitan's ModuleDict, so FQNs
         # name the model's layer whatever stage holds it.
         self.layers = nn.ModuleDict({str(i): Block(cfg) for i in layers})
@@ -800,7 +863,7 @@ def build_chunk(cfg, layout, chunk, seed):
     """
     is_first, is_last = chunk == 0, chunk == layout.chunks - 1
     layers = chunk_layers(layout, chunk)
-    chunk_module = ModelChunk(cfg, [], is_first, is_last)
+    chunk_module = ModelChunk(cfg, [], is_first, is_last, layout.sparse_embedding)
     for i in layers:
         torch.manual_seed(seed + 101 + i)
         chunk_module.layers[str(i)] = Block(cfg)
@@ -999,6 +1062,14 @@ def preload_runtime(job, device):
     out.float().sum().backward()
     opt.step()
     del lin, opt, out
+    par = job.get("parallel")
+    if isinstance(par, dict) and par.get("embedding_sync") == "sparse-all-gather":
+        # The sparse lookup's backward and SparseAdam's first step.
+        emb = nn.Embedding(16, 8, sparse=True).to(device)
+        sparse_opt = torch.optim.SparseAdam(emb.parameters(), lr=LEARNING_RATE)
+        emb(torch.arange(4, device=device)).sum().backward()
+        sparse_opt.step()
+        del emb, sparse_opt
 
 
 class MemoryMeter:
@@ -1100,7 +1171,16 @@ class Trainer:
         self.tie_group = None
         if model.tied_embeddings and layout.pp > 1:
             self.tie_group = tied_embedding_group(layout, d.coords)
-        self.optimizer = torch.optim.AdamW(self.params, lr=LEARNING_RATE, foreach=False)
+        # A sparse token embedding (parallel.embedding_sync sparse-all-gather)
+        # is stepped by SparseAdam, every other parameter by AdamW.
+        self.embedding_sync = layout.embedding_sync
+        self.sparse_table = self.modules[0].embeddings.tok.weight if layout.sparse_embedding else None
+        dense = [p for p in self.params if p is not self.sparse_table]
+        self.optimizers = [torch.optim.AdamW(dense, lr=LEARNING_RATE, foreach=False)]
+        if self.sparse_table is not None:
+            self.optimizers.append(torch.optim.SparseAdam([self.sparse_table], lr=LEARNING_RATE))
+        self.sparse_grad_steps = 0  # steps whose table gradient was sparse after backward
+        self.steps = 0
         self.inputs, self.targets = self.make_data(seed)
         self.schedule = self.build_schedule() if layout.pp > 1 else None
         self.dist = dist
@@ -1157,9 +1237,25 @@ class Trainer:
         """
         loss = self.pipeline_pass() if self.schedule is not None else self.accumulation_pass()
         self.sync_gradients()
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        if self.sparse_table is not None:
+            grad = self.sparse_table.grad
+            self.sparse_grad_steps += grad is not None and grad.is_sparse
+            self.steps += 1
+        for optimizer in self.optimizers:
+            optimizer.step()
+        for optimizer in self.optimizers:
+            optimizer.zero_grad(set_to_none=True)
         return loss
+
+    def embedding_gradient_note(self):
+        """(embedding_grad_sparse, note): whether the table's gradient was sparse after every backward."""
+        if self.sparse_table is None:
+            return None, None
+        sparse = self.steps > 0 and self.sparse_grad_steps == self.steps
+        word = "sparse" if sparse else "NOT sparse"
+        return sparse, (f"embedding_sync sparse-all-gather: the token embedding's gradient was {word} after backward "
+                        f"(weight.grad.is_sparse in {self.sparse_grad_steps} of {self.steps} iterations); DDP "
+                        "all-gathered it, SparseAdam stepped the table and AdamW the other parameters")
 
     def pipeline_pass(self):
         kwargs = {}
@@ -1401,6 +1497,9 @@ def run_train(job):
     if loss is not None and not all(math.isfinite(v) for v in loss):
         notes.append("loss is not finite")
     numel, nbytes = trainer.local_parameter_numbers()
+    grad_sparse, grad_note = trainer.embedding_gradient_note()
+    if grad_note:
+        notes.append(grad_note)
     report = {
         "schema": SCHEMA, "mode": "train", "candidate": job.get("candidate"),
         "rank": rank, "world_size": world, "torch_version": torch.__version__,
@@ -1412,6 +1511,7 @@ def run_train(job):
         "data_parallel": trainer.data_parallel,
         "tensor_parallel": trainer.tensor_parallel,
         "sequence_parallel": layout.sequence_parallel, "recompute": layout.recompute,
+        "embedding_sync": trainer.embedding_sync, "embedding_grad_sparse": grad_sparse,
         "checkpointed_blocks": trainer.checkpointed_blocks,
         "parameters": numel, "parameter_bytes": nbytes,
         "iteration_ms": [round(v, 4) for v in iteration_ms],
