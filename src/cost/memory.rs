@@ -665,20 +665,40 @@ pub fn peak_first_last(
     s: &Scenario,
     c: &ParallelConfig,
 ) -> (StageMemory, StageMemory, StageMemory) {
+    peak_first_last_within(s, c, f64::INFINITY).expect("every stage is within infinity")
+}
+
+/// [`peak_first_last`], or none as soon as a stage needs more than
+/// `limit` bytes (the rest are not computed: a search only counts misfits).
+pub fn peak_first_last_within(
+    s: &Scenario,
+    c: &ParallelConfig,
+    limit: f64,
+) -> Option<(StageMemory, StageMemory, StageMemory)> {
     let best = |best: StageMemory, x: StageMemory| if x.total() > best.total() { x } else { best };
-    let memory = |i: u64| stage_memory(s, c, i);
+    let memory = |i: u64| Some(stage_memory(s, c, i)).filter(|m| m.total() <= limit);
     let p = c.pp;
-    let first = memory(0);
-    let last = if p > 1 { memory(p - 1) } else { first };
+    let first = memory(0)?;
+    let last = if p > 1 { memory(p - 1)? } else { first };
     let ends = best(first, last);
     let between = |i: &u64| *i != 0 && *i != p - 1;
-    let peak = if c.bpipe {
-        (1..p).filter(between).map(memory).fold(ends, best)
+    let mut peak = ends;
+    if c.bpipe {
+        for stage in (1..p).filter(between) {
+            peak = best(peak, memory(stage)?);
+        }
     } else {
-        peak_candidates(s, c)
-            .filter(between)
-            .map(memory)
-            .fold(ends, best)
-    };
-    (peak, first, last)
+        let mut seen = [u64::MAX; 6];
+        for (i, stage) in peak_candidates(s, c).filter(between).enumerate() {
+            // A stage listed twice is computed once.
+            if seen.contains(&stage) {
+                continue;
+            }
+            if let Some(slot) = seen.get_mut(i) {
+                *slot = stage;
+            }
+            peak = best(peak, memory(stage)?);
+        }
+    }
+    Some((peak, first, last))
 }

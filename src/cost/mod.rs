@@ -697,6 +697,22 @@ pub fn memory_key(c: &ParallelConfig) -> ParallelConfig {
 
 pub fn peak_memory(s: &Scenario, c: &ParallelConfig) -> MemoryCheck {
     let (peak, first, last) = memory::peak_first_last(s, c);
+    memory_check(s, peak, first, last)
+}
+
+/// [`peak_memory`] when it fits; none, sooner, when it does not (the
+/// stages after the first that does not fit are not computed).
+pub fn peak_memory_if_fits(s: &Scenario, c: &ParallelConfig) -> Option<MemoryCheck> {
+    let (peak, first, last) = memory::peak_first_last_within(s, c, s.usable_memory())?;
+    Some(memory_check(s, peak, first, last))
+}
+
+fn memory_check(
+    s: &Scenario,
+    peak: StageMemory,
+    first: StageMemory,
+    last: StageMemory,
+) -> MemoryCheck {
     let usable = s.usable_memory();
     MemoryCheck {
         stage: peak.stage,

@@ -12,8 +12,8 @@ use crate::cluster::NodeGroup;
 use crate::coefficients::CostModel;
 use crate::config::{ParallelConfig, Rule};
 use crate::cost::{
-    MemoryCheck, Prediction, Scenario, memory_key, peak_memory, predict_checked, state_floor,
-    state_key,
+    MemoryCheck, Prediction, Scenario, memory_key, peak_memory_if_fits, predict_checked,
+    state_floor, state_key,
 };
 use crate::model::ModelSpec;
 use crate::profile::Measurements;
@@ -136,7 +136,7 @@ const RECENT: usize = 16;
 pub fn search(job: &Job, space: &SearchSpace, cost: &CostModel) -> SearchResult {
     let scenario = job.scenario(cost);
     let gpus_per_node = job.gpus_per_node();
-    let tally = space
+    let tallies = space
         .outer(job)
         .into_par_iter()
         .map(|outer| {
@@ -144,7 +144,8 @@ pub fn search(job: &Job, space: &SearchSpace, cost: &CostModel) -> SearchResult 
             // Neighbouring configurations often differ only in switches
             // that move no memory: check memory once for them (the last
             // few verdicts, by memory key).
-            let mut recent: [Option<(ParallelConfig, MemoryCheck)>; RECENT] = [None; RECENT];
+            let mut recent: [Option<(ParallelConfig, Option<MemoryCheck>)>; RECENT] =
+                [None; RECENT];
             let mut next = 0;
             let mut states: [Option<(ParallelConfig, bool)>; RECENT] = [None; RECENT];
             let mut next_state = 0;
@@ -176,16 +177,16 @@ pub fn search(job: &Job, space: &SearchSpace, cost: &CostModel) -> SearchResult 
                 let memory = match recent.iter().flatten().find(|(k, _)| *k == key) {
                     Some(&(_, memory)) => memory,
                     None => {
-                        let memory = peak_memory(&scenario, &config);
+                        let memory = peak_memory_if_fits(&scenario, &config);
                         recent[next] = Some((key, memory));
                         next = (next + 1) % RECENT;
                         memory
                     }
                 };
-                if !memory.fits {
+                let Some(memory) = memory else {
                     tally.out_of_memory += 1;
                     continue;
-                }
+                };
                 tally.candidates.push(Candidate {
                     config,
                     prediction: predict_checked(&scenario, &config, &memory),
@@ -193,24 +194,37 @@ pub fn search(job: &Job, space: &SearchSpace, cost: &CostModel) -> SearchResult 
             }
             tally
         })
-        .reduce(Tally::default, Tally::merge);
-    let mut candidates = tally.candidates;
-    candidates.sort_by(|a, b| {
-        a.prediction
-            .iteration_s
-            .total_cmp(&b.prediction.iteration_s)
-            .then(
-                a.prediction
-                    .peak_memory_bytes
-                    .total_cmp(&b.prediction.peak_memory_bytes),
-            )
-    });
+        .collect::<Vec<Tally>>();
+    // Candidates are large and a big search finds hundreds of thousands:
+    // gather them once, sort their keys, and move each once.
+    let found: usize = tallies.iter().map(|t| t.candidates.len()).sum();
+    let mut all = Vec::with_capacity(found);
+    let mut tally = Tally::default();
+    for mut part in tallies {
+        all.append(&mut part.candidates);
+        tally = tally.merge(part);
+    }
     SearchResult {
-        candidates,
+        candidates: fastest_first(all),
         considered: tally.considered,
         invalid: tally.invalid,
         out_of_memory: tally.out_of_memory,
     }
+}
+
+/// `candidates` by iteration time, then peak memory, ties in their order.
+fn fastest_first(candidates: Vec<Candidate>) -> Vec<Candidate> {
+    let mut order: Vec<(f64, f64, usize)> = candidates
+        .iter()
+        .enumerate()
+        .map(|(i, c)| (c.prediction.iteration_s, c.prediction.peak_memory_bytes, i))
+        .collect();
+    order.sort_unstable_by(|a, b| {
+        a.0.total_cmp(&b.0)
+            .then(a.1.total_cmp(&b.1))
+            .then(a.2.cmp(&b.2))
+    });
+    order.into_iter().map(|(_, _, i)| candidates[i]).collect()
 }
 
 /// Whether any configuration of `space` fits memory for `job` (no timing).
@@ -222,7 +236,7 @@ pub fn anything_fits(job: &Job, space: &SearchSpace, cost: &CostModel) -> bool {
             config
                 .violation(&job.model, job.global_batch, job.gpus, gpus_per_node)
                 .is_none()
-                && peak_memory(&scenario, &config).fits
+                && peak_memory_if_fits(&scenario, &config).is_some()
         })
     })
 }
