@@ -248,3 +248,67 @@ fn run_tables_read_experts_context_and_precision_columns() {
         &["line 2", "ep 3 must divide the 8 experts"],
     );
 }
+
+#[test]
+fn deepseek_v3_plans_its_prediction_module_and_can_leave_it_out() {
+    let job = [
+        "predict",
+        "--model",
+        "deepseek-v3",
+        "--gpu",
+        "h100-sxm",
+        "--nodes",
+        "32",
+        "--global-batch",
+        "512",
+        "--tp",
+        "4",
+        "--pp",
+        "8",
+        "--first-stage-layers",
+        "6",
+        "--last-stage-layers",
+        "7",
+        "--ep",
+        "8",
+        "--etp",
+        "1",
+        "--sequence-parallel",
+        "on",
+        "--optimizer-sharding",
+        "optimizer-states",
+        "--format",
+        "json",
+    ];
+    let run = |extra: &[&str]| -> serde_json::Value {
+        serde_json::from_str(&ok(&with(&job, extra))).unwrap()
+    };
+    let (with_mtp, without) = (run(&[]), run(&["--mtp-layers", "0"]));
+    let args = |v: &serde_json::Value| v["megatron_args"].to_string();
+    says(&args(&with_mtp), &["--mtp-num-layers", "\"1\""]);
+    assert!(!args(&without).contains("--mtp-num-layers"));
+    let time = |v: &serde_json::Value| v["prediction"]["iteration_s"].as_f64().unwrap();
+    assert!(time(&with_mtp) > time(&without));
+    let titan = ok(&[
+        "plan",
+        "--model",
+        "deepseek-v3",
+        "--gpu",
+        "h100-sxm",
+        "--nodes",
+        "32",
+        "--global-batch",
+        "512",
+        "--engine",
+        "torchtitan",
+        "--top",
+        "1",
+    ]);
+    says(
+        &titan,
+        &[
+            "torchtitan cannot run multi-token prediction",
+            "--mtp-layers 0",
+        ],
+    );
+}

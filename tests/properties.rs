@@ -101,6 +101,8 @@ fn synthetic_model() -> impl Strategy<Value = ModelSpec> {
                     head_dim_override: None,
                     mla: None,
                     moe: None,
+                    // Every third depth also trains a prediction module.
+                    mtp_layers: u64::from(layers % 3 == 0),
                     attention: if flash {
                         AttentionKind::Flash
                     } else {
@@ -417,10 +419,14 @@ fn expected_params_over_stages(model: &ModelSpec, c: &ParallelConfig) -> f64 {
     let model = &padded;
     // Position embeddings, the final layer norm, and per layer the two layer
     // norms and two row-parallel biases (6h) are whole on every tp rank.
+    // A multi-token prediction module adds a layer (its 6h the same) and
+    // three norms, and on a pipeline a copy of an untied embedding.
+    let mtp = model.mtp_layers as f64;
     let replicated = model.position_params()
         + 2.0 * model.hidden as f64
-        + model.layers as f64 * 6.0 * model.hidden as f64;
-    let second_copy = if model.tied_embeddings && c.pp > 1 {
+        + (model.layers as f64 + mtp) * 6.0 * model.hidden as f64
+        + mtp * 3.0 * model.hidden as f64;
+    let second_copy = if (model.tied_embeddings || mtp > 0.0) && c.pp > 1 {
         model.embedding_params()
     } else {
         0.0
@@ -429,7 +435,7 @@ fn expected_params_over_stages(model: &ModelSpec, c: &ParallelConfig) -> f64 {
     // its router is whole on every rank.
     let (experts, router) = match (model.moe_layer_params(), model.moe) {
         (Some((experts, _)), Some(moe)) => {
-            let layers = model.moe_layers() as f64;
+            let layers = moe_layers_with_mtp(model);
             (
                 layers * experts,
                 layers * (moe.experts * model.hidden) as f64,
@@ -441,11 +447,17 @@ fn expected_params_over_stages(model: &ModelSpec, c: &ParallelConfig) -> f64 {
     dense / c.tp as f64 + replicated + router + expert_params_over_stages(model, c)
 }
 
+/// MoE layers, the prediction modules' counted where they have experts.
+fn moe_layers_with_mtp(model: &ModelSpec) -> f64 {
+    let mtp = if model.mtp_is_moe() { model.mtp_layers } else { 0 };
+    (model.moe_layers() + mtp) as f64
+}
+
 /// The routed experts' parameters one rank holds over all stages.
 fn expert_params_over_stages(model: &ModelSpec, c: &ParallelConfig) -> f64 {
     match (model.moe_layer_params(), model.moe) {
         (Some((experts, _)), Some(_)) => {
-            model.moe_layers() as f64 * experts / (c.ep * c.etp) as f64
+            moe_layers_with_mtp(model) * experts / (c.ep * c.etp) as f64
         }
         _ => 0.0,
     }

@@ -216,6 +216,10 @@ pub struct ModelArgs {
     /// After them, every N-th layer has experts (--moe-layer-freq; default 1).
     #[arg(long, value_parser = count(1 << 16), allow_negative_numbers = true)]
     pub moe_layer_freq: Option<u64>,
+    /// Multi-token prediction modules on the last stage (--mtp-num-layers;
+    /// DeepSeek-V3 has 1; 0 takes them away).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(0..=16))]
+    pub mtp_layers: Option<u64>,
 }
 
 /// Where to train.

@@ -84,6 +84,9 @@ pub fn model(args: &ModelArgs) -> Result<ModelSpec> {
     }
     apply_moe_flags(args, &mut model)?;
     apply_mla_flags(args, &mut model)?;
+    if let Some(mtp) = args.mtp_layers {
+        model.mtp_layers = mtp;
+    }
     model.check().map_err(|e| anyhow!(flag_names(&e)))?;
     Ok(model)
 }

@@ -681,8 +681,17 @@ pub fn pipeline_ends_time(s: &Scenario, c: &ParallelConfig) -> EndsTime {
     // The head's weight gradient is accumulated into fp32 main gradients.
     let head_grad_accumulation =
         kernels::memory_pass(s, 10.0 * vocab_shard * h) * k.elementwise_traffic_scale;
+    let head = head_fwd + head_bwd + cross_entropy + head_grad_accumulation;
+    // Each multi-token prediction module looks the shifted tokens up again,
+    // projects [hidden; embedding] (2h -> h, column-parallel over tp) and
+    // runs the shared head and its loss once more; its layer is timed among
+    // the stage's layers.
+    let mtp = model.mtp_layers as f64;
+    let (projection_fwd, projection_bwd) =
+        kernels::linear_forward_backward(s, tokens, 2.0 * h, h / c.tp as f64);
+    let mtp_module = embedding_lookup + embedding_grad + projection_fwd + projection_bwd + head;
     EndsTime {
         first: embedding_lookup + embedding_grad,
-        last: head_fwd + head_bwd + cross_entropy + head_grad_accumulation,
+        last: head + mtp * mtp_module,
     }
 }

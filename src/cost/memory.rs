@@ -47,8 +47,14 @@ pub struct ParamGroup {
 pub fn parameter_groups(s: &Scenario, c: &ParallelConfig, stage: u64) -> [ParamGroup; 4] {
     let model = s.model;
     let (dense_layers, moe_layers) = super::stage_layer_kinds(s, c, stage);
-    let layers = dense_layers as f64 * layer_params_per_rank(model, c.tp)
+    let mut layers = dense_layers as f64 * layer_params_per_rank(model, c.tp)
         + moe_layers as f64 * moe_layer_params_per_rank(model, c);
+    if stage == c.pp - 1 {
+        // The prediction modules' projections (column-parallel over tp)
+        // and norms; their layers are among the stage's.
+        let h = model.hidden as f64;
+        layers += model.mtp_layers as f64 * (2.0 * h * h / c.tp as f64 + 3.0 * h);
+    }
     let experts = moe_layers as f64 * expert_params_per_rank(model, c);
     let table = super::vocab_per_rank(s, c) * model.hidden as f64;
     let mut embeddings = 0.0;
@@ -67,6 +73,11 @@ pub fn parameter_groups(s: &Scenario, c: &ParallelConfig, stage: u64) -> [ParamG
         // The output head: its own matrix when untied, and a copy of the
         // tied embedding when it lives on another stage.
         if !model.tied_embeddings || c.pp > 1 {
+            embeddings += table;
+        }
+        // Untied, the prediction modules look tokens up in a copy of the
+        // word embedding when it lives on another stage.
+        if model.mtp_layers > 0 && !model.tied_embeddings && c.pp > 1 {
             embeddings += table;
         }
         embeddings += 2.0 * model.hidden as f64; // final layer norm
@@ -536,9 +547,10 @@ pub fn stage_memory(s: &Scenario, c: &ParallelConfig, stage: u64) -> StageMemory
         let per_element = if model.dropout { 3.0 } else { HALF };
         activations += held * per_element * tokens * h / if c.sequence_parallel { t } else { 1.0 };
     }
-    // Logits of the micro-batch at the loss on the last stage.
+    // Logits of the micro-batch at the loss on the last stage, one set per
+    // prediction (the next token's and each multi-token module's).
     let loss = if stage == c.pp - 1 {
-        k.logit_bytes * tokens * super::vocab_per_rank(s, c)
+        (1 + model.mtp_layers) as f64 * k.logit_bytes * tokens * super::vocab_per_rank(s, c)
     } else {
         0.0
     };

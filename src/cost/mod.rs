@@ -379,6 +379,19 @@ pub fn vocab_per_rank(s: &Scenario, c: &ParallelConfig) -> f64 {
 /// (Megatron-LM's interleaving), each a `1 / v` share of the stage's layers.
 /// Counted without allocating; a loop over chunks only for MoE models.
 pub fn stage_layer_kinds(s: &Scenario, c: &ParallelConfig, stage: u64) -> (u64, u64) {
+    let (dense, moe) = model_layer_kinds(s, c, stage);
+    // The multi-token prediction modules' layers follow the model's last
+    // layer on the last stage (Megatron-LM's MTP block), of its kind.
+    match s.model.mtp_layers {
+        0 => (dense, moe),
+        _ if stage != c.pp - 1 => (dense, moe),
+        mtp if s.model.mtp_is_moe() => (dense, moe + mtp),
+        mtp => (dense + mtp, moe),
+    }
+}
+
+/// [`stage_layer_kinds`] of the model's own layers.
+fn model_layer_kinds(s: &Scenario, c: &ParallelConfig, stage: u64) -> (u64, u64) {
     let layers = c.stage_layers(s.model.layers, stage);
     let Some(moe) = s.model.moe else {
         return (layers, 0);

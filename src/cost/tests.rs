@@ -1828,10 +1828,13 @@ mod experts_and_context {
                         }
                     }
                     assert_eq!(start, model.layers);
+                    // The prediction module's MoE layer follows on the last stage.
+                    walked[pp as usize - 1] += model.mtp_layers;
                     for stage in 0..pp {
                         let (dense, experts) = stage_layer_kinds(&s, &c, stage);
                         assert_eq!(experts, walked[stage as usize], "{c} stage {stage}");
-                        assert_eq!(dense + experts, c.stage_layers(model.layers, stage));
+                        let mtp = if stage == pp - 1 { model.mtp_layers } else { 0 };
+                        assert_eq!(dense + experts, c.stage_layers(model.layers, stage) + mtp);
                     }
                 }
             }
@@ -2047,5 +2050,82 @@ mod sparse_embedding_sync {
         assert_close(saved, expected, 1e-9, "weights saved");
         let tied = Fixture::new(ModelSpec::gpt("tied", 2048, 32, 2, 256_000, 2048), 64, 64);
         assert!(sparse::embedding_sync_options(&tied.scenario(), &c).is_none());
+    }
+}
+
+mod multi_token_prediction {
+    use super::*;
+
+    /// DeepSeek-V3 with and without its prediction module, on 256 H100s.
+    fn pair() -> (ModelSpec, ModelSpec) {
+        let with = builtin_model("deepseek-v3").unwrap();
+        assert_eq!(with.mtp_layers, 1);
+        let without = ModelSpec {
+            mtp_layers: 0,
+            ..with.clone()
+        };
+        (with, without)
+    }
+
+    #[test]
+    fn the_module_is_one_more_layer_of_the_last_kind_on_the_last_stage() {
+        let (with, without) = pair();
+        let c = ParallelConfig {
+            tp: 4,
+            pp: 8,
+            dp: 8,
+            ep: 8,
+            etp: 1,
+            sequence_parallel: true,
+            ..ParallelConfig::default()
+        };
+        let (a, b) = (
+            Fixture::new(with, 256, 256),
+            Fixture::new(without, 256, 256),
+        );
+        let (sa, sb) = (a.scenario(), b.scenario());
+        for stage in 0..c.pp {
+            let (dense, moe) = stage_layer_kinds(&sa, &c, stage);
+            let (dense0, moe0) = stage_layer_kinds(&sb, &c, stage);
+            assert_eq!(dense, dense0);
+            assert_eq!(moe, moe0 + u64::from(stage == c.pp - 1), "stage {stage}");
+        }
+        // The last stage holds the module's layer, projection and norms and
+        // a copy of the word embedding; the others are unchanged.
+        let params = |s: &Scenario, stage| memory::stage_params(s, &c, stage);
+        assert_eq!(params(&sa, 0), params(&sb, 0));
+        let model = &a.model;
+        let layer = model.moe_layer_params().unwrap();
+        let table = vocab_per_rank(&sa, &c) * model.hidden as f64;
+        let h = model.hidden as f64;
+        let expected = layer.0 / (c.ep * c.etp) as f64
+            + (layer.1 - 6.0 * h - h * 256.0) / c.tp as f64
+            + 6.0 * h
+            + h * 256.0
+            + 2.0 * h * h / c.tp as f64
+            + 3.0 * h
+            + table;
+        assert_close(
+            params(&sa, c.pp - 1) - params(&sb, c.pp - 1),
+            expected,
+            1e-9,
+            "last stage",
+        );
+        // Its loss keeps a second set of logits.
+        let loss = |s: &Scenario| memory::stage_memory(s, &c, c.pp - 1).loss;
+        assert_close(loss(&sa), 2.0 * loss(&sb), 1e-12, "logits");
+        // More work on the last stage, none elsewhere; model FLOPs grow by
+        // the module's share: a layer, a projection and a second head, about
+        // three layers' worth of the 61.
+        let ends = |s: &Scenario| layer::pipeline_ends_time(s, &c);
+        assert_eq!(ends(&sa).first, ends(&sb).first);
+        assert!(ends(&sa).last > 2.0 * ends(&sb).last * 0.99);
+        let flops = |m: &ModelSpec| m.model_flops_per_iteration(256);
+        let ratio = flops(&a.model) / flops(&b.model);
+        assert!(
+            ratio > 1.0 + 1.0 / 61.0 && ratio < 1.0 + 3.0 / 61.0,
+            "{ratio}"
+        );
+        assert!(predict(&sa, &c).iteration_s > predict(&sb, &c).iteration_s);
     }
 }

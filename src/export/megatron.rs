@@ -108,6 +108,9 @@ pub fn megatron_args(job: &LaunchJob) -> Result<Vec<String>, ExportError> {
         args.pair("--context-parallel-size", c.cp);
         args.pair("--cp-comm-type", c.cp_comm.name());
     }
+    if model.mtp_layers > 0 {
+        args.pair("--mtp-num-layers", model.mtp_layers);
+    }
     if let Some(moe) = model.moe {
         args.pair("--num-experts", moe.experts);
         args.pair("--moe-router-topk", moe.topk);

@@ -163,6 +163,7 @@ pub(crate) mod tests {
             head_dim_override: None,
             mla: None,
             moe: None,
+            mtp_layers: 0,
             attention: AttentionKind::Flash,
         }
     }

@@ -161,6 +161,12 @@ fn check_experts_and_context(job: &LaunchJob, release: Release) -> Result<(), Ex
             hint: hint.into(),
         })
     };
+    if job.model.mtp_layers > 0 {
+        return unsupported(
+            "multi-token prediction".into(),
+            "torchtitan's models have no multi-token prediction; plan with --mtp-layers 0 to train without them",
+        );
+    }
     let shard = c.dp_shard.unwrap_or(c.dp);
     if job.model.moe.is_some() {
         let (etp, carved) = match release {

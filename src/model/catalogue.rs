@@ -117,8 +117,9 @@ const MOE: [Moe; 6] = [
 /// 61 layers, the first three dense (18432 wide), then 256 routed experts
 /// of 2048 with top-8 and one shared expert, multi-latent attention (q/kv
 /// latents 1536/512, heads 128 + 64 rotary, values 128), pre-trained at
-/// 4K tokens; 671B parameters, 37B active. Its multi-token-prediction
-/// module (one more layer and head, 11.5B) is not counted.
+/// 4K tokens; 671B parameters, 37B active, besides its one
+/// multi-token-prediction module (an MoE layer and the 2h -> h projection,
+/// sharing the embedding and head: 685B with it, the Hugging Face weights).
 fn deepseek_v3() -> ModelSpec {
     let mut spec = Llama {
         name: "deepseek-v3",
@@ -146,6 +147,7 @@ fn deepseek_v3() -> ModelSpec {
         dense_layers: 3,
         layer_freq: 1,
     });
+    spec.mtp_layers = 1;
     spec
 }
 
@@ -194,6 +196,7 @@ impl Llama {
             head_dim_override: None,
             mla: None,
             moe: None,
+            mtp_layers: 0,
         }
     }
 }
@@ -330,8 +333,13 @@ mod tests {
         active("gpt-oss-20b", 3.61e9, 0.03);
         within("gpt-oss-120b", 116.8e9, 0.02);
         active("gpt-oss-120b", 5.13e9, 0.03);
-        within("deepseek-v3", 671e9, 0.01);
-        active("deepseek-v3", 37e9, 0.03);
+        within("deepseek-v3", 685e9, 0.01);
+        // The card's 671B and 37B leave the prediction module out.
+        let v3 = builtin_model("deepseek-v3").unwrap();
+        let main = v3.total_params() - v3.mtp_params();
+        assert!((main / 671e9 - 1.0).abs() < 0.01, "{main:.4e}");
+        let main_active = v3.active_params() - v3.mtp_params() + 248.0 * v3.mlp_params(2048); // the module's unrouted experts
+        assert!((main_active / 37e9 - 1.0).abs() < 0.03, "{main_active:.4e}");
         within("llama3.1-405b", 405.8e9, 0.03);
         assert_eq!(builtin_model("llama3.1-8b").unwrap().seq_len, 131_072);
     }

@@ -28,6 +28,7 @@
 //! qk_head_dim = 128          # per head, without position (default 128)
 //! qk_pos_head_dim = 64       # per head, rotary (default 64)
 //! v_head_dim = 128           # per head, values (default 128)
+//! mtp_layers = 1             # multi-token prediction modules (DeepSeek-V3: 1; default 0)
 //! ```
 //!
 //! With `base`, an absent key keeps the base's value (changing `hidden` does
@@ -54,7 +55,7 @@ pub enum ModelFileError {
 }
 
 /// Keys a model file may hold, in the order they are documented.
-const KEYS: [&str; 26] = [
+const KEYS: [&str; 27] = [
     "base",
     "name",
     "hidden",
@@ -81,6 +82,7 @@ const KEYS: [&str; 26] = [
     "qk_head_dim",
     "qk_pos_head_dim",
     "v_head_dim",
+    "mtp_layers",
 ];
 
 /// Multi-latent attention's keys besides `kv_lora_rank`.
@@ -284,6 +286,7 @@ fn parse(text: &str, path: &str) -> Result<ModelSpec, String> {
                 head_dim_override: None,
                 mla: None,
                 moe: None,
+                mtp_layers: 0,
             }
         }
     };
@@ -321,6 +324,12 @@ fn parse(text: &str, path: &str) -> Result<ModelSpec, String> {
     }
     apply_moe(&table, &mut model)?;
     apply_mla(&table, &mut model)?;
+    // 0 is allowed: it takes a base model's prediction modules away.
+    match table.get("mtp_layers") {
+        None => {}
+        Some(Value::Integer(0)) => model.mtp_layers = 0,
+        Some(_) => model.mtp_layers = positive(&table, "mtp_layers")?.unwrap_or(0),
+    }
 
     let overrides = table.keys().any(|k| k != "base" && k != "name");
     match string(&table, "name")? {

@@ -70,6 +70,17 @@ pub struct ModelSpec {
     /// every MoE layer is replaced by routed experts (and shared ones).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub moe: Option<MoeSpec>,
+    /// Multi-token prediction modules (DeepSeek-V3's one; Megatron-LM's
+    /// `--mtp-num-layers`): each predicts one more token ahead through the
+    /// shared embedding, a projection of [hidden; embedding] (2h -> h), one
+    /// more transformer layer of the last layer's kind and the shared head,
+    /// on the last pipeline stage. They are training-only.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub mtp_layers: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 fn dropout_default() -> bool {
@@ -202,6 +213,7 @@ impl ModelSpec {
             head_dim_override: None,
             mla: None,
             moe: None,
+            mtp_layers: 0,
         }
     }
 
@@ -384,6 +396,31 @@ impl ModelSpec {
         }
     }
 
+    /// Whether the multi-token prediction layers are MoE layers (the kind
+    /// of the model's last layer).
+    pub fn mtp_is_moe(&self) -> bool {
+        self.moe
+            .is_some_and(|m| m.is_moe_layer(self.layers.saturating_sub(1)))
+    }
+
+    /// Parameters of one multi-token prediction module besides its layer:
+    /// the 2h -> h projection and the RMSNorms of the hidden state, the
+    /// embedding and the module's output (the embedding and head are the
+    /// model's own).
+    pub fn mtp_extra_params(&self) -> f64 {
+        let h = self.hidden as f64;
+        2.0 * h * h + 3.0 * h
+    }
+
+    /// Parameters of the multi-token prediction modules (0 without them).
+    pub fn mtp_params(&self) -> f64 {
+        let layer = match self.moe_layer_params() {
+            Some((experts, rest)) if self.mtp_is_moe() => experts + rest,
+            _ => self.dense_layer_params(),
+        };
+        self.mtp_layers as f64 * (layer + self.mtp_extra_params())
+    }
+
     /// All parameters of the model, counted once.
     pub fn total_params(&self) -> f64 {
         let head = if self.tied_embeddings {
@@ -400,6 +437,7 @@ impl ModelSpec {
             + head
             + self.position_params()
             + 2.0 * self.hidden as f64 // final layer norm
+            + self.mtp_params()
     }
 
     /// Parameters a token passes through: the model with only its top-k
@@ -408,9 +446,14 @@ impl ModelSpec {
         let Some(moe) = self.moe else {
             return self.total_params();
         };
+        let mtp_moe = if self.mtp_is_moe() {
+            self.mtp_layers
+        } else {
+            0
+        };
         let unused = (moe.experts - moe.topk.min(moe.experts)) as f64
             * self.mlp_params(moe.ffn_hidden)
-            * self.moe_layers() as f64;
+            * (self.moe_layers() + mtp_moe) as f64;
         self.total_params() - unused
     }
 
@@ -472,8 +515,25 @@ impl ModelSpec {
         let tokens = (global_batch * self.seq_len) as f64;
         let per_token_fwd = self.layers as f64
             * (self.layer_gemm_flops_per_token() + self.layer_attention_flops_per_token())
-            + self.head_flops_per_token();
+            + self.head_flops_per_token()
+            + self.mtp_flops_per_token();
         3.0 * tokens * per_token_fwd
+    }
+
+    /// Forward FLOPs per token of the multi-token prediction modules: each
+    /// one's projection, layer (its kind's active GEMMs) and head.
+    pub fn mtp_flops_per_token(&self) -> f64 {
+        if self.mtp_layers == 0 {
+            return 0.0;
+        }
+        let h = self.hidden as f64;
+        let mlp = match self.moe_mlp_flops_per_token() {
+            Some(moe) if self.mtp_is_moe() => moe,
+            _ => self.mlp_flops_per_token(self.ffn_hidden),
+        };
+        let layer =
+            self.attention_gemm_flops_per_token() + mlp + self.layer_attention_flops_per_token();
+        self.mtp_layers as f64 * (2.0 * 2.0 * h * h + layer + self.head_flops_per_token())
     }
 
     /// Names a problem that makes the model impossible, if any.

@@ -475,6 +475,11 @@ fn parse_row(table: &RunTable, index: usize, defaults: &RowDefaults) -> Result<R
             }
         }
     }
+    match cell("mtp_num_layers") {
+        Some("0") => model.mtp_layers = 0,
+        Some(_) => model.mtp_layers = int("mtp_num_layers")?.unwrap_or(0),
+        None => {}
+    }
     if let Some(experts) = int("num_experts")? {
         let count = |name: &str| -> Result<Option<u64>, String> {
             match cell(name) {
@@ -799,7 +804,7 @@ pub(crate) fn assert_row_columns_follow_the_schema(columns: &[&str]) {
 }
 
 /// Every column a run table may use; others are carried through untouched.
-pub const KNOWN_COLUMNS: [&str; 71] = [
+pub const KNOWN_COLUMNS: [&str; 72] = [
     "gpus",
     "global_batch",
     "micro_batch",
@@ -853,6 +858,7 @@ pub const KNOWN_COLUMNS: [&str; 71] = [
     "ep",
     "etp",
     "num_experts",
+    "mtp_num_layers",
     "moe_topk",
     "moe_ffn_hidden",
     "moe_shared_ffn_hidden",

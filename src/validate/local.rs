@@ -84,6 +84,8 @@ pub fn stage_prediction(s: &Scenario, c: &ParallelConfig, stage: u64) -> StagePr
 pub fn not_trialled(model: &crate::model::ModelSpec, c: &ParallelConfig) -> Option<&'static str> {
     if model.moe.is_some() {
         Some("its mixture-of-experts layers are not built by the local stage trial yet")
+    } else if model.mtp_layers > 0 {
+        Some("multi-token prediction modules are not built by the local stage trial")
     } else if c.cp > 1 {
         Some("context parallelism is not run by the local stage trial yet")
     } else if model.head_dim_override.is_some() || model.mla.is_some() {

@@ -1069,6 +1069,15 @@ impl MegatronRun {
                 "paratune prices one key/value exchange for all layers (p2p, a2a or allgather); measure with one --cp-comm-type",
             ));
         }
+        if m.all
+            .get("mtp_num_layers")
+            .is_some_and(|v| !matches!(v.trim(), "None" | "0" | ""))
+        {
+            return Err(unsupported(
+                "multi-token prediction".into(),
+                "log ingestion reads no prediction modules yet; write the run as a CSV row with its mtp_num_layers column",
+            ));
+        }
         if m.multi_latent_attention {
             return Err(unsupported(
                 "multi-latent attention".into(),

@@ -166,6 +166,8 @@ pub fn unsupported(model: &crate::model::ModelSpec, c: &ParallelConfig) -> Optio
     let layers = model.layers;
     let reason = if model.moe.is_some() {
         "mixture-of-experts layers are not built by the worker yet (its layers are dense)"
+    } else if model.mtp_layers > 0 {
+        "multi-token prediction modules are not built by the worker"
     } else if c.cp > 1 {
         "context parallelism is not run by the worker yet"
     } else if model.head_dim_override.is_some() || model.mla.is_some() {

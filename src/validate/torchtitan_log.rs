@@ -2436,6 +2436,7 @@ fn llama_spec(
         head_dim_override: None,
         mla: None,
         moe: None,
+        mtp_layers: 0,
     }
 }
 
