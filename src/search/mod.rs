@@ -219,12 +219,15 @@ fn fastest_first(candidates: Vec<Candidate>) -> Vec<Candidate> {
         .enumerate()
         .map(|(i, c)| (c.prediction.iteration_s, c.prediction.peak_memory_bytes, i))
         .collect();
-    order.sort_unstable_by(|a, b| {
+    order.par_sort_unstable_by(|a, b| {
         a.0.total_cmp(&b.0)
             .then(a.1.total_cmp(&b.1))
             .then(a.2.cmp(&b.2))
     });
-    order.into_iter().map(|(_, _, i)| candidates[i]).collect()
+    order
+        .into_par_iter()
+        .map(|(_, _, i)| candidates[i])
+        .collect()
 }
 
 /// Whether any configuration of `space` fits memory for `job` (no timing).

@@ -8,7 +8,7 @@ use crate::config::{
     CpComm, Dispatcher, Engine, OptimizerSharding, ParallelConfig, Precision, Recompute,
     ScheduleKind, StageOrder, SyncMethod,
 };
-use crate::model::AttentionKind;
+use crate::model::{AttentionKind, ModelSpec};
 
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct SearchSpace {
@@ -70,6 +70,18 @@ const END_STAGE_DEFICIT: u64 = 2;
 /// layers fewer than the others (as Llama 3 405B trained at pp 16, 126 =
 /// 7 + 14 x 8 + 7). Counts are in layers; every stage's count divides by v.
 pub fn default_splits(layers: u64, pp: u64, v: u64) -> Vec<(Option<u64>, Option<u64>)> {
+    default_splits_with(layers, pp, v, 0)
+}
+
+/// [`default_splits`] with the last stage's window moved `last_extra`
+/// chunks lower: the layers of the multi-token prediction modules it also
+/// runs (a last stage as full as the others would be the slowest).
+pub fn default_splits_with(
+    layers: u64,
+    pp: u64,
+    v: u64,
+    last_extra: u64,
+) -> Vec<(Option<u64>, Option<u64>)> {
     let mut splits = Vec::new();
     if pp == 0 || v == 0 {
         return splits;
@@ -86,7 +98,10 @@ pub fn default_splits(layers: u64, pp: u64, v: u64) -> Vec<(Option<u64>, Option<
         let rest = chunks as i64 - (pp as i64 - 2) * middle as i64;
         for first in middle.saturating_sub(END_STAGE_DEFICIT).max(1)..=middle {
             let last = rest - first as i64;
-            if last < 1 || last as u64 > middle || (last as u64) + END_STAGE_DEFICIT < middle {
+            if last < 1
+                || last as u64 + last_extra > middle
+                || (last as u64) + END_STAGE_DEFICIT + last_extra < middle
+            {
                 continue;
             }
             let last = last as u64;
@@ -253,9 +268,10 @@ impl SearchSpace {
 
     /// The first/last stage layers to try for `pp` stages of `v` chunks:
     /// the user's lists (crossed), or [`default_splits`].
-    fn splits(&self, layers: u64, pp: u64, v: u64) -> Vec<(Option<u64>, Option<u64>)> {
+    fn splits(&self, model: &ModelSpec, pp: u64, v: u64) -> Vec<(Option<u64>, Option<u64>)> {
+        let layers = model.layers;
         if self.first_stage_layers.is_none() && self.last_stage_layers.is_none() {
-            return default_splits(layers, pp, v);
+            return default_splits_with(layers, pp, v, model.mtp_layers);
         }
         let side = |given: &Option<Vec<u64>>| -> Vec<Option<u64>> {
             given
@@ -377,7 +393,7 @@ impl SearchSpace {
                 },
             );
             for (first_stage_layers, last_stage_layers) in
-                self.splits(job.model.layers, o.pp, virtual_stages)
+                self.splits(&job.model, o.pp, virtual_stages)
             {
                 let mut variants = vec![ParallelConfig {
                     tp: o.tp,
