@@ -550,7 +550,7 @@ pub struct ProfileTokensArgs {
     #[arg(long)]
     pub data: PathBuf,
     /// The tokenizer's vocabulary size (every id must be below it).
-    #[arg(long, value_parser = count(1 << 32), allow_negative_numbers = true)]
+    #[arg(long, value_parser = count(1 << 24), allow_negative_numbers = true)]
     pub vocab: u64,
     /// Batch sizes in tokens, comma-separated (default: powers of two up to the stream).
     #[arg(long, value_delimiter = ',', value_parser = count(1 << 40), allow_negative_numbers = true)]
@@ -571,13 +571,13 @@ pub struct ProfileSyncArgs {
     #[arg(long, default_value = "python3")]
     pub python: PathBuf,
     /// Rows of the embedding table (the vocabulary).
-    #[arg(long, value_parser = count(1 << 32), allow_negative_numbers = true)]
+    #[arg(long, value_parser = count(1 << 24), allow_negative_numbers = true)]
     pub vocab: u64,
     /// Columns of the embedding table (the hidden size).
     #[arg(long, value_parser = count(1 << 20), allow_negative_numbers = true)]
     pub hidden: u64,
     /// Tokens in one rank's batch, comma-separated: one point per size.
-    #[arg(long, value_delimiter = ',', value_parser = count(1 << 32), allow_negative_numbers = true, required = true)]
+    #[arg(long, value_delimiter = ',', value_parser = count(1 << 24), allow_negative_numbers = true, required = true)]
     pub tokens_per_rank: Vec<u64>,
     /// Token ids to batch (one per line, or .npy); default: drawn from Zipf's law.
     #[arg(long, conflicts_with = "zipf_exponent")]

@@ -294,7 +294,6 @@ impl Link {
     }
 }
 
-/// Point-to-point bandwidth between two ranks, depending on whether they share a node.
 /// The bandwidth one rank of `span` sends to another at while all ranks
 /// exchange at once (the network's per-GPU share when the group spans
 /// nodes).
@@ -302,6 +301,7 @@ pub fn point_to_point_bandwidth(s: &Scenario, span: GroupSpan) -> f64 {
     p2p_bw(s, span.nodes > 1)
 }
 
+/// Point-to-point bandwidth between two ranks, depending on whether they share a node.
 fn p2p_bw(s: &Scenario, crosses_nodes: bool) -> f64 {
     if crosses_nodes {
         inter_bw_per_gpu(s)

@@ -39,6 +39,14 @@ pub struct ParamGroup {
     pub tables: bool,
 }
 
+/// What [`parameter_groups`] holds, in its order.
+pub const GROUP_NAMES: [&str; 4] = [
+    "layers",
+    "embeddings and head",
+    "experts",
+    "input embedding",
+];
+
 /// The parameter groups of stage `stage` on one GPU: the transformer layers
 /// first (without their experts), then the dense embeddings and head where
 /// the stage holds them, then the experts of its MoE layers, then an untied
@@ -450,9 +458,15 @@ pub fn model_state(s: &Scenario, c: &ParallelConfig, stage: u64) -> ModelState {
         && s.gpu.fp8_peak_flops.is_some()
         && c.engine == Engine::Megatron
     {
-        state.weights += 2.0 * (groups[0].params + groups[2].params);
+        state.weights += 2.0 * layer_weights(&groups);
     }
     state
+}
+
+/// Parameters of the transformer layers' linears (their dense and expert
+/// groups, not the embedding tables): what FP8 casts and copies.
+pub fn layer_weights(groups: &[ParamGroup]) -> f64 {
+    groups.iter().filter(|g| !g.tables).map(|g| g.params).sum()
 }
 
 /// A parameter-server group's state on its busiest rank, a server: its

@@ -759,16 +759,10 @@ pub fn group_syncs(s: &Scenario, c: &ParallelConfig, stage: u64) -> Vec<GroupSyn
     if comm::syncs_per_microbatch(c) || c.dense_sync_degree() < 2 {
         return Vec::new();
     }
-    const NAMES: [&str; 4] = [
-        "layers",
-        "embeddings and head",
-        "experts",
-        "input embedding",
-    ];
     let mut usage = ProfileUsage::default();
     memory::parameter_groups(s, c, stage)
         .iter()
-        .zip(NAMES)
+        .zip(memory::GROUP_NAMES)
         .filter(|(g, _)| g.params > 0.0 && g.ranks > 1)
         .map(|(g, name)| {
             let seconds = if g.sync.is_sparse() {
@@ -946,7 +940,7 @@ fn data_parallel_and_optimizer(
         // transpose once per iteration (read 2 bytes, write 1 + 1).
         let recast = match (c.precision, s.gpu.fp8_peak_flops, c.engine) {
             (crate::config::Precision::Fp8, Some(_), crate::config::Engine::Megatron) => {
-                4.0 * (groups[0].params + groups[2].params)
+                4.0 * memory::layer_weights(&groups)
             }
             _ => 0.0,
         };

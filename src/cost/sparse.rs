@@ -83,7 +83,7 @@ pub fn zipf_distinct(vocab: f64, tokens: f64, exponent: f64) -> f64 {
 /// Tokens one data-parallel rank's batches of one iteration hold (its
 /// context-parallel share of the sequence): the gradient accumulates over
 /// the micro-batches and is synchronised once.
-pub fn tokens_per_rank(s: &Scenario, c: &ParallelConfig) -> f64 {
+fn tokens_per_rank(s: &Scenario, c: &ParallelConfig) -> f64 {
     s.global_batch as f64 / c.dp as f64 * (s.model.seq_len / c.cp.max(1)) as f64
 }
 
@@ -234,8 +234,8 @@ fn row_bytes(s: &Scenario) -> f64 {
     s.model.hidden as f64 * s.coef().gradient_bytes_per_param
 }
 
-/// `group` (the input embedding of stage 0) synchronised by a sparse
-/// `method` over its ranks.
+/// `group` (the input embedding of stage 0) synchronised by `method` over
+/// its ranks: dense as the sharding runs it, or by a sparse method.
 pub fn sparse_sync(
     s: &Scenario,
     c: &ParallelConfig,

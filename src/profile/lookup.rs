@@ -293,26 +293,14 @@ impl Measurements {
         partitions: u64,
         payload_bytes: f64,
     ) -> Option<f64> {
-        let mut points = self
+        let points = self
             .sync
             .iter()
             .filter(|p| p.method == method && p.ranks == ranks && p.partitions == partitions)
             .map(|p| (p.payload_bytes(), p.seconds));
-        let first = points.next()?;
-        // A payload within this factor of a measured end is covered by it,
-        // its time scaled in proportion (the rows' bytes dominate).
-        const NEAR: f64 = 1.25;
-        let mut below = first;
-        if payload_bytes < first.0 {
-            return (payload_bytes * NEAR >= first.0).then(|| first.1 * payload_bytes / first.0);
-        }
-        for above in std::iter::once(first).chain(points) {
-            if above.0 >= payload_bytes {
-                return Some(log_log(below, above, payload_bytes));
-            }
-            below = above;
-        }
-        (payload_bytes <= below.0 * NEAR).then(|| below.1 * payload_bytes / below.0)
+        // A payload within a quarter of a measured end is covered by it, its
+        // time scaled in proportion (the rows' bytes dominate).
+        log_log_within(points, payload_bytes, 1.25)
     }
 
     /// The parameter-server shard counts measured between `ranks` processes.
@@ -329,23 +317,12 @@ impl Measurements {
     /// `vocab` touches (`profile tokens`), interpolated log-log inside the
     /// measured batch sizes.
     pub fn distinct_rows(&self, vocab: u64, tokens: f64) -> Option<f64> {
-        let mut points = self
+        let points = self
             .tokens
             .iter()
             .filter(|p| p.vocab == vocab)
             .map(|p| (p.tokens as f64, p.distinct));
-        let first = points.next()?;
-        let mut below = first;
-        if tokens < first.0 {
-            return None;
-        }
-        for above in std::iter::once(first).chain(points) {
-            if above.0 >= tokens {
-                return Some(log_log(below, above, tokens));
-            }
-            below = above;
-        }
-        None
+        log_log_within(points, tokens, 1.0)
     }
 
     /// The measured (tokens, distinct) point of `vocab` nearest `tokens`
@@ -362,10 +339,6 @@ impl Measurements {
         } else {
             None
         }
-    }
-
-    pub fn has_sync_points(&self) -> bool {
-        !self.sync.is_empty()
     }
 
     /// The fraction of `peak_flops` the measured 16-bit matrix multiplies
@@ -579,6 +552,24 @@ impl LayerCurve {
             includes_tp_comm: self.includes_tp_comm,
         }
     }
+}
+
+/// `y` at `x` among `points` sorted by x: log-log between the two beside
+/// it; outside them, within a factor `near` of the nearer end, that end's
+/// y scaled in proportion to x; none further out or without points.
+fn log_log_within(mut points: impl Iterator<Item = (f64, f64)>, x: f64, near: f64) -> Option<f64> {
+    let first = points.next()?;
+    if x < first.0 {
+        return (x * near >= first.0).then(|| first.1 * x / first.0);
+    }
+    let mut below = first;
+    for above in std::iter::once(first).chain(points) {
+        if above.0 >= x {
+            return Some(log_log(below, above, x));
+        }
+        below = above;
+    }
+    (x <= below.0 * near).then(|| below.1 * x / below.0)
 }
 
 /// `y` at `x` on the straight line through two points in log-log space

@@ -85,7 +85,10 @@ fn parse_lines(bytes: &[u8]) -> Result<Vec<u64>, String> {
 fn parse_npy(bytes: &[u8]) -> Result<Vec<u64>, String> {
     let major = *bytes.get(6).ok_or("a truncated .npy header")?;
     let (len, start) = match major {
-        1 => (u16::from_le_bytes([bytes[8], bytes[9]]) as usize, 10),
+        1 => {
+            let b = bytes.get(8..10).ok_or("a truncated .npy header")?;
+            (u16::from_le_bytes([b[0], b[1]]) as usize, 10)
+        }
         2 | 3 => {
             let b = bytes.get(8..12).ok_or("a truncated .npy header")?;
             (u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize, 12)
@@ -232,6 +235,11 @@ mod tests {
             parse_npy(&npy("<f4", &[0; 12]))
                 .unwrap_err()
                 .contains("dtype")
+        );
+        assert!(
+            parse_npy(b"\x93NUMPY\x01")
+                .unwrap_err()
+                .contains("truncated")
         );
     }
 

@@ -125,18 +125,18 @@ fn expand<T: Copy>(
     values: impl Fn(&ParallelConfig) -> Vec<T>,
     set: impl Fn(&mut ParallelConfig, T),
 ) {
+    let all: Vec<Vec<T>> = configs.iter().map(&values).collect();
     // A dimension with one value for every configuration (most of them, for
     // most models) is set in place rather than copied.
-    if configs.iter().all(|c| values(c).len() == 1) {
-        for config in configs.iter_mut() {
-            let value = values(config)[0];
-            set(config, value);
+    if all.iter().all(|v| v.len() == 1) {
+        for (config, v) in configs.iter_mut().zip(&all) {
+            set(config, v[0]);
         }
         return;
     }
     let mut expanded = Vec::with_capacity(configs.len() * 2);
-    for config in configs.iter() {
-        for value in values(config) {
+    for (config, v) in configs.iter().zip(all) {
+        for value in v {
             let mut next = *config;
             set(&mut next, value);
             expanded.push(next);
