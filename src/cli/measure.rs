@@ -1,6 +1,6 @@
-//! `paratune profile layer` (and the other measuring sweeps): run each point
-//! in a fresh worker process (this binary, `profile worker --job JSON`),
-//! save the profile after every finished point, show progress.
+//! `paratune profile layer`, `profile device` and `profile comm`: flags
+//! into the measuring sweeps of `paratune::measure::sweeps`, with progress
+//! bars; and the hidden `profile worker` that runs one measurement.
 
 use super::args::{
     ProfileCommArgs, ProfileDeviceArgs, ProfileLayerArgs, RepetitionArgs, WorkerArgs,
@@ -11,20 +11,18 @@ use super::resolve;
 use anyhow::{Context, Result, anyhow, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use paratune::cluster::catalogue_name as catalogue_gpu;
-use paratune::measure::process::{nccl_library_env, spawn_worker, spawn_worker_with_env};
+use paratune::measure::sweeps::{
+    LayerSweep, Progress, measure_device_profile, peak_bandwidths, run_layer_sweep, run_nccl_sweep,
+};
 use paratune::measure::{
-    self, CommJob, Device, DeviceJob, Dtype, LayerJob, LayerMeasurement, LayerPass, MeasureError,
-    StoppingRule, WorkerJob, WorkerReply,
+    self, CommJob, Device, DeviceJob, Dtype, LayerJob, LayerPass, MeasureError, StoppingRule,
+    WorkerJob,
 };
-use paratune::profile::{
-    CollectiveOp, DeviceProfile, LayerStatus, is_measured, layer_points, merge_collectives,
-    merge_layers, sweep_points, write_profile,
-};
+use paratune::profile::{CollectiveOp, merge_collectives, sweep_points, write_profile};
+use paratune::validate::torch_launch;
 use std::fmt::Write as _;
 use std::path::Path;
 use std::time::Duration;
-
-const MIB: f64 = 1024.0 * 1024.0;
 
 /// The hidden `profile worker` command: one measurement, one JSON line.
 pub fn worker(args: &WorkerArgs) -> Result<()> {
@@ -126,57 +124,48 @@ fn detected_gpu(device: Device) -> Option<String> {
     }
 }
 
-fn progress(len: usize, what: &str) -> ProgressBar {
-    let bar = ProgressBar::new(len as u64);
-    if let Ok(style) = ProgressStyle::with_template(
-        "{prefix} [{bar:30}] {pos}/{len} points, {elapsed} elapsed, ~{eta} left  {msg}",
-    ) {
-        bar.set_style(style.progress_chars("=> "));
-    }
-    bar.set_prefix(what.to_string());
-    bar
+/// A sweep's progress as a terminal bar.
+struct Bar {
+    what: &'static str,
+    bar: ProgressBar,
 }
 
-/// One layer point: times and memory in one worker; on CUDA, the
-/// activation bytes again in a second worker with PyTorch's caching
-/// allocator off, since with it on the driver's used memory after the
-/// forward also holds the temporaries the forward freed into the cache.
-/// The peak stays the first worker's: the reserved high-water mark, what
-/// training with the caching allocator needs. A second worker that fails
-/// leaves the first worker's reading and says so.
-fn measure_layer(
-    job: &LayerJob,
-    timeout: Duration,
-) -> Result<(LayerMeasurement, Option<String>), String> {
-    let mut m = match spawn_worker(&WorkerJob::Layer(job.clone()), timeout)? {
-        WorkerReply::Layer(m) => m,
-        WorkerReply::Error(message) => return Err(message),
-        other => return Err(format!("unexpected worker reply {other:?}")),
-    };
-    if matches!(job.device, Device::Cuda(_)) && !m.out_of_memory {
-        let memory_job = LayerJob {
-            pass: LayerPass::MemoryOnly,
-            ..job.clone()
-        };
-        let uncached = [("PYTORCH_NO_CUDA_MEMORY_CACHING", "1".to_string())];
-        match spawn_worker_with_env(&WorkerJob::Layer(memory_job), timeout, &uncached) {
-            Ok(WorkerReply::Layer(memory)) if memory.activation_bytes.is_some() => {
-                m.activation_bytes = memory.activation_bytes;
-            }
-            failed => {
-                let why = match failed {
-                    Ok(WorkerReply::Error(e)) | Err(e) => e,
-                    _ => "no reading".to_string(),
-                };
-                let note = format!(
-                    "note: tp {} micro-batch {}: activations are the caching allocator's reading (reserved blocks), the uncached pass failed: {why}",
-                    job.tp, job.micro_batch
-                );
-                return Ok((m, Some(note)));
-            }
+impl Bar {
+    fn new(what: &'static str) -> Bar {
+        Bar {
+            what,
+            bar: ProgressBar::hidden(),
         }
     }
-    Ok((m, None))
+}
+
+impl Progress for Bar {
+    fn start(&mut self, len: usize) {
+        self.bar = ProgressBar::new(len as u64);
+        if let Ok(style) = ProgressStyle::with_template(
+            "{prefix} [{bar:30}] {pos}/{len} points, {elapsed} elapsed, ~{eta} left  {msg}",
+        ) {
+            self.bar.set_style(style.progress_chars("=> "));
+        }
+        self.bar.set_prefix(self.what);
+    }
+    fn point(&mut self, what: &str) {
+        self.bar.set_message(what.to_string());
+    }
+    fn advance(&mut self) {
+        self.bar.inc(1);
+    }
+    fn finish(&mut self) {
+        self.bar.finish_and_clear();
+    }
+}
+
+/// A spinner for work with no points to count.
+fn spinner(message: String) -> ProgressBar {
+    let spinner = ProgressBar::new_spinner();
+    spinner.set_message(message);
+    spinner.enable_steady_tick(Duration::from_millis(200));
+    spinner
 }
 
 pub fn profile_layer(args: &ProfileLayerArgs) -> Result<()> {
@@ -225,109 +214,20 @@ pub fn profile_layer(args: &ProfileLayerArgs) -> Result<()> {
     );
     record_provenance(&mut profile, &args.provenance, &[note]);
 
-    let pending: Vec<_> = jobs
-        .iter()
-        .filter(|(point, _)| !is_measured(&profile, &model, dtype, *point))
-        .collect();
-    let resumed = jobs.len() - pending.len();
-    let mut report = String::new();
-    if resumed > 0 {
-        let _ = writeln!(
-            report,
-            "resumed: {resumed} of {} points are already in {} and were not measured again",
-            jobs.len(),
-            out.display()
-        );
-    }
     let timeout = timeout(args.timeout)?;
-    let bar = progress(pending.len(), "profile layer");
-    let mut measured = Vec::new();
-    let mut failures = Vec::new();
-    for (point, job) in pending {
-        let sp = if point.sequence_parallel { " sp" } else { "" };
-        bar.set_message(format!(
-            "tp {}{sp} micro-batch {}",
-            point.tp, point.micro_batch
-        ));
-        match measure_layer(job, timeout) {
-            Ok((m, note)) => {
-                if let Some(note) = note {
-                    let _ = writeln!(report, "{note}");
-                }
-                merge_layers(
-                    &mut profile.layers,
-                    &layer_points(&model, dtype, *point, &m),
-                );
-                // Saved after every point: an interrupted sweep loses nothing finished.
-                write_profile(out, &profile)?;
-                measured.push((*point, m));
-            }
-            Err(message) => failures.push((*point, message)),
-        }
-        bar.inc(1);
-    }
-    bar.finish_and_clear();
-    if measured.is_empty() && failures.is_empty() {
-        write_profile(out, &profile)?;
-    }
-    report.push_str(&layer_table(&measured));
-    let _ = writeln!(
-        report,
-        "{}: {} layer points in all",
-        out.display(),
-        profile.layers.len()
-    );
-    emit(&report)?;
-    if !failures.is_empty() {
-        let list: Vec<String> = failures
-            .iter()
-            .map(|(p, why)| {
-                let sp = if p.sequence_parallel { " sp" } else { "" };
-                format!("tp {}{sp} micro-batch {}: {why}", p.tp, p.micro_batch)
-            })
-            .collect();
-        bail!(
-            "{} of the points failed ({}); the finished points are saved in {}: rerun the same command to retry the rest",
-            failures.len(),
-            list.join("; "),
-            out.display()
-        );
+    let sweep = LayerSweep {
+        model: &model,
+        dtype,
+        jobs: &jobs,
+        out,
+        timeout,
+    };
+    let outcome = run_layer_sweep(&mut profile, &sweep, &mut Bar::new("profile layer"))?;
+    emit(&outcome.report(jobs.len(), out, profile.layers.len()))?;
+    if let Some(failure) = outcome.failure(out) {
+        bail!("{failure}");
     }
     Ok(())
-}
-
-fn layer_table(rows: &[(paratune::profile::SweepPoint, measure::LayerMeasurement)]) -> String {
-    if rows.is_empty() {
-        return String::new();
-    }
-    let mut text = String::from(
-        "  tp  sp   micro-batch  forward ms  backward ms  fwd (no grad) ms  ±95%  reps  activations MiB  peak MiB  status\n",
-    );
-    let mib = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{:.1}", v / MIB));
-    for (p, m) in rows {
-        let status = if m.out_of_memory {
-            LayerStatus::Oom
-        } else {
-            LayerStatus::Ok
-        };
-        let _ = writeln!(
-            text,
-            "{:>4}  {:<3}  {:>11}  {:>10.3}  {:>11.3}  {:>16.3}  {:>4}  {:>4}  {:>15}  {:>8}  {}",
-            p.tp,
-            if p.sequence_parallel { "on" } else { "off" },
-            p.micro_batch,
-            m.forward_s * 1e3,
-            m.backward_s * 1e3,
-            m.forward_no_grad_s * 1e3,
-            m.ci95_rel
-                .map_or("-".to_string(), |c| format!("{:.1}%", c * 100.0)),
-            m.repetitions,
-            mib(m.activation_bytes),
-            mib(m.peak_bytes),
-            status.name()
-        );
-    }
-    text
 }
 
 pub fn profile_device(args: &ProfileDeviceArgs) -> Result<()> {
@@ -360,66 +260,13 @@ pub fn profile_device(args: &ProfileDeviceArgs) -> Result<()> {
         rule,
     };
     measure::check_device_job(&job).map_err(flagged)?;
-    let spinner = ProgressBar::new_spinner();
-    spinner.set_message(format!(
+    let spinner = spinner(format!(
         "profile device: matrix multiplies and a copy on {device}"
     ));
-    spinner.enable_steady_tick(Duration::from_millis(200));
-    let reply = spawn_worker(&WorkerJob::Device(job), Duration::from_secs(3600));
+    let measured = measure_device_profile(job, facts);
     spinner.finish_and_clear();
-    let measured = match reply {
-        Ok(WorkerReply::Device(m)) => m,
-        Ok(WorkerReply::Error(e)) | Err(e) => bail!("profile device on {device}: {e}"),
-        Ok(other) => bail!("unexpected worker reply {other:?}"),
-    };
-    let mut report = String::new();
-    if let Some(f) = &facts {
-        let _ = writeln!(
-            report,
-            "{} (cuda:{}): {:.1} GiB, {} SMs at {:.0} MHz, compute capability {}, memory {:.0} MHz x {} bits, driver {}",
-            f.name,
-            f.index,
-            f.memory_bytes / 1024f64.powi(3),
-            f.multiprocessors,
-            f.sm_clock_mhz,
-            f.compute_capability,
-            f.memory_clock_mhz,
-            f.memory_bus_bits,
-            f.driver_version
-        );
-    }
-    let _ = writeln!(
-        report,
-        "{}; {} matrix multiplies:",
-        measured.runtime,
-        dtype.name()
-    );
-    let _ = writeln!(report, "  side        ms   TFLOP/s   ±95%");
-    for p in &measured.matmul {
-        let _ = writeln!(
-            report,
-            "{:>6}  {:>8.3}  {:>8.2}  {:>5}",
-            p.m,
-            p.seconds * 1e3,
-            p.tflops,
-            p.ci95_rel
-                .map_or("-".into(), |c| format!("{:.1}%", c * 100.0))
-        );
-    }
-    let _ = writeln!(
-        report,
-        "copy of {:.0} MiB: {:.1} GB/s (read + write)",
-        measured.copy.bytes as f64 / MIB,
-        measured.copy.gbps
-    );
-    profile.device = Some(DeviceProfile {
-        device: device.to_string(),
-        facts,
-        matmul: measured.matmul,
-        copy: Some(measured.copy),
-        runtime: measured.runtime,
-        host_memory_bytes: host_memory_bytes(),
-    });
+    let (device_profile, mut report) = measured?;
+    profile.device = Some(device_profile);
     record_provenance(&mut profile, &args.provenance, &[]);
     write_profile(out, &profile)?;
     let _ = writeln!(report, "{}: device.toml written", out.display());
@@ -430,7 +277,7 @@ pub fn profile_device(args: &ProfileDeviceArgs) -> Result<()> {
 /// torch.distributed (gloo on the CPU), through the shipped worker, saved
 /// as collective points.
 fn profile_comm_torch(args: &ProfileCommArgs, ranks: u64) -> Result<()> {
-    use paratune::validate::torch_launch::{self, TrialDevice};
+    use paratune::validate::torch_launch::TrialDevice;
     let device = local_ranks(&args.device, ranks, "--ranks runs", "a collective")?;
     let timeout = timeout(args.timeout)?;
     let out = &args.provenance.out;
@@ -445,8 +292,8 @@ fn profile_comm_torch(args: &ProfileCommArgs, ranks: u64) -> Result<()> {
         torch_launch::comm_sweep_job(device, ranks, args.max_bytes.0 as u64, iterations, &dir);
     let label = format!("profile comm --ranks {ranks}");
     run_worker(&args.python, ranks, &job, &dir, timeout, &label)?;
-    let points =
-        torch_launch::read_comm(&dir).map_err(|e| worker_failure(&label, &e.to_string(), &dir))?;
+    let points = torch_launch::read_comm(&dir)
+        .map_err(|e| torch_launch::worker_failure(&label, &e.to_string(), &dir))?;
     record_provenance(
         &mut profile,
         &args.provenance,
@@ -493,8 +340,8 @@ pub(super) fn local_ranks(
     Ok(device)
 }
 
-/// Runs the shipped torch.distributed worker on `job` between `ranks`
-/// local processes (torchrun), in `dir`, killed after `timeout`.
+/// Runs the shipped torch.distributed worker between `ranks` local
+/// processes, with a spinner while they run.
 pub(super) fn run_worker(
     python: &Path,
     ranks: u64,
@@ -503,51 +350,10 @@ pub(super) fn run_worker(
     timeout: Duration,
     label: &str,
 ) -> Result<()> {
-    use paratune::validate::torch_launch;
-    let job_path = dir.join("job.json");
-    paratune::atomic::write_atomically(&job_path, serde_json::to_string_pretty(job)?.as_bytes())?;
-    let worker = dir.join(torch_launch::WORKER_FILE);
-    paratune::atomic::write_atomically(&worker, torch_launch::WORKER_SOURCE.as_bytes())?;
-    let log = dir.join("run.log");
-    let script = dir.join("run.sh");
-    let quote = |p: &Path| paratune::text::shell_quote(&p.display().to_string());
-    let text = format!(
-        "set -euo pipefail\nexport OMP_NUM_THREADS=1\n{} -m torch.distributed.run --standalone --nproc-per-node {ranks} {} --job {} > {} 2>&1\n",
-        quote(python),
-        quote(&worker),
-        quote(&job_path),
-        quote(&log)
-    );
-    paratune::atomic::write_atomically(&script, text.as_bytes())?;
-    let spinner = ProgressBar::new_spinner();
-    spinner.set_message(format!("{label}: {ranks} ranks of torch.distributed"));
-    spinner.enable_steady_tick(Duration::from_millis(200));
-    let ran = paratune::measure::process::run_script(&script, timeout);
+    let spinner = spinner(format!("{label}: {ranks} ranks of torch.distributed"));
+    let ran = torch_launch::run_local_worker(python, ranks, job, dir, timeout, label);
     spinner.finish_and_clear();
-    ran.map_err(|why| worker_failure(label, &why.to_string(), dir))
-}
-
-/// A worker that failed, with the last line of its log.
-pub(super) fn worker_failure(label: &str, why: &str, dir: &Path) -> anyhow::Error {
-    let tail = std::fs::read_to_string(dir.join("run.log")).unwrap_or_default();
-    let last = tail
-        .lines()
-        .rev()
-        .find(|l| !l.trim().is_empty())
-        .unwrap_or("");
-    anyhow::anyhow!("{label}: {why}; the worker's last line: {last}")
-}
-
-/// The host's physical memory (`sysconf`), what CPU ranks share.
-pub fn host_memory_bytes() -> Option<f64> {
-    // SAFETY: sysconf only reads system configuration.
-    let (pages, page) = unsafe {
-        (
-            libc::sysconf(libc::_SC_PHYS_PAGES),
-            libc::sysconf(libc::_SC_PAGESIZE),
-        )
-    };
-    (pages > 0 && page > 0).then_some(pages as f64 * page as f64)
+    Ok(ran?)
 }
 
 pub fn profile_comm(args: &ProfileCommArgs) -> Result<()> {
@@ -583,83 +389,17 @@ pub fn profile_comm(args: &ProfileCommArgs) -> Result<()> {
             job.gpus
         )],
     );
-    // One worker per collective, saved after each: a hang costs one
-    // collective (killed after --timeout), an interruption loses none
-    // finished, and a rerun skips the collectives already measured.
-    let ranks = job.gpus.len() as u64;
-    let pending: Vec<CollectiveOp> = CollectiveOp::ALL
-        .into_iter()
-        .filter(|&op| {
-            !profile
-                .collectives
-                .iter()
-                .any(|p| p.op == op && p.ranks == ranks)
-        })
-        .collect();
-    let scratch = tempfile::tempdir()?;
-    let env = nccl_library_env(scratch.path());
-    let bar = progress(pending.len(), "profile comm");
-    let mut points = Vec::new();
-    let mut failures = Vec::new();
-    for op in pending {
-        bar.set_message(format!("{op} over {ranks} GPUs"));
-        let one = CommJob {
-            ops: vec![op],
-            ..job.clone()
-        };
-        match spawn_worker_with_env(&WorkerJob::Comm(one), timeout, &env) {
-            Ok(WorkerReply::Comm(measured)) => {
-                merge_collectives(&mut profile.collectives, &measured);
-                write_profile(out, &profile)?;
-                points.extend(measured);
-            }
-            Ok(WorkerReply::Error(e)) | Err(e) => failures.push(format!("{op}: {e}")),
-            Ok(other) => failures.push(format!("{op}: unexpected worker reply {other:?}")),
-        }
-        bar.inc(1);
-    }
-    bar.finish_and_clear();
-    if !failures.is_empty() {
-        bail!(
-            "{} collective(s) failed ({}); the others are saved in {}: rerun to retry",
-            failures.len(),
-            failures.join("; "),
-            out.display()
-        );
-    }
-    write_profile(out, &profile)?;
+    let points = run_nccl_sweep(
+        &mut profile,
+        &job,
+        out,
+        timeout,
+        &mut Bar::new("profile comm"),
+    )?;
     emit(&peak_bandwidths(
         &points,
         "GPUs",
         out,
         profile.collectives.len(),
     ))
-}
-
-/// Each collective's best bus bandwidth among `points`, and the profile's
-/// size.
-fn peak_bandwidths(
-    points: &[paratune::profile::CollectivePoint],
-    over: &str,
-    out: &Path,
-    saved: usize,
-) -> String {
-    let mut report = String::new();
-    for op in CollectiveOp::ALL {
-        if let Some(best) = points
-            .iter()
-            .filter(|p| p.op == op)
-            .max_by(|a, b| a.busbw.total_cmp(&b.busbw))
-        {
-            let _ = writeln!(
-                report,
-                "{op} over {} {over}: peak bus bandwidth {:.2} GB/s at {:.1} MiB",
-                best.ranks,
-                best.busbw,
-                best.bytes / MIB
-            );
-        }
-    }
-    let _ = writeln!(report, "{}: {saved} collective points", out.display());
-    report
 }

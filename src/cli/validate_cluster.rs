@@ -108,7 +108,7 @@ fn torch_settings(
         // rank's share anywhere.
         memory_per_rank_bytes: args.memory_limit.map(|b| b.0).or_else(|| {
             (device == TrialDevice::Cpu)
-                .then(super::measure::host_memory_bytes)
+                .then(paratune::measure::memory::host_memory_bytes)
                 .flatten()
                 .map(|bytes| bytes / ranks as f64)
         }),

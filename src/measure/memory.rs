@@ -107,6 +107,18 @@ impl MemoryProbe for Unmeasured {
     }
 }
 
+/// The host's physical memory (`sysconf`), what CPU ranks share.
+pub fn host_memory_bytes() -> Option<f64> {
+    // SAFETY: sysconf only reads system configuration.
+    let (pages, page) = unsafe {
+        (
+            libc::sysconf(libc::_SC_PHYS_PAGES),
+            libc::sysconf(libc::_SC_PAGESIZE),
+        )
+    };
+    (pages > 0 && page > 0).then_some(pages as f64 * page as f64)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -21,6 +21,7 @@ pub mod memory;
 mod nccl;
 pub mod process;
 mod sampler;
+pub mod sweeps;
 #[cfg(feature = "torch")]
 mod torch_device;
 #[cfg(feature = "torch")]
@@ -250,6 +251,11 @@ pub enum MeasureError {
     },
     #[error("the measurement failed: {0}")]
     Failed(String),
+    /// A sweep that stopped, with what it saved and how to go on.
+    #[error("{0}")]
+    Sweep(String),
+    #[error(transparent)]
+    Save(#[from] crate::profile::ProfileError),
 }
 
 /// Checks a stage job before any device work.

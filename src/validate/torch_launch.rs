@@ -83,6 +83,55 @@ pub fn max_ranks(cores: u64) -> u64 {
     2 * cores.max(1)
 }
 
+/// Runs the shipped worker on `job` between `ranks` local processes
+/// (torchrun), in `dir` (its job, worker, script and log), stopped after
+/// `timeout`; `label` names the run in the error, which ends with the
+/// worker's last line.
+pub fn run_local_worker(
+    python: &Path,
+    ranks: u64,
+    job: &impl Serialize,
+    dir: &Path,
+    timeout: std::time::Duration,
+    label: &str,
+) -> Result<(), crate::measure::MeasureError> {
+    let write = |path: &Path, bytes: &[u8]| {
+        crate::atomic::write_atomically(path, bytes).map_err(|e| {
+            worker_failure(label, &format!("cannot write {}: {e}", path.display()), dir)
+        })
+    };
+    let job_path = dir.join("job.json");
+    let job_text = serde_json::to_string_pretty(job)
+        .map_err(|e| worker_failure(label, &e.to_string(), dir))?;
+    write(&job_path, job_text.as_bytes())?;
+    let worker = dir.join(WORKER_FILE);
+    write(&worker, WORKER_SOURCE.as_bytes())?;
+    let log = dir.join("run.log");
+    let script = dir.join("run.sh");
+    let quote = |p: &Path| shell_quote(&p.display().to_string());
+    let text = format!(
+        "set -euo pipefail\nexport OMP_NUM_THREADS=1\n{} -m torch.distributed.run --standalone --nproc-per-node {ranks} {} --job {} > {} 2>&1\n",
+        quote(python),
+        quote(&worker),
+        quote(&job_path),
+        quote(&log)
+    );
+    write(&script, text.as_bytes())?;
+    crate::measure::process::run_script(&script, timeout)
+        .map_err(|why| worker_failure(label, &why, dir))
+}
+
+/// A local worker run that failed, with the last line of its log.
+pub fn worker_failure(label: &str, why: &str, dir: &Path) -> crate::measure::MeasureError {
+    let tail = std::fs::read_to_string(dir.join("run.log")).unwrap_or_default();
+    let last = tail
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("");
+    crate::measure::MeasureError::Sweep(format!("{label}: {why}; the worker's last line: {last}"))
+}
+
 /// The model as the worker builds it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TrialModel {
