@@ -2,15 +2,16 @@
 //! measured, the rows a batch touches and the syncs' times, into a profile.
 
 use super::args::{ProfileSyncArgs, ProfileTokensArgs};
-use super::measure::{check_out, local_ranks, run_worker, timeout, worker_failure};
+use super::measure::{check_out, local_ranks, run_worker, timeout};
 use super::profile_dir::{open_profile, record_provenance};
 use super::render::{emit, thousands};
 use anyhow::{Result, anyhow, bail};
 use paratune::config::SyncMethod;
 use paratune::profile::tokens::{default_batch_sizes, distinct_per_batch, read_token_ids};
-use paratune::profile::{SyncPoint, TokenPoint, write_profile};
+use paratune::profile::{SyncPoint, TokenPoint, merge_syncs, merge_tokens, write_profile};
 use paratune::validate::sync_sweep::{self, SyncSweep};
 use paratune::validate::torch_launch::TrialDevice;
+use paratune::validate::torch_launch::worker_failure;
 use std::fmt::Write as _;
 
 pub fn profile_tokens(args: &ProfileTokensArgs) -> Result<()> {
@@ -31,14 +32,7 @@ pub fn profile_tokens(args: &ProfileTokensArgs) -> Result<()> {
     let out = &args.provenance.out;
     check_out(out)?;
     let mut profile = open_profile(&args.provenance, None)?;
-    // A batch size measured again replaces its point.
-    profile.tokens.retain(|p| {
-        !points
-            .iter()
-            .any(|q| q.vocab == p.vocab && q.tokens == p.tokens)
-    });
-    profile.tokens.extend(points.iter().cloned());
-    profile.tokens.sort_by_key(|p| (p.vocab, p.tokens));
+    merge_tokens(&mut profile.tokens, &points);
     record_provenance(
         &mut profile,
         &args.provenance,
@@ -177,14 +171,7 @@ pub fn profile_sync(args: &ProfileSyncArgs) -> Result<()> {
             args.iterations
         )],
     );
-    // A point measured again replaces the old one.
-    let same = |a: &SyncPoint, b: &SyncPoint| {
-        (a.method, a.ranks, a.partitions, a.vocab, a.hidden)
-            == (b.method, b.ranks, b.partitions, b.vocab, b.hidden)
-            && (a.rows - b.rows).abs() < 1e-9
-    };
-    profile.sync.retain(|p| !points.iter().any(|q| same(p, q)));
-    profile.sync.extend(points.iter().cloned());
+    merge_syncs(&mut profile.sync, &points);
     write_profile(out, &profile)?;
     emit(&sync_report(&points, out))
 }

@@ -2,7 +2,10 @@
 //! nccl-tests-style reference table, and Korthikanti et al.'s layer table.
 //! Parsing is pure (text in, points out); [`read_text`] is the one reader.
 
-use super::{CollectiveOp, CollectivePoint, LayerArch, LayerPoint, LayerStatus, ProfileError};
+use super::{
+    CollectiveOp, CollectivePoint, LayerArch, LayerPoint, LayerStatus, ProfileError, SyncPoint,
+    TokenPoint,
+};
 use crate::config::Recompute;
 use std::path::Path;
 
@@ -486,6 +489,29 @@ pub fn merge_collectives(existing: &mut Vec<CollectivePoint>, new: &[CollectiveP
             .cmp(&(b.op, b.ranks))
             .then(a.bytes.total_cmp(&b.bytes))
     });
+}
+
+/// Adds `new` to `existing`: a batch size measured again (same vocabulary
+/// and tokens) replaces its point. Sorted by (vocab, tokens).
+pub fn merge_tokens(existing: &mut Vec<TokenPoint>, new: &[TokenPoint]) {
+    existing.retain(|p| {
+        !new.iter()
+            .any(|q| q.vocab == p.vocab && q.tokens == p.tokens)
+    });
+    existing.extend(new.iter().cloned());
+    existing.sort_by_key(|p| (p.vocab, p.tokens));
+}
+
+/// Adds `new` to `existing`: a sync measured again (same method, ranks,
+/// partitions, table and rows) replaces the old point.
+pub fn merge_syncs(existing: &mut Vec<SyncPoint>, new: &[SyncPoint]) {
+    let same = |a: &SyncPoint, b: &SyncPoint| {
+        (a.method, a.ranks, a.partitions, a.vocab, a.hidden)
+            == (b.method, b.ranks, b.partitions, b.vocab, b.hidden)
+            && (a.rows - b.rows).abs() < 1e-9
+    };
+    existing.retain(|p| !new.iter().any(|q| same(p, q)));
+    existing.extend(new.iter().cloned());
 }
 
 /// Adds `new` to `existing`: a new point replaces an existing one of the

@@ -27,8 +27,8 @@ pub mod tokens;
 
 pub use cluster::{MeasuredNodeShape, measured_link, measured_node};
 pub use import::{
-    NcclLog, merge_collectives, merge_layers, parse_korthikanti_layers, parse_nccl_tests,
-    parse_reference_collectives, read_text,
+    NcclLog, merge_collectives, merge_layers, merge_syncs, merge_tokens, parse_korthikanti_layers,
+    parse_nccl_tests, parse_reference_collectives, read_text,
 };
 pub use lookup::{CollectiveLookup, LayerLookup, LayerShape, Measurements};
 pub use records::{
