@@ -18,6 +18,7 @@ mod collectives;
 mod figures;
 mod fit;
 mod memory;
+mod pipeline;
 mod report;
 pub mod tokens;
 mod util;
@@ -32,6 +33,7 @@ pub use figures::{ErrorFigures, OVERALL, overall};
 /// The fitting pieces other refits (`validate`'s stage-time refit) share.
 pub(crate) use fit::{FreeParam, Leg, minimise_loss, model_at, prior_pull, soft_l1};
 pub use memory::{MemoryFit, MemoryRow, fit_memory, memory_rows};
+pub use pipeline::{CollectivesFirst, FittedModel, fit_cost_model};
 pub use report::render_report;
 
 use crate::cluster::NodeGroup;
