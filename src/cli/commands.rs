@@ -10,8 +10,8 @@ use paratune::coefficients::CostModel;
 use paratune::config::{Engine, ParallelConfig};
 use paratune::cost::group_syncs;
 use paratune::cost::sparse::embedding_sync_options;
-use paratune::cost::{ProfileUsage, Scenario, memory_per_stage, predict, predict_with_usage};
-use paratune::evaluate::{Setting, evaluate_with};
+use paratune::cost::{ProfileUsage, Scenario, memory_per_stage, predict_with_usage};
+use paratune::evaluate::{Setting, evaluate_with, predicted_rows};
 use paratune::export::{
     LaunchJob, megatron_args, megatron_command_line, shell_quote, torchtitan_flags, torchtitan_toml,
 };
@@ -552,24 +552,6 @@ pub fn predict_command(args: &PredictArgs) -> Result<()> {
     Ok(())
 }
 
-/// What `predict --runs` adds to every row: `predicted_peak_memory_gib` is
-/// the device memory the peak stage needs (reserved plus what lives outside
-/// PyTorch), which `fits` is judged on; the allocated and reserved peaks are
-/// PyTorch's, of the peak stage, of the first (which torchtitan logs) and
-/// of the last (which Megatron-LM logs).
-const PREDICTED_COLUMNS: [&str; 10] = [
-    "predicted_iter_ms",
-    "predicted_tflops_per_gpu",
-    "predicted_peak_memory_gib",
-    "predicted_peak_allocated_gib",
-    "predicted_peak_reserved_gib",
-    "predicted_first_stage_allocated_gib",
-    "predicted_first_stage_reserved_gib",
-    "predicted_last_stage_allocated_gib",
-    "predicted_last_stage_reserved_gib",
-    "fits",
-];
-
 /// Predicts every row of a runs CSV and writes the rows back with the predictions.
 fn predict_runs(args: &PredictArgs, path: &std::path::Path) -> Result<()> {
     let defaults = resolve::row_defaults(&args.space, resolve::row_model(&args.common.model)?)?;
@@ -579,56 +561,8 @@ fn predict_runs(args: &PredictArgs, path: &std::path::Path) -> Result<()> {
     let profile = profile_cli::load(args.profile.as_deref(), &nodes.gpu.name)?;
     let measurements = profile.as_ref().map(|p| p.measurements.as_ref());
     let all = runs_and_skipped(&table, &defaults, nodes.gpus_per_node)?;
-    let settings =
-        resolve::per_gpu_settings(&all.runs, &nodes, &cost, args.common.cost_model.as_deref())?;
-    let mut headers = table.headers.clone();
-    headers.extend(PREDICTED_COLUMNS.map(String::from));
-    let by_line: std::collections::HashMap<usize, &paratune::runs::Run> =
-        all.runs.iter().map(|r| (r.line, r)).collect();
-    let skipped: std::collections::HashMap<usize, &str> = all
-        .skipped
-        .iter()
-        .map(|s| (s.line, s.reason.as_str()))
-        .collect();
-    let rows: Vec<Vec<String>> = table
-        .rows
-        .iter()
-        .enumerate()
-        .map(|(index, cells)| {
-            let line = table.line(index);
-            let mut row = cells.clone();
-            let Some(run) = by_line.get(&line) else {
-                row.extend(std::iter::repeat_n(
-                    String::new(),
-                    PREDICTED_COLUMNS.len() - 1,
-                ));
-                row.push(format!(
-                    "not predicted: {}",
-                    skipped.get(&line).unwrap_or(&"")
-                ));
-                return row;
-            };
-            let (group, cost) = settings.of(run);
-            let own_gpu = run.gpu.as_ref().is_none_or(|g| *g == nodes.gpu.name);
-            let scenario = Scenario::new(&run.model, run.global_batch, group, run.gpus, cost)
-                .with_profile(measurements.filter(|_| own_gpu));
-            let p = predict(&scenario, &run.config);
-            let gib = |bytes: f64| format!("{:.3}", bytes / GIB);
-            row.extend([
-                format!("{:.3}", p.iteration_s * 1e3),
-                format!("{:.2}", p.tflops_per_gpu),
-                format!("{:.2}", p.peak_memory_gib()),
-                gib(p.peak_allocated_bytes),
-                gib(p.peak_reserved_bytes),
-                gib(p.first_stage_allocated_bytes),
-                gib(p.first_stage_reserved_bytes),
-                gib(p.last_stage_allocated_bytes),
-                gib(p.last_stage_reserved_bytes),
-                p.fits.to_string(),
-            ]);
-            row
-        })
-        .collect();
+    let settings = resolve::per_gpu(&all.runs, &nodes, &cost, &args.common);
+    let (headers, rows) = predicted_rows(&table, &all, &settings, measurements);
     match args.common.format {
         Format::Json => {
             let objects: Vec<serde_json::Map<String, serde_json::Value>> = rows
@@ -671,14 +605,13 @@ pub fn evaluate_command(args: &EvaluateArgs) -> Result<()> {
     let runs = all.runs;
     // Rows of other GPUs than the flags' (a `gpu` column) are predicted on
     // that GPU's nodes, with the cost model given or that GPU's default.
-    let settings =
-        resolve::per_gpu_settings(&runs, &nodes, &cost, args.common.cost_model.as_deref())?;
+    let settings = resolve::per_gpu(&runs, &nodes, &cost, &args.common);
     let evaluation = evaluate_with(&runs, |run| {
         let (group, cost) = settings.of(run);
         Setting {
             group,
             cost,
-            profile: measurements.filter(|_| run.gpu.as_ref().is_none_or(|g| *g == nodes.gpu.name)),
+            profile: measurements.filter(|_| settings.is_base(run)),
         }
     });
     // What the rows' predictions took from the profile (re-run to count).

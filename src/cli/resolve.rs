@@ -11,6 +11,7 @@ use paratune::config::{
     CpComm, Dispatcher, Engine, OptimizerSharding, ParallelConfig, Precision, Recompute, Rule,
     ScheduleKind, StageOrder, SyncMethod,
 };
+use paratune::evaluate::{CostModelChoice, PerGpu};
 use paratune::model::{
     AttentionKind, ModelSpec, builtin_model, builtin_model_names, load_model_file,
 };
@@ -269,63 +270,14 @@ pub fn nodes_or_table_gpu(args: &ClusterArgs, table: &RunTable) -> Result<(NodeG
     nodes(args)
 }
 
-/// The nodes and cost model each GPU of a run table is predicted with.
-pub struct PerGpu {
-    base: (NodeGroup, CostModel),
-    others: Vec<(String, NodeGroup, CostModel)>,
-}
-
-impl PerGpu {
-    pub fn of(&self, run: &Run) -> (&NodeGroup, &CostModel) {
-        match &run.gpu {
-            Some(gpu) if *gpu != self.base.0.gpu.name => self
-                .others
-                .iter()
-                .find(|(name, _, _)| name == gpu)
-                .map(|(_, group, cost)| (group, cost))
-                .expect("every GPU of the runs has its setting"),
-            _ => (&self.base.0, &self.base.1),
-        }
-    }
-
-    pub fn several(&self) -> bool {
-        !self.others.is_empty()
-    }
-
-    /// `a100-80gb with a100-megatron, h100-sxm with a100-megatron@h100-sxm`.
-    pub fn describe(&self) -> String {
-        std::iter::once((&self.base.0.gpu.name, &self.base.1.name))
-            .chain(self.others.iter().map(|(gpu, _, cost)| (gpu, &cost.name)))
-            .map(|(gpu, cost)| format!("{gpu} with {cost}"))
-            .collect::<Vec<_>>()
-            .join(", ")
-    }
-}
-
-/// Nodes of the same shape as `base` for every other GPU the runs name,
-/// and the cost model given (`--cost-model`) or each GPU's default.
-pub fn per_gpu_settings(
-    runs: &[Run],
-    base: &NodeGroup,
-    cost: &CostModel,
-    given: Option<&str>,
-) -> Result<PerGpu> {
-    let mut others: Vec<(String, NodeGroup, CostModel)> = Vec::new();
-    for gpu in runs.iter().filter_map(|r| r.gpu.as_ref()) {
-        if *gpu == base.gpu.name || others.iter().any(|(name, _, _)| name == gpu) {
-            continue;
-        }
-        let mut group = builtin_node(gpu, base.nodes).expect("run tables name built-in GPUs");
-        group.nodes = base.nodes.max(1 << 10);
-        let cost = cost_model(given, gpu)?;
-        others.push((gpu.clone(), group, cost));
-    }
-    let mut base = base.clone();
-    base.nodes = base.nodes.max(1 << 10);
-    Ok(PerGpu {
-        base: (base, cost.clone()),
-        others,
-    })
+/// The nodes and cost model of each GPU a run table names: `--cost-model`
+/// for all of them when given, else each GPU's default.
+pub fn per_gpu(runs: &[Run], base: &NodeGroup, cost: &CostModel, common: &CommonArgs) -> PerGpu {
+    let choice = match common.cost_model {
+        Some(_) => CostModelChoice::Given,
+        None => CostModelChoice::PerGpu,
+    };
+    PerGpu::new(runs, base, cost, choice)
 }
 
 pub fn job(common: &CommonArgs) -> Result<Job> {

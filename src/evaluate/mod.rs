@@ -1,6 +1,10 @@
 //! How well the cost model predicts measured runs: error per row, and
 //! ranking quality per group of rows that compete for the same job.
 
+mod per_gpu;
+
+pub use per_gpu::{CostModelChoice, PREDICTED_COLUMNS, PerGpu, predicted_rows};
+
 use crate::cluster::NodeGroup;
 use crate::coefficients::CostModel;
 use crate::cost::{Scenario, predict};

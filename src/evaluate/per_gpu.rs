@@ -1,0 +1,175 @@
+//! Run tables whose rows name several GPUs (a `gpu` column): each row is
+//! predicted on nodes of its own GPU with that GPU's cost model, and
+//! `predict --runs` writes every row back with its prediction.
+
+use crate::cluster::{NodeGroup, builtin_node};
+use crate::coefficients::{CostModel, default_cost_model};
+use crate::cost::{Scenario, predict};
+use crate::profile::Measurements;
+use crate::runs::{Run, RunTable, Runs};
+use std::collections::HashMap;
+
+const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
+
+/// The nodes and cost model each GPU of a run table is predicted with.
+pub struct PerGpu {
+    base: (NodeGroup, CostModel),
+    others: Vec<(String, NodeGroup, CostModel)>,
+}
+
+/// Whether the cost model was chosen for every row or is each GPU's own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CostModelChoice {
+    /// Given (`--cost-model`): every GPU's rows use it.
+    Given,
+    /// Each GPU's default model.
+    PerGpu,
+}
+
+impl PerGpu {
+    /// Nodes of the same shape as `base` for every other GPU the runs
+    /// name, predicted with `cost` if it was given, else each GPU's
+    /// default model. The node count is raised to 1,024 so that no row's
+    /// GPU count runs out of nodes.
+    pub fn new(
+        runs: &[Run],
+        base: &NodeGroup,
+        cost: &CostModel,
+        choice: CostModelChoice,
+    ) -> PerGpu {
+        let mut others: Vec<(String, NodeGroup, CostModel)> = Vec::new();
+        for gpu in runs.iter().filter_map(|r| r.gpu.as_ref()) {
+            if *gpu == base.gpu.name || others.iter().any(|(name, _, _)| name == gpu) {
+                continue;
+            }
+            let mut group = builtin_node(gpu, base.nodes).expect("run tables name built-in GPUs");
+            group.nodes = base.nodes.max(1 << 10);
+            let cost = match choice {
+                CostModelChoice::Given => cost.clone(),
+                CostModelChoice::PerGpu => default_cost_model(gpu),
+            };
+            others.push((gpu.clone(), group, cost));
+        }
+        let mut base = base.clone();
+        base.nodes = base.nodes.max(1 << 10);
+        PerGpu {
+            base: (base, cost.clone()),
+            others,
+        }
+    }
+
+    pub fn of(&self, run: &Run) -> (&NodeGroup, &CostModel) {
+        match &run.gpu {
+            Some(gpu) if *gpu != self.base.0.gpu.name => self
+                .others
+                .iter()
+                .find(|(name, _, _)| name == gpu)
+                .map(|(_, group, cost)| (group, cost))
+                .expect("every GPU of the runs has its setting"),
+            _ => (&self.base.0, &self.base.1),
+        }
+    }
+
+    /// Whether a run is on the base GPU, whose profile it may use.
+    pub fn is_base(&self, run: &Run) -> bool {
+        run.gpu.as_ref().is_none_or(|g| *g == self.base.0.gpu.name)
+    }
+
+    pub fn several(&self) -> bool {
+        !self.others.is_empty()
+    }
+
+    /// `a100-80gb with a100-megatron, h100-sxm with a100-megatron@h100-sxm`.
+    pub fn describe(&self) -> String {
+        std::iter::once((&self.base.0.gpu.name, &self.base.1.name))
+            .chain(self.others.iter().map(|(gpu, _, cost)| (gpu, &cost.name)))
+            .map(|(gpu, cost)| format!("{gpu} with {cost}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+/// What `predict --runs` adds to every row: `predicted_peak_memory_gib` is
+/// the device memory the peak stage needs (reserved plus what lives outside
+/// PyTorch), which `fits` is judged on; the allocated and reserved peaks are
+/// PyTorch's, of the peak stage, of the first (which torchtitan logs) and
+/// of the last (which Megatron-LM logs).
+pub const PREDICTED_COLUMNS: [&str; 10] = [
+    "predicted_iter_ms",
+    "predicted_tflops_per_gpu",
+    "predicted_peak_memory_gib",
+    "predicted_peak_allocated_gib",
+    "predicted_peak_reserved_gib",
+    "predicted_first_stage_allocated_gib",
+    "predicted_first_stage_reserved_gib",
+    "predicted_last_stage_allocated_gib",
+    "predicted_last_stage_reserved_gib",
+    "fits",
+];
+
+/// Every row of `table` with [`PREDICTED_COLUMNS`] appended: the
+/// prediction of the rows `runs` read (a profile's measurements for the
+/// base GPU's rows), or, for a row left out, empty cells and why.
+pub fn predicted_rows(
+    table: &RunTable,
+    runs: &Runs,
+    settings: &PerGpu,
+    measurements: Option<&Measurements>,
+) -> (Vec<String>, Vec<Vec<String>>) {
+    let mut headers = table.headers.clone();
+    headers.extend(PREDICTED_COLUMNS.map(String::from));
+    let by_line: HashMap<usize, &Run> = runs.runs.iter().map(|r| (r.line, r)).collect();
+    let skipped: HashMap<usize, &str> = runs
+        .skipped
+        .iter()
+        .map(|s| (s.line, s.reason.as_str()))
+        .collect();
+    let rows = table
+        .rows
+        .iter()
+        .enumerate()
+        .map(|(index, cells)| {
+            let line = table.line(index);
+            let mut row = cells.clone();
+            match by_line.get(&line) {
+                Some(run) => row.extend(predicted_cells(run, settings, measurements)),
+                None => {
+                    row.extend(std::iter::repeat_n(
+                        String::new(),
+                        PREDICTED_COLUMNS.len() - 1,
+                    ));
+                    row.push(format!(
+                        "not predicted: {}",
+                        skipped.get(&line).unwrap_or(&"")
+                    ));
+                }
+            }
+            row
+        })
+        .collect();
+    (headers, rows)
+}
+
+fn predicted_cells(
+    run: &Run,
+    settings: &PerGpu,
+    measurements: Option<&Measurements>,
+) -> [String; 10] {
+    let (group, cost) = settings.of(run);
+    let scenario = Scenario::new(&run.model, run.global_batch, group, run.gpus, cost)
+        .with_profile(measurements.filter(|_| settings.is_base(run)));
+    let p = predict(&scenario, &run.config);
+    let gib = |bytes: f64| format!("{:.3}", bytes / GIB);
+    [
+        format!("{:.3}", p.iteration_s * 1e3),
+        format!("{:.2}", p.tflops_per_gpu),
+        format!("{:.2}", p.peak_memory_gib()),
+        gib(p.peak_allocated_bytes),
+        gib(p.peak_reserved_bytes),
+        gib(p.first_stage_allocated_bytes),
+        gib(p.first_stage_reserved_bytes),
+        gib(p.last_stage_allocated_bytes),
+        gib(p.last_stage_reserved_bytes),
+        p.fits.to_string(),
+    ]
+}
