@@ -3,10 +3,9 @@
 
 use super::args::{IngestCommand, MegatronLogArgs, ModelArgs, TorchtitanLogArgs};
 use super::render::emit;
-use anyhow::{Context, Result, bail};
-use paratune::atomic::write_atomically;
-use paratune::runs::{RunTable, write_csv};
-use paratune::validate::megatron_log::{self, MegatronRun, merge_rows};
+use anyhow::{Result, bail};
+use paratune::runs;
+use paratune::validate::megatron_log::{self, MegatronRun};
 use paratune::validate::torchtitan_log::{self, TorchtitanRun};
 use std::fmt::Write as _;
 use std::path::Path;
@@ -56,17 +55,13 @@ fn write_rows(
     }
     let headers: Vec<String> = columns.iter().map(|c| c.to_string()).collect();
     let rows: Vec<Vec<String>> = ingested.iter().map(|i| i.row.clone()).collect();
-    let (headers, all_rows, added) = if exists {
-        let table =
-            RunTable::read(out).with_context(|| format!("--append to {}", out.display()))?;
-        merge_rows(&table.headers, &table.rows, &headers, &rows)
-    } else {
-        let n = rows.len();
-        (headers, rows, n)
-    };
-    let mut buffer = Vec::new();
-    write_csv(&mut buffer, &headers, &all_rows)?;
-    write_atomically(out, &buffer).with_context(|| format!("cannot write {}", out.display()))?;
+    // Reading the table appended to is what `--append` asked for.
+    let added = runs::write_rows(out, exists, &headers, &rows).map_err(|e| match e {
+        runs::RunsError::Table { .. } | runs::RunsError::Row { .. } if exists => {
+            anyhow::anyhow!("--append to {}: {e}", out.display())
+        }
+        other => other.into(),
+    })?;
 
     for failure in failures {
         eprintln!("warning: skipped {failure}");

@@ -12,7 +12,7 @@ pub mod schema;
 mod table;
 
 pub use history::{HistoryError, RunHistory, TailRepair};
-pub use table::{RunTable, write_csv};
+pub use table::{RunTable, merge_rows, write_csv, write_rows};
 
 use crate::config::{
     CpComm, Dispatcher, Engine, OptimizerSharding, ParallelConfig, Precision, Recompute,

@@ -174,3 +174,97 @@ pub fn write_csv<W: std::io::Write>(
     writer.flush()?;
     Ok(())
 }
+
+/// Rows of `new` that `existing` does not already hold, for appending to a
+/// run table: the headers are united (the existing ones first, then the new
+/// ones), and a new row is already there when an existing row has the same
+/// value in every column the new row gives. Returns the merged headers, the
+/// merged rows and how many new rows were added.
+pub fn merge_rows(
+    existing_headers: &[String],
+    existing_rows: &[Vec<String>],
+    new_headers: &[String],
+    new_rows: &[Vec<String>],
+) -> (Vec<String>, Vec<Vec<String>>, usize) {
+    let mut headers = existing_headers.to_vec();
+    for h in new_headers {
+        if !headers.contains(h) {
+            headers.push(h.clone());
+        }
+    }
+    let widen = |source_headers: &[String], row: &[String]| -> Vec<String> {
+        headers
+            .iter()
+            .map(|h| {
+                source_headers
+                    .iter()
+                    .position(|s| s == h)
+                    .and_then(|i| row.get(i).cloned())
+                    .unwrap_or_default()
+            })
+            .collect()
+    };
+    let mut rows: Vec<Vec<String>> = existing_rows
+        .iter()
+        .map(|r| widen(existing_headers, r))
+        .collect();
+    let mut added = 0;
+    for row in new_rows {
+        let wide = widen(new_headers, row);
+        let given: Vec<usize> = new_headers
+            .iter()
+            .filter_map(|h| headers.iter().position(|x| x == h))
+            .collect();
+        let present = rows
+            .iter()
+            .any(|old| given.iter().all(|&i| old[i].trim() == wide[i].trim()));
+        if !present {
+            rows.push(wide);
+            added += 1;
+        }
+    }
+    (headers, rows, added)
+}
+
+/// Writes `rows` under `headers` to `out` as a whole new file, or, when
+/// `append`, merged into the table already there by [`merge_rows`] (rows
+/// already present are skipped). Returns how many rows were added.
+pub fn write_rows(
+    out: &Path,
+    append: bool,
+    headers: &[String],
+    rows: &[Vec<String>],
+) -> Result<usize, RunsError> {
+    let (headers, all_rows, added) = if append {
+        let table = RunTable::read(out)?;
+        merge_rows(&table.headers, &table.rows, headers, rows)
+    } else {
+        (headers.to_vec(), rows.to_vec(), rows.len())
+    };
+    let write_error = |message: String| RunsError::Table {
+        path: out.display().to_string(),
+        message: format!("cannot write: {message}"),
+    };
+    let mut buffer = Vec::new();
+    write_csv(&mut buffer, &headers, &all_rows).map_err(|e| write_error(e.to_string()))?;
+    crate::atomic::write_atomically(out, &buffer).map_err(|e| write_error(e.to_string()))?;
+    Ok(added)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::merge_rows;
+
+    #[test]
+    fn merging_skips_rows_already_there_and_unites_headers() {
+        let h = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let existing = h(&["gpus", "tp", "note"]);
+        let rows = vec![h(&["8", "2", "mine"])];
+        let new_headers = h(&["gpus", "tp", "iter_ms"]);
+        let new_rows = vec![h(&["8", "2", ""]), h(&["8", "4", "100"])];
+        let (headers, merged, added) = merge_rows(&existing, &rows, &new_headers, &new_rows);
+        assert_eq!(headers, h(&["gpus", "tp", "note", "iter_ms"]));
+        assert_eq!(added, 1);
+        assert_eq!(merged[1], h(&["8", "4", "", "100"]));
+    }
+}
