@@ -2,6 +2,10 @@
 //! recomputation and the memory-saving switches. Plain data, no behaviour
 //! beyond naming and validity checks.
 
+mod spec;
+
+pub use spec::{SPEC_KEYS, SpecError};
+
 use crate::model::{AttentionKind, ModelSpec};
 use serde::{Deserialize, Serialize};
 use std::fmt;

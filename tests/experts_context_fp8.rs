@@ -312,3 +312,18 @@ fn deepseek_v3_plans_its_prediction_module_and_can_leave_it_out() {
         ],
     );
 }
+
+#[test]
+fn explain_takes_every_new_dimension() {
+    let plan = with(&with(&["plan"], &MIXTRAL_ON_64), &["--top", "1"]);
+    let out = ok(&with(
+        &plan,
+        &["--explain", "ep=4,etp=1,dispatch=allgather,precision=fp8"],
+    ));
+    says(&out, &["Explain ", "ep4 etp1", "dispatch=allgather", "fp8"]);
+    // A new cp keeps the GPU count: dp shrinks by it.
+    let out = ok(&with(&plan, &["--explain", "cp=2,cp_comm=a2a"]));
+    says(&out, &["cp2 ", "cp-comm=a2a"]);
+    let bad = fails(&with(&plan, &["--explain", "ep=x"]));
+    says(&bad, &["--explain: ep must be a whole number"]);
+}

@@ -1,0 +1,245 @@
+//! A configuration written as `key=value,...` (`plan --explain`): the keys
+//! given change a base configuration (the search's winner), and the
+//! switches the given keys rule out follow them.
+
+use super::{
+    CpComm, Dispatcher, OptimizerSharding, ParallelConfig, Precision, Recompute, ScheduleKind,
+    StageOrder, SyncMethod,
+};
+use crate::choice::{parse_choice, parse_switch};
+use crate::model::AttentionKind;
+use crate::suggest::did_you_mean;
+
+/// The keys a specification may set; several have a short and a long name.
+pub const SPEC_KEYS: [&str; 40] = [
+    "tp",
+    "pp",
+    "dp",
+    "mb",
+    "micro_batch",
+    "schedule",
+    "v",
+    "virtual_stages",
+    "recompute",
+    "sp",
+    "sequence_parallel",
+    "sharding",
+    "optimizer_sharding",
+    "bpipe",
+    "attention",
+    "first",
+    "first_stage_layers",
+    "last",
+    "last_stage_layers",
+    "overlap_grad_reduce",
+    "overlap_param_gather",
+    "tp_comm_overlap",
+    "cuda_graphs",
+    "graphs",
+    "order",
+    "stage_order",
+    "compile",
+    "every",
+    "ac_frequency",
+    "dp_shard",
+    "cp",
+    "cp_comm",
+    "ep",
+    "etp",
+    "dispatch",
+    "moe_dispatcher",
+    "precision",
+    "embedding_sync",
+    "cp-comm",
+    "embedding-sync",
+];
+
+/// A specification that does not read, said without the flag it came in.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct SpecError(String);
+
+fn choice<T: Copy>(key: &str, value: &str, all: &[(&str, T)]) -> Result<T, SpecError> {
+    parse_choice(key, value, all).map_err(SpecError)
+}
+
+fn switch(key: &str, value: &str) -> Result<bool, SpecError> {
+    parse_switch(key, value).map_err(SpecError)
+}
+
+impl ParallelConfig {
+    /// This configuration with the keys of `spec` (`tp=8,pp=4,mb=1`)
+    /// changed. A new tp, pp or cp without a dp keeps the GPU count.
+    /// Switches kept from `self` that the given keys rule out follow them,
+    /// unless given too: sp=off drops the tp overlap, another sharding the
+    /// param-gather overlap, full recomputation the CUDA graphs, bpipe=off
+    /// its stage order, a new pp the uneven split.
+    pub fn with_spec(&self, spec: &str) -> Result<ParallelConfig, SpecError> {
+        let mut c = *self;
+        let mut given: Vec<&str> = Vec::new();
+        for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            let (key, value) = item.split_once('=').ok_or_else(|| {
+                SpecError(format!("`{item}` is not key=value (e.g. tp=8,pp=4,mb=1)"))
+            })?;
+            let (key, value) = (key.trim(), value.trim());
+            set(&mut c, key, value)?;
+            given.push(key);
+        }
+        let given = |keys: &[&str]| given.iter().any(|k| keys.contains(k));
+        if given(&["tp", "pp", "cp"]) && !given(&["dp"]) {
+            c.dp = (self.tp * self.pp * self.cp * self.dp) / (c.tp * c.pp * c.cp).max(1);
+        }
+        if !c.sequence_parallel && !given(&["tp_comm_overlap"]) {
+            c.tp_comm_overlap = false;
+        }
+        if (c.optimizer_sharding != OptimizerSharding::OptimizerStates || !c.overlap_grad_reduce)
+            && !given(&["overlap_param_gather"])
+        {
+            c.overlap_param_gather = false;
+        }
+        if c.dp == 1 && !given(&["overlap_grad_reduce"]) {
+            c.overlap_grad_reduce = false;
+            c.overlap_param_gather = false;
+        }
+        if c.recompute == Recompute::Full && !given(&["graphs", "cuda_graphs"]) {
+            c.cuda_graphs = false;
+        }
+        if !c.bpipe && !given(&["order", "stage_order"]) {
+            c.stage_order = StageOrder::Megatron;
+        }
+        if c.pp != self.pp || c.virtual_stages != self.virtual_stages {
+            if !given(&["first", "first_stage_layers"]) {
+                c.first_stage_layers = None;
+            }
+            if !given(&["last", "last_stage_layers"]) {
+                c.last_stage_layers = None;
+            }
+        }
+        Ok(c)
+    }
+}
+
+/// Sets one key of a specification.
+fn set(c: &mut ParallelConfig, key: &str, value: &str) -> Result<(), SpecError> {
+    let number = || -> Result<u64, SpecError> {
+        let n: u64 = value
+            .parse()
+            .map_err(|_| SpecError(format!("{key} must be a whole number, found `{value}`")))?;
+        let max = if matches!(key, "pp" | "v" | "virtual_stages") {
+            1 << 16
+        } else {
+            1 << 20
+        };
+        if n > max {
+            return Err(SpecError(format!(
+                "{key}={n} is more than paratune plans for (at most {max})"
+            )));
+        }
+        Ok(n)
+    };
+    match key {
+        "tp" => c.tp = number()?,
+        "pp" => c.pp = number()?,
+        "dp" => c.dp = number()?,
+        "cp" => c.cp = number()?,
+        "ep" => c.ep = number()?,
+        "etp" => c.etp = number()?,
+        "mb" | "micro_batch" => c.micro_batch = number()?,
+        "v" | "virtual_stages" => c.virtual_stages = number()?,
+        "schedule" => {
+            c.schedule = choice(key, value, &ScheduleKind::ALL.map(|k| (k.name(), k)))?;
+            if c.schedule != ScheduleKind::Interleaved {
+                c.virtual_stages = 1;
+            }
+        }
+        "recompute" => c.recompute = choice(key, value, &Recompute::ALL.map(|k| (k.name(), k)))?,
+        "sp" | "sequence_parallel" => c.sequence_parallel = switch(key, value)?,
+        "sharding" | "optimizer_sharding" => {
+            c.optimizer_sharding =
+                choice(key, value, &OptimizerSharding::ALL.map(|k| (k.name(), k)))?
+        }
+        "bpipe" => c.bpipe = switch(key, value)?,
+        "attention" => {
+            c.attention = choice(key, value, &AttentionKind::ALL.map(|k| (k.name(), k)))?
+        }
+        "first" | "first_stage_layers" => {
+            c.first_stage_layers = (value != "even").then(&number).transpose()?
+        }
+        "last" | "last_stage_layers" => {
+            c.last_stage_layers = (value != "even").then(&number).transpose()?
+        }
+        "overlap_grad_reduce" => c.overlap_grad_reduce = switch(key, value)?,
+        "overlap_param_gather" => c.overlap_param_gather = switch(key, value)?,
+        "tp_comm_overlap" => c.tp_comm_overlap = switch(key, value)?,
+        "graphs" | "cuda_graphs" => c.cuda_graphs = switch(key, value)?,
+        "compile" => c.compile = switch(key, value)?,
+        "every" | "ac_frequency" => c.ac_frequency = number()?,
+        "dp_shard" => c.dp_shard = Some(number()?),
+        "order" | "stage_order" => {
+            c.stage_order = choice(key, value, &StageOrder::ALL.map(|k| (k.name(), k)))?
+        }
+        "cp_comm" | "cp-comm" => {
+            c.cp_comm = choice(key, value, &CpComm::ALL.map(|k| (k.name(), k)))?
+        }
+        "dispatch" | "moe_dispatcher" => {
+            c.dispatcher = choice(key, value, &Dispatcher::ALL.map(|k| (k.name(), k)))?
+        }
+        "precision" => c.precision = choice(key, value, &Precision::ALL.map(|k| (k.name(), k)))?,
+        "embedding_sync" | "embedding-sync" => {
+            c.embedding_sync = choice(key, value, &SyncMethod::ALL.map(|k| (k.name(), k)))?
+        }
+        _ => {
+            return Err(SpecError(format!(
+                "unknown key `{key}`{}",
+                did_you_mean(key, &SPEC_KEYS)
+            )));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn base() -> ParallelConfig {
+        ParallelConfig {
+            tp: 2,
+            pp: 2,
+            dp: 4,
+            ..ParallelConfig::default()
+        }
+    }
+
+    #[test]
+    fn a_new_degree_keeps_the_gpu_count() {
+        let c = base().with_spec("tp=4").unwrap();
+        assert_eq!((c.tp, c.pp, c.dp), (4, 2, 2));
+        let c = base().with_spec("cp=2").unwrap();
+        assert_eq!((c.cp, c.dp), (2, 2));
+        let c = base().with_spec("tp=4,dp=1").unwrap();
+        assert_eq!(c.dp, 1);
+    }
+
+    #[test]
+    fn the_new_dimensions_read() {
+        let c = base()
+            .with_spec("ep=4,etp=2,dispatch=allgather,precision=fp8,cp_comm=a2a,embedding_sync=parameter-server")
+            .unwrap();
+        assert_eq!((c.ep, c.etp), (4, 2));
+        assert_eq!(c.dispatcher, Dispatcher::AllGather);
+        assert_eq!(c.precision, Precision::Fp8);
+        assert_eq!(c.cp_comm, CpComm::A2a);
+        assert_eq!(c.embedding_sync, SyncMethod::ParameterServer);
+    }
+
+    #[test]
+    fn bad_items_say_what_is_wrong() {
+        let e = |spec: &str| base().with_spec(spec).unwrap_err().to_string();
+        assert!(e("tp").contains("is not key=value"), "{}", e("tp"));
+        assert!(e("tp=x").contains("tp must be a whole number"));
+        assert!(e("pp=100000").contains("at most 65536"));
+        assert!(e("tpp=2").contains("unknown key `tpp`"));
+        assert!(e("precision=fp4").contains("precision"));
+    }
+}
