@@ -922,7 +922,7 @@ impl Rule {
     pub fn explain_engine(self, c: &ParallelConfig) -> String {
         match self {
             Rule::CompileWithoutTorchtitan => {
-                "--compile on needs --engine torchtitan (Megatron-LM does not run torch.compile)"
+                "`compile on` needs `engine torchtitan` (Megatron-LM does not run torch.compile)"
                     .into()
             }
             _ => {
@@ -930,7 +930,7 @@ impl Rule {
                     .into_iter()
                     .find(|e| Recompute::of(*e).contains(&c.recompute));
                 format!(
-                    "--recompute {} is not a policy of the {} engine; it runs {}{}",
+                    "`recompute {}` is not a policy of the {} engine; it runs {}{}",
                     c.recompute.name(),
                     c.engine.name(),
                     Recompute::of(c.engine)
@@ -939,7 +939,7 @@ impl Rule {
                         .collect::<Vec<_>>()
                         .join(", "),
                     other.map_or(String::new(), |e| format!(
-                        " (add --engine {}, which does)",
+                        " (add `engine {}`, which does)",
                         e.name()
                     ))
                 )
@@ -988,40 +988,40 @@ impl Rule {
                 model.ffn_hidden, c.tp
             ),
             Rule::BatchNotDivisible => format!(
-                "global batch {global_batch} must be divisible by micro-batch x dp = {} x {}; change --global-batch or --micro-batch",
+                "global batch {global_batch} must be divisible by micro-batch x dp = {} x {}; change `global_batch` or `micro_batch`",
                 c.micro_batch, c.dp
             ),
             Rule::LayersNotDivisible => format!(
-                "layers ({}) must divide evenly over pp x virtual stages = {} x {}, or give the end stages fewer with --first-stage-layers/--last-stage-layers",
+                "layers ({}) must divide evenly over pp x virtual stages = {} x {}, or give the end stages fewer with `first_stage_layers`/`last_stage_layers`",
                 model.layers, c.pp, c.virtual_stages
             ),
             Rule::InterleavedShape => {
-                "the interleaved schedule needs pp >= 2 and --virtual-stages >= 2".into()
+                "the interleaved schedule needs pp >= 2 and `virtual_stages` >= 2".into()
             }
             Rule::InterleavedMicroBatches => format!(
-                "the interleaved schedule needs at least pp ({}) micro-batches per iteration, found {}; raise --global-batch or lower --micro-batch",
+                "the interleaved schedule needs at least pp ({}) micro-batches per iteration, found {}; raise `global_batch` or lower `micro_batch`",
                 c.pp,
                 c.micro_batches(global_batch)
             ),
             Rule::VirtualStagesWithoutInterleaving => {
-                "virtual stages other than 1 need --schedule interleaved".into()
+                "virtual stages other than 1 need `schedule interleaved`".into()
             }
             Rule::SequenceParallelWithoutTp => "sequence parallelism needs tp >= 2".into(),
             Rule::SequenceNotSplit => format!(
-                "sequence parallelism cannot split the sequence {} evenly over tp {}: pick a tp that divides it, or --sequence-parallel off",
+                "sequence parallelism cannot split the sequence {} evenly over tp {}: pick a tp that divides it, or `sequence_parallel off`",
                 model.seq_len, c.tp
             ),
-            Rule::BpipeSchedule => "BPipe needs --schedule 1f1b and pp >= 2".into(),
+            Rule::BpipeSchedule => "BPipe needs `schedule 1f1b` and pp >= 2".into(),
             Rule::StageOrderWithoutBpipe => {
-                "--stage-order bpipe-pairs places BPipe's stage pairs side by side; it needs --bpipe on".into()
+                "`stage_order bpipe-pairs` places BPipe's stage pairs side by side; it needs `bpipe on`".into()
             }
             Rule::UnevenWithoutPipeline => {
-                "--first-stage-layers and --last-stage-layers need pp >= 2".into()
+                "`first_stage_layers` and `last_stage_layers` need pp >= 2".into()
             }
             Rule::UnevenSplit => {
                 let given = c.first_stage_layers.unwrap_or(0) + c.last_stage_layers.unwrap_or(0);
                 format!(
-                    "first/last stage layers {}/{} leave {} of the {} layers for the other {} stage(s), which must share them evenly{}, at least one each; change --first-stage-layers/--last-stage-layers",
+                    "first/last stage layers {}/{} leave {} of the {} layers for the other {} stage(s), which must share them evenly{}, at least one each; change `first_stage_layers`/`last_stage_layers`",
                     c.first_stage_layers.map_or("even".to_string(), |n| n.to_string()),
                     c.last_stage_layers.map_or("even".to_string(), |n| n.to_string()),
                     model.layers as i64 - given as i64,
@@ -1035,28 +1035,28 @@ impl Rule {
                 )
             }
             Rule::TpOverlapWithoutSp => {
-                "--tp-comm-overlap needs --sequence-parallel on (Megatron-LM overlaps the sequence-parallel all-gathers and reduce-scatters)".into()
+                "`tp_comm_overlap` needs `sequence_parallel on` (Megatron-LM overlaps the sequence-parallel all-gathers and reduce-scatters)".into()
             }
             Rule::ParamGatherOverlap => {
-                "--overlap-param-gather needs --optimizer-sharding optimizer-states (the distributed optimizer) and --overlap-grad-reduce on".into()
+                "`overlap_param_gather` needs `optimizer_sharding optimizer-states` (the distributed optimizer) and `overlap_grad_reduce on`".into()
             }
             Rule::CudaGraphsWithFullRecompute => {
-                "--cuda-graphs on does not run with --recompute full (Megatron-LM refuses it); use selective or none".into()
+                "`cuda_graphs on` does not run with `recompute full` (Megatron-LM refuses it); use selective or none".into()
             }
             Rule::RecomputeForEngine | Rule::CompileWithoutTorchtitan => self.explain_engine(c),
-            Rule::AcFrequency => "--ac-frequency must be at least 1".into(),
+            Rule::AcFrequency => "`ac_frequency` must be at least 1".into(),
             Rule::EngineCannotRun => {
                 let what = if c.bpipe {
-                    "BPipe (--bpipe off)"
+                    "BPipe (`bpipe off`)"
                 } else if c.tp_comm_overlap && !c.compile {
-                    "tensor-parallel overlap without torch.compile (its async tensor parallelism needs --compile on)"
+                    "tensor-parallel overlap without torch.compile (its async tensor parallelism needs `compile on`)"
                 } else {
-                    "CUDA graphs with a pipeline (--cuda-graphs off, or pp 1)"
+                    "CUDA graphs with a pipeline (`cuda_graphs off`, or pp 1)"
                 };
                 format!("the torchtitan engine cannot run {what}")
             }
             Rule::HybridSharding => format!(
-                "--dp-shard {} must be at least 2, below dp {} and divide it, for --engine torchtitan with --optimizer-sharding full or optimizer-states (torchtitan's HSDP; leave it out to shard over all of dp)",
+                "`dp_shard {}` must be at least 2, below dp {} and divide it, for `engine torchtitan` with `optimizer_sharding full` or optimizer-states (torchtitan's HSDP; leave it out to shard over all of dp)",
                 c.dp_shard.unwrap_or(0),
                 c.dp
             ),
@@ -1067,17 +1067,17 @@ impl Rule {
                 2 * c.cp
             ),
             Rule::CpCommWithoutCp => format!(
-                "--cp-comm {} needs cp >= 2; leave it out with cp 1",
+                "`cp_comm {}` needs cp >= 2; leave it out with cp 1",
                 c.cp_comm.name()
             ),
             Rule::ContextHeadsNotDivisible => format!(
-                "--cp-comm a2a splits the heads over tp x cp = {}, which must divide heads ({}) and kv heads ({}); use --cp-comm p2p or a smaller cp",
+                "`cp_comm a2a` splits the heads over tp x cp = {}, which must divide heads ({}) and kv heads ({}); use `cp_comm p2p` or a smaller cp",
                 c.tp * c.cp,
                 model.heads,
                 model.kv_heads
             ),
             Rule::ExpertsWithoutMoe => format!(
-                "model `{}` has no experts, so ep {} / etp {} / --moe-dispatcher {} mean nothing; leave them out, or give the model experts (--experts)",
+                "model `{}` has no experts, so ep {} / etp {} / `moe_dispatcher {}` mean nothing; leave them out, or give the model experts (`experts`)",
                 model.name,
                 c.ep,
                 c.etp,
@@ -1094,13 +1094,13 @@ impl Rule {
                 model.moe.map_or(0, |m| m.ffn_hidden)
             ),
             Rule::ExpertGroupNotDivisible => format!(
-                "etp x ep = {} x {} must divide tp x cp x dp = {} (the ranks of a pipeline stage the experts are spread over); change --ep or --etp",
+                "etp x ep = {} x {} must divide tp x cp x dp = {} (the ranks of a pipeline stage the experts are spread over); change `ep` or `etp`",
                 c.etp,
                 c.ep,
                 c.tp * c.cp * c.dp
             ),
             Rule::MoeTpWithoutSp => format!(
-                "MoE layers with tp {} need --sequence-parallel on (Megatron-Core refuses MoE with tensor parallelism otherwise)",
+                "MoE layers with tp {} need `sequence_parallel on` (Megatron-Core refuses MoE with tensor parallelism otherwise)",
                 c.tp
             ),
             Rule::SparseSyncOfDenseEmbedding if model.tied_embeddings => format!(

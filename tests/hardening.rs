@@ -1029,7 +1029,8 @@ fn engines_recomputation_policies_and_memory_columns_name_the_field_and_the_fix(
         case(
             "an AC mode the engine lacks",
             format!("{HEADER},recompute\n8,16,1,1,1,selective-layer\n"),
-            &["line 2", "selective-layer", "--engine torchtitan"],
+            // A run table's fix is its `engine` column, named as the key.
+            &["line 2", "selective-layer", "`engine torchtitan`"],
         ),
         case(
             "compile without torchtitan",

@@ -390,7 +390,11 @@ fn explain_config(
     let _ = writeln!(out, "\nExplain {config}:");
     match explain(job, cost, result, config) {
         Explanation::Invalid { reason } => {
-            let _ = writeln!(out, "  not a valid configuration: {reason}");
+            let _ = writeln!(
+                out,
+                "  not a valid configuration: {}",
+                super::flags::with_flags(&reason)
+            );
         }
         Explanation::DoesNotFit {
             stage,

@@ -45,7 +45,6 @@ pub fn worker(args: &WorkerArgs) -> Result<()> {
     Ok(())
 }
 
-/// `--timeout` as a duration: positive seconds, at most a year.
 /// A measuring job's error with its field named as the flag that sets it
 /// (ripgrep's rule: the library names the field, the CLI the flag).
 pub fn flagged(e: MeasureError) -> anyhow::Error {
@@ -53,10 +52,14 @@ pub fn flagged(e: MeasureError) -> anyhow::Error {
         MeasureError::Invalid { field, message } => {
             anyhow!("--{}: {message}", field.replace('_', "-"))
         }
+        MeasureError::NoCuda { .. } | MeasureError::NoSuchGpu { .. } => {
+            anyhow!("{}", super::flags::with_flags(&e.to_string()))
+        }
         other => other.into(),
     }
 }
 
+/// `--timeout` as a duration: positive seconds, at most a year.
 pub fn timeout(seconds: f64) -> Result<Duration> {
     if !(seconds > 0.0 && seconds <= 365.0 * 86400.0) {
         bail!("--timeout {seconds}: give seconds between 0 and 31536000 (a year)");
@@ -207,7 +210,7 @@ pub fn profile_layer(args: &ProfileLayerArgs) -> Result<()> {
         }
         .into());
     }
-    measure::check_device(device)?;
+    measure::check_device(device).map_err(flagged)?;
     let mut profile = open_profile(&args.provenance, detected_gpu(device).as_deref())?;
     let note = format!(
         "layer points with includes_tp_comm = false: one tensor-parallel shard timed alone on {device} by `paratune profile layer` (libtorch, no collectives, no dropout)"
@@ -236,7 +239,7 @@ pub fn profile_device(args: &ProfileDeviceArgs) -> Result<()> {
     let rule = stopping_rule(&args.repetitions)?;
     let out = &args.provenance.out;
     check_out(out)?;
-    measure::check_device(device)?;
+    measure::check_device(device).map_err(flagged)?;
     let facts = match device {
         Device::Cpu => None,
         Device::Cuda(_) => match measure::device_facts(device) {
@@ -377,7 +380,7 @@ pub fn profile_comm(args: &ProfileCommArgs) -> Result<()> {
         .into());
     }
     for &gpu in &job.gpus {
-        measure::check_device(Device::Cuda(gpu))?;
+        measure::check_device(Device::Cuda(gpu)).map_err(flagged)?;
     }
     let detected = detected_gpu(Device::Cuda(job.gpus[0]));
     let mut profile = open_profile(&args.provenance, detected.as_deref())?;

@@ -4,6 +4,7 @@ pub mod args;
 pub mod calibrate;
 pub mod commands;
 pub mod embedding;
+pub mod flags;
 pub mod ingest;
 pub mod measure;
 pub mod profile;

@@ -2,6 +2,7 @@
 //! name the flag and the fix.
 
 use super::args::{ClusterArgs, CommonArgs, ModelArgs, SpaceArgs};
+use super::flags::with_flags;
 use anyhow::{Result, anyhow, bail};
 use paratune::cluster::{NodeGroup, builtin_gpu_names, builtin_node, load_cluster_file};
 use paratune::coefficients::{
@@ -88,7 +89,7 @@ pub fn model(args: &ModelArgs) -> Result<ModelSpec> {
     if let Some(mtp) = args.mtp_layers {
         model.mtp_layers = mtp;
     }
-    model.check().map_err(|e| anyhow!(flag_names(&e)))?;
+    model.check().map_err(|e| anyhow!(with_flags(&e)))?;
     Ok(model)
 }
 
@@ -165,13 +166,6 @@ fn apply_mla_flags(args: &ModelArgs, model: &mut ModelSpec) -> Result<()> {
         }
     }
     Ok(())
-}
-
-/// A model check's field names as this CLI's flags.
-fn flag_names(message: &str) -> String {
-    message
-        .replace("moe_topk (", "--moe-topk (")
-        .replace("dense_layers (", "--dense-layers (")
 }
 
 /// The node group and the number of GPUs the job uses.
@@ -482,7 +476,10 @@ fn check_engine_choices(space: &SearchSpace) -> Result<()> {
                 engine: space.engine,
                 ..ParallelConfig::default()
             };
-            bail!("{}", Rule::RecomputeForEngine.explain_engine(&c));
+            bail!(
+                "{}",
+                with_flags(&Rule::RecomputeForEngine.explain_engine(&c))
+            );
         }
     }
     if space.engine != Engine::Torchtitan && space.compile.as_deref() == Some(&[true]) {
@@ -491,7 +488,10 @@ fn check_engine_choices(space: &SearchSpace) -> Result<()> {
             engine: space.engine,
             ..ParallelConfig::default()
         };
-        bail!("{}", Rule::CompileWithoutTorchtitan.explain_engine(&c));
+        bail!(
+            "{}",
+            with_flags(&Rule::CompileWithoutTorchtitan.explain_engine(&c))
+        );
     }
     Ok(())
 }
@@ -609,7 +609,7 @@ pub fn single_config(args: &SpaceArgs, job: &Job) -> Result<ParallelConfig> {
     }
     config
         .check(&job.model, job.global_batch, job.gpus, job.gpus_per_node())
-        .map_err(|e| anyhow!(e))?;
+        .map_err(|e| anyhow!(with_flags(&e)))?;
     Ok(config)
 }
 

@@ -53,7 +53,7 @@ fn local_trials(args: &ValidateArgs, plan: &PlanFile, cost: &CostModel, out: &Pa
         }
         .into());
     }
-    measure::check_device(device)?;
+    measure::check_device(device).map_err(super::measure::flagged)?;
     let settings = TrialSettings {
         device,
         dtype,

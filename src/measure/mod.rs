@@ -240,9 +240,9 @@ pub enum MeasureError {
         "this paratune was built without the `cuda` feature, which {what} needs: rebuild with `cargo build --release --features torch,cuda`"
     )]
     NotCompiledCuda { what: &'static str },
-    #[error("--device {device}: no CUDA device is present ({reason}); use --device cpu")]
+    #[error("`device {device}`: no CUDA device is present ({reason}); use `device cpu`")]
     NoCuda { device: Device, reason: String },
-    #[error("--device {device}: this machine has {count} CUDA device(s); use cuda:0..cuda:{}", count.saturating_sub(1))]
+    #[error("`device {device}`: this machine has {count} CUDA device(s); use cuda:0..cuda:{}", count.saturating_sub(1))]
     NoSuchGpu { device: Device, count: usize },
     #[error("{field}: {message}")]
     Invalid {

@@ -588,13 +588,13 @@ impl ModelSpec {
         }
         if moe.topk > moe.experts {
             return Err(format!(
-                "model `{name}`: moe_topk ({}) cannot exceed the {} experts; route to at most as many experts as there are",
+                "model `{name}`: `moe_topk` ({}) cannot exceed the {} experts; route to at most as many experts as there are",
                 moe.topk, moe.experts
             ));
         }
         if self.moe_layers() == 0 {
             return Err(format!(
-                "model `{name}`: dense_layers ({}) leaves no MoE layer of the {}; lower dense_layers",
+                "model `{name}`: `moe_dense_layers` ({}) leaves no MoE layer of the {}; lower `moe_dense_layers`",
                 moe.dense_layers, self.layers
             ));
         }

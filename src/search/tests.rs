@@ -165,7 +165,7 @@ fn sequence_parallelism_needs_a_tp_that_divides_the_sequence() {
     };
     let err = c.check(&job.model, 256, 128, 8).unwrap_err();
     assert!(
-        err.contains("2052") && err.contains("--sequence-parallel off"),
+        err.contains("2052") && err.contains("`sequence_parallel off`"),
         "{err}"
     );
 }
