@@ -13,7 +13,8 @@ use paratune::cost::sparse::embedding_sync_options;
 use paratune::cost::{ProfileUsage, Scenario, memory_per_stage, predict_with_usage};
 use paratune::evaluate::{Setting, evaluate_with, predicted_rows};
 use paratune::export::{
-    LaunchJob, megatron_args, megatron_command_line, shell_quote, torchtitan_flags, torchtitan_toml,
+    BestExport, LaunchJob, best_export, megatron_args, megatron_command_line, torchtitan_flags,
+    torchtitan_toml,
 };
 use paratune::model::{builtin_model, builtin_model_names};
 use paratune::plan_file::PlanFile;
@@ -300,26 +301,12 @@ fn explain_winner(
             "\ntorchtitan 0.3 flags (after -m torchtitan.train --module MODULE --config CONFIG):"
         );
         export_best(out, job, result, |launch| {
-            torchtitan_flags(launch).map(|words| {
-                let mut text = String::new();
-                let mut line = String::new();
-                for word in words
-                    .flags
+            torchtitan_flags(launch).map(|flags| {
+                flags
+                    .command_lines()
                     .iter()
-                    .map(String::as_str)
-                    .chain([words.activation_checkpoint])
-                {
-                    if word.starts_with("--") || word.starts_with("activation-checkpoint:") {
-                        if !line.is_empty() {
-                            text.push_str(&format!("    {line}\n"));
-                        }
-                        line = word.to_string();
-                    } else {
-                        line = format!("{line} {}", shell_quote(word));
-                    }
-                }
-                text.push_str(&format!("    {line}\n"));
-                text
+                    .map(|line| format!("    {line}\n"))
+                    .collect()
             })
         });
         let _ = writeln!(out, "\ntorchtitan 0.2 job config (TOML fragment):");
@@ -351,22 +338,13 @@ fn export_best(
     result: &SearchResult,
     export: impl Fn(&LaunchJob) -> Result<String, paratune::export::ExportError>,
 ) {
-    let winner = &result.candidates[0];
-    match export(&LaunchJob::of(job, &winner.config)) {
-        Ok(text) => out.push_str(&text),
-        Err(e) => {
-            let _ = writeln!(out, "    #1 is not exportable: {e}");
-            let runnable = result
-                .candidates
-                .iter()
-                .enumerate()
-                .skip(1)
-                .find_map(|(i, c)| {
-                    export(&LaunchJob::of(job, &c.config))
-                        .ok()
-                        .map(|text| (i, c, text))
-                });
-            if let Some((i, c, text)) = runnable {
+    match best_export(job, &result.candidates, export) {
+        None => {}
+        Some(BestExport::Winner(text)) => out.push_str(&text),
+        Some(BestExport::Fallback { why, runnable }) => {
+            let _ = writeln!(out, "    #1 is not exportable: {why}");
+            if let Some((i, text)) = runnable {
+                let (c, winner) = (&result.candidates[i], &result.candidates[0]);
                 let _ = writeln!(
                     out,
                     "    the fastest it runs is #{} ({} slower): {}",

@@ -106,6 +106,40 @@ fn check_job(job: &LaunchJob) -> Result<(), ExportError> {
 
 pub use crate::text::shell_quote;
 
+/// What an engine runs of a ranked search.
+pub enum BestExport<T> {
+    /// The winner's export.
+    Winner(T),
+    /// Why the engine cannot run the winner, and the fastest candidate it
+    /// can run (its index in the ranking, and its export), if any.
+    Fallback {
+        why: ExportError,
+        runnable: Option<(usize, T)>,
+    },
+}
+
+/// The winner's export by `export`, or, when the engine cannot run the
+/// winner, why and the export of the fastest candidate it can run; `None`
+/// for an empty ranking.
+pub fn best_export<T>(
+    job: &crate::search::Job,
+    candidates: &[crate::search::Candidate],
+    export: impl Fn(&LaunchJob) -> Result<T, ExportError>,
+) -> Option<BestExport<T>> {
+    let winner = candidates.first()?;
+    Some(match export(&LaunchJob::of(job, &winner.config)) {
+        Ok(text) => BestExport::Winner(text),
+        Err(why) => BestExport::Fallback {
+            why,
+            runnable: candidates
+                .iter()
+                .enumerate()
+                .skip(1)
+                .find_map(|(i, c)| export(&LaunchJob::of(job, &c.config)).ok().map(|t| (i, t))),
+        },
+    })
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;

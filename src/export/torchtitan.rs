@@ -27,6 +27,7 @@
 use super::{ExportError, LaunchJob, check_job};
 use crate::config::{OptimizerSharding, Recompute, ScheduleKind};
 use crate::model::AttentionKind;
+use crate::text::shell_quote;
 use std::fmt::Write;
 
 const ENGINE: &str = "torchtitan";
@@ -520,6 +521,31 @@ pub struct TorchtitanFlags {
     pub activation_checkpoint: &'static str,
     /// What runs differently from the plan.
     pub notes: Vec<&'static str>,
+}
+
+impl TorchtitanFlags {
+    /// One line per flag with its shell-quoted values, the
+    /// activation-checkpointing subcommand last.
+    pub fn command_lines(&self) -> Vec<String> {
+        let mut lines: Vec<String> = Vec::new();
+        let words = self
+            .flags
+            .iter()
+            .map(String::as_str)
+            .chain([self.activation_checkpoint]);
+        for word in words {
+            match lines.last_mut() {
+                Some(line)
+                    if !word.starts_with("--") && !word.starts_with("activation-checkpoint:") =>
+                {
+                    line.push(' ');
+                    line.push_str(&shell_quote(word));
+                }
+                _ => lines.push(word.to_string()),
+            }
+        }
+        lines
+    }
 }
 
 /// The torchtitan 0.3.0 command-line overrides that run the plan, given to
