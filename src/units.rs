@@ -147,6 +147,33 @@ impl<'de> Deserialize<'de> for Bytes {
     }
 }
 
+/// `1.23 s`, or `12.3 ms` below a second.
+pub fn seconds(s: f64) -> String {
+    if s >= 1.0 {
+        format!("{s:.2} s")
+    } else {
+        format!("{:.1} ms", s * 1e3)
+    }
+}
+
+/// A whole number with thousands separators: `1,234,567`.
+pub fn thousands(x: f64) -> String {
+    let digits = format!("{:.0}", x);
+    let mut out = String::new();
+    for (i, ch) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(ch);
+    }
+    out
+}
+
+/// A fraction as a percentage with one decimal: `12.3%`.
+pub fn percent(x: f64) -> String {
+    format!("{:.1}%", x * 100.0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

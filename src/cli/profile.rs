@@ -163,105 +163,9 @@ fn import_layers(args: &ImportLayersArgs) -> Result<()> {
     save(profile, &args.provenance, &[], report)
 }
 
-fn mib(bytes: f64) -> String {
-    let mib = bytes / (1024.0 * 1024.0);
-    if mib >= 1024.0 {
-        format!("{} GiB", mib / 1024.0)
-    } else if mib >= 1.0 {
-        format!("{mib} MiB")
-    } else {
-        format!("{bytes} B")
-    }
-}
-
 fn show(args: &ShowProfileArgs) -> Result<()> {
     let profile = read_profile(&args.dir)?;
-    let mut out = String::new();
-    let env = &profile.environment;
-    let _ = writeln!(out, "profile {}", args.dir.display());
-    let _ = writeln!(out, "  gpu               {}", env.gpu);
-    if !env.source.is_empty() {
-        let _ = writeln!(out, "  source            {}", env.source);
-    }
-    let _ = writeln!(
-        out,
-        "  date              {} (paratune {})",
-        env.date, env.paratune_version
-    );
-    for note in &env.notes {
-        let _ = writeln!(out, "  note              {note}");
-    }
-    let measurements = Measurements::from_profile(&profile);
-    let _ = writeln!(
-        out,
-        "  collectives       {} points",
-        thousands(profile.collectives.len() as f64)
-    );
-    for (op, ranks, low, high) in measurements.curves() {
-        let points = profile
-            .collectives
-            .iter()
-            .filter(|p| p.op == op && p.ranks == ranks)
-            .count();
-        let _ = writeln!(
-            out,
-            "    {op:<15} {ranks:>3} ranks  {:>6} points  {} .. {}",
-            thousands(points as f64),
-            mib(low),
-            mib(high)
-        );
-    }
-    let _ = writeln!(out, "  layers            {} points", profile.layers.len());
-    for (shape, low, high) in measurements.layer_shapes() {
-        let _ = writeln!(
-            out,
-            "    h {} a {} kv {} ffn {}{} {} s {} tp {} sp {:<3} recompute {:<9} micro-batch {low}..{high}",
-            shape.hidden,
-            shape.heads,
-            shape.arch.kv_heads,
-            shape.arch.ffn_hidden,
-            if shape.arch.gated_mlp { " gated" } else { "" },
-            shape.arch.attention.name(),
-            shape.seq_len,
-            shape.tp,
-            if shape.sequence_parallel { "on" } else { "off" },
-            shape.recompute.name()
-        );
-    }
-    if let Some(device) = &profile.device {
-        let _ = writeln!(
-            out,
-            "  device            {} ({})",
-            device.device, device.runtime
-        );
-        if let Some(f) = &device.facts {
-            let _ = writeln!(
-                out,
-                "    {}: {:.1} GiB, {} SMs, compute capability {}, driver {}",
-                f.name,
-                f.memory_bytes / (1u64 << 30) as f64,
-                f.multiprocessors,
-                f.compute_capability,
-                f.driver_version
-            );
-        }
-        for p in &device.matmul {
-            let _ = writeln!(
-                out,
-                "    matmul {:>5}^3 {:<4} {:>8.2} TFLOP/s",
-                p.m,
-                p.dtype.name(),
-                p.tflops
-            );
-        }
-        if let Some(c) = &device.copy {
-            let _ = writeln!(out, "    copy {} {:.1} GB/s", mib(c.bytes as f64), c.gbps);
-        }
-    }
-    for command in &env.commands {
-        let _ = writeln!(out, "  made by           {command}");
-    }
-    emit(&out)
+    emit(&paratune::profile::describe(&profile, &args.dir))
 }
 
 /// A profile loaded for `--profile`.
@@ -317,25 +221,5 @@ impl Loaded {
 
 /// What the predictions took from the profile, in one line.
 pub fn usage_line(u: &ProfileUsage) -> String {
-    let n = |x: u64| thousands(x as f64);
-    let derived = if u.collective_derived > 0 {
-        format!(", {} derived from all-reduce", n(u.collective_derived))
-    } else {
-        String::new()
-    };
-    let mut line = format!(
-        "{} collective lookups ({} extrapolated beyond the measured sizes{derived}); {} layer lookups ({} extrapolated beyond the measured micro-batches)",
-        n(u.collective_lookups),
-        n(u.collective_extrapolated),
-        n(u.layer_lookups),
-        n(u.layer_extrapolated)
-    );
-    if u.collective_modelled + u.layer_modelled > 0 {
-        line += &format!(
-            "; not measured, from the formulas: collectives {}, layer times {}",
-            n(u.collective_modelled),
-            n(u.layer_modelled)
-        );
-    }
-    line
+    u.to_string()
 }

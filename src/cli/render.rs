@@ -9,29 +9,7 @@ use std::io::Write as _;
 
 pub const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 
-pub fn seconds(s: f64) -> String {
-    if s >= 1.0 {
-        format!("{s:.2} s")
-    } else {
-        format!("{:.1} ms", s * 1e3)
-    }
-}
-
-pub fn thousands(x: f64) -> String {
-    let digits = format!("{:.0}", x);
-    let mut out = String::new();
-    for (i, ch) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(ch);
-    }
-    out
-}
-
-pub fn percent(x: f64) -> String {
-    format!("{:.1}%", x * 100.0)
-}
+pub use paratune::units::{percent, seconds, thousands};
 
 /// Which optional columns the ranking table shows.
 #[derive(Debug, Clone, Copy)]

@@ -291,6 +291,41 @@ pub struct ProfileUsage {
     pub sync_lookups: u64,
 }
 
+impl std::fmt::Display for ProfileUsage {
+    /// What the predictions took from the profile, in one line.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let n = |x: u64| crate::units::thousands(x as f64);
+        write!(
+            f,
+            "{} collective lookups ({} extrapolated beyond the measured sizes",
+            n(self.collective_lookups),
+            n(self.collective_extrapolated)
+        )?;
+        if self.collective_derived > 0 {
+            write!(
+                f,
+                ", {} derived from all-reduce",
+                n(self.collective_derived)
+            )?;
+        }
+        write!(
+            f,
+            "); {} layer lookups ({} extrapolated beyond the measured micro-batches)",
+            n(self.layer_lookups),
+            n(self.layer_extrapolated)
+        )?;
+        if self.collective_modelled + self.layer_modelled > 0 {
+            write!(
+                f,
+                "; not measured, from the formulas: collectives {}, layer times {}",
+                n(self.collective_modelled),
+                n(self.layer_modelled)
+            )?;
+        }
+        Ok(())
+    }
+}
+
 impl ProfileUsage {
     pub fn add(&mut self, other: &ProfileUsage) {
         self.collective_lookups += other.collective_lookups;

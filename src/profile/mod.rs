@@ -18,6 +18,7 @@
 //! pure, allocation-free lookup the cost model uses.
 
 mod cluster;
+mod describe;
 mod import;
 mod lookup;
 mod records;
@@ -26,6 +27,7 @@ mod sweep;
 pub mod tokens;
 
 pub use cluster::{MeasuredNodeShape, measured_link, measured_node};
+pub use describe::describe;
 pub use import::{
     NcclLog, merge_collectives, merge_layers, merge_syncs, merge_tokens, parse_korthikanti_layers,
     parse_nccl_tests, parse_reference_collectives, read_text,
