@@ -29,3 +29,34 @@ pub fn parse_switch(field: &str, text: &str) -> Result<bool, String> {
         _ => Err(format!("`{field}` must be on or off, found `{text}`")),
     }
 }
+
+/// A closed set of named values (a schedule, a recomputation policy, an
+/// engine...): every value, and each one's name as flags, run tables and
+/// files spell it.
+pub trait Choice: Copy + 'static {
+    fn all() -> &'static [Self];
+    fn name(self) -> &'static str;
+
+    /// The value named `text` (case-insensitive), or the error naming
+    /// `field`, the names and the closest one.
+    fn parse(field: &str, text: &str) -> Result<Self, String> {
+        let named: Vec<(&str, Self)> = Self::all().iter().map(|&v| (v.name(), v)).collect();
+        parse_choice(field, text, &named)
+    }
+}
+
+/// Implements [`Choice`] for enums with a `const ALL` array and a
+/// `fn name(self) -> &'static str`.
+#[macro_export]
+macro_rules! named_choices {
+    ($($kind:ty),+ $(,)?) => {
+        $(impl $crate::choice::Choice for $kind {
+            fn all() -> &'static [Self] {
+                &<$kind>::ALL
+            }
+            fn name(self) -> &'static str {
+                <$kind>::name(self)
+            }
+        })+
+    };
+}

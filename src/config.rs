@@ -6,6 +6,18 @@ mod spec;
 
 pub use spec::{SPEC_KEYS, SpecError};
 
+crate::named_choices!(
+    ScheduleKind,
+    Recompute,
+    Engine,
+    OptimizerSharding,
+    StageOrder,
+    CpComm,
+    Precision,
+    Dispatcher,
+    SyncMethod,
+);
+
 use crate::model::{AttentionKind, ModelSpec};
 use serde::{Deserialize, Serialize};
 use std::fmt;

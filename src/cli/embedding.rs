@@ -6,6 +6,7 @@ use super::measure::{check_out, local_ranks, run_worker, timeout};
 use super::profile_dir::{open_profile, record_provenance};
 use super::render::{emit, thousands};
 use anyhow::{Result, anyhow, bail};
+use paratune::choice::Choice;
 use paratune::config::SyncMethod;
 use paratune::profile::tokens::{default_batch_sizes, distinct_per_batch, read_token_ids};
 use paratune::profile::{SyncPoint, TokenPoint, merge_syncs, merge_tokens, write_profile};
@@ -109,14 +110,7 @@ pub fn profile_sync(args: &ProfileSyncArgs) -> Result<()> {
         None => SyncMethod::ALL.to_vec(),
         Some(names) => names
             .iter()
-            .map(|n| {
-                paratune::choice::parse_choice(
-                    "--methods",
-                    n,
-                    &SyncMethod::ALL.map(|m| (m.name(), m)),
-                )
-                .map_err(|e| anyhow!(e))
-            })
+            .map(|n| SyncMethod::parse("--methods", n).map_err(|e| anyhow!(e)))
             .collect::<Result<_>>()?,
     };
     let timeout = timeout(args.timeout)?;

@@ -4,6 +4,7 @@
 use super::args::{ClusterArgs, CommonArgs, ModelArgs, SpaceArgs};
 use super::flags::with_flags;
 use anyhow::{Result, anyhow, bail};
+use paratune::choice::Choice;
 use paratune::cluster::{NodeGroup, builtin_gpu_names, builtin_node, load_cluster_file};
 use paratune::coefficients::{
     CostModel, builtin_cost_model, builtin_cost_model_names, default_cost_model, parse_cost_model,
@@ -16,7 +17,7 @@ use paratune::evaluate::{CostModelChoice, PerGpu};
 use paratune::model::{
     AttentionKind, ModelSpec, builtin_model, builtin_model_names, load_model_file,
 };
-use paratune::runs::{MemoryRank, RowDefaults, Run, RunTable, parse_choice, parse_switch};
+use paratune::runs::{MemoryRank, RowDefaults, Run, RunTable, parse_switch};
 use paratune::search::{Job, SearchSpace};
 use paratune::suggest::did_you_mean;
 use std::path::Path;
@@ -330,17 +331,13 @@ pub fn cost_model(name: Option<&str>, gpu_name: &str) -> Result<CostModel> {
     }
 }
 
-fn choices<T: Copy>(
-    flag: &str,
-    values: &Option<Vec<String>>,
-    all: &[(&str, T)],
-) -> Result<Option<Vec<T>>> {
+fn choices<T: Choice>(flag: &str, values: &Option<Vec<String>>) -> Result<Option<Vec<T>>> {
     values
         .as_ref()
         .map(|texts| {
             texts
                 .iter()
-                .map(|t| parse_choice(flag, t, all).map_err(|e| anyhow!(e)))
+                .map(|t| T::parse(flag, t).map_err(|e| anyhow!(e)))
                 .collect()
         })
         .transpose()
@@ -374,62 +371,33 @@ pub fn space(args: &SpaceArgs) -> Result<SearchSpace> {
         pp: positive("--pp", &args.pp)?,
         dp: positive("--dp", &args.dp)?,
         micro_batch: positive("--micro-batch", &args.micro_batch)?,
-        schedule: choices(
-            "--schedule",
-            &args.schedule,
-            &ScheduleKind::ALL.map(|k| (k.name(), k)),
-        )?,
+        schedule: choices::<ScheduleKind>("--schedule", &args.schedule)?,
         virtual_stages: positive("--virtual-stages", &args.virtual_stages)?,
-        recompute: choices(
-            "--recompute",
-            &args.recompute,
-            &Recompute::ALL.map(|k| (k.name(), k)),
-        )?,
+        recompute: choices::<Recompute>("--recompute", &args.recompute)?,
         sequence_parallel: switches("--sequence-parallel", &args.sequence_parallel)?,
-        optimizer_sharding: choices(
+        optimizer_sharding: choices::<OptimizerSharding>(
             "--optimizer-sharding",
             &args.optimizer_sharding,
-            &OptimizerSharding::ALL.map(|k| (k.name(), k)),
         )?,
         bpipe: switches("--bpipe", &args.bpipe)?,
-        attention: choices(
-            "--attention",
-            &args.attention,
-            &AttentionKind::ALL.map(|k| (k.name(), k)),
-        )?,
+        attention: choices::<AttentionKind>("--attention", &args.attention)?,
         first_stage_layers: positive("--first-stage-layers", &args.first_stage_layers)?,
         last_stage_layers: positive("--last-stage-layers", &args.last_stage_layers)?,
         overlap_grad_reduce: switches("--overlap-grad-reduce", &args.overlap_grad_reduce)?,
         overlap_param_gather: switches("--overlap-param-gather", &args.overlap_param_gather)?,
         tp_comm_overlap: switches("--tp-comm-overlap", &args.tp_comm_overlap)?,
         cuda_graphs: switches("--cuda-graphs", &args.cuda_graphs)?,
-        stage_order: choices(
-            "--stage-order",
-            &args.stage_order,
-            &StageOrder::ALL.map(|k| (k.name(), k)),
-        )?,
+        stage_order: choices::<StageOrder>("--stage-order", &args.stage_order)?,
         engine: engine(args)?,
         compile: switches("--compile", &args.compile)?,
         ac_frequency: positive("--ac-frequency", &args.ac_frequency)?,
         dp_shard: positive("--dp-shard", &args.dp_shard)?,
         cp: positive("--cp", &args.cp)?,
-        cp_comm: choices(
-            "--cp-comm",
-            &args.cp_comm,
-            &CpComm::ALL.map(|k| (k.name(), k)),
-        )?,
+        cp_comm: choices::<CpComm>("--cp-comm", &args.cp_comm)?,
         ep: positive("--ep", &args.ep)?,
         etp: positive("--etp", &args.etp)?,
-        dispatcher: choices(
-            "--moe-dispatcher",
-            &args.moe_dispatcher,
-            &Dispatcher::ALL.map(|k| (k.name(), k)),
-        )?,
-        precision: choices(
-            "--precision",
-            &args.precision,
-            &Precision::ALL.map(|k| (k.name(), k)),
-        )?,
+        dispatcher: choices::<Dispatcher>("--moe-dispatcher", &args.moe_dispatcher)?,
+        precision: choices::<Precision>("--precision", &args.precision)?,
         embedding_sync: embedding_sync(&args.embedding_sync)?,
     };
     check_engine_choices(&space)?;
@@ -444,11 +412,7 @@ fn embedding_sync(values: &Option<Vec<String>>) -> Result<Option<Vec<SyncMethod>
     {
         return Ok(Some(SyncMethod::ALL.to_vec()));
     }
-    choices(
-        "--embedding-sync",
-        values,
-        &SyncMethod::ALL.map(|k| (k.name(), k)),
-    )
+    choices::<SyncMethod>("--embedding-sync", values)
 }
 
 /// `--precision fp8` on a GPU without FP8 tensor cores, refused up front.
@@ -500,8 +464,7 @@ fn check_engine_choices(space: &SearchSpace) -> Result<()> {
 fn engine(args: &SpaceArgs) -> Result<Engine> {
     match &args.engine {
         None => Ok(Engine::Megatron),
-        Some(text) => parse_choice("--engine", text, &Engine::ALL.map(|k| (k.name(), k)))
-            .map_err(|e| anyhow!(e)),
+        Some(text) => Engine::parse("--engine", text).map_err(|e| anyhow!(e)),
     }
 }
 
@@ -641,12 +604,7 @@ pub fn row_defaults(
         ac_frequency: single("--ac-frequency", &space.ac_frequency, 2)?,
         memory_rank: match &args.memory_rank {
             None => MemoryRank::Max,
-            Some(text) => parse_choice(
-                "--memory-rank",
-                text,
-                &MemoryRank::ALL.map(|k| (k.name(), k)),
-            )
-            .map_err(|e| anyhow!(e))?,
+            Some(text) => MemoryRank::parse("--memory-rank", text).map_err(|e| anyhow!(e))?,
         },
         model,
         model_is_given,

@@ -6,7 +6,7 @@ use super::{
     CpComm, Dispatcher, OptimizerSharding, ParallelConfig, Precision, Recompute, ScheduleKind,
     StageOrder, SyncMethod,
 };
-use crate::choice::{parse_choice, parse_switch};
+use crate::choice::{Choice, parse_switch};
 use crate::model::AttentionKind;
 use crate::suggest::did_you_mean;
 
@@ -59,8 +59,8 @@ pub const SPEC_KEYS: [&str; 40] = [
 #[error("{0}")]
 pub struct SpecError(String);
 
-fn choice<T: Copy>(key: &str, value: &str, all: &[(&str, T)]) -> Result<T, SpecError> {
-    parse_choice(key, value, all).map_err(SpecError)
+fn choice<T: Choice>(key: &str, value: &str) -> Result<T, SpecError> {
+    T::parse(key, value).map_err(SpecError)
 }
 
 fn switch(key: &str, value: &str) -> Result<bool, SpecError> {
@@ -147,21 +147,18 @@ fn set(c: &mut ParallelConfig, key: &str, value: &str) -> Result<(), SpecError> 
         "mb" | "micro_batch" => c.micro_batch = number()?,
         "v" | "virtual_stages" => c.virtual_stages = number()?,
         "schedule" => {
-            c.schedule = choice(key, value, &ScheduleKind::ALL.map(|k| (k.name(), k)))?;
+            c.schedule = choice::<ScheduleKind>(key, value)?;
             if c.schedule != ScheduleKind::Interleaved {
                 c.virtual_stages = 1;
             }
         }
-        "recompute" => c.recompute = choice(key, value, &Recompute::ALL.map(|k| (k.name(), k)))?,
+        "recompute" => c.recompute = choice::<Recompute>(key, value)?,
         "sp" | "sequence_parallel" => c.sequence_parallel = switch(key, value)?,
         "sharding" | "optimizer_sharding" => {
-            c.optimizer_sharding =
-                choice(key, value, &OptimizerSharding::ALL.map(|k| (k.name(), k)))?
+            c.optimizer_sharding = choice::<OptimizerSharding>(key, value)?
         }
         "bpipe" => c.bpipe = switch(key, value)?,
-        "attention" => {
-            c.attention = choice(key, value, &AttentionKind::ALL.map(|k| (k.name(), k)))?
-        }
+        "attention" => c.attention = choice::<AttentionKind>(key, value)?,
         "first" | "first_stage_layers" => {
             c.first_stage_layers = (value != "even").then(&number).transpose()?
         }
@@ -175,19 +172,11 @@ fn set(c: &mut ParallelConfig, key: &str, value: &str) -> Result<(), SpecError> 
         "compile" => c.compile = switch(key, value)?,
         "every" | "ac_frequency" => c.ac_frequency = number()?,
         "dp_shard" => c.dp_shard = Some(number()?),
-        "order" | "stage_order" => {
-            c.stage_order = choice(key, value, &StageOrder::ALL.map(|k| (k.name(), k)))?
-        }
-        "cp_comm" | "cp-comm" => {
-            c.cp_comm = choice(key, value, &CpComm::ALL.map(|k| (k.name(), k)))?
-        }
-        "dispatch" | "moe_dispatcher" => {
-            c.dispatcher = choice(key, value, &Dispatcher::ALL.map(|k| (k.name(), k)))?
-        }
-        "precision" => c.precision = choice(key, value, &Precision::ALL.map(|k| (k.name(), k)))?,
-        "embedding_sync" | "embedding-sync" => {
-            c.embedding_sync = choice(key, value, &SyncMethod::ALL.map(|k| (k.name(), k)))?
-        }
+        "order" | "stage_order" => c.stage_order = choice::<StageOrder>(key, value)?,
+        "cp_comm" | "cp-comm" => c.cp_comm = choice::<CpComm>(key, value)?,
+        "dispatch" | "moe_dispatcher" => c.dispatcher = choice::<Dispatcher>(key, value)?,
+        "precision" => c.precision = choice::<Precision>(key, value)?,
+        "embedding_sync" | "embedding-sync" => c.embedding_sync = choice::<SyncMethod>(key, value)?,
         _ => {
             return Err(SpecError(format!(
                 "unknown key `{key}`{}",

@@ -228,6 +228,8 @@ pub enum MemoryRank {
     Max,
 }
 
+crate::named_choices!(MemoryRank);
+
 impl MemoryRank {
     pub const ALL: [MemoryRank; 3] = [MemoryRank::First, MemoryRank::Last, MemoryRank::Max];
 

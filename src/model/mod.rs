@@ -8,6 +8,8 @@ mod file;
 pub use catalogue::{builtin_model, builtin_model_names};
 pub use file::{ModelFileError, load_model_file, parse_model_toml, render_model_toml};
 
+crate::named_choices!(AttentionKind);
+
 use serde::{Deserialize, Serialize};
 
 /// How attention scores are computed; decides whether the `s^2` activation

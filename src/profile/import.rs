@@ -6,6 +6,7 @@ use super::{
     CollectiveOp, CollectivePoint, LayerArch, LayerPoint, LayerStatus, ProfileError, SyncPoint,
     TokenPoint,
 };
+use crate::choice::Choice;
 use crate::config::Recompute;
 use std::path::Path;
 
@@ -393,12 +394,7 @@ pub fn parse_korthikanti_layers(
         };
         let sequence_parallel =
             crate::choice::parse_switch("sequence_parallel", cell(5)).map_err(bad)?;
-        let recompute = crate::choice::parse_choice(
-            "recompute",
-            cell(6),
-            &Recompute::ALL.map(|k| (k.name(), k)),
-        )
-        .map_err(bad)?;
+        let recompute = Recompute::parse("recompute", cell(6)).map_err(bad)?;
         let forward_s = ms(7)? / 1e3;
         let (hidden, heads) = (int(0)?, int(1)?);
         let backward_with_recompute = ms(8)? / 1e3;

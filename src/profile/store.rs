@@ -11,6 +11,7 @@ use super::{
     COLLECTIVES_TABLE, CollectiveOp, CollectivePoint, DEVICE_FILE, ENVIRONMENT_FILE, Environment,
     LAYERS_TABLE, LayerArch, LayerPoint, LayerStatus, Profile, ProfileError,
 };
+use crate::choice::Choice;
 use crate::config::Recompute;
 use crate::model::AttentionKind;
 use polars::prelude::*;
@@ -541,12 +542,8 @@ fn layer_archs(df: &DataFrame, hidden: &[u64], heads: &[u64]) -> Result<Vec<Laye
                 arch.gated_mlp = v[i];
             }
             if let Some(v) = &attention {
-                arch.attention = crate::choice::parse_choice(
-                    "attention",
-                    &v[i],
-                    &AttentionKind::ALL.map(|k| (k.name(), k)),
-                )
-                .map_err(|e| format!("row {}: {e}", i + 1))?;
+                arch.attention = AttentionKind::parse("attention", &v[i])
+                    .map_err(|e| format!("row {}: {e}", i + 1))?;
             }
             Ok(arch)
         })
@@ -577,12 +574,8 @@ fn layers_from(df: &DataFrame) -> Result<Vec<LayerPoint>, String> {
     (0..hidden.len())
         .map(|i| {
             let row = i + 1;
-            let recompute = crate::choice::parse_choice(
-                "recompute",
-                &recompute[i],
-                &Recompute::ALL.map(|k| (k.name(), k)),
-            )
-            .map_err(|e| format!("row {row}: {e}"))?;
+            let recompute = Recompute::parse("recompute", &recompute[i])
+                .map_err(|e| format!("row {row}: {e}"))?;
             let status = LayerStatus::from_name(&status[i]).ok_or_else(|| {
                 format!("row {row}: status must be ok or oom, found `{}`", status[i])
             })?;

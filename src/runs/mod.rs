@@ -14,6 +14,7 @@ mod table;
 pub use history::{HistoryError, RunHistory, TailRepair};
 pub use table::{RunTable, merge_rows, write_csv, write_rows};
 
+use crate::choice::Choice;
 use crate::config::{
     CpComm, Dispatcher, Engine, OptimizerSharding, ParallelConfig, Precision, Recompute,
     ScheduleKind, StageOrder, SyncMethod,
@@ -448,11 +449,7 @@ fn parse_row(table: &RunTable, index: usize, defaults: &RowDefaults) -> Result<R
         };
     }
     if let Some(text) = cell("attention") {
-        model.attention = parse_choice(
-            "attention",
-            text,
-            &AttentionKind::ALL.map(|k| (k.name(), k)),
-        )?;
+        model.attention = AttentionKind::parse("attention", text)?;
     }
     if let Some(width) = int("head_dim")? {
         model.head_dim_override = Some(width);
@@ -513,11 +510,7 @@ fn parse_row(table: &RunTable, index: usize, defaults: &RowDefaults) -> Result<R
     let etp = int("etp")?.unwrap_or(if model.moe.is_some() { tp } else { 1 });
     // Megatron-LM's default dispatcher gathers the tokens.
     let dispatcher = match cell("moe_dispatcher") {
-        Some(text) => parse_choice(
-            "moe_dispatcher",
-            text,
-            &Dispatcher::ALL.map(|k| (k.name(), k)),
-        )?,
+        Some(text) => Dispatcher::parse("moe_dispatcher", text)?,
         None if model.moe.is_some() => Dispatcher::AllGather,
         None => Dispatcher::AllToAll,
     };
@@ -533,14 +526,14 @@ fn parse_row(table: &RunTable, index: usize, defaults: &RowDefaults) -> Result<R
         None => Precision::Bf16,
     };
     let cp_comm = match cell("cp_comm") {
-        Some(text) => parse_choice("cp_comm", text, &CpComm::ALL.map(|k| (k.name(), k)))?,
+        Some(text) => CpComm::parse("cp_comm", text)?,
         None => CpComm::P2p,
     };
     let global_batch = required("global_batch")?;
     let micro_batch = required("micro_batch")?;
 
     let mut schedule = match cell("schedule") {
-        Some(text) => parse_choice("schedule", text, &ScheduleKind::ALL.map(|k| (k.name(), k)))?,
+        Some(text) => ScheduleKind::parse("schedule", text)?,
         None => defaults.schedule,
     };
     let mut virtual_stages = int("virtual_stages")?.unwrap_or(defaults.virtual_stages);
@@ -570,15 +563,11 @@ fn parse_row(table: &RunTable, index: usize, defaults: &RowDefaults) -> Result<R
         cell(name).map_or(Ok(default), |text| parse_switch(name, text))
     };
     let engine = match cell("engine") {
-        Some(text) => parse_choice("engine", text, &Engine::ALL.map(|k| (k.name(), k)))?,
+        Some(text) => Engine::parse("engine", text)?,
         None => defaults.engine,
     };
     let optimizer_sharding = match (cell("optimizer_sharding"), cell("distributed_optimizer")) {
-        (Some(text), _) => parse_choice(
-            "optimizer_sharding",
-            text,
-            &OptimizerSharding::ALL.map(|k| (k.name(), k)),
-        )?,
+        (Some(text), _) => OptimizerSharding::parse("optimizer_sharding", text)?,
         // Megatron-LM's own switch, as megatron_ci_runs.csv has it.
         (None, Some(text)) => {
             if parse_switch("distributed_optimizer", text)? {
@@ -607,7 +596,7 @@ fn parse_row(table: &RunTable, index: usize, defaults: &RowDefaults) -> Result<R
         schedule,
         virtual_stages,
         recompute: match cell("recompute") {
-            Some(text) => parse_choice("recompute", text, &Recompute::ALL.map(|k| (k.name(), k)))?,
+            Some(text) => Recompute::parse("recompute", text)?,
             None => defaults.recompute,
         },
         sequence_parallel: match cell("sequence_parallel") {
@@ -624,9 +613,7 @@ fn parse_row(table: &RunTable, index: usize, defaults: &RowDefaults) -> Result<R
         tp_comm_overlap: switch("tp_comm_overlap", defaults.tp_comm_overlap)?,
         cuda_graphs: switch("cuda_graphs", defaults.cuda_graphs)?,
         stage_order: match cell("stage_order") {
-            Some(text) => {
-                parse_choice("stage_order", text, &StageOrder::ALL.map(|k| (k.name(), k)))?
-            }
+            Some(text) => StageOrder::parse("stage_order", text)?,
             None => StageOrder::Megatron,
         },
         engine,
@@ -641,11 +628,7 @@ fn parse_row(table: &RunTable, index: usize, defaults: &RowDefaults) -> Result<R
         dispatcher,
         precision,
         embedding_sync: match cell("embedding_sync") {
-            Some(text) => parse_choice(
-                "embedding_sync",
-                text,
-                &SyncMethod::ALL.map(|k| (k.name(), k)),
-            )?,
+            Some(text) => SyncMethod::parse("embedding_sync", text)?,
             None => SyncMethod::AllReduce,
         },
     };
@@ -685,7 +668,7 @@ fn parse_row(table: &RunTable, index: usize, defaults: &RowDefaults) -> Result<R
     let allocated = gib("peak_allocated_gib")?;
     let reserved = gib("peak_reserved_gib")?;
     let rank = match cell("memory_rank") {
-        Some(text) => parse_choice("memory_rank", text, &MemoryRank::ALL.map(|k| (k.name(), k)))?,
+        Some(text) => MemoryRank::parse("memory_rank", text)?,
         None => defaults.memory_rank,
     };
     let measured_memory = (allocated.is_some() || reserved.is_some()).then_some(MeasuredMemory {
