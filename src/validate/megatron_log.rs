@@ -271,47 +271,98 @@ pub fn parse(text: &str, path: &str, warmup: usize) -> Result<MegatronRun, Megat
     if text.trim().is_empty() {
         return Err(MegatronLogError::Empty { path: path.into() });
     }
-    let mut args: BTreeMap<String, (String, usize)> = BTreeMap::new();
-    let mut state = DumpState::Before;
-    let mut notes = Vec::new();
-    let mut iterations: Vec<IterationLine> = Vec::new();
-    let mut memory = Vec::new();
-    let mut padded_vocab_line: Option<u64> = None;
-    let mut unreadable_times: Vec<usize> = Vec::new();
-    let mut repeated: Vec<u64> = Vec::new();
-    let mut seen_iterations: HashSet<u64> = HashSet::new();
-    let mut cut_off_last_line = false;
+    let scan = scan(text);
+    if scan.state == DumpState::Before {
+        return Err(MegatronLogError::NoArguments { path: path.into() });
+    }
+    let arguments_complete = matches!(scan.state, DumpState::After | DumpState::Second);
+    let mut config = config_from_arguments(&scan.args, path, arguments_complete)?;
+    if config.padded_vocab_size.is_none() {
+        config.padded_vocab_size = scan.padded_vocab;
+    }
+    let mut notes = scan.notes();
+    let steady = steady_state(&scan.iterations, &config, path, warmup)?;
+    notes.extend(steady.note.clone());
+    notes.extend(run_notes(&scan, &config));
+    let peak =
+        |of: fn(&MemoryLine) -> Option<f64>| scan.memory.iter().filter_map(of).reduce(f64::max);
+    let iterations = scan.iterations;
+    Ok(MegatronRun {
+        config,
+        skipped_iterations: iterations.iter().filter_map(|i| i.skipped_iterations).sum(),
+        nan_iterations: iterations.iter().filter_map(|i| i.nan_iterations).sum(),
+        steady_iterations: steady.count,
+        last_iteration: iterations.iter().map(|i| i.iteration).max().unwrap_or(0),
+        train_iters: iterations.iter().map(|i| i.train_iters).max().unwrap_or(0),
+        iterations,
+        peak_allocated_bytes: peak(|m| m.max_allocated_bytes),
+        peak_reserved_bytes: peak(|m| m.max_reserved_bytes),
+        memory: scan.memory,
+        warmup,
+        steady_mean_ms: steady.mean_ms,
+        steady_median_ms: steady.median_ms,
+        tflops_per_gpu: steady.tflops_per_gpu,
+        arguments_complete,
+        notes,
+    })
+}
 
+/// What one pass over a log's lines found.
+struct Scan {
+    /// Each argument's value and line, the first of each name.
+    args: BTreeMap<String, (String, usize)>,
+    state: DumpState,
+    /// The first iteration line of each iteration number, in log order.
+    iterations: Vec<IterationLine>,
+    memory: Vec<MemoryLine>,
+    padded_vocab: Option<u64>,
+    /// Lines that matter for the notes.
+    second_dump: Option<usize>,
+    unreadable_times: Vec<usize>,
+    repeated: Vec<u64>,
+    cut_off_last_line: bool,
+}
+
+/// Reads every line once: the argument dump, iteration and memory lines,
+/// the padded vocabulary; stops at a second argument dump.
+fn scan(text: &str) -> Scan {
+    let mut scan = Scan {
+        args: BTreeMap::new(),
+        state: DumpState::Before,
+        iterations: Vec::new(),
+        memory: Vec::new(),
+        padded_vocab: None,
+        second_dump: None,
+        unreadable_times: Vec::new(),
+        repeated: Vec::new(),
+        cut_off_last_line: false,
+    };
+    let mut seen_iterations: HashSet<u64> = HashSet::new();
     for (index, raw) in text.split_inclusive('\n').enumerate() {
         let number = index + 1;
         let complete = raw.ends_with('\n');
         let line = raw.trim_end_matches(['\n', '\r']);
         if line.contains(ARGS_BEGIN) {
-            match state {
-                DumpState::Before => {
-                    state = DumpState::Inside;
-                    continue;
-                }
-                _ => {
-                    notes.push(format!(
-                        "line {number} starts a second argument dump (a restarted run appended to the same log?); only the first run is read"
-                    ));
-                    state = DumpState::Second;
-                    break;
-                }
+            if scan.state == DumpState::Before {
+                scan.state = DumpState::Inside;
+                continue;
             }
+            scan.second_dump = Some(number);
+            scan.state = DumpState::Second;
+            break;
         }
         if line.contains(ARGS_END) {
-            if state == DumpState::Inside {
-                state = DumpState::After;
+            if scan.state == DumpState::Inside {
+                scan.state = DumpState::After;
             }
             continue;
         }
-        if state == DumpState::Inside {
+        if scan.state == DumpState::Inside {
             if let Some((name, value)) = argument_line(line)
                 && complete
             {
-                args.entry(name.to_string())
+                scan.args
+                    .entry(name.to_string())
                     .or_insert((value.to_string(), number));
             }
             continue;
@@ -319,62 +370,84 @@ pub fn parse(text: &str, path: &str, warmup: usize) -> Result<MegatronRun, Megat
         if let Some(parsed) = iteration_line(line, number) {
             let seen = !seen_iterations.insert(parsed.iteration);
             if !complete && parsed.elapsed_ms.is_none() {
-                cut_off_last_line = true;
+                scan.cut_off_last_line = true;
             } else if seen {
-                repeated.push(parsed.iteration);
+                scan.repeated.push(parsed.iteration);
             } else if parsed.elapsed_ms.is_none() {
-                unreadable_times.push(number);
+                scan.unreadable_times.push(number);
             }
             if !seen {
-                iterations.push(parsed);
+                scan.iterations.push(parsed);
             }
             continue;
         }
         if let Some(parsed) = memory_line(line, number, complete) {
-            memory.push(parsed);
+            scan.memory.push(parsed);
             continue;
         }
         if let Some(size) = padded_vocab(line) {
-            padded_vocab_line.get_or_insert(size);
+            scan.padded_vocab.get_or_insert(size);
             continue;
         }
         if !complete && !line.trim().is_empty() {
-            cut_off_last_line = true;
+            scan.cut_off_last_line = true;
         }
     }
+    scan
+}
 
-    if state == DumpState::Before {
-        return Err(MegatronLogError::NoArguments { path: path.into() });
+impl Scan {
+    /// What was odd about the lines, in the order the reader meets it.
+    fn notes(&self) -> Vec<String> {
+        let mut notes = Vec::new();
+        if let Some(number) = self.second_dump {
+            notes.push(format!(
+                "line {number} starts a second argument dump (a restarted run appended to the same log?); only the first run is read"
+            ));
+        }
+        if self.state == DumpState::Inside {
+            notes.push(
+                "the argument dump has no end line (the log was cut inside it); the arguments before the cut are used".into(),
+            );
+        }
+        if self.cut_off_last_line {
+            notes.push("the last line is cut off (the run was killed?); it is left out".into());
+        }
+        if !self.unreadable_times.is_empty() {
+            notes.push(format!(
+                "{} iteration line(s) without a readable `{ELAPSED_KEY}` (line {}); left out of the steady state",
+                self.unreadable_times.len(),
+                list(&self.unreadable_times)
+            ));
+        }
+        if !self.repeated.is_empty() {
+            notes.push(format!(
+                "iteration(s) {} logged more than once; the first line of each is used",
+                list(&self.repeated)
+            ));
+        }
+        notes
     }
-    let arguments_complete = matches!(state, DumpState::After | DumpState::Second);
-    if !arguments_complete {
-        notes.push(
-            "the argument dump has no end line (the log was cut inside it); the arguments before the cut are used".into(),
-        );
-    }
-    let mut config = config_from_arguments(&args, path, arguments_complete)?;
-    if config.padded_vocab_size.is_none() {
-        config.padded_vocab_size = padded_vocab_line;
-    }
-    if cut_off_last_line {
-        notes.push("the last line is cut off (the run was killed?); it is left out".into());
-    }
-    if !unreadable_times.is_empty() {
-        notes.push(format!(
-            "{} iteration line(s) without a readable `{ELAPSED_KEY}` (line {}); left out of the steady state",
-            unreadable_times.len(),
-            list(&unreadable_times)
-        ));
-    }
-    if !repeated.is_empty() {
-        notes.push(format!(
-            "iteration(s) {} logged more than once; the first line of each is used",
-            list(&repeated)
-        ));
-    }
+}
 
-    let timed = iterations.iter().filter(|i| i.elapsed_ms.is_some()).count();
-    if timed == 0 {
+/// The steady state's times: after `warmup` logged iterations, never
+/// iteration 1.
+struct Steady {
+    count: usize,
+    median_ms: f64,
+    mean_ms: f64,
+    tflops_per_gpu: Option<f64>,
+    /// Outliers, which the median does not move.
+    note: Option<String>,
+}
+
+fn steady_state(
+    iterations: &[IterationLine],
+    config: &MegatronConfig,
+    path: &str,
+    warmup: usize,
+) -> Result<Steady, MegatronLogError> {
+    if !iterations.iter().any(|i| i.elapsed_ms.is_some()) {
         let last_rank = config
             .world_size
             .checked_sub(1)
@@ -397,21 +470,28 @@ pub fn parse(text: &str, path: &str, warmup: usize) -> Result<MegatronRun, Megat
         });
     }
     let times: Vec<f64> = steady.iter().filter_map(|i| i.elapsed_ms).collect();
-    let steady_mean_ms = times.iter().sum::<f64>() / times.len() as f64;
-    let steady_median_ms = median(&times);
+    let median_ms = median(&times);
     let outliers = times
         .iter()
-        .filter(|&&t| t > OUTLIER_FACTOR * steady_median_ms)
+        .filter(|&&t| t > OUTLIER_FACTOR * median_ms)
         .count();
-    if outliers > 0 {
-        notes.push(format!(
-            "{outliers} steady iteration(s) took more than {OUTLIER_FACTOR}x the median ({steady_median_ms:.1} ms); the run's time is the median, which they do not move"
-        ));
-    }
     let throughputs: Vec<f64> = steady.iter().filter_map(|i| i.tflops_per_gpu).collect();
-    let tflops_per_gpu = (!throughputs.is_empty()).then(|| median(&throughputs));
+    Ok(Steady {
+        count: steady.len(),
+        median_ms,
+        mean_ms: times.iter().sum::<f64>() / times.len() as f64,
+        tflops_per_gpu: (!throughputs.is_empty()).then(|| median(&throughputs)),
+        note: (outliers > 0).then(|| format!(
+            "{outliers} steady iteration(s) took more than {OUTLIER_FACTOR}x the median ({median_ms:.1} ms); the run's time is the median, which they do not move"
+        )),
+    })
+}
 
-    if let Some(logged) = iterations.iter().find_map(|i| i.global_batch_size)
+/// What was odd about the run itself: a batch ramp-up, no memory lines,
+/// a run cut short.
+fn run_notes(scan: &Scan, config: &MegatronConfig) -> Vec<String> {
+    let mut notes = Vec::new();
+    if let Some(logged) = scan.iterations.iter().find_map(|i| i.global_batch_size)
         && logged != config.global_batch_size
     {
         notes.push(format!(
@@ -419,45 +499,30 @@ pub fn parse(text: &str, path: &str, warmup: usize) -> Result<MegatronRun, Megat
             config.global_batch_size
         ));
     }
-    let peak_allocated_bytes = memory
-        .iter()
-        .filter_map(|m| m.max_allocated_bytes)
-        .reduce(f64::max);
-    let peak_reserved_bytes = memory
-        .iter()
-        .filter_map(|m| m.max_reserved_bytes)
-        .reduce(f64::max);
-    if memory.is_empty() {
+    if scan.memory.is_empty() {
         notes.push(
             "no `[Rank N] (after K iterations) memory (MB) | ...` lines; the peak memory is unknown"
                 .into(),
         );
     }
-    let train_iters = iterations.iter().map(|i| i.train_iters).max().unwrap_or(0);
-    let last_iteration = iterations.iter().map(|i| i.iteration).max().unwrap_or(0);
+    let train_iters = scan
+        .iterations
+        .iter()
+        .map(|i| i.train_iters)
+        .max()
+        .unwrap_or(0);
+    let last_iteration = scan
+        .iterations
+        .iter()
+        .map(|i| i.iteration)
+        .max()
+        .unwrap_or(0);
     if last_iteration < train_iters {
         notes.push(format!(
             "the log stops at iteration {last_iteration} of {train_iters} (the run was cut short?)"
         ));
     }
-    Ok(MegatronRun {
-        config,
-        skipped_iterations: iterations.iter().filter_map(|i| i.skipped_iterations).sum(),
-        nan_iterations: iterations.iter().filter_map(|i| i.nan_iterations).sum(),
-        steady_iterations: steady.len(),
-        iterations,
-        memory,
-        warmup,
-        steady_mean_ms,
-        steady_median_ms,
-        tflops_per_gpu,
-        peak_allocated_bytes,
-        peak_reserved_bytes,
-        arguments_complete,
-        last_iteration,
-        train_iters,
-        notes,
-    })
+    notes
 }
 
 /// A steady iteration this many times the median is reported as an outlier.
