@@ -434,58 +434,7 @@ pub fn calibrate(
         &prior_pred,
         &candidates,
     );
-    let mut coefficients = Vec::new();
-    let mut free = Vec::new();
-    for info in Coefficients::INFO {
-        let value = prior.coefficients.get(info.name).expect("known");
-        let mut fit = CoefficientFit {
-            name: info.name,
-            unit: info.unit,
-            prior: value,
-            value,
-            ci95: None,
-            status: FitStatus::Fixed,
-            sensitivity: None,
-            note: String::new(),
-        };
-        if let Some(s) = screened.get(info.name) {
-            fit.sensitivity = Some(s.time);
-            if s.time < SENSITIVITY_THRESHOLD {
-                fit.status = FitStatus::NotInformed;
-                fit.note = not_informed_note(info, value, s, &facts);
-            } else if s.memory && opts.free.is_none() {
-                fit.note = "memory accounting that also sets predicted memory; time measurements \
-                            cannot calibrate it without corrupting memory predictions (name it \
-                            in the fit list to fit it anyway)"
-                    .into();
-            } else {
-                fit.status = FitStatus::Fitted;
-                free.push(FreeParam { info });
-            }
-        } else if opts.pinned.iter().any(|p| p == info.name) {
-            fit.note = "pinned to a separate measurement (see provenance)".into();
-        } else {
-            fit.note = "not in the fit list".into();
-        }
-        coefficients.push(fit);
-    }
-    if free.is_empty() {
-        let silent: Vec<&str> = coefficients
-            .iter()
-            .filter(|c| c.status == FitStatus::NotInformed)
-            .map(|c| c.name)
-            .collect();
-        return Err(CalibrateError::NothingToFit {
-            reason: if silent.is_empty() {
-                "no coefficient is free".into()
-            } else {
-                format!(
-                    "the rows do not inform {} (predicted times barely depend on them)",
-                    silent.join(", ")
-                )
-            },
-        });
-    }
+    let (mut coefficients, free) = free_coefficients(prior, &screened, &facts, opts)?;
     if train.len() < free.len() {
         return Err(CalibrateError::TooFewRuns {
             rows: train.len(),
@@ -556,35 +505,12 @@ pub fn calibrate(
     let loss_prior = full_problem.loss(&z0);
     let fitted = full_problem.model(&z_fit);
 
-    // Out-of-fold predictions.
-    let mut cross_validated = Vec::new();
-    let mut cross_validated_by = Vec::new();
-    if let Some((_, of)) = &fold_of {
-        let mut oof = vec![f64::NAN; rows.len()];
-        for (k, (z, _)) in results[1..].iter().enumerate() {
-            let model = full_problem.model(z);
-            for &i in train.iter().filter(|&&i| of[i] == k) {
-                oof[i] = predict_row(&rows[i], &model);
-            }
+    let (cross_validated, cross_validated_by) = match &fold_of {
+        Some((_, of)) => {
+            out_of_fold_figures(&rows, &train, of, &results[1..], &full_problem, &names)
         }
-        cross_validated = figures::figures(&rows, &train, &oof, &names);
-        let by =
-            |key: fn(&Row) -> (u64, String)| figures::breakdown(&rows, &train, &oof, &names, key);
-        cross_validated_by = vec![
-            (
-                "tp",
-                by(|r| (r.run.config.tp, format!("tp {}", r.run.config.tp))),
-            ),
-            (
-                "pp",
-                by(|r| (r.run.config.pp, format!("pp {}", r.run.config.pp))),
-            ),
-            (
-                "model size",
-                by(|r| figures::size_class(r.run.model.total_params())),
-            ),
-        ];
-    }
+        None => (Vec::new(), Vec::new()),
+    };
 
     // Bootstrap: resample rows per dataset, refit from the fit.
     let boot_legs = [Leg {
@@ -633,24 +559,7 @@ pub fn calibrate(
         );
     }
 
-    let summaries: Vec<DatasetSummary> = datasets
-        .iter()
-        .enumerate()
-        .map(|(d, dataset)| {
-            let in_d = |i: &&usize| rows[**i].dataset == d;
-            let mut groups: Vec<usize> =
-                train.iter().filter(in_d).map(|&i| rows[i].group).collect();
-            groups.sort_unstable();
-            groups.dedup();
-            DatasetSummary {
-                name: dataset.name.clone(),
-                rows: train.iter().filter(in_d).count(),
-                held_out: held.iter().filter(in_d).count(),
-                groups: groups.len(),
-                cluster: describe_nodes(&dataset.group),
-            }
-        })
-        .collect();
+    let summaries = dataset_summaries(datasets, &rows, &train, &held);
 
     let mut calibration = Calibration {
         model: CostModel {
@@ -685,6 +594,135 @@ pub fn calibrate(
     };
     calibration.model.provenance = report::provenance(&calibration, datasets, prior, opts);
     Ok(calibration)
+}
+
+/// Every coefficient's row of the report, and the ones the fit moves:
+/// those the screen found the rows inform, except memory accounting
+/// unless named, and pinned ones.
+fn free_coefficients(
+    prior: &CostModel,
+    screened: &HashMap<&'static str, Sensitivity>,
+    facts: &Facts,
+    opts: &FitOptions,
+) -> Result<(Vec<CoefficientFit>, Vec<FreeParam>), CalibrateError> {
+    let mut coefficients = Vec::new();
+    let mut free = Vec::new();
+    for info in Coefficients::INFO {
+        let value = prior.coefficients.get(info.name).expect("known");
+        let mut fit = CoefficientFit {
+            name: info.name,
+            unit: info.unit,
+            prior: value,
+            value,
+            ci95: None,
+            status: FitStatus::Fixed,
+            sensitivity: None,
+            note: String::new(),
+        };
+        if let Some(s) = screened.get(info.name) {
+            fit.sensitivity = Some(s.time);
+            if s.time < SENSITIVITY_THRESHOLD {
+                fit.status = FitStatus::NotInformed;
+                fit.note = not_informed_note(info, value, s, facts);
+            } else if s.memory && opts.free.is_none() {
+                fit.note = "memory accounting that also sets predicted memory; time measurements \
+                            cannot calibrate it without corrupting memory predictions (name it \
+                            in the fit list to fit it anyway)"
+                    .into();
+            } else {
+                fit.status = FitStatus::Fitted;
+                free.push(FreeParam { info });
+            }
+        } else if opts.pinned.iter().any(|p| p == info.name) {
+            fit.note = "pinned to a separate measurement (see provenance)".into();
+        } else {
+            fit.note = "not in the fit list".into();
+        }
+        coefficients.push(fit);
+    }
+    if free.is_empty() {
+        let silent: Vec<&str> = coefficients
+            .iter()
+            .filter(|c| c.status == FitStatus::NotInformed)
+            .map(|c| c.name)
+            .collect();
+        return Err(CalibrateError::NothingToFit {
+            reason: if silent.is_empty() {
+                "no coefficient is free".into()
+            } else {
+                format!(
+                    "the rows do not inform {} (predicted times barely depend on them)",
+                    silent.join(", ")
+                )
+            },
+        });
+    }
+    Ok((coefficients, free))
+}
+
+/// Error figures per dataset (and overall), as the report lists them.
+type FigureList = Vec<(String, ErrorFigures)>;
+
+/// The cross-validated figures from the fold fits' out-of-fold
+/// predictions, overall and by tp, pp and model size.
+fn out_of_fold_figures(
+    rows: &[Row],
+    train: &[usize],
+    fold_of: &[usize],
+    fold_fits: &[(Vec<f64>, f64)],
+    problem: &Problem,
+    names: &[String],
+) -> (FigureList, Vec<(&'static str, FigureList)>) {
+    let mut oof = vec![f64::NAN; rows.len()];
+    for (k, (z, _)) in fold_fits.iter().enumerate() {
+        let model = problem.model(z);
+        for &i in train.iter().filter(|&&i| fold_of[i] == k) {
+            oof[i] = predict_row(&rows[i], &model);
+        }
+    }
+    let by = |key: fn(&Row) -> (u64, String)| figures::breakdown(rows, train, &oof, names, key);
+    let by_shape = vec![
+        (
+            "tp",
+            by(|r| (r.run.config.tp, format!("tp {}", r.run.config.tp))),
+        ),
+        (
+            "pp",
+            by(|r| (r.run.config.pp, format!("pp {}", r.run.config.pp))),
+        ),
+        (
+            "model size",
+            by(|r| figures::size_class(r.run.model.total_params())),
+        ),
+    ];
+    (figures::figures(rows, train, &oof, names), by_shape)
+}
+
+/// Each dataset's fitted and held-out rows and its groups.
+fn dataset_summaries(
+    datasets: &[Dataset],
+    rows: &[Row],
+    train: &[usize],
+    held: &[usize],
+) -> Vec<DatasetSummary> {
+    datasets
+        .iter()
+        .enumerate()
+        .map(|(d, dataset)| {
+            let in_d = |i: &&usize| rows[**i].dataset == d;
+            let mut groups: Vec<usize> =
+                train.iter().filter(in_d).map(|&i| rows[i].group).collect();
+            groups.sort_unstable();
+            groups.dedup();
+            DatasetSummary {
+                name: dataset.name.clone(),
+                rows: train.iter().filter(in_d).count(),
+                held_out: held.iter().filter(in_d).count(),
+                groups: groups.len(),
+                cluster: describe_nodes(&dataset.group),
+            }
+        })
+        .collect()
 }
 
 /// Names the fit may move: the fit list (checked) or every coefficient.
