@@ -622,3 +622,167 @@ fn a_sparse_all_gather_of_the_embedding_is_trialled_on_two_ranks() {
     assert_eq!(history.cell(0, "embedding_sync"), Some("sparse-all-gather"));
     assert!(common::number(&history, 0, "iter_ms") > 0.0);
 }
+
+/// A mixture of experts trialled for real: a tiny model of 4 experts, top-2,
+/// planned for the shipped CPU profile with expert parallelism over both
+/// ranks, run by `validate --launch torch` with Megatron-Core's all-to-all
+/// dispatcher (`all_to_all_single` over gloo).
+#[test]
+fn a_mixture_of_experts_is_trialled_with_expert_parallelism_on_two_ranks() {
+    let _ranks = ranks_to_myself();
+    let dir = tempfile::tempdir().unwrap();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let json = ok(
+        root,
+        &[
+            "plan",
+            "--cluster-from-profile",
+            "profiles/cpu-measured",
+            "--gpus-per-node",
+            "2",
+            "--engine",
+            "torchtitan",
+            "--compile",
+            "off",
+            "--cuda-graphs",
+            "off",
+            "--hidden",
+            "64",
+            "--heads",
+            "2",
+            "--layers",
+            "2",
+            "--seq-len",
+            "64",
+            "--vocab",
+            "512",
+            "--global-batch",
+            "4",
+            "--experts",
+            "4",
+            "--moe-topk",
+            "2",
+            "--ep",
+            "2",
+            "--tp",
+            "1",
+            "--moe-dispatcher",
+            "alltoall",
+            "--cost-model",
+            "datasheet",
+            "--top",
+            "1",
+            "--format",
+            "json",
+        ],
+    );
+    let plan_path = dir.path().join("plan.json");
+    std::fs::write(&plan_path, &json).unwrap();
+    let plan: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let planned = &plan["candidates"][0];
+    assert_eq!(planned["config"]["ep"], 2, "{json}");
+    assert_eq!(planned["config"]["dp"], 2, "{json}");
+    let predicted_ms = planned["prediction"]["iteration_s"].as_f64().unwrap() * 1e3;
+    assert!(predicted_ms > 0.0, "{json}");
+
+    let out = dir.path().join("out");
+    let python = python();
+    let report = ok(
+        dir.path(),
+        &[
+            "validate",
+            plan_path.to_str().unwrap(),
+            "--launch",
+            "torch",
+            "--ranks",
+            "2",
+            "--device",
+            "cpu",
+            "--iterations",
+            "4",
+            "--python",
+            &python,
+            "--timeout",
+            "600",
+            "--out",
+            out.to_str().unwrap(),
+        ],
+    );
+    println!("{report}");
+    assert!(
+        !report.contains("no script") && !report.contains("passed over"),
+        "{report}"
+    );
+
+    // The job carried the experts, and every rank ran ep 2 with 2 of the 4
+    // experts, through the all-to-all dispatcher.
+    let folder = out.join("candidate-1");
+    let job: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(folder.join("job.json")).unwrap()).unwrap();
+    assert_eq!(job["model"]["moe"]["experts"], 4);
+    assert_eq!(job["parallel"]["ep"], 2);
+    let mut held = Vec::new();
+    for rank in 0..2 {
+        let path = folder.join(format!("report/rank-{rank}.json"));
+        let text = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("{}: {e}\n{report}", path.display()));
+        let r: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(r["degrees"]["ep"], 2, "{text}");
+        let experts = &r["experts"];
+        assert_eq!(experts["ep"], 2, "{text}");
+        assert_eq!(experts["local_experts"], 2, "{text}");
+        assert_eq!(experts["dispatcher"], "alltoall", "{text}");
+        held.extend(
+            experts["expert_ids"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|e| e.as_u64().unwrap()),
+        );
+        // Tokens arrived: each rank sends 2 copies of its 2 x 64 tokens per
+        // MoE layer and micro-batch; routing decides how many each receives.
+        let received = experts["tokens_received_per_step"].as_f64().unwrap();
+        assert!(received > 0.0, "{text}");
+        assert_eq!(experts["tokens_sent_per_step"].as_f64().unwrap(), 512.0);
+        assert!(
+            r["collectives_ms"].get("all_to_all").is_some(),
+            "no all_to_all profiled: {text}"
+        );
+        let times = r["iteration_ms"].as_array().unwrap();
+        assert_eq!(times.len(), 4, "{text}");
+        assert!(times.iter().all(|t| t.as_f64().unwrap() > 0.0), "{text}");
+    }
+    held.sort();
+    assert_eq!(held, vec![0, 1, 2, 3], "each expert on exactly one rank");
+
+    // The trial's measured time, in the report beside the plan's prediction,
+    // with the experts a rank held and the tokens they received.
+    let line = report
+        .lines()
+        .find(|l| l.starts_with("candidate #1: ") && l.contains(" ms per iteration"))
+        .unwrap_or_else(|| panic!("no measured trial in\n{report}"));
+    assert!(
+        line.contains("ep2, 2 experts a rank") && line.contains("routed tokens received"),
+        "{line}"
+    );
+    let measured_ms = ms_before_per_iteration(line);
+    assert!(measured_ms > 0.0, "{line}");
+    let row = report
+        .lines()
+        .find(|l| l.starts_with("| 1 | ") && l.contains("ep2"))
+        .unwrap_or_else(|| panic!("no predicted-against-measured row in\n{report}"));
+    let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+    let (predicted, measured): (f64, f64) = (cells[3].parse().unwrap(), cells[4].parse().unwrap());
+    assert!(predicted > 0.0 && measured > 0.0, "{row}");
+    println!(
+        "mixture-of-experts trial: predicted {predicted_ms:.1} ms, measured {measured_ms:.1} ms"
+    );
+    // Its run row holds the experts and their parallelism, so the history
+    // reads back as the configuration that ran.
+    let history = common::read_table(&out.join("runs-history.csv"));
+    assert_eq!(history.cell(0, "ep"), Some("2"));
+    assert_eq!(history.cell(0, "num_experts"), Some("4"));
+    assert_eq!(history.cell(0, "moe_topk"), Some("2"));
+    assert_eq!(history.cell(0, "moe_dispatcher"), Some("alltoall"));
+    assert!(common::number(&history, 0, "iter_ms") > 0.0);
+}

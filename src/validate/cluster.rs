@@ -151,6 +151,14 @@ impl Cluster {
                 } else {
                     format!("{line}; collectives a rank: {}", collectives.join(", "))
                 };
+                // Expert parallelism: the experts a rank held and the tokens
+                // they received, so that an imbalanced routing shows.
+                let line = match trial.expert_tokens() {
+                    Some((ep, local, fewest, most)) => format!(
+                        "{line}; ep{ep}, {local} experts a rank, {fewest:.0} to {most:.0} routed tokens received a rank per step"
+                    ),
+                    None => line,
+                };
                 let mut model = plan.model.clone();
                 model.layers = job.model.layers;
                 let scaled = model.layers != plan.model.layers;

@@ -15,7 +15,9 @@
 //! reports into a run row ([`ROW_COLUMNS`]) and per-rank memory.
 
 use super::launch::{LaunchError, ScriptOutcome, script_header, script_prologue, write_candidate};
-use crate::config::{Engine, OptimizerSharding, ParallelConfig, ScheduleKind, SyncMethod};
+use crate::config::{
+    Dispatcher, Engine, OptimizerSharding, ParallelConfig, Precision, ScheduleKind, SyncMethod,
+};
 use crate::plan_file::{PlanFile, PlannedCandidate};
 use crate::text::shell_quote;
 use serde::{Deserialize, Serialize};
@@ -147,6 +149,11 @@ pub struct TrialModel {
     pub learned_positions: bool,
     pub attention: String,
     pub dropout: bool,
+    /// The experts of a mixture of experts: an MoE layer (a layer
+    /// [`MoeSpec::is_moe_layer`](crate::model::MoeSpec::is_moe_layer) picks)
+    /// routes each token to `topk` of them; absent for a dense model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moe: Option<crate::model::MoeSpec>,
 }
 
 /// The parallel configuration as the worker maps it onto torch.distributed.
@@ -174,10 +181,28 @@ pub struct TrialParallel {
     /// all-reduce.
     #[serde(default = "all_reduce")]
     pub embedding_sync: String,
+    /// Expert parallelism: each MoE layer's experts spread over `ep` ranks
+    /// of a stage (Megatron-Core's order: etp fastest, then ep, then
+    /// expert-data); 1 (and absent, in older jobs) for a dense model.
+    #[serde(default = "one")]
+    pub ep: u64,
+    #[serde(default = "one")]
+    pub etp: u64,
+    /// The token dispatcher ([`Dispatcher::name`]).
+    #[serde(default = "alltoall")]
+    pub moe_dispatcher: String,
 }
 
 fn all_reduce() -> String {
     SyncMethod::AllReduce.name().into()
+}
+
+fn one() -> u64 {
+    1
+}
+
+fn alltoall() -> String {
+    Dispatcher::AllToAll.name().into()
 }
 
 /// One candidate's job, `job.json`.
@@ -213,8 +238,10 @@ pub fn chunk_layers(c: &ParallelConfig, layers: u64) -> Vec<u64> {
 /// Why the worker cannot run `c` as planned, if it cannot.
 pub fn unsupported(model: &crate::model::ModelSpec, c: &ParallelConfig) -> Option<String> {
     let layers = model.layers;
-    let reason = if model.moe.is_some() {
-        "mixture-of-experts layers are not built by the worker yet (its layers are dense)"
+    let reason = if let Some(reason) = experts_unsupported(model, c) {
+        reason
+    } else if c.precision == Precision::Fp8 {
+        "FP8 GEMMs are not run by the worker (it computes in bf16 or fp32); plan with `precision bf16`"
     } else if model.mtp_layers > 0 {
         "multi-token prediction modules are not built by the worker"
     } else if c.cp > 1 {
@@ -237,6 +264,37 @@ pub fn unsupported(model: &crate::model::ModelSpec, c: &ParallelConfig) -> Optio
         return sparse_sync_unsupported(model, c).map(str::to_string);
     };
     Some(reason.to_string())
+}
+
+/// Why the worker cannot run `c`'s experts as planned, if it cannot: it
+/// runs Megatron-Core's all-to-all dispatcher over the ep ranks, each
+/// expert whole (etp 1), beside dense layers without tensor parallelism.
+fn experts_unsupported(
+    model: &crate::model::ModelSpec,
+    c: &ParallelConfig,
+) -> Option<&'static str> {
+    model.moe?;
+    if c.etp > 1 {
+        Some(
+            "expert tensor parallelism (etp > 1) is not run by the worker: it holds each expert whole; plan with `etp 1`",
+        )
+    } else if c.cp > 1 {
+        Some("context parallelism is not run by the worker yet, with or without experts")
+    } else if c.tp > 1 {
+        Some(
+            "mixture-of-experts layers beside tensor parallelism (tp > 1) are not run by the worker yet; plan with `tp 1`",
+        )
+    } else if c.dispatcher != Dispatcher::AllToAll {
+        Some(
+            "the worker dispatches tokens to the experts with Megatron-Core's all-to-all dispatcher only; plan with `moe_dispatcher alltoall`",
+        )
+    } else if c.embedding_sync == SyncMethod::SparseAllGather {
+        Some(
+            "the sparse all-gather is DDP's, and a mixture of experts is not wrapped in DDP (its experts sync over their own group)",
+        )
+    } else {
+        None
+    }
 }
 
 /// Why the worker cannot synchronise `c`'s embedding as planned, if it
@@ -376,6 +434,7 @@ pub fn trial_job(
             learned_positions: m.learned_positions,
             attention: m.attention.name().into(),
             dropout: m.dropout,
+            moe: m.moe,
         },
         parallel: TrialParallel {
             tp: c.tp,
@@ -396,6 +455,9 @@ pub fn trial_job(
             recompute: c.recompute.name().into(),
             ac_frequency: c.ac_frequency,
             embedding_sync: c.embedding_sync.name().into(),
+            ep: c.ep,
+            etp: c.etp,
+            moe_dispatcher: c.dispatcher.name().into(),
         },
         comm: None,
     })
@@ -546,6 +608,27 @@ pub struct RankReport {
     /// without it (an older worker's) is all-reduce.
     #[serde(default = "all_reduce")]
     pub embedding_sync: String,
+    /// A mixture of experts' expert parallelism as the rank ran it; absent
+    /// for a dense model.
+    #[serde(default)]
+    pub experts: Option<ExpertReport>,
+}
+
+/// What a rank of a mixture of experts reports of its experts.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ExpertReport {
+    /// Degrees of the live expert mesh.
+    pub ep: u64,
+    pub etp: u64,
+    pub edp: u64,
+    /// Routed experts of each MoE layer this rank holds.
+    pub local_experts: u64,
+    pub dispatcher: String,
+    /// Token copies the rank's experts received per training step (summed
+    /// over its MoE layers and micro-batches; recomputation not counted),
+    /// and that it sent to be routed.
+    pub tokens_received_per_step: f64,
+    pub tokens_sent_per_step: f64,
 }
 
 impl RankReport {
@@ -590,6 +673,42 @@ pub enum TrialError {
         found: String,
         planned: String,
     },
+    #[error(
+        "rank {rank} ran {found}, but the plan says {planned}: the worker did not run the candidate as planned"
+    )]
+    ExpertsDiffer {
+        rank: u64,
+        found: String,
+        planned: String,
+    },
+}
+
+/// A rank's expert parallelism as [`TrialError::ExpertsDiffer`] names it.
+fn experts_text(ep: u64, local: u64, dispatcher: &str) -> String {
+    format!("ep{ep} with {local} experts a rank ({dispatcher} dispatch)")
+}
+
+/// Checks a rank's experts against `job`: a mixture of experts reports the
+/// planned ep, its share of the experts and the dispatcher; a dense model
+/// none.
+fn check_experts(report: &RankReport, rank: u64, job: &TrialJob) -> Result<(), TrialError> {
+    let p = &job.parallel;
+    let planned = job
+        .model
+        .moe
+        .map(|m| experts_text(p.ep, m.experts / p.ep.max(1), &p.moe_dispatcher));
+    let found = report
+        .experts
+        .as_ref()
+        .map(|e| experts_text(e.ep, e.local_experts, &e.dispatcher));
+    if planned == found {
+        return Ok(());
+    }
+    Err(TrialError::ExpertsDiffer {
+        rank,
+        found: found.unwrap_or_else(|| "no experts".into()),
+        planned: planned.unwrap_or_else(|| "a dense model".into()),
+    })
 }
 
 /// Reads every rank's report from `report_dir` and checks it against `job`.
@@ -635,6 +754,7 @@ pub fn read_trial(report_dir: &Path, job: &TrialJob) -> Result<TorchTrial, Trial
                 planned: job.parallel.embedding_sync.clone(),
             });
         }
+        check_experts(&report, rank, job)?;
         ranks.push(report);
     }
     let times = &ranks[0].iteration_ms;
@@ -721,7 +841,7 @@ pub(crate) fn read_report<T: SweepReport>(
 /// Columns of a torch trial's run row: paratune's run-table schema, every
 /// switch of the configuration included, so that the row reads back as the
 /// configuration that ran (a rerun resumes by it; the refit predicts it).
-pub const ROW_COLUMNS: [&str; 41] = [
+pub const ROW_COLUMNS: [&str; 50] = [
     "gpus",
     "global_batch",
     "micro_batch",
@@ -759,6 +879,15 @@ pub const ROW_COLUMNS: [&str; 41] = [
     "dp_shard",
     "peak_allocated_gib",
     "memory_rank",
+    "ep",
+    "etp",
+    "num_experts",
+    "moe_topk",
+    "moe_ffn_hidden",
+    "moe_shared_ffn_hidden",
+    "moe_dense_layers",
+    "moe_layer_freq",
+    "moe_dispatcher",
     "embedding_sync",
     "iter_ms_mean",
     "steady_iterations",
@@ -787,6 +916,9 @@ impl TorchTrial {
         let c = config;
         let on_off = |b: bool| crate::config::on_off(b).to_string();
         let optional = |v: Option<u64>| v.map(|v| v.to_string()).unwrap_or_default();
+        // A dense model's expert cells stay empty (no experts; the
+        // dispatcher's default); ep and etp are 1.
+        let moe = |f: fn(&crate::model::MoeSpec) -> u64| optional(m.moe.as_ref().map(f));
         vec![
             plan.gpus.to_string(),
             plan.global_batch.to_string(),
@@ -825,11 +957,40 @@ impl TorchTrial {
             optional(c.dp_shard),
             format!("{:.6}", self.peak_bytes() / (1u64 << 30) as f64),
             "max".into(),
+            c.ep.to_string(),
+            c.etp.to_string(),
+            moe(|m| m.experts),
+            moe(|m| m.topk),
+            moe(|m| m.ffn_hidden),
+            moe(|m| m.shared_ffn_hidden),
+            moe(|m| m.dense_layers),
+            moe(|m| m.layer_freq),
+            if m.moe.is_some() {
+                c.dispatcher.name().to_string()
+            } else {
+                String::new()
+            },
             c.embedding_sync.name().to_string(),
             format!("{:.3}", self.mean_ms),
             self.iterations.to_string(),
             source.to_string(),
         ]
+    }
+
+    /// The token copies each rank's experts received per step, fewest and
+    /// most over the ranks that hold MoE layers, with the ep degree and the
+    /// experts a rank holds; `None` for a dense model.
+    pub fn expert_tokens(&self) -> Option<(u64, u64, f64, f64)> {
+        let experts: Vec<&ExpertReport> = self
+            .ranks
+            .iter()
+            .filter_map(|r| r.experts.as_ref())
+            .collect();
+        let first = experts.first()?;
+        let received = experts.iter().map(|e| e.tokens_received_per_step);
+        let fewest = received.clone().fold(f64::INFINITY, f64::min);
+        let most = received.fold(0.0, f64::max);
+        Some((first.ep, first.local_experts, fewest, most))
     }
 
     /// Collective time per iteration by kind, averaged over the ranks, ms.
@@ -1110,8 +1271,220 @@ mod tests {
         );
         let mut experts = model.clone();
         experts.moe = crate::model::builtin_model("mixtral-8x7b").unwrap().moe;
-        assert!(unsupported(&experts, &base).unwrap().contains("experts"));
+        // Experts run (expert parallelism, all-to-all dispatch); what of them
+        // the worker does not run is refused with the reason.
+        let split = ParallelConfig { etp: 2, ..base };
+        assert!(
+            unsupported(&experts, &split)
+                .unwrap()
+                .contains("expert tensor parallelism")
+        );
         assert_eq!(unsupported(&model, &base), None);
+    }
+
+    /// The plan's model with 8 experts of top-2 (the first layer dense),
+    /// its leader as an expert-parallel candidate (tp 1, pp 1, dp 8, ep 4).
+    fn moe_candidate() -> (PlanFile, PlannedCandidate) {
+        let mut plan = plan(SearchSpace::default());
+        plan.model.moe = Some(crate::model::MoeSpec {
+            shared_ffn_hidden: 1024,
+            dense_layers: 1,
+            ..crate::model::MoeSpec::megatron_defaults(8, 2048)
+        });
+        let mut candidate = plan.candidates[0].clone();
+        candidate.config = ParallelConfig {
+            tp: 1,
+            pp: 1,
+            dp: 8,
+            dp_shard: None,
+            virtual_stages: 1,
+            first_stage_layers: None,
+            last_stage_layers: None,
+            sequence_parallel: false,
+            ep: 4,
+            etp: 1,
+            ..candidate.config
+        };
+        (plan, candidate)
+    }
+
+    #[test]
+    fn a_job_carries_the_experts_and_what_the_worker_cannot_run_of_them_is_refused() {
+        let (plan, candidate) = moe_candidate();
+        let model = &plan.model;
+        let c = candidate.config;
+        assert_eq!(unsupported(model, &c), None);
+        let job = trial_job(&plan, &candidate, &settings(8), Path::new("/r")).unwrap();
+        assert_eq!(job.model.moe, model.moe);
+        assert_eq!((job.parallel.ep, job.parallel.etp), (4, 1));
+        assert_eq!(job.parallel.moe_dispatcher, "alltoall");
+        // The worker reads the experts by the names paratune's MoeSpec has.
+        let v = serde_json::to_value(&job).unwrap();
+        let moe = &v["model"]["moe"];
+        for (key, value) in [
+            ("experts", 8),
+            ("topk", 2),
+            ("ffn_hidden", 2048),
+            ("shared_ffn_hidden", 1024),
+            ("dense_layers", 1),
+            ("layer_freq", 1),
+        ] {
+            assert_eq!(moe[key], value, "{key}: {moe}");
+        }
+        assert_eq!(v["parallel"]["ep"], 4);
+        // A dense job names no experts, and one without the fields (older)
+        // reads back as ep 1, etp 1, all-to-all.
+        let dense = plan_on_dense_job();
+        let mut d = serde_json::to_value(&dense).unwrap();
+        assert!(d["model"].get("moe").is_none(), "{}", d["model"]);
+        for key in ["ep", "etp", "moe_dispatcher"] {
+            d["parallel"].as_object_mut().unwrap().remove(key);
+        }
+        let old: TrialJob = serde_json::from_value(d).unwrap();
+        assert_eq!((old.parallel.ep, old.parallel.etp), (1, 1));
+        assert_eq!(old.parallel.moe_dispatcher, "alltoall");
+        assert_eq!(old.model.moe, None);
+
+        // What the worker does not run of a mixture of experts is refused, naming the key.
+        let reason = |c: ParallelConfig| unsupported(model, &c).unwrap_or_default();
+        let etp = ParallelConfig { etp: 2, ..c };
+        assert!(
+            reason(etp).contains("etp > 1") && reason(etp).contains("`etp 1`"),
+            "{}",
+            reason(etp)
+        );
+        let context = ParallelConfig { cp: 2, dp: 4, ..c };
+        assert!(
+            reason(context).contains("context parallelism"),
+            "{}",
+            reason(context)
+        );
+        let tensor = ParallelConfig { tp: 2, dp: 4, ..c };
+        assert!(reason(tensor).contains("`tp 1`"), "{}", reason(tensor));
+        let gather = ParallelConfig {
+            dispatcher: Dispatcher::AllGather,
+            ..c
+        };
+        assert!(
+            reason(gather).contains("`moe_dispatcher alltoall`"),
+            "{}",
+            reason(gather)
+        );
+        let fp8 = ParallelConfig {
+            precision: Precision::Fp8,
+            ..c
+        };
+        assert!(reason(fp8).contains("FP8"), "{}", reason(fp8));
+        // FP8 is refused for a dense model too: the worker computes in bf16.
+        let dense_fp8 = ParallelConfig {
+            precision: Precision::Fp8,
+            ..dense_config()
+        };
+        assert!(
+            unsupported(&plan_dense_model(), &dense_fp8)
+                .unwrap()
+                .contains("FP8")
+        );
+        let mut untied = model.clone();
+        untied.tied_embeddings = false;
+        let sparse = ParallelConfig {
+            embedding_sync: SyncMethod::SparseAllGather,
+            ..c
+        };
+        assert!(
+            unsupported(&untied, &sparse).unwrap().contains("DDP"),
+            "{:?}",
+            unsupported(&untied, &sparse)
+        );
+    }
+
+    fn plan_dense_model() -> crate::model::ModelSpec {
+        plan(SearchSpace::default()).model
+    }
+
+    fn dense_config() -> ParallelConfig {
+        plan(SearchSpace::default()).candidates[0].config
+    }
+
+    fn plan_on_dense_job() -> TrialJob {
+        let plan = plan(SearchSpace::default());
+        trial_job(&plan, &plan.candidates[0], &settings(8), Path::new("/r")).unwrap()
+    }
+
+    /// A report of `rank` of an expert-parallel trial: `ep` ranks of
+    /// `local` experts each.
+    fn expert_report(rank: u64, ep: u64, local: u64) -> serde_json::Value {
+        let mut r = report(
+            rank,
+            Degrees {
+                tp: 1,
+                pp: 1,
+                dp: 2,
+            },
+        );
+        r["experts"] = serde_json::json!({
+            "ep": ep, "etp": 1, "edp": 2 / ep, "local_experts": local, "dispatcher": "alltoall",
+            "tokens_received_per_step": 500.0 + rank as f64 * 20.0, "tokens_sent_per_step": 512.0
+        });
+        r
+    }
+
+    #[test]
+    fn a_rank_that_ran_other_experts_than_planned_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let (plan, candidate) = moe_candidate();
+        let mut job = trial_job(&plan, &candidate, &settings(8), dir.path()).unwrap();
+        job.parallel.dp = 2;
+        job.parallel.ep = 2;
+        let write = |rank: u64, r: serde_json::Value| {
+            std::fs::write(dir.path().join(format!("rank-{rank}.json")), r.to_string()).unwrap();
+        };
+        write(0, expert_report(0, 2, 4));
+        write(1, expert_report(1, 2, 4));
+        let trial = read_trial(dir.path(), &job).unwrap();
+        assert_eq!(trial.expert_tokens(), Some((2, 4, 500.0, 520.0)));
+        // The run row holds the experts and their parallelism, in the schema's order.
+        let c = ParallelConfig {
+            ep: 2,
+            dp: 2,
+            ..candidate.config
+        };
+        let row = trial.row(&plan, &plan.model, &c, "log");
+        let cell = |name: &str| &row[ROW_COLUMNS.iter().position(|&k| k == name).unwrap()];
+        assert_eq!(
+            (
+                cell("ep").as_str(),
+                cell("etp").as_str(),
+                cell("num_experts").as_str()
+            ),
+            ("2", "1", "8")
+        );
+        assert_eq!(cell("moe_topk"), "2");
+        assert_eq!(cell("moe_ffn_hidden"), "2048");
+        assert_eq!(cell("moe_shared_ffn_hidden"), "1024");
+        assert_eq!(cell("moe_dense_layers"), "1");
+        assert_eq!(cell("moe_dispatcher"), "alltoall");
+        crate::runs::assert_row_columns_follow_the_schema(&ROW_COLUMNS);
+        // Another ep, or another share of the experts, did not run the plan.
+        write(1, expert_report(1, 1, 8));
+        let e = read_trial(dir.path(), &job).unwrap_err().to_string();
+        assert!(
+            e.contains("rank 1 ran ep1 with 8 experts a rank")
+                && e.contains("the plan says ep2 with 4 experts a rank"),
+            "{e}"
+        );
+        // Nor did a rank that built no experts.
+        let mut dense = expert_report(1, 2, 4);
+        dense.as_object_mut().unwrap().remove("experts");
+        write(1, dense);
+        let e = read_trial(dir.path(), &job).unwrap_err().to_string();
+        assert!(e.contains("rank 1 ran no experts"), "{e}");
+        // A dense plan's ranks report none; a report of experts is refused.
+        job.model.moe = None;
+        job.parallel.ep = 1;
+        write(0, expert_report(0, 2, 4));
+        let e = read_trial(dir.path(), &job).unwrap_err().to_string();
+        assert!(e.contains("the plan says a dense model"), "{e}");
     }
 
     /// The plan's leader as a DDP candidate (tp 1, pp 1, dp 8, no sharding)

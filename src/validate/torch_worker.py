@@ -20,7 +20,9 @@ Modes
 * `--describe --job JOB.json --world N`: no processes, no torch.distributed;
   print {"ranks": [{rank, mesh_coords, stages, stage_layers, schedule,
   data_parallel, tensor_parallel, checkpointed_blocks, micro_batches,
-  embedding_sync}, ...]}
+  embedding_sync, experts: null | {coords: {etp, ep, edp}, ep, etp, edp,
+  local_experts: [global expert indices], moe_layers: [layers of this
+  rank], dispatcher}}, ...]}
   for every rank, computed by the same functions the train mode uses.
 
 Job JSON (input)
@@ -35,7 +37,9 @@ Job JSON (input)
      "model": {"hidden", "heads", "kv_heads", "ffn_hidden", "gated_mlp",
                "layers", "vocab", "seq_len", "tied_embeddings",
                "learned_positions", "attention": "standard" | "flash",
-               "dropout"},
+               "dropout",
+               "moe": absent | null | {"experts", "topk", "ffn_hidden",
+                      "shared_ffn_hidden", "dense_layers", "layer_freq"}},
      "parallel": {"tp", "pp", "dp", "dp_shard": null | int, "micro_batch",
                   "global_batch", "schedule": "gpipe" | "1f1b" | "interleaved",
                   "virtual_stages", "stage_layers": [layers per chunk, model
@@ -44,8 +48,10 @@ Job JSON (input)
                   "recompute": "none" | "selective" | "full" | "selective-op"
                                | "selective-layer",
                   "ac_frequency": int,
-                  "embedding_sync": "all-reduce" | "sparse-all-gather"},
+                  "embedding_sync": "all-reduce" | "sparse-all-gather",
                                # absent or null: all-reduce (older jobs)
+                  "ep": int, "etp": int,          # absent: 1
+                  "moe_dispatcher": "alltoall" | "allgather"},  # absent: alltoall
      "comm": null | {"ops": ["all_reduce", "all_gather", "reduce_scatter",
                              "send_recv"],
                      "sizes_bytes": [int, ...], "warmup": int,
@@ -100,6 +106,32 @@ naming parallel.embedding_sync).  Under bf16 autocast the lookup is not
 autocast (embedding is on no autocast list): the table, its sparse
 gradient and the lookup's output stay fp32.
 
+Mixture of experts (model.moe): layer i has experts when i >= dense_layers
+and (i - dense_layers) % layer_freq == 0 (paratune's MoeSpec::is_moe_layer),
+else the dense MLP.  An MoE layer's MLP is Megatron-Core's MoE layer: a
+router (linear hidden -> experts, no bias; the top-k logits of each token,
+softmaxed over those k: Megatron-LM's default, no auxiliary loss, no
+capacity limit), `experts` routed MLPs of width moe.ffn_hidden of the dense
+MLP's kind (gated or not, biases as the model's linears), and a shared MLP
+of width shared_ffn_hidden on every token when that is non-zero.  Expert
+parallelism: the expert mesh (pp, edp, ep, etp) over the same ranks, etp
+fastest (Megatron-Core's expert order; edp = tp*dp/(etp*ep)); the ep ranks
+each hold experts/ep consecutive experts.  Megatron-Core's all-to-all
+dispatcher: token copies sorted by expert, the counts exchanged by
+all_to_all_single over the ep group, then the tokens (in the compute
+dtype); each rank runs its experts and sends the outputs back by the reverse
+all_to_all_single (torch.distributed.nn.functional, so the backward is the
+reverse exchange), summed per token weighted by the router's probabilities.
+The routed experts' gradients sync over the edp group, every other
+parameter's over dp (both as means over dp: an expert's gradient already
+sums its ep group's losses); so a mixture of experts is never wrapped in
+DDP ("all-reduce of local gradients" without sharding; with FSDP the
+experts are fully_shard over the edp mesh with a gradient divide factor of
+dp).  The worker runs etp 1, tp 1 and moe_dispatcher alltoall; a job asking
+for others, or for ep > 1 without model.moe, is refused (JobError).  Router
+and shared expert are drawn from the block's seed, routed expert g of layer
+i from seed + 1000000 + i*experts + g.
+
 Training: AdamW (lr 1e-3, foreach=False), with sparse-all-gather
 torch.optim.SparseAdam (lr 1e-3) for the token embedding's table and AdamW
 for every other parameter (both stepped, both zeroed every iteration);
@@ -124,7 +156,8 @@ Report JSON (output), train mode: report_dir/rank-<R>.json on every rank
      "torch_version", "backend", "device", "dtype",
      "degrees": {"tp", "pp", "dp", "dp_shard", "dp_replicate"},
          # read back from the live mesh; dp_shard / dp_replicate are null
-         # unless the job asked for HSDP (dp_shard set)
+         # unless the job asked for HSDP (dp_shard set); with model.moe also
+         # "ep", "etp", "edp" of the live expert mesh
      "mesh_coords": {"pp", "dp", "tp"},   # dp: dp_replicate*dp_shard + shard
      "stages": [chunk indices held], "stage_layers": [layers of each],
      "schedule": "ScheduleGPipe" | "Schedule1F1B" | "ScheduleInterleaved1F1B"
@@ -149,7 +182,15 @@ Report JSON (output), train mode: report_dir/rank-<R>.json on every rank
      "reserved_bytes": int | null,
      "collectives_ms": {"all_reduce": ms, "all_gather": ms, ...},
      "loss": [mean loss per timed iteration] | null (ranks without the head),
-     "notes": [str, ...]}
+     "notes": [str, ...],
+     "experts": (only with model.moe) {"ep", "etp", "edp", "coords",
+         "experts", "topk", "local_experts": count held, "expert_ids",
+         "moe_layers": MoE layers of this rank, "dispatcher", "steps",
+         "tokens_received_per_step", "tokens_sent_per_step",
+         "tokens_per_local_expert_per_step": [...]}
+         # token copies, summed over this rank's MoE layers and micro-
+         # batches, averaged over every step run (warmup and the profiled
+         # one included); a recomputation's forward is not counted}
 
 Memory: CPU: after the distributed packages are imported and a tiny
 autograd/AdamW step has run (one-time costs), /proc/self/clear_refs gets "5"
@@ -240,6 +281,7 @@ SCHEDULE_CLASSES = {
 RECOMPUTE_POLICIES = ("none", "selective", "full", "selective-op", "selective-layer")
 OPTIMIZER_SHARDINGS = ("none", "optimizer-states", "full")
 EMBEDDING_SYNCS = ("all-reduce", "sparse-all-gather")
+MOE_DISPATCHERS = ("alltoall", "allgather")
 COMM_OPS = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
 SYNC_METHODS = ("all_reduce", "sparse_all_gather", "parameter_server")
 SYNC_LEARNING_RATE = 0.01  # the parameter server's SGD step
@@ -280,6 +322,22 @@ def _get(obj, key, prefix, kind, choices=None, minimum=None, optional=False):
 
 
 @dataclass
+class MoeConfig:
+    """A mixture of experts (model.moe), as paratune's MoeSpec."""
+
+    experts: int
+    topk: int
+    ffn_hidden: int
+    shared_ffn_hidden: int
+    dense_layers: int
+    layer_freq: int
+
+    def is_moe_layer(self, i):
+        """Whether layer i (from 0) has experts: paratune's MoeSpec::is_moe_layer."""
+        return i >= self.dense_layers and (i - self.dense_layers) % max(1, self.layer_freq) == 0
+
+
+@dataclass
 class ModelConfig:
     hidden: int
     heads: int
@@ -293,6 +351,7 @@ class ModelConfig:
     learned_positions: bool
     attention: str
     dropout: bool
+    moe: MoeConfig | None = None
 
     @property
     def head_dim(self):
@@ -325,7 +384,15 @@ class Layout:
     recompute: str
     ac_frequency: int
     embedding_sync: str = "all-reduce"
+    ep: int = 1
+    etp: int = 1
+    moe_dispatcher: str = "alltoall"
     notes: list = field(default_factory=list)
+
+    @property
+    def edp(self):
+        """Expert-data-parallel degree: the stage's ranks over etp x ep."""
+        return self.tp * self.dp // (self.etp * self.ep)
 
     @property
     def sparse_embedding(self):
@@ -363,6 +430,26 @@ def parse_model(job):
         raise JobError(f"model.kv_heads: {cfg.kv_heads} does not divide model.heads = {cfg.heads}")
     if not cfg.learned_positions and cfg.head_dim % 2:
         raise JobError(f"model.hidden: RoPE needs an even head dimension, got {cfg.head_dim}")
+    cfg.moe = parse_moe(m)
+    return cfg
+
+
+def parse_moe(m):
+    """model.moe: null or absent for a dense model."""
+    moe = _get(m, "moe", "model.", dict, optional=True)
+    if moe is None:
+        return None
+    p = "model.moe."
+    cfg = MoeConfig(
+        experts=_get(moe, "experts", p, int, minimum=1),
+        topk=_get(moe, "topk", p, int, minimum=1),
+        ffn_hidden=_get(moe, "ffn_hidden", p, int, minimum=1),
+        shared_ffn_hidden=_get(moe, "shared_ffn_hidden", p, int, minimum=0),
+        dense_layers=_get(moe, "dense_layers", p, int, minimum=0),
+        layer_freq=_get(moe, "layer_freq", p, int, minimum=1),
+    )
+    if cfg.topk > cfg.experts:
+        raise JobError(f"model.moe.topk: {cfg.topk} exceeds the {cfg.experts} experts")
     return cfg
 
 
@@ -430,6 +517,7 @@ def parse_layout(job, model, world):
     if sp and model.seq_len % tp:
         raise JobError(f"parallel.sequence_parallel: model.seq_len = {model.seq_len} is not divisible by tp = {tp}")
     embedding_sync = parse_embedding_sync(job, par, model, tp, pp, dp, sharding)
+    ep, etp, dispatcher = parse_experts(par, model, tp, dp)
     return Layout(
         tp=tp, pp=pp, dp=dp, dp_shard=dp_shard, dp_replicate=dp_replicate,
         virtual_stages=virtual, stage_layers=list(stage_layers), chunk_first_layer=first,
@@ -438,8 +526,39 @@ def parse_layout(job, model, world):
         recompute=_get(par, "recompute", p, str, choices=RECOMPUTE_POLICIES),
         ac_frequency=_get(par, "ac_frequency", p, int, minimum=1),
         embedding_sync=embedding_sync,
+        ep=ep, etp=etp, moe_dispatcher=dispatcher,
         notes=notes,
     )
+
+
+def parse_experts(par, model, tp, dp):
+    """(ep, etp, moe_dispatcher): 1, 1, "alltoall" when absent (jobs older than the fields).
+
+    The experts' ranks follow Megatron-Core: etp fastest, then ep, then
+    expert-data parallelism, over a pipeline stage's tp x dp ranks.  The
+    worker runs etp 1, tp 1 and the all-to-all dispatcher.
+    """
+    p = "parallel."
+    ep = _get(par, "ep", p, int, minimum=1, optional=True) or 1
+    etp = _get(par, "etp", p, int, minimum=1, optional=True) or 1
+    dispatcher = _get(par, "moe_dispatcher", p, str, choices=MOE_DISPATCHERS, optional=True) or "alltoall"
+    moe = model.moe
+    if moe is None:
+        if ep > 1 or etp > 1:
+            raise JobError(f"parallel.ep: ep = {ep} and etp = {etp} need model.moe (the model has no experts)")
+        return ep, etp, dispatcher
+    if etp > 1:
+        raise JobError(f"parallel.etp: {etp}; expert tensor parallelism is not run by the worker (etp 1 only)")
+    if tp > 1:
+        raise JobError(f"parallel.tp: {tp}; mixture-of-experts layers are run with tp 1 only")
+    if dispatcher != "alltoall":
+        raise JobError(f"parallel.moe_dispatcher: {dispatcher} is not run by the worker (alltoall only, "
+                       "Megatron-Core's all-to-all token dispatcher)")
+    if dp % ep:
+        raise JobError(f"parallel.ep: {ep} does not divide tp*dp = {tp * dp}, the stage's ranks")
+    if moe.experts % ep:
+        raise JobError(f"parallel.ep: {ep} does not divide model.moe.experts = {moe.experts}")
+    return ep, etp, dispatcher
 
 
 def parse_embedding_sync(job, par, model, tp, pp, dp, sharding):
@@ -463,6 +582,8 @@ def parse_embedding_sync(job, par, model, tp, pp, dp, sharding):
         why.append(f"dp = {dp} (no data-parallel ranks to synchronise)")
     if model.tied_embeddings:
         why.append("model.tied_embeddings (the head's gradient of a tied table touches every row)")
+    if model.moe is not None:
+        why.append("model.moe (the experts sync over their own group, so the model is not wrapped in DDP)")
     if job.get("backend") == "nccl":
         why.append("backend nccl (ProcessGroupNCCL has no sparse all_reduce, which DDP syncs a sparse gradient with)")
     if why:
@@ -521,15 +642,37 @@ def uses_fully_shard(layout):
     return layout.optimizer_sharding in ("full", "optimizer-states")
 
 
-def data_parallel_name(layout):
+def data_parallel_name(layout, model=None):
+    """How the gradients are synchronised; a mixture of experts is never DDP
+    (its experts sync over the expert-data-parallel group, the rest over dp)."""
     if uses_fully_shard(layout):
         reshard = layout.optimizer_sharding == "full"
         return f"fully_shard(reshard_after_forward={reshard})"
     if layout.dp == 1:
         return "none"
-    if layout.tp == 1 and layout.pp == 1:
+    if layout.tp == 1 and layout.pp == 1 and (model is None or model.moe is None):
         return "DDP"
     return "all-reduce of local gradients"
+
+
+def expert_coords_of_rank(rank, layout):
+    """Megatron-Core's expert order over a stage's ranks: etp fastest, then ep, then expert-data."""
+    within = rank % (layout.tp * layout.dp)
+    return {"etp": within % layout.etp, "ep": (within // layout.etp) % layout.ep,
+            "edp": within // (layout.etp * layout.ep)}
+
+
+def local_experts_of_rank(rank, model, layout):
+    """Global indices of the routed experts this rank holds (experts / ep consecutive ones)."""
+    if model.moe is None:
+        return []
+    per = model.moe.experts // layout.ep
+    first = expert_coords_of_rank(rank, layout)["ep"] * per
+    return list(range(first, first + per))
+
+
+def moe_layers_of(model, layers):
+    return [i for i in layers if model.moe is not None and model.moe.is_moe_layer(i)]
 
 
 def block_recompute(layout, layer):
@@ -626,11 +769,16 @@ def describe_rank(rank, model, layout):
         "stages": chunks,
         "stage_layers": [layout.stage_layers[c] for c in chunks],
         "schedule": schedule_name(layout),
-        "data_parallel": data_parallel_name(layout),
+        "data_parallel": data_parallel_name(layout, model),
         "tensor_parallel": tp_styles,
         "checkpointed_blocks": sum(block_recompute(layout, l) is not None for l in blocks),
         "micro_batches": layout.micro_batches,
         "embedding_sync": layout.embedding_sync,
+        "experts": None if model.moe is None else {
+            "coords": expert_coords_of_rank(rank, layout), "ep": layout.ep, "etp": layout.etp,
+            "edp": layout.edp, "local_experts": local_experts_of_rank(rank, model, layout),
+            "moe_layers": moe_layers_of(model, blocks), "dispatcher": layout.moe_dispatcher,
+        },
     }
 
 
@@ -761,13 +909,14 @@ class Attention(nn.Module):
 
 
 class FeedForward(nn.Module):
-    def __init__(self, cfg):
+    def __init__(self, cfg, width=None):
         super().__init__()
         bias = cfg.linear_bias
+        width = cfg.ffn_hidden if width is None else width
         self.gated = cfg.gated_mlp
-        self.w1 = nn.Linear(cfg.hidden, cfg.ffn_hidden, bias=bias)
-        self.w2 = nn.Linear(cfg.ffn_hidden, cfg.hidden, bias=bias)
-        self.w3 = nn.Linear(cfg.hidden, cfg.ffn_hidden, bias=bias) if cfg.gated_mlp else None
+        self.w1 = nn.Linear(cfg.hidden, width, bias=bias)
+        self.w2 = nn.Linear(width, cfg.hidden, bias=bias)
+        self.w3 = nn.Linear(cfg.hidden, width, bias=bias) if cfg.gated_mlp else None
 
     def forward(self, x):
         if self.gated:
@@ -775,17 +924,123 @@ class FeedForward(nn.Module):
         return self.w2(F.gelu(self.w1(x)))
 
 
+def expert_seed(seed, layer, expert, experts):
+    """Routed expert `expert` of layer `layer` is drawn from its own seed, whichever rank holds it."""
+    return seed + 1_000_000 + layer * experts + expert
+
+
+def all_to_all(x, output_splits, input_splits, group):
+    """torch.distributed.all_to_all_single with autograd (the backward sends the gradients back)."""
+    from torch.distributed.nn.functional import all_to_all_single
+
+    out = x.new_empty((sum(output_splits),) + tuple(x.shape[1:]))
+    return all_to_all_single(out, x.contiguous(), output_splits, input_splits, group=group)
+
+
+class LocalExperts(nn.Module):
+    """The routed experts one rank holds, run on their tokens (sorted by expert) in one module
+    (so that FSDP gathers them around one forward, as torchtitan's GroupedExperts)."""
+
+    def __init__(self, cfg, layer, expert_ids, seed):
+        super().__init__()
+        self.mlps = nn.ModuleList()
+        for g in expert_ids:
+            torch.manual_seed(expert_seed(seed, layer, g, cfg.moe.experts))
+            self.mlps.append(FeedForward(cfg, cfg.moe.ffn_hidden))
+
+    def forward(self, x, tokens_per_expert):
+        chunks = torch.split(x, tokens_per_expert)
+        return torch.cat([mlp(chunk) for mlp, chunk in zip(self.mlps, chunks)])
+
+
+class MoeLayer(nn.Module):
+    """Megatron-Core's MoE layer with its all-to-all token dispatcher.
+
+    Router: a linear hidden -> experts (no bias), the top-k logits of each
+    token, softmax over those k (Megatron-LM's default: no pre-softmax, no
+    auxiliary loss, no capacity limit).  Dispatch: each token-copy sorted by
+    expert, the counts exchanged by all_to_all_single over the ep group, then
+    the tokens; each rank runs its experts/ep experts, the outputs go back by
+    the reverse all-to-all and are summed per token weighted by the router's
+    probability.  A shared expert (model.moe.shared_ffn_hidden) runs on every
+    token beside them.
+    """
+
+    def __init__(self, cfg, layer, expert_ids, ep, seed):
+        super().__init__()
+        moe = cfg.moe
+        self.topk, self.experts_total, self.ep = moe.topk, moe.experts, ep
+        self.local = len(expert_ids)
+        self.router = nn.Linear(cfg.hidden, moe.experts, bias=False)
+        self.shared = FeedForward(cfg, moe.shared_ffn_hidden) if moe.shared_ffn_hidden else None
+        self.experts = LocalExperts(cfg, layer, expert_ids, seed)
+        self.ep_group = None  # set once the expert mesh is built
+        # Forward passes of training (recomputation excluded): tokens this
+        # rank's experts received, in all and per local expert, and sent.
+        self.received = 0
+        self.sent = 0
+        self.per_expert = [0] * self.local
+
+    def forward(self, x):
+        shape = x.shape
+        tokens = x.reshape(-1, shape[-1])
+        logits = self.router(tokens)
+        top_logits, top_experts = torch.topk(logits, self.topk, dim=-1)
+        probs = torch.softmax(top_logits.float(), dim=-1)
+        flat = top_experts.reshape(-1)
+        order = torch.argsort(flat, stable=True)
+        token_of = torch.div(order, self.topk, rounding_mode="floor")
+        dispatched = tokens.index_select(0, token_of)
+        if torch.is_autocast_enabled(dispatched.device.type):
+            # Megatron-Core dispatches the hidden states in the compute dtype.
+            dispatched = dispatched.to(torch.get_autocast_dtype(dispatched.device.type))
+        counts = torch.bincount(flat, minlength=self.experts_total)
+        if self.ep > 1:
+            import torch.distributed as dist
+
+            # Row q of `received`: what rank q sends to each of this rank's experts.
+            received = torch.empty_like(counts)
+            dist.all_to_all_single(received, counts, group=self.ep_group)
+            received = received.view(self.ep, self.local)
+            send_splits = counts.view(self.ep, self.local).sum(1).tolist()
+            recv_splits = received.sum(1).tolist()
+            arrived = all_to_all(dispatched, recv_splits, send_splits, self.ep_group)
+        else:
+            received = counts.view(1, self.local)
+            arrived = dispatched
+        # Arrived tokens are grouped by source rank, then expert: sort by expert.
+        expert_of = torch.arange(self.local, device=counts.device).repeat(self.ep)
+        expert_of = expert_of.repeat_interleave(received.flatten())
+        by_expert = torch.argsort(expert_of, stable=True)
+        per_expert = received.sum(0).tolist()
+        out = self.experts(arrived.index_select(0, by_expert), per_expert)
+        out = out.index_select(0, torch.argsort(by_expert))
+        if self.ep > 1:
+            out = all_to_all(out, send_splits, recv_splits, self.ep_group)
+        weights = probs.reshape(-1).index_select(0, order).to(out.dtype)
+        combined = torch.zeros(tokens.shape, dtype=out.dtype, device=out.device)
+        combined = combined.index_add(0, token_of, out * weights[:, None])
+        if torch._C._current_graph_task_id() == -1:  # not a recomputation inside backward
+            self.received += sum(per_expert)
+            self.sent += int(flat.numel())
+            self.per_expert = [a + b for a, b in zip(self.per_expert, per_expert)]
+        if self.shared is not None:
+            combined = combined + self.shared(tokens)
+        return combined.to(x.dtype).reshape(shape)
+
+
 def make_norm(cfg):
     return nn.LayerNorm(cfg.hidden) if cfg.learned_positions else nn.RMSNorm(cfg.hidden)
 
 
 class Block(nn.Module):
-    def __init__(self, cfg):
+    def __init__(self, cfg, moe=None):
+        """moe: None for a dense MLP, else (layer, expert_ids, ep, seed) of an MoE layer."""
         super().__init__()
         self.attention_norm = make_norm(cfg)
         self.attention = Attention(cfg)
         self.ffn_norm = make_norm(cfg)
-        self.feed_forward = FeedForward(cfg)
+        self.feed_forward = FeedForward(cfg) if moe is None else MoeLayer(cfg, *moe)
         self.p = DROPOUT_P if cfg.dropout else 0.0
         self.recompute = None  # None | "full" | "op" | "attention"
 
@@ -853,20 +1108,25 @@ def cross_entropy(logits, targets):
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(0, 1))
 
 
-def build_chunk(cfg, layout, chunk, seed):
+def build_chunk(cfg, layout, chunk, seed, expert_ids=()):
     """Build one chunk so that every parameter is the same whatever the partition.
 
     Each component is drawn from its own seed (embedding table seed+1,
-    positions seed+2, untied head seed+3, block i seed+101+i), so that all
-    candidates train the same model; the untied-by-pipeline head copy of a
-    tied table is drawn from the table's seed.
+    positions seed+2, untied head seed+3, block i seed+101+i, routed expert
+    g of MoE layer i seed+1000000+i*experts+g; `expert_ids`: the experts this
+    rank holds), so that all candidates train the same model; the
+    untied-by-pipeline head copy of a tied table is drawn from the table's
+    seed.
     """
     is_first, is_last = chunk == 0, chunk == layout.chunks - 1
     layers = chunk_layers(layout, chunk)
     chunk_module = ModelChunk(cfg, [], is_first, is_last, layout.sparse_embedding)
     for i in layers:
         torch.manual_seed(seed + 101 + i)
-        chunk_module.layers[str(i)] = Block(cfg)
+        moe = None
+        if cfg.moe is not None and cfg.moe.is_moe_layer(i):
+            moe = (i, expert_ids, layout.ep, seed)
+        chunk_module.layers[str(i)] = Block(cfg, moe)
     with torch.no_grad():
         if is_first:
             chunk_module.embeddings.tok.weight.copy_(embedding_table(cfg, seed + 1))
@@ -927,14 +1187,29 @@ def mixed_precision_dtype(job):
     return torch.bfloat16 if job["dtype"] == "bf16" else None
 
 
-def apply_fully_shard(chunk_module, dp_mesh, layout, compute_dtype):
+def apply_fully_shard(chunk_module, dp_mesh, layout, compute_dtype, edp_mesh=None):
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
     reshard = layout.optimizer_sharding == "full"
     for block in chunk_module.layers.values():
+        if isinstance(block.feed_forward, MoeLayer):
+            # The routed experts are sharded over their expert-data-parallel
+            # group (torchtitan's dp_mod_ep mesh), the rest of the block over dp.
+            experts = fully_shard(block.feed_forward.experts, mesh=edp_mesh, mp_policy=policy,
+                                  reshard_after_forward=reshard)
+            set_expert_gradient_divide_factor(experts, edp_mesh.size(), layout.dp)
         fully_shard(block, mesh=dp_mesh, mp_policy=policy, reshard_after_forward=reshard)
     return fully_shard(chunk_module, mesh=dp_mesh, mp_policy=policy, reshard_after_forward=reshard)
+
+
+def set_expert_gradient_divide_factor(module, edp, dp):
+    """An expert's gradient sums the losses of its ep group's tokens; the model's
+    is the mean over dp ranks, so the sum over edp replicas is divided by dp
+    (torchtitan's divide factor), as a sum and a division (gloo has no premul-sum)."""
+    module.set_gradient_divide_factor(float(dp))
+    if edp > 1:
+        module.set_force_sum_reduction_for_comms(True)
 
 
 def local_tensor(t):
@@ -968,6 +1243,7 @@ class Dist:
     dp_mesh: object  # 1-D "dp" or 2-D ("dp_replicate", "dp_shard")
     degrees: dict
     coords: dict
+    experts: object = None  # ExpertMesh of a mixture of experts
 
 
 def init_distributed(job):
@@ -1012,6 +1288,29 @@ def build_mesh(layout, device, rank, world, local_rank):
     if coords != expected:
         raise RuntimeError(f"device mesh puts rank {rank} at {coords}, Megatron order expects {expected}")
     return Dist(rank, world, local_rank, device, mesh, dp_mesh, degrees, coords)
+
+
+@dataclass
+class ExpertMesh:
+    ep_group: object
+    edp_mesh: object
+    degrees: dict  # {"ep", "etp", "edp"}, read back from the live mesh
+    coords: dict  # {"edp", "ep", "etp"}
+
+
+def build_expert_mesh(layout, device, rank):
+    """The experts' mesh over the same ranks: (pp, edp, ep, etp), etp fastest (Megatron-Core)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh(device.type, (layout.pp, layout.edp, layout.ep, layout.etp),
+                            mesh_dim_names=("pp", "edp", "ep", "etp"))
+    _, edp_i, ep_i, etp_i = mesh.get_coordinate()
+    coords = {"edp": edp_i, "ep": ep_i, "etp": etp_i}
+    expected = expert_coords_of_rank(rank, layout)
+    if coords != expected:
+        raise RuntimeError(f"expert mesh puts rank {rank} at {coords}, Megatron-Core's order expects {expected}")
+    degrees = {"ep": mesh["ep"].size(), "etp": mesh["etp"].size(), "edp": mesh["edp"].size()}
+    return ExpertMesh(mesh["ep"].get_group(), mesh["edp"], degrees, coords)
 
 
 def tied_embedding_group(layout, coords):
@@ -1136,17 +1435,23 @@ class Trainer:
         self.tensor_parallel = {}
         self.checkpointed_blocks = 0
         self.modules = []
+        self.expert_ids = local_experts_of_rank(d.rank, model, layout)
         for c in self.chunks:
-            m = build_chunk(model, layout, c, seed).to(d.device)
+            m = build_chunk(model, layout, c, seed, self.expert_ids).to(d.device)
             plan = tensor_parallel_plan(model, layout, c)
             apply_tensor_parallel(m, plan, tp_mesh, tie_in_chunk)
             self.tensor_parallel.update(plan_style_names(plan))
             self.checkpointed_blocks += apply_recompute(m, layout)
             self.modules.append(m)
-        self.data_parallel = data_parallel_name(layout)
+        self.moe_layers = [b.feed_forward for m in self.modules for b in m.layers.values()
+                           if isinstance(b.feed_forward, MoeLayer)]
+        for layer in self.moe_layers:
+            layer.ep_group = d.experts.ep_group
+        self.data_parallel = data_parallel_name(layout, model)
+        edp_mesh = d.experts.edp_mesh if d.experts is not None else None
         if uses_fully_shard(layout):
             for m in self.modules:
-                apply_fully_shard(m, d.dp_mesh, layout, compute_dtype)
+                apply_fully_shard(m, d.dp_mesh, layout, compute_dtype, edp_mesh)
         elif compute_dtype is not None:
             # No FSDP: fp32 parameters, bf16 compute through autocast.
             for m in self.modules:
@@ -1168,6 +1473,12 @@ class Trainer:
             self.train_modules = [DDP(self.modules[0], process_group=d.dp_mesh.get_group(),
                                       device_ids=ids, broadcast_buffers=False)]
         self.dp_group = d.dp_mesh.get_group() if self.data_parallel == "all-reduce of local gradients" else None
+        # The routed experts' gradients sync over the expert-data-parallel
+        # group (none when ep covers dp), the other parameters' over dp.
+        self.expert_params = {id(p) for layer in self.moe_layers for p in layer.experts.parameters()}
+        self.edp_group = None
+        if self.dp_group is not None and d.experts is not None and layout.edp > 1:
+            self.edp_group = d.experts.edp_mesh.get_group()
         self.tie_group = None
         if model.tied_embeddings and layout.pp > 1:
             self.tie_group = tied_embedding_group(layout, d.coords)
@@ -1180,6 +1491,7 @@ class Trainer:
         if self.sparse_table is not None:
             self.optimizers.append(torch.optim.SparseAdam([self.sparse_table], lr=LEARNING_RATE))
         self.sparse_grad_steps = 0  # steps whose table gradient was sparse after backward
+        self.steps_taken = 0  # every step, warmup and profiled ones included
         self.steps = 0
         self.inputs, self.targets = self.make_data(seed)
         self.schedule = self.build_schedule() if layout.pp > 1 else None
@@ -1236,6 +1548,7 @@ class Trainer:
         Returns the mean loss over micro-batches, or None on ranks without the head.
         """
         loss = self.pipeline_pass() if self.schedule is not None else self.accumulation_pass()
+        self.steps_taken += 1
         self.sync_gradients()
         if self.sparse_table is not None:
             grad = self.sparse_table.grad
@@ -1292,8 +1605,31 @@ class Trainer:
             for p in self.params:
                 if p.grad is not None:
                     g = local_tensor(p.grad)
-                    self.dist.all_reduce(g, group=self.dp_group)
+                    if id(p) not in self.expert_params:
+                        self.dist.all_reduce(g, group=self.dp_group)
+                    elif self.edp_group is not None:
+                        self.dist.all_reduce(g, group=self.edp_group)
+                    # An expert's gradient already sums its ep group's tokens'
+                    # losses: over its edp replicas it covers all dp ranks.
                     g.div_(self.layout.dp)
+
+    def expert_report(self):
+        """The experts this rank held and the tokens they received per training step."""
+        if self.d.experts is None:
+            return None
+        steps = max(1, self.steps_taken)
+        return {
+            "ep": self.d.experts.degrees["ep"], "etp": self.d.experts.degrees["etp"],
+            "edp": self.d.experts.degrees["edp"], "coords": self.d.experts.coords,
+            "experts": self.cfg.moe.experts, "topk": self.cfg.moe.topk,
+            "local_experts": len(self.expert_ids), "expert_ids": self.expert_ids,
+            "moe_layers": len(self.moe_layers), "dispatcher": self.layout.moe_dispatcher,
+            "steps": self.steps_taken,
+            "tokens_received_per_step": sum(l.received for l in self.moe_layers) / steps,
+            "tokens_sent_per_step": sum(l.sent for l in self.moe_layers) / steps,
+            "tokens_per_local_expert_per_step": [
+                sum(l.per_expert[e] for l in self.moe_layers) / steps for e in range(len(self.expert_ids))],
+        }
 
     def tied_tables(self):
         tables = []
@@ -1478,6 +1814,8 @@ def run_train(job):
     seed = _get(job, "seed", "", int)
     notes = list(layout.notes)
     d = build_mesh(layout, device, rank, world, local_rank)
+    if model.moe is not None:
+        d.experts = build_expert_mesh(layout, device, rank)
     preload_runtime(job, device)
     meter = MemoryMeter(device, notes)
     meter.start()
@@ -1491,6 +1829,7 @@ def run_train(job):
     peak, baseline, kind, reserved = meter.finish()
     iteration_ms = max_over_ranks(rank_ms, device)
     collectives, note = profile_one_iteration(trainer, device, sync_device)
+    experts = trainer.expert_report()
     if note:
         notes.append(note)
     loss = None if trainer.schedule is not None and not trainer.holds_last else losses
@@ -1504,7 +1843,8 @@ def run_train(job):
         "schema": SCHEMA, "mode": "train", "candidate": job.get("candidate"),
         "rank": rank, "world_size": world, "torch_version": torch.__version__,
         "backend": dist.get_backend(), "device": device.type, "dtype": job["dtype"],
-        "degrees": d.degrees, "mesh_coords": d.coords,
+        "degrees": d.degrees if d.experts is None else {**d.degrees, **d.experts.degrees},
+        "mesh_coords": d.coords,
         "stages": trainer.chunks, "stage_layers": [layout.stage_layers[c] for c in trainer.chunks],
         "schedule": type(trainer.schedule).__name__ if trainer.schedule is not None else "none",
         "micro_batches": layout.micro_batches, "micro_batch": layout.micro_batch,
@@ -1520,6 +1860,8 @@ def run_train(job):
         "memory_kind": kind, "reserved_bytes": reserved,
         "collectives_ms": collectives, "loss": loss, "notes": notes,
     }
+    if d.experts is not None:
+        report["experts"] = experts
     write_json_atomic(os.path.join(job["report_dir"], f"rank-{rank}.json"), report)
     dist.barrier()
     dist.destroy_process_group()
