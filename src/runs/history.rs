@@ -167,6 +167,71 @@ impl RunHistory {
         ))
     }
 
+    /// Like [`open`](Self::open), but a history written with one of
+    /// `older` (earlier versions of `columns`, each of its columns one of
+    /// them) is first rewritten with `columns`: every cell under its
+    /// column's name, the columns it lacked empty (a run table's default),
+    /// its cut-short last line removed and reported as `open` does. The
+    /// third value says whether it was rewritten.
+    pub fn open_upgrading(
+        path: &Path,
+        columns: &[&str],
+        older: &[&[&str]],
+    ) -> Result<(Self, Option<TailRepair>, bool), HistoryError> {
+        check_columns(&path.display().to_string(), columns)?;
+        let header = std::fs::read(path).ok().and_then(|bytes| {
+            let end = bytes.iter().position(|&b| b == b'\n')?;
+            let mut reader = csv::ReaderBuilder::new()
+                .has_headers(false)
+                .trim(csv::Trim::All)
+                .from_reader(&bytes[..end]);
+            let record = reader.records().next()?.ok()?;
+            Some(record.iter().map(str::to_string).collect::<Vec<_>>())
+        });
+        let Some(old) = header.and_then(|h| {
+            older
+                .iter()
+                .find(|o| o.len() == h.len() && o.iter().zip(&h).all(|(a, b)| a == b))
+                .copied()
+                .filter(|o| o.iter().all(|c| columns.contains(c)))
+        }) else {
+            let (history, repair) = Self::open(path, columns)?;
+            return Ok((history, repair, false));
+        };
+        // Opened with its own columns first, so a cut-short line is repaired.
+        let (opened, repair) = Self::open_table(path, old)?;
+        drop(opened);
+        let shown = path.display().to_string();
+        let bad = |message: String| HistoryError::Header {
+            path: shown.clone(),
+            column: String::new(),
+            message,
+        };
+        let text = std::fs::read(path).map_err(|e| bad(format!("cannot read it again: {e}")))?;
+        let mut reader = csv::ReaderBuilder::new()
+            .trim(csv::Trim::All)
+            .from_reader(text.as_slice());
+        let mut out = encode(columns.iter().copied()).map_err(&bad)?;
+        for record in reader.records() {
+            let record = record.map_err(|e| bad(format!("a row does not read ({e})")))?;
+            let cells = columns.iter().map(|c| {
+                old.iter()
+                    .position(|o| o == c)
+                    .and_then(|i| record.get(i))
+                    .unwrap_or("")
+            });
+            out.push_str(&encode(cells).map_err(&bad)?);
+        }
+        crate::atomic::write_atomically(path, out.as_bytes()).map_err(|e| HistoryError::Io {
+            path: shown.clone(),
+            action: "rewrite it with the new columns",
+            message: e.to_string(),
+        })?;
+        sync_parent(path);
+        let (history, _) = Self::open(path, columns)?;
+        Ok((history, repair, true))
+    }
+
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -445,6 +510,39 @@ mod tests {
             std::fs::read_to_string(&path).unwrap(),
             format!("{}\n", COLUMNS.join(","))
         );
+    }
+
+    #[test]
+    fn a_history_of_older_columns_is_rewritten_with_the_new_ones() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("history.csv");
+        // An older history, written before the `dp` column.
+        let older: Vec<&str> = COLUMNS.iter().copied().filter(|&c| c != "dp").collect();
+        let (mut history, _) = RunHistory::open(&path, &older).unwrap();
+        let mut first = row(2, 2, 219.7, "old");
+        first.remove(COLUMNS.iter().position(|&c| c == "dp").unwrap());
+        history.append(&first).unwrap();
+        drop(history);
+        let mut file = OpenOptions::new().append(true).open(&path).unwrap();
+        file.write_all(b"8,16,2,10").unwrap();
+        drop(file);
+        let (mut history, repair, upgraded) =
+            RunHistory::open_upgrading(&path, &COLUMNS, &[&older]).unwrap();
+        assert!(upgraded && repair.is_some());
+        history.append(&row(4, 1, 180.25, "new")).unwrap();
+        drop(history);
+        let table = RunTable::read(&path).unwrap();
+        assert_eq!(table.headers, COLUMNS.map(String::from).to_vec());
+        assert_eq!(table.cell(0, "note"), Some("old"));
+        assert_eq!(table.cell(0, "dp"), None);
+        assert_eq!(table.cell(1, "dp"), Some("1"));
+        assert_eq!(read_back(&path).len(), 2);
+        // A current history is opened as it is; another header still refused.
+        let (_, _, upgraded) = RunHistory::open_upgrading(&path, &COLUMNS, &[&older]).unwrap();
+        assert!(!upgraded);
+        let mut other = COLUMNS;
+        other[11] = "trial";
+        assert!(RunHistory::open_upgrading(&path, &other, &[&COLUMNS]).is_err());
     }
 
     #[test]

@@ -102,6 +102,15 @@ impl Cluster {
         }
     }
 
+    /// Earlier versions of [`columns`](Self::columns) whose histories are
+    /// rewritten with the new columns on opening.
+    fn older_columns(&self) -> &'static [&'static [&'static str]] {
+        match self {
+            Cluster::Torch(_) => &[&torch_launch::ROW_COLUMNS_V1],
+            Cluster::Megatron(_) | Cluster::Torchtitan(_) => &[],
+        }
+    }
+
     /// What a finished trial of `candidate` of `plan` measured, from its log
     /// (or, for torch trials, its ranks' reports beside it).
     fn read(
@@ -321,9 +330,20 @@ pub fn run_loop(
             return Ok(report);
         }
         if history.is_none() {
-            let (opened, repaired) = RunHistory::open(&history_path, cluster.columns())?;
+            let (opened, repaired, upgraded) = RunHistory::open_upgrading(
+                &history_path,
+                cluster.columns(),
+                cluster.older_columns(),
+            )?;
             if let Some(repair) = repaired {
                 let _ = writeln!(report, "note: {repair}");
+            }
+            if upgraded {
+                let _ = writeln!(
+                    report,
+                    "note: {}: rewritten with this paratune's columns (the experts' columns added, empty in its earlier rows)",
+                    history_path.display()
+                );
             }
             history = Some(opened);
         }

@@ -894,6 +894,25 @@ pub const ROW_COLUMNS: [&str; 50] = [
     "source_log",
 ];
 
+/// [`ROW_COLUMNS`] before the experts' columns: a history of such rows
+/// (all of dense models) is rewritten with the new columns on opening.
+pub const ROW_COLUMNS_V1: [&str; 41] = {
+    let mut v1 = [""; 41];
+    let mut i = 0;
+    let mut j = 0;
+    while i < ROW_COLUMNS.len() {
+        // The nine expert columns sit between `memory_rank` and `embedding_sync`.
+        if i < EXPERT_COLUMNS_AT || i >= EXPERT_COLUMNS_AT + 9 {
+            v1[j] = ROW_COLUMNS[i];
+            j += 1;
+        }
+        i += 1;
+    }
+    v1
+};
+
+const EXPERT_COLUMNS_AT: usize = 37;
+
 impl TorchTrial {
     /// The largest peak over the ranks, bytes.
     pub fn peak_bytes(&self) -> f64 {
@@ -1427,6 +1446,20 @@ mod tests {
             "tokens_received_per_step": 500.0 + rank as f64 * 20.0, "tokens_sent_per_step": 512.0
         });
         r
+    }
+
+    #[test]
+    fn the_columns_before_the_experts_are_the_new_ones_less_the_experts() {
+        let experts = &ROW_COLUMNS[EXPERT_COLUMNS_AT..EXPERT_COLUMNS_AT + 9];
+        assert_eq!(experts.first(), Some(&"ep"));
+        assert_eq!(experts.last(), Some(&"moe_dispatcher"));
+        let rest: Vec<&str> = ROW_COLUMNS
+            .iter()
+            .copied()
+            .filter(|c| !experts.contains(c))
+            .collect();
+        assert_eq!(rest, ROW_COLUMNS_V1.to_vec());
+        assert_eq!(ROW_COLUMNS_V1[37], "embedding_sync");
     }
 
     #[test]
