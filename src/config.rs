@@ -268,16 +268,24 @@ impl Precision {
 
 /// How an MoE layer's tokens reach their experts (Megatron-LM's
 /// `--moe-token-dispatcher-type`).
+///
+/// The default is Megatron-LM's: `default='allgather'` in
+/// `megatron/training/arguments.py` (`_add_moe_args`). It is the one
+/// default: a configuration built from [`ParallelConfig::default`], a
+/// `predict` without `--moe-dispatcher`, a run-table row without a
+/// `moe_dispatcher` cell and an ingested Megatron-LM log without the
+/// argument all take it, so the same MoE job is priced alike by each. A
+/// dense model, which dispatches nothing, holds the default too.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Dispatcher {
     /// Each rank sends each routed token to the rank of its expert.
-    #[default]
     #[serde(rename = "alltoall")]
     AllToAll,
     /// Every rank of the etp x ep group gathers all their tokens and keeps
     /// those of its own experts; the outputs are reduce-scattered back
     /// (Megatron-LM's default).
+    #[default]
     #[serde(rename = "allgather")]
     AllGather,
 }
@@ -445,7 +453,7 @@ impl Default for ParallelConfig {
             cp_comm: CpComm::P2p,
             ep: 1,
             etp: 1,
-            dispatcher: Dispatcher::AllToAll,
+            dispatcher: Dispatcher::default(),
             precision: Precision::Bf16,
             embedding_sync: SyncMethod::AllReduce,
             micro_batch: 1,
@@ -498,6 +506,13 @@ impl ParallelConfig {
     /// (Megatron-LM's data-parallel group with context parallelism).
     pub fn dense_sync_degree(&self) -> u64 {
         self.dp.saturating_mul(self.cp)
+    }
+
+    /// Expert tensor parallelism where none is given: Megatron-LM's
+    /// default (`--expert-tensor-parallel-size` unset) splits each expert
+    /// like the dense layers, over `tp`; a model without experts has 1.
+    pub fn default_etp(has_experts: bool, tp: u64) -> u64 {
+        if has_experts { tp } else { 1 }
     }
 
     /// Expert-data parallelism: replicas of each expert shard, the group its
@@ -653,7 +668,7 @@ impl ParallelConfig {
             (
                 Rule::ExpertsWithoutMoe,
                 model.moe.is_none()
-                    && (c.ep > 1 || c.etp > 1 || c.dispatcher != Dispatcher::AllToAll),
+                    && (c.ep > 1 || c.etp > 1 || c.dispatcher != Dispatcher::default()),
             ),
             (
                 Rule::ExpertsNotDivisible,
@@ -1197,7 +1212,7 @@ impl fmt::Display for ParallelConfig {
         if self.cp_comm != CpComm::P2p {
             write!(f, " cp-comm={}", self.cp_comm.name())?;
         }
-        if self.dispatcher != Dispatcher::AllToAll {
+        if self.dispatcher != Dispatcher::default() {
             write!(f, " dispatch={}", self.dispatcher.name())?;
         }
         if self.precision != Precision::Bf16 {

@@ -133,6 +133,31 @@ fn expert_flags_on_a_dense_model_are_refused() {
     );
 }
 
+/// `predict` without `--moe-dispatcher` prices Megatron-LM's default, the
+/// allgather dispatcher, as run tables and ingested logs read it.
+#[test]
+fn predict_defaults_to_megatron_lms_dispatcher() {
+    let job = with(
+        &with(&["predict"], &MIXTRAL_ON_64),
+        &[
+            "--tp",
+            "2",
+            "--pp",
+            "4",
+            "--ep",
+            "8",
+            "--sequence-parallel",
+            "on",
+        ],
+    );
+    let plain = ok(&job);
+    assert_eq!(plain, ok(&with(&job, &["--moe-dispatcher", "allgather"])));
+    let a2a = ok(&with(&job, &["--moe-dispatcher", "alltoall"]));
+    assert_ne!(plain, a2a);
+    says(&a2a, &["dispatch=alltoall"]);
+    says(&plain, &["etp2"]);
+}
+
 #[test]
 fn a_moe_plan_exports_megatron_lm_and_torchtitan_flags() {
     let out = ok(&with(&with(&["plan"], &MIXTRAL_ON_64), &["--top", "1"]));

@@ -519,7 +519,7 @@ pub fn single_config(args: &SpaceArgs, job: &Job) -> Result<ParallelConfig> {
         dp => dp,
     };
     // An MoE model's experts default to Megatron-LM's: ep 1, etp = tp.
-    let moe_etp = if job.model.moe.is_some() { tp } else { 1 };
+    let moe_etp = ParallelConfig::default_etp(job.model.moe.is_some(), tp);
     let schedule = single("--schedule", &space.schedule, ScheduleKind::OneFOneB)?;
     let virtual_stages = single("--virtual-stages", &space.virtual_stages, 1)?;
     if schedule == ScheduleKind::Interleaved && space.virtual_stages.is_none() {
@@ -558,7 +558,7 @@ pub fn single_config(args: &SpaceArgs, job: &Job) -> Result<ParallelConfig> {
         cp_comm: single("--cp-comm", &space.cp_comm, CpComm::P2p)?,
         ep: single("--ep", &space.ep, 1)?,
         etp: single("--etp", &space.etp, moe_etp)?,
-        dispatcher: single("--moe-dispatcher", &space.dispatcher, Dispatcher::AllToAll)?,
+        dispatcher: single("--moe-dispatcher", &space.dispatcher, Dispatcher::default())?,
         precision: single("--precision", &space.precision, Precision::Bf16)?,
         embedding_sync: single(
             "--embedding-sync",

@@ -1853,6 +1853,7 @@ mod experts_and_context {
         let a2a = ParallelConfig {
             dp: 8,
             ep: 8,
+            dispatcher: Dispatcher::AllToAll,
             ..ParallelConfig::default()
         };
         let gather = ParallelConfig {

@@ -506,13 +506,20 @@ fn parse_row(table: &RunTable, index: usize, defaults: &RowDefaults) -> Result<R
         None => gpus / (tp * pp * cp).max(1),
     };
     let ep = int("ep")?.unwrap_or(1);
-    // Megatron-LM's default expert tensor parallelism is tp.
-    let etp = int("etp")?.unwrap_or(if model.moe.is_some() { tp } else { 1 });
-    // Megatron-LM's default dispatcher gathers the tokens.
+    let etp = int("etp")?.unwrap_or(ParallelConfig::default_etp(model.moe.is_some(), tp));
+    // Without a cell, Megatron-LM's default dispatcher. A dense model has
+    // none to choose: its cell (`alltoall` in the tables paratune wrote
+    // before the default became Megatron-LM's) is checked and left aside.
     let dispatcher = match cell("moe_dispatcher") {
-        Some(text) => Dispatcher::parse("moe_dispatcher", text)?,
-        None if model.moe.is_some() => Dispatcher::AllGather,
-        None => Dispatcher::AllToAll,
+        Some(text) => {
+            let named = Dispatcher::parse("moe_dispatcher", text)?;
+            if model.moe.is_some() {
+                named
+            } else {
+                Dispatcher::default()
+            }
+        }
+        None => Dispatcher::default(),
     };
     // Megatron-LM's CI names (`bf16+fp8-hybrid-tensorwise`) and paratune's.
     let precision = match cell("precision").map(str::to_lowercase) {
@@ -934,6 +941,33 @@ mod tests {
         assert_eq!(runs[0].config.recompute, Recompute::Full);
         assert_eq!(runs[0].config.micro_batches(16), 4);
         assert!((runs[0].measured_s.unwrap() - 0.2197).abs() < 1e-12);
+    }
+
+    /// An MoE row without `etp` or `moe_dispatcher` takes the defaults a
+    /// configuration and `predict` take (Megatron-LM's: etp = tp, the
+    /// allgather dispatcher); a dense row's dispatcher cell, which
+    /// paratune's own tables wrote as `alltoall`, leaves it the default.
+    #[test]
+    fn rows_without_expert_cells_take_the_one_default() {
+        let text = format!(
+            "{HEADER},num_experts,moe_topk,sequence_parallel,ep,iter_ms\n8,16,2,1024,16,24,1024,2,4,1,8,2,on,2,100\n"
+        );
+        let table = RunTable::parse(&text, "t.csv").unwrap();
+        let runs = runs_from_table(&table, &defaults(), 8).unwrap();
+        let c = runs[0].config;
+        assert_eq!(c.dispatcher, ParallelConfig::default().dispatcher);
+        assert_eq!(c.dispatcher, Dispatcher::AllGather);
+        assert_eq!(c.etp, ParallelConfig::default_etp(true, 2));
+        assert_eq!(c.etp, 2);
+        for cell in ["alltoall", "allgather"] {
+            let text = format!(
+                "{HEADER},moe_dispatcher,iter_ms\n8,16,2,1024,16,24,1024,2,2,2,{cell},100\n"
+            );
+            let table = RunTable::parse(&text, "t.csv").unwrap();
+            let runs = runs_from_table(&table, &defaults(), 8).unwrap();
+            assert_eq!(runs[0].config.dispatcher, Dispatcher::default(), "{cell}");
+            assert_eq!(runs[0].config.etp, 1);
+        }
     }
 
     #[test]

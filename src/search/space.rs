@@ -431,10 +431,12 @@ impl SearchSpace {
                     &mut variants,
                     // With one expert rank no token moves, and the gathering
                     // dispatcher only keeps more: it is tried where it gathers.
+                    // A dense model holds the default, which it never uses.
                     |c| match (&self.dispatcher, job.model.moe) {
                         (Some(given), _) => given.clone(),
                         (None, Some(_)) if c.ep * c.etp > 1 => Dispatcher::ALL.to_vec(),
-                        (None, _) => vec![Dispatcher::AllToAll],
+                        (None, Some(_)) => vec![Dispatcher::AllToAll],
+                        (None, None) => vec![Dispatcher::default()],
                     },
                     |c, d| c.dispatcher = d,
                 );

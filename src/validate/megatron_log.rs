@@ -983,16 +983,18 @@ impl MegatronConfig {
                 _ => crate::config::CpComm::P2p,
             },
             ep: self.expert_model_parallel_size,
-            etp: match self.num_experts {
-                Some(_) => self
-                    .expert_tensor_parallel_size
-                    .unwrap_or(self.tensor_model_parallel_size),
-                None => 1,
+            etp: match (self.num_experts, self.expert_tensor_parallel_size) {
+                (Some(_), Some(etp)) => etp,
+                (experts, _) => {
+                    ParallelConfig::default_etp(experts.is_some(), self.tensor_model_parallel_size)
+                }
             },
-            dispatcher: match self.moe_token_dispatcher_type.as_deref() {
-                Some("alltoall") => crate::config::Dispatcher::AllToAll,
-                _ if self.num_experts.is_some() => crate::config::Dispatcher::AllGather,
-                _ => crate::config::Dispatcher::AllToAll,
+            // A dense run dispatches nothing: whatever the log says, it
+            // holds the default, as every dense configuration does.
+            dispatcher: match (self.num_experts, self.moe_token_dispatcher_type.as_deref()) {
+                (Some(_), Some("alltoall")) => crate::config::Dispatcher::AllToAll,
+                (Some(_), Some("allgather")) => crate::config::Dispatcher::AllGather,
+                _ => crate::config::Dispatcher::default(),
             },
             precision: if self.fp8.is_some() {
                 crate::config::Precision::Fp8
@@ -1153,7 +1155,7 @@ impl MegatronRun {
             let dispatcher = m
                 .moe_token_dispatcher_type
                 .as_deref()
-                .unwrap_or("allgather");
+                .unwrap_or(crate::config::Dispatcher::default().name());
             if !matches!(dispatcher, "alltoall" | "allgather") {
                 return Err(unsupported(
                     format!("the `{dispatcher}` token dispatcher"),
@@ -1570,6 +1572,20 @@ mod tests {
             ),
             ("8", "2", "2", "alltoall", "fp8")
         );
+        // Without the argument, Megatron-LM's defaults: the one dispatcher
+        // default and etp = tp; a dense run holds the default whatever it says.
+        let parsed = |extra: &[(&str, &str)]| {
+            parse(&log(extra, &[9.0, 3.0, 2.0]), "x.log", 2)
+                .unwrap()
+                .config
+                .parallel_config()
+        };
+        let plain = parsed(&[("num_experts", "8"), ("tensor_model_parallel_size", "2")]);
+        assert_eq!(plain.dispatcher, ParallelConfig::default().dispatcher);
+        assert_eq!(plain.etp, 2);
+        let dense = parsed(&[("moe_token_dispatcher_type", "alltoall")]);
+        assert_eq!(dense.dispatcher, ParallelConfig::default().dispatcher);
+        assert_eq!(dense.etp, 1);
         let mixed = row_of(&[
             ("context_parallel_size", "2"),
             ("data_parallel_size", "1"),
