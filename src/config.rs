@@ -557,6 +557,18 @@ impl ParallelConfig {
         }
     }
 
+    /// Where a model of `layers` layers lies over the stages' model chunks
+    /// ([`ChunkLayout`]), worked out once for the stages to ask.
+    pub fn chunk_layout(&self, layers: u64) -> ChunkLayout {
+        ChunkLayout {
+            pp: self.pp.max(1),
+            v: self.virtual_stages.max(1),
+            first: self.stage_layers(layers, 0),
+            middle: self.middle_stage_layers(layers),
+            last: self.stage_layers(layers, self.pp.saturating_sub(1)),
+        }
+    }
+
     /// The micro-batch group size Megatron-Core's interleaved schedule needs
     /// for `m` micro-batches (`--microbatch-group-size-per-virtual-pipeline-stage`,
     /// default pp): the smallest `n` with `pp <= n <= m` and `m % n` either 0
@@ -803,6 +815,68 @@ impl ParallelConfig {
             None => Ok(()),
             Some(rule) => Err(rule.explain(self, model, global_batch, gpus, gpus_per_node)),
         }
+    }
+}
+
+/// Megatron-LM's interleaved layout of a model's layers over the pipeline
+/// stages' model chunks: the model, in layer order, is cut into chunks
+/// `0, 1, ..., pp x v - 1`, and chunk `j x pp + stage` is the stage's j-th;
+/// each is a `1 / v` share of its stage's layers, the stage's last chunk
+/// also the remainder. Without interleaving (v = 1) chunk 0 is the whole
+/// stage. Built by [`ParallelConfig::chunk_layout`] from a split that passed
+/// [`ParallelConfig::violation`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChunkLayout {
+    pp: u64,
+    v: u64,
+    /// Layers of the first, of each middle and of the last stage.
+    first: u64,
+    middle: u64,
+    last: u64,
+}
+
+impl ChunkLayout {
+    /// Layers of stage `stage` ([`ParallelConfig::stage_layers`]).
+    pub fn stage_layers(&self, stage: u64) -> u64 {
+        match stage {
+            0 => self.first,
+            s if s == self.pp - 1 => self.last,
+            _ => self.middle,
+        }
+    }
+
+    /// The model layers chunk `chunk` of stage `stage` holds.
+    pub fn chunk(&self, stage: u64, chunk: u64) -> std::ops::Range<u64> {
+        let v = self.v;
+        let own = self.stage_layers(stage);
+        // One round of chunks: one chunk of every stage.
+        let round = match self.pp {
+            1 => own / v,
+            pp => self.first / v + (pp - 2) * (self.middle / v) + self.last / v,
+        };
+        // The first stage and the middle ones precede `stage` in every
+        // round; in the last round with their remainders.
+        let before = |first: u64, middle: u64| match stage {
+            0 => 0,
+            _ => first + (stage - 1) * middle,
+        };
+        let last_round = chunk == v - 1;
+        let start = chunk * round
+            + before(self.first / v, self.middle / v)
+            + if last_round {
+                before(self.first % v, self.middle % v)
+            } else {
+                0
+            };
+        let len = own / v + if last_round { own % v } else { 0 };
+        start..start + len
+    }
+
+    /// The stage whose first chunk holds layer `layer`; `None` when the
+    /// layer lies past the first round of chunks (always found without
+    /// interleaving).
+    pub fn first_round_stage(&self, layer: u64) -> Option<u64> {
+        (0..self.pp).find(|&stage| self.chunk(stage, 0).contains(&layer))
     }
 }
 
@@ -1236,4 +1310,64 @@ impl fmt::Display for ParallelConfig {
 
 pub fn on_off(flag: bool) -> &'static str {
     if flag { "on" } else { "off" }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The chunks, taken in the model's order (chunk j of every stage, then
+    /// chunk j + 1), tile the layers, and each stage's chunks hold its
+    /// layers: even, uneven and interleaved splits.
+    #[test]
+    fn chunks_tile_the_model_in_interleaved_order() {
+        let cases = [
+            (24, 1, 1, None, None),
+            (24, 4, 1, None, None),
+            (24, 4, 2, None, None),
+            (61, 8, 1, Some(7), Some(6)),
+            (61, 4, 3, Some(12), Some(13)),
+            (30, 3, 4, Some(7), Some(15)),
+        ];
+        for (layers, pp, v, first, last) in cases {
+            let c = ParallelConfig {
+                pp,
+                virtual_stages: v,
+                schedule: if v > 1 {
+                    ScheduleKind::Interleaved
+                } else {
+                    ScheduleKind::OneFOneB
+                },
+                first_stage_layers: first,
+                last_stage_layers: last,
+                ..ParallelConfig::default()
+            };
+            assert_eq!(c.split_problem(layers), None, "{c}");
+            let layout = c.chunk_layout(layers);
+            let mut next = 0;
+            let mut held = vec![0; pp as usize];
+            for j in 0..v {
+                for stage in 0..pp {
+                    assert_eq!(layout.stage_layers(stage), c.stage_layers(layers, stage));
+                    let chunk = layout.chunk(stage, j);
+                    // The first round's layers are found on their stage,
+                    // the later rounds' on none.
+                    let expected = (j == 0).then_some(stage);
+                    assert!(
+                        chunk
+                            .clone()
+                            .all(|l| layout.first_round_stage(l) == expected),
+                        "{c} stage {stage} chunk {j}"
+                    );
+                    assert_eq!(chunk.start, next, "{c} stage {stage} chunk {j}");
+                    next = chunk.end;
+                    held[stage as usize] += chunk.end - chunk.start;
+                }
+            }
+            assert_eq!(next, layers, "{c}");
+            for stage in 0..pp {
+                assert_eq!(held[stage as usize], c.stage_layers(layers, stage), "{c}");
+            }
+        }
+    }
 }

@@ -655,14 +655,10 @@ pub fn peak_candidates(s: &Scenario, c: &ParallelConfig) -> impl Iterator<Item =
 /// The stage holding layer `layer` when that layer is in the first round
 /// of model chunks (always without interleaving); `None` past it.
 fn first_moe_stage(c: &ParallelConfig, layers: u64, layer: u64) -> Option<u64> {
-    let v = c.virtual_stages.max(1);
-    let first = c.stage_layers(layers, 0) / v;
-    let middle = c.middle_stage_layers(layers) / v;
-    if c.pp == 1 || layer < first {
+    if c.pp == 1 {
         return Some(0);
     }
-    let stage = 1 + (layer - first) / middle.max(1);
-    (stage < c.pp).then_some(stage)
+    c.chunk_layout(layers).first_round_stage(layer)
 }
 
 /// The candidates: a few stages, or all of them.

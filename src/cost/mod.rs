@@ -413,8 +413,9 @@ pub fn vocab_per_rank(s: &Scenario, c: &ParallelConfig) -> f64 {
 
 /// Dense and MoE layers of pipeline stage `stage`: its model chunks are
 /// chunks `stage`, `stage + pp`, ... of the model in layer order
-/// (Megatron-LM's interleaving), each a `1 / v` share of the stage's layers.
-/// Counted without allocating; a loop over chunks only for MoE models.
+/// (Megatron-LM's interleaving, [`crate::config::ChunkLayout`]), each a
+/// `1 / v` share of the stage's layers. Counted without allocating; a loop
+/// over chunks only for MoE models.
 pub fn stage_layer_kinds(s: &Scenario, c: &ParallelConfig, stage: u64) -> (u64, u64) {
     let (dense, moe) = model_layer_kinds(s, c, stage);
     // The multi-token prediction modules' layers follow the model's last
@@ -433,33 +434,13 @@ fn model_layer_kinds(s: &Scenario, c: &ParallelConfig, stage: u64) -> (u64, u64)
     let Some(moe) = s.model.moe else {
         return (layers, 0);
     };
-    let (pp, v) = (c.pp, c.virtual_stages.max(1));
-    // Chunk j of a stage holds 1/v of its layers, the last chunk also the
-    // remainder; the first stage and the middle ones precede `stage` in
-    // every round.
-    let of = |st: u64| c.stage_layers(s.model.layers, st);
-    let (first, middle) = (of(0), c.middle_stage_layers(s.model.layers));
-    let base = |n: u64| n / v;
-    let round: u64 = if pp == 1 {
-        base(layers)
-    } else {
-        base(first) + (pp - 2) * base(middle) + base(of(pp - 1))
-    };
-    let before_in_round = |remainders: bool| -> u64 {
-        if stage == 0 {
-            return 0;
-        }
-        let part = |n: u64| if remainders { n % v } else { base(n) };
-        part(first) + (stage - 1) * part(middle)
-    };
-    let mut moe_layers = 0;
-    for j in 0..v {
-        let last_round = j == v - 1;
-        let start =
-            j * round + before_in_round(false) + if last_round { before_in_round(true) } else { 0 };
-        let len = base(layers) + if last_round { layers % v } else { 0 };
-        moe_layers += moe.moe_layers_in(start, start + len);
-    }
+    let layout = c.chunk_layout(s.model.layers);
+    let moe_layers: u64 = (0..c.virtual_stages.max(1))
+        .map(|j| {
+            let chunk = layout.chunk(stage, j);
+            moe.moe_layers_in(chunk.start, chunk.end)
+        })
+        .sum();
     let moe_layers = moe_layers.min(layers);
     (layers - moe_layers, moe_layers)
 }
