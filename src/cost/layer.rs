@@ -308,11 +308,21 @@ fn elementwise_bytes(s: &Scenario, c: &ParallelConfig, kind: LayerKind) -> Traff
     }
 }
 
+/// The share of a dense layer's tensor-parallel collectives a layer of
+/// `kind` runs: an MoE layer keeps the attention's half of them, and the
+/// MLP's half only for its shared experts (the routed experts' tokens
+/// travel by all-to-all).
+fn tensor_parallel_share(s: &Scenario, kind: LayerKind) -> f64 {
+    match (kind, s.model.moe) {
+        (LayerKind::Moe, Some(moe)) if moe.shared_ffn_hidden == 0 => 0.5,
+        _ => 1.0,
+    }
+}
+
 /// Forward-pass collectives of one layer: two all-reduces, or with sequence
 /// parallelism two all-gathers and two reduce-scatters, over the
-/// tensor-parallel group (within a node, or over whole nodes).
-/// An MoE layer keeps the attention's pair of them, and the MLP's only for
-/// its shared experts (the routed experts' tokens travel by all-to-all).
+/// tensor-parallel group (within a node, or over whole nodes), of which
+/// a layer runs its [`tensor_parallel_share`].
 fn tensor_parallel_forward(
     s: &Scenario,
     c: &ParallelConfig,
@@ -324,10 +334,7 @@ fn tensor_parallel_forward(
     }
     let span = comm::tensor_parallel_span(s, c);
     let bytes = HALF * local_tokens(s, c) * s.model.hidden as f64;
-    let pairs = match (kind, s.model.moe) {
-        (LayerKind::Moe, Some(moe)) if moe.shared_ffn_hidden == 0 => 1.0,
-        _ => 2.0,
-    };
+    let pairs = 2.0 * tensor_parallel_share(s, kind);
     if c.sequence_parallel {
         pairs
             * (comm::collective(s, comm::Collective::AllGather, span, bytes, usage)
@@ -420,17 +427,14 @@ fn context_parallel_passes(s: &Scenario, c: &ParallelConfig) -> (f64, f64) {
 
 /// Tensor-parallel collective calls per layer per micro-batch: two per
 /// forward (four with sequence parallelism), as many backward, and a
-/// forward's worth again for every layer recomputed whole.
+/// forward's worth again for every layer recomputed whole, of which a layer
+/// runs its [`tensor_parallel_share`].
 fn tensor_parallel_calls(s: &Scenario, c: &ParallelConfig, kind: LayerKind) -> f64 {
     if c.tp == 1 {
         return 0.0;
     }
     let forward = if c.sequence_parallel { 4.0 } else { 2.0 };
-    let share = match (kind, s.model.moe) {
-        (LayerKind::Moe, Some(moe)) if moe.shared_ffn_hidden == 0 => 0.5,
-        _ => 1.0,
-    };
-    share * forward * (2.0 + recomputed_forwards(c))
+    tensor_parallel_share(s, kind) * forward * (2.0 + recomputed_forwards(c))
 }
 
 /// Whole forward passes recomputed per layer: one under full recomputation,

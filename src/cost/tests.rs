@@ -1877,6 +1877,37 @@ mod experts_and_context {
         assert_eq!(moved(&alone), 0.0);
     }
 
+    /// An MoE layer without shared experts runs half a dense layer's
+    /// tensor-parallel collectives (the attention's); with shared experts,
+    /// all of them.
+    #[test]
+    fn moe_layers_run_the_attentions_tensor_parallel_collectives() {
+        let group = builtin_node("h100-sxm", 1).unwrap();
+        let cost = CostModel::datasheet();
+        let mut model = builtin_model("mixtral-8x7b").unwrap();
+        let c = ParallelConfig {
+            tp: 8,
+            sequence_parallel: true,
+            ..ParallelConfig::default()
+        };
+        let link = |model: &ModelSpec, kind| {
+            let s = scenario_for(model, &group, 8, &cost);
+            layer::layer_time_of(&s, &c, kind, &mut ProfileUsage::default()).tp_link
+        };
+        let dense = link(&model, LayerKind::Dense);
+        assert!(dense > 0.0);
+        assert_close(
+            link(&model, LayerKind::Moe),
+            0.5 * dense,
+            1e-12,
+            "routed only",
+        );
+        if let Some(moe) = model.moe.as_mut() {
+            moe.shared_ffn_hidden = moe.ffn_hidden;
+        }
+        assert_close(link(&model, LayerKind::Moe), dense, 1e-12, "shared experts");
+    }
+
     /// The ring's key/value exchange hides under the attention up to the
     /// overlap coefficient; all-to-all's and all-gather's are exposed.
     #[test]
