@@ -9,8 +9,11 @@
 //! without a curve of its own is derived from the all-reduce curve at the
 //! same size: a ring all-reduce is a reduce-scatter followed by an
 //! all-gather over the same chunks, so each moves half the all-reduce's bus
-//! volume and takes half its time. Collectives that span nodes, and
-//! point-to-point transfers, keep the formulas.
+//! volume and takes half its time. A point-to-point message within a node
+//! (a pipeline send, a step of context parallelism's ring) takes the
+//! measured send/receive curve. Collectives that span nodes, except over a
+//! curve measured across as many whole nodes, keep the formulas, and so do
+//! messages between nodes.
 
 use super::kernels::HALF;
 use super::memory::{ParamGroup, SyncMethod};
@@ -234,9 +237,11 @@ pub fn all_to_all(s: &Scenario, span: GroupSpan, bytes: f64) -> f64 {
 
 /// One step of a ring over `span`: every rank sends `bytes` to the next
 /// one and receives as much from the one before, across a node boundary
-/// as soon as the ring has one.
-pub fn ring_step(s: &Scenario, span: GroupSpan, bytes: f64) -> f64 {
-    s.coef().p2p_latency_us * 1e-6 + bytes / p2p_bw(s, span.nodes > 1)
+/// as soon as the ring has one. A point-to-point message like a pipeline
+/// send ([`message_time`]): nccl-tests' send/receive curve times exactly
+/// this ring pattern, so within a node a measured one replaces the formula.
+pub fn ring_step(s: &Scenario, span: GroupSpan, bytes: f64, usage: &mut ProfileUsage) -> f64 {
+    message_time(s, span, bytes, usage)
 }
 
 /// The ranks one sharded copy of the state is spread over: all of dp, or
@@ -348,31 +353,27 @@ pub fn pipeline_p2p_per_microbatch(
     }
     let bytes = HALF * super::layer::local_tokens(s, c) * s.model.hidden as f64 / c.tp as f64;
     let crosses = (0..c.pp - 1).any(|i| !stages_share_node(s, c, i, i + 1));
-    let measured = (!crosses)
-        .then(|| s.profile.and_then(|p| p.send_recv(bytes)))
-        .flatten();
-    let one = match measured {
-        Some(m) => {
-            usage.collective_lookups += 1;
-            usage.collective_extrapolated += u64::from(m.extrapolated);
-            m.seconds
-        }
-        None => s.coef().p2p_latency_us * 1e-6 + bytes / p2p_bw(s, crosses),
-    };
-    2.0 * c.virtual_stages as f64 * one
+    2.0 * c.virtual_stages as f64 * send_recv(s, crosses, bytes, usage)
 }
 
 /// One point-to-point message of `bytes` between two ranks of `span`: a
 /// measured send/receive within a node where the profile has one, else the
 /// latency and the link's share.
 pub fn message_time(s: &Scenario, span: GroupSpan, bytes: f64, usage: &mut ProfileUsage) -> f64 {
-    let crosses = span.nodes > 1;
-    if !crosses && let Some(m) = s.profile.and_then(|p| p.send_recv(bytes.max(1.0))) {
+    send_recv(s, span.nodes > 1, bytes, usage)
+}
+
+/// The one pricing of a point-to-point message (pipeline sends, the
+/// context-parallel ring, the parameter server's index messages): the
+/// measured send/receive curve when the ranks share a node and the profile
+/// has one, counted in `usage`, else the latency and the link's share.
+fn send_recv(s: &Scenario, crosses_nodes: bool, bytes: f64, usage: &mut ProfileUsage) -> f64 {
+    if !crosses_nodes && let Some(m) = s.profile.and_then(|p| p.send_recv(bytes.max(1.0))) {
         usage.collective_lookups += 1;
         usage.collective_extrapolated += u64::from(m.extrapolated);
         return m.seconds;
     }
-    s.coef().p2p_latency_us * 1e-6 + bytes / p2p_bw(s, crosses)
+    s.coef().p2p_latency_us * 1e-6 + bytes / p2p_bw(s, crosses_nodes)
 }
 
 /// Megatron-LM's default gradient bucket: `max(40M, 1M x dp)` parameters

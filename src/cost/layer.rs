@@ -380,8 +380,13 @@ fn expert_parallel_forward(
 
 /// Context parallelism's key/value exchange per layer: forward, and the
 /// backward's (keys and values again, and their gradients). Returns the
-/// forward and backward times on the cp group's link.
-fn context_parallel_passes(s: &Scenario, c: &ParallelConfig) -> (f64, f64) {
+/// forward and backward times on the cp group's link; measured transfers
+/// are counted in `usage`.
+fn context_parallel_passes(
+    s: &Scenario,
+    c: &ParallelConfig,
+    usage: &mut ProfileUsage,
+) -> (f64, f64) {
     if c.cp == 1 {
         return (0.0, 0.0);
     }
@@ -394,7 +399,7 @@ fn context_parallel_passes(s: &Scenario, c: &ParallelConfig) -> (f64, f64) {
     match c.cp_comm {
         // cp - 1 ring steps, each passing one chunk to the next rank.
         CpComm::P2p => {
-            let forward = (cp - 1.0) * comm::ring_step(s, span, kv_chunk);
+            let forward = (cp - 1.0) * comm::ring_step(s, span, kv_chunk, usage);
             (forward, 2.0 * forward)
         }
         // Q, K, V before the attention and its output after, re-split from
@@ -409,17 +414,10 @@ fn context_parallel_passes(s: &Scenario, c: &ParallelConfig) -> (f64, f64) {
         // Keys and values gathered whole; the backward gathers them again
         // and reduce-scatters their gradients.
         CpComm::AllGather => {
-            let mut none = ProfileUsage::default();
             let gathered = cp * kv_chunk;
-            let gather =
-                comm::collective(s, comm::Collective::AllGather, span, gathered, &mut none);
-            let scatter = comm::collective(
-                s,
-                comm::Collective::ReduceScatter,
-                span,
-                gathered,
-                &mut none,
-            );
+            let gather = comm::collective(s, comm::Collective::AllGather, span, gathered, usage);
+            let scatter =
+                comm::collective(s, comm::Collective::ReduceScatter, span, gathered, usage);
             (gather, gather + scatter)
         }
     }
@@ -565,7 +563,7 @@ pub fn layer_time_of(
         LayerKind::Dense => (0.0, 0.0),
     };
     let (ep_link, etp_link) = (passes * a2a_fwd, passes * etp_fwd);
-    let (cp_fwd, cp_bwd) = context_parallel_passes(s, c);
+    let (cp_fwd, cp_bwd) = context_parallel_passes(s, c, usage);
     let cp_link = cp_fwd * (1.0 + recomputed_forwards(c)) + cp_bwd;
     // The ring hides under the attention it feeds; the all-to-all and
     // all-gather exchanges come before it and are not hidden.

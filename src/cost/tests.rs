@@ -1018,6 +1018,68 @@ mod profiled {
         assert!((formula - p2p).abs() > 1e-9);
     }
 
+    /// Context parallelism's ring passes each key/value chunk as a
+    /// point-to-point message: within a node a measured send/receive curve
+    /// prices it, as it prices pipeline sends, and the lookup is counted;
+    /// the all-gather exchange's collectives are counted too.
+    #[test]
+    fn the_context_parallel_ring_uses_the_measured_send_recv_curve() {
+        let f = Fixture::new(gpt22b(), 8, 8);
+        let c = f.checked(ParallelConfig {
+            tp: 4,
+            cp: 2,
+            ..config(4, 1, 1, 1)
+        });
+        let plain = f.scenario();
+        let kv_chunk =
+            2.0 * layer::local_tokens(&plain, &c) * f.model.kv_width() as f64 / c.tp as f64;
+        let point = |bytes: f64, seconds: f64| CollectivePoint {
+            op: CollectiveOp::SendRecv,
+            ranks: 2,
+            bytes,
+            seconds,
+            busbw: 0.0,
+        };
+        let measured = profile(
+            vec![point(kv_chunk / 2.0, 100e-6), point(kv_chunk * 2.0, 300e-6)],
+            vec![],
+        );
+        let s = plain.with_profile(Some(&measured));
+        let mut usage = ProfileUsage::default();
+        let t = layer::layer_time_of(&s, &c, layer::LayerKind::Dense, &mut usage);
+        // One ring step forward (cp - 1 = 1), twice as much backward: 200 us
+        // each, halfway in log(bytes).
+        assert_close(t.cp_link, 3.0 * 200e-6, 1e-9, "measured ring");
+        let mut without = ProfileUsage::default();
+        let t_plain = layer::layer_time_of(&plain, &c, layer::LayerKind::Dense, &mut without);
+        assert!((t_plain.cp_link - t.cp_link).abs() > 1e-9);
+        assert_eq!(usage.collective_lookups, 1 + without.collective_lookups);
+        // Without a profile the ring step is the latency and the link's share.
+        let k = plain.coef();
+        let formula = k.p2p_latency_us * 1e-6
+            + kv_chunk
+                / comm::point_to_point_bandwidth(&plain, comm::context_parallel_span(&plain, &c));
+        assert_close(t_plain.cp_link, 3.0 * formula, 1e-12, "formula ring");
+        // The all-gather exchange's lookups reach the count as well.
+        let gather = ParallelConfig {
+            cp_comm: crate::config::CpComm::AllGather,
+            ..c
+        };
+        let curves = profile(
+            vec![
+                all_reduce(2, kv_chunk, 100.0),
+                all_reduce(2, 4.0 * kv_chunk, 300.0),
+            ],
+            vec![],
+        );
+        let s = plain.with_profile(Some(&curves));
+        let mut usage = ProfileUsage::default();
+        layer::layer_time_of(&s, &gather, layer::LayerKind::Dense, &mut usage);
+        // Its all-gather and reduce-scatter over the cp pair, each half the
+        // measured all-reduce (the tp collectives over 4 ranks have no curve).
+        assert_eq!(usage.collective_derived, 2);
+    }
+
     #[test]
     fn a_device_sweep_replaces_the_gemm_and_hbm_efficiencies() {
         let model = ModelSpec::gpt("gpt-350m", 1024, 16, 24, 51200, 1024);
