@@ -132,7 +132,9 @@ pub fn stage_job(
         schedule_in_flight: schedule.max(1),
         evicted,
         accepted,
-        accepted_bytes_per_microbatch: layers as f64 * cost::layer_activation_bytes(s, c),
+        // What the cost model keeps per micro-batch on this stage, which
+        // its memory counts for each micro-batch the stage holds.
+        accepted_bytes_per_microbatch: cost::stage_activation_bytes(s, c, stage),
         // Enough micro-batches to reach the steady state, at most the
         // iteration's.
         micro_batches: m.min(schedule.max(1) + 2).max(1),
@@ -424,6 +426,38 @@ mod tests {
             assert_eq!(job.grad_shards, dp_if(full));
             assert_eq!(job.sequence_parallel, sp);
         }
+    }
+
+    /// A BPipe acceptor's trial holds, per accepted micro-batch, the
+    /// activations the cost model keeps on that stage.
+    #[test]
+    fn a_bpipe_acceptor_holds_the_cost_models_stage_activations() {
+        let model = builtin_model("gpt3-13b").unwrap();
+        let group = builtin_node("a100-80gb", 1).unwrap();
+        let cost = CostModel::datasheet();
+        let s = Scenario::new(&model, 64, &group, 8, &cost);
+        let settings = TrialSettings {
+            device: Device::Cpu,
+            dtype: Dtype::Bf16,
+            iterations: 1,
+            memory_limit_bytes: None,
+        };
+        let c = ParallelConfig {
+            pp: 4,
+            dp: 1,
+            bpipe: true,
+            first_stage_layers: Some(8),
+            last_stage_layers: Some(12),
+            ..config(OptimizerSharding::None, true)
+        };
+        c.check(&model, 64, 8, 8).unwrap();
+        let job = stage_job(&s, &c, 3, &settings);
+        assert!(job.accepted > 0, "{job:?}");
+        assert_eq!(
+            job.accepted_bytes_per_microbatch,
+            cost::stage_activation_bytes(&s, &c, 3)
+        );
+        assert_eq!(job.layers, 12);
     }
 
     #[test]
