@@ -3,6 +3,7 @@
 //! Pure (no I/O); parallel over the outer dimensions with rayon.
 
 mod explain;
+mod recent;
 mod space;
 
 pub use explain::{Explanation, explain};
@@ -18,6 +19,7 @@ use crate::cost::{
 use crate::model::ModelSpec;
 use crate::profile::Measurements;
 use rayon::prelude::*;
+use recent::Recent;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -128,10 +130,6 @@ impl Tally {
     }
 }
 
-/// Memory verdicts a search remembers (the configurations the innermost
-/// switches of the space produce around one memory key).
-const RECENT: usize = 16;
-
 /// Searches `space` for `job` and ranks what fits.
 pub fn search(job: &Job, space: &SearchSpace, cost: &CostModel) -> SearchResult {
     let scenario = job.scenario(cost);
@@ -143,12 +141,9 @@ pub fn search(job: &Job, space: &SearchSpace, cost: &CostModel) -> SearchResult 
             let mut tally = Tally::default();
             // Neighbouring configurations often differ only in switches
             // that move no memory: check memory once for them (the last
-            // few verdicts, by memory key).
-            let mut recent: [Option<(ParallelConfig, Option<MemoryCheck>)>; RECENT] =
-                [None; RECENT];
-            let mut next = 0;
-            let mut states: [Option<(ParallelConfig, bool)>; RECENT] = [None; RECENT];
-            let mut next_state = 0;
+            // few verdicts, by memory key, and by state key).
+            let mut recent: Recent<ParallelConfig, Option<MemoryCheck>> = Recent::default();
+            let mut states: Recent<ParallelConfig, bool> = Recent::default();
             for config in space.inner(job, outer) {
                 tally.considered += 1;
                 if let Some(rule) =
@@ -159,30 +154,16 @@ pub fn search(job: &Job, space: &SearchSpace, cost: &CostModel) -> SearchResult 
                 }
                 // The model state alone rules most misfits out, and it moves
                 // with few of the dimensions.
-                let state = state_key(&config);
-                let too_big = match states.iter().flatten().find(|(k, _)| *k == state) {
-                    Some(&(_, too_big)) => too_big,
-                    None => {
-                        let too_big = state_floor(&scenario, &config) > scenario.usable_memory();
-                        states[next_state] = Some((state, too_big));
-                        next_state = (next_state + 1) % RECENT;
-                        too_big
-                    }
-                };
+                let too_big = states.get_or_insert_with(state_key(&config), || {
+                    state_floor(&scenario, &config) > scenario.usable_memory()
+                });
                 if too_big {
                     tally.out_of_memory += 1;
                     continue;
                 }
-                let key = memory_key(&config);
-                let memory = match recent.iter().flatten().find(|(k, _)| *k == key) {
-                    Some(&(_, memory)) => memory,
-                    None => {
-                        let memory = peak_memory_if_fits(&scenario, &config);
-                        recent[next] = Some((key, memory));
-                        next = (next + 1) % RECENT;
-                        memory
-                    }
-                };
+                let memory = recent.get_or_insert_with(memory_key(&config), || {
+                    peak_memory_if_fits(&scenario, &config)
+                });
                 let Some(memory) = memory else {
                     tally.out_of_memory += 1;
                     continue;
