@@ -547,14 +547,23 @@ pub fn stage_memory(s: &Scenario, c: &ParallelConfig, stage: u64) -> StageMemory
     let held = in_flight(c, m, stage);
     let mut activations = held * stage_activation_bytes(s, c, stage);
     if c.recompute != Recompute::None && c.recompute != Recompute::Selective {
-        // Recomputing rebuilds one layer's activations for one micro-batch.
-        let kind = if model.moe.is_some() {
-            LayerKind::Moe
+        // Recomputing rebuilds one layer's activations for one micro-batch:
+        // the largest of the kinds of layer this stage holds (an all-dense
+        // stage of an MoE model rebuilds a dense layer).
+        let rebuilt =
+            |kind| layer_kept(s, c, Recompute::None, kind) - layer_kept(s, c, c.recompute, kind);
+        let (dense, moe) = super::stage_layer_kinds(s, c, stage);
+        let dense_buffer = if dense > 0 {
+            rebuilt(LayerKind::Dense)
         } else {
-            LayerKind::Dense
+            0.0
         };
-        activations +=
-            layer_kept(s, c, Recompute::None, kind) - layer_kept(s, c, c.recompute, kind);
+        let moe_buffer = if moe > 0 {
+            rebuilt(LayerKind::Moe)
+        } else {
+            0.0
+        };
+        activations += dense_buffer.max(moe_buffer);
     }
     if stage == 0 {
         // Embedding output (and its dropout mask), per in-flight micro-batch.

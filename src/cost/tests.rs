@@ -1903,6 +1903,55 @@ mod experts_and_context {
         }
     }
 
+    /// Recomputation's buffer is a layer of the stage's own kinds: DeepSeek-V3's
+    /// first stage holding only its three dense layers rebuilds a dense
+    /// layer, as the same stage of a dense twin does, not an MoE one.
+    #[test]
+    fn an_all_dense_first_stage_rebuilds_a_dense_layer() {
+        let group = builtin_node("h100-sxm", 8).unwrap();
+        let cost = CostModel::datasheet();
+        let model = builtin_model("deepseek-v3").unwrap();
+        let dense_twin = ModelSpec {
+            moe: None,
+            ..model.clone()
+        };
+        let c = ParallelConfig {
+            pp: 4,
+            dp: 16,
+            recompute: Recompute::Full,
+            first_stage_layers: Some(3),
+            last_stage_layers: Some(18),
+            ..ParallelConfig::default()
+        };
+        c.check(&model, 1024, 64, 8).unwrap();
+        let s = scenario_for(&model, &group, 64, &cost);
+        assert_eq!(stage_layer_kinds(&s, &c, 0), (3, 0));
+        let twin = scenario_for(&dense_twin, &group, 64, &cost);
+        let first = |s: &Scenario| memory::stage_memory(s, &c, 0).activations;
+        assert_close(first(&s), first(&twin), 1e-12, "dense first stage");
+        // The MoE layer's buffer differs, so the kind matters.
+        let none = ParallelConfig {
+            recompute: Recompute::None,
+            ..c
+        };
+        let rebuilt = |kind| {
+            memory::layer_activation_bytes_of(&s, &none, kind)
+                - memory::layer_activation_bytes_of(&s, &c, kind)
+        };
+        assert!((rebuilt(LayerKind::Moe) - rebuilt(LayerKind::Dense)).abs() > 1e6);
+        // A stage of MoE layers keeps the MoE buffer.
+        assert_eq!(stage_layer_kinds(&s, &c, 1).0, 0);
+        let expected = memory::in_flight(&c, c.micro_batches(1024), 1)
+            * memory::stage_activation_bytes(&s, &c, 1)
+            + rebuilt(LayerKind::Moe);
+        assert_close(
+            memory::stage_memory(&s, &c, 1).activations,
+            expected,
+            1e-12,
+            "moe stage",
+        );
+    }
+
     /// The allgather dispatcher keeps its group's gathered hidden states,
     /// the all-to-all one does not; both move tokens only with more than
     /// one expert rank.
