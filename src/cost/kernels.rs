@@ -6,20 +6,52 @@ use crate::config::{Engine, ParallelConfig, Precision};
 /// Bytes per 16-bit element.
 pub const HALF: f64 = 2.0;
 
+/// Bytes per FP8 element.
+const FP8: f64 = 1.0;
+
 /// Tensor-core efficiency of a GEMM: the large-GEMM efficiency `peak_fraction`,
-/// reduced for each dimension that under-fills a tile (`d / (d + d_half)`).
+/// reduced for each dimension that under-fills a tile (`d / (d + d_half)`),
+/// and scaled by what the profile's device sweep measured.
+///
+/// The measured scale is the ratio of the measured to the datasheet-derived
+/// efficiency of the device's 16-bit GEMMs, and it carries over to FP8
+/// GEMMs too: they run on the same tensor cores with the same tiling, so
+/// what keeps this device's 16-bit GEMMs from the assumed efficiency (its
+/// clocks under load, power capping, the library's kernels for these
+/// tiles) keeps its FP8 ones from theirs.
 fn gemm_efficiency(s: &Scenario, peak_fraction: f64, m: f64, n: f64, k: f64) -> f64 {
     let fill = |d: f64| d / (d + s.coef().gemm_dim_half);
     peak_fraction * s.measured_gemm_scale * fill(m) * fill(n) * fill(k)
 }
 
-/// Forward time of `C[m x n] = A[m x k] B[k x n]` in 16-bit: the slower of its
-/// compute time at the achieved efficiency and its memory time.
-fn gemm_at(s: &Scenario, peak_fraction: f64, m: f64, n: f64, k: f64) -> f64 {
+/// The tensor cores a GEMM runs on, in one precision.
+#[derive(Clone, Copy)]
+struct Cores {
+    /// Peak FLOP/s.
+    peak: f64,
+    /// The share of it large GEMMs achieve (a coefficient).
+    peak_fraction: f64,
+    /// Bytes per input element (the result is 16-bit).
+    operand_bytes: f64,
+}
+
+/// Forward time of `C[m x n] = A[m x k] B[k x n]` on `cores`: the slower of
+/// its compute time at the achieved efficiency and its memory time.
+fn gemm(s: &Scenario, cores: Cores, m: f64, n: f64, k: f64) -> f64 {
     let flops = 2.0 * m * n * k;
-    let compute = flops / (s.gpu.peak_flops * gemm_efficiency(s, peak_fraction, m, n, k));
-    let bytes = HALF * (m * k + k * n + m * n);
+    let compute = flops / (cores.peak * gemm_efficiency(s, cores.peak_fraction, m, n, k));
+    let bytes = cores.operand_bytes * (m * k + k * n) + HALF * m * n;
     compute.max(memory_pass(s, bytes))
+}
+
+/// The three GEMMs of one linear layer over `tokens` rows, `input` to
+/// `output` features on `cores`: the forward, and the backward's input and
+/// weight gradients.
+fn linear_gemms(s: &Scenario, cores: Cores, tokens: f64, input: f64, output: f64) -> (f64, f64) {
+    let forward = gemm(s, cores, tokens, output, input);
+    let input_grad = gemm(s, cores, tokens, input, output);
+    let weight_grad = gemm(s, cores, input, output, tokens);
+    (forward, input_grad + weight_grad)
 }
 
 /// Forward plus backward (input and weight gradients) of one linear layer
@@ -28,10 +60,42 @@ pub fn linear_forward_backward(s: &Scenario, tokens: f64, input: f64, output: f6
     linear_at(s, s.coef().gemm_efficiency, tokens, input, output)
 }
 
+/// The GEMMs of a transformer layer's linear in `c`'s precision: in FP8 (on
+/// a GPU with an FP8 peak) the three run at that peak and the FP8 GEMM
+/// efficiency on 1-byte operands; in 16 bits they are
+/// [`linear_forward_backward`]'s.
+pub fn layer_linear_gemms(
+    s: &Scenario,
+    c: &ParallelConfig,
+    tokens: f64,
+    input: f64,
+    output: f64,
+) -> (f64, f64) {
+    match fp8_peak(s, c) {
+        Some(peak) => {
+            let cores = Cores {
+                peak,
+                peak_fraction: s.coef().fp8_gemm_efficiency,
+                operand_bytes: FP8,
+            };
+            linear_gemms(s, cores, tokens, input, output)
+        }
+        None => linear_forward_backward(s, tokens, input, output),
+    }
+}
+
+/// The FP8 peak a configuration's GEMMs run at, when they run in FP8.
+fn fp8_peak(s: &Scenario, c: &ParallelConfig) -> Option<f64> {
+    match (c.precision, s.gpu.fp8_peak_flops) {
+        (Precision::Fp8, Some(peak)) => Some(peak),
+        _ => None,
+    }
+}
+
 /// [`linear_forward_backward`] of a transformer layer's linear in `c`'s precision:
-/// in FP8 (on a GPU with an FP8 peak) the three GEMMs run at that peak on
-/// 1-byte operands, and the 16-bit activation (forward) and gradient
-/// (backward) are cast, with their transposed FP8 copies, on the way in.
+/// in FP8 (on a GPU with an FP8 peak) its [`layer_linear_gemms`], and the
+/// 16-bit activation (forward) and gradient (backward) cast, with their
+/// transposed FP8 copies, on the way in.
 pub fn layer_linear(
     s: &Scenario,
     c: &ParallelConfig,
@@ -39,19 +103,11 @@ pub fn layer_linear(
     input: f64,
     output: f64,
 ) -> (f64, f64) {
-    let fp8_peak = match (c.precision, s.gpu.fp8_peak_flops) {
-        (Precision::Fp8, Some(peak)) => peak,
-        _ => return linear_forward_backward(s, tokens, input, output),
-    };
+    let (gemm_forward, gemm_backward) = layer_linear_gemms(s, c, tokens, input, output);
+    if fp8_peak(s, c).is_none() {
+        return (gemm_forward, gemm_backward);
+    }
     let k = s.coef();
-    let gemm = |m: f64, n: f64, kk: f64| {
-        let fill = |d: f64| d / (d + k.gemm_dim_half);
-        let compute =
-            2.0 * m * n * kk / (fp8_peak * k.fp8_gemm_efficiency * fill(m) * fill(n) * fill(kk));
-        // FP8 operands, a 16-bit result.
-        let bytes = m * kk + kk * n + HALF * m * n;
-        compute.max(memory_pass(s, bytes))
-    };
     let cast = |elements: f64| memory_pass(s, k.fp8_cast_bytes_per_element * elements);
     // Transformer Engine (Megatron-LM) keeps its FP8 weights from the first
     // micro-batch on; torchao's float8 linears (torchtitan) cast the weight
@@ -60,9 +116,8 @@ pub fn layer_linear(
         Engine::Torchtitan => cast(input * output),
         Engine::Megatron => 0.0,
     };
-    let forward = gemm(tokens, output, input) + cast(tokens * input) + weight;
-    let backward =
-        gemm(tokens, input, output) + gemm(input, output, tokens) + cast(tokens * output) + weight;
+    let forward = gemm_forward + cast(tokens * input) + weight;
+    let backward = gemm_backward + cast(tokens * output) + weight;
     (forward, backward)
 }
 
@@ -76,11 +131,14 @@ pub fn output_head_forward_backward(
     linear_at(s, s.coef().output_head_efficiency, tokens, hidden, vocab)
 }
 
+/// A 16-bit linear's GEMMs at the large-GEMM efficiency `peak_fraction`.
 fn linear_at(s: &Scenario, peak_fraction: f64, tokens: f64, input: f64, output: f64) -> (f64, f64) {
-    let forward = gemm_at(s, peak_fraction, tokens, output, input);
-    let input_grad = gemm_at(s, peak_fraction, tokens, input, output);
-    let weight_grad = gemm_at(s, peak_fraction, input, output, tokens);
-    (forward, input_grad + weight_grad)
+    let cores = Cores {
+        peak: s.gpu.peak_flops,
+        peak_fraction,
+        operand_bytes: HALF,
+    };
+    linear_gemms(s, cores, tokens, input, output)
 }
 
 /// Time to stream `bytes` through HBM at the achieved bandwidth.

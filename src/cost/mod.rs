@@ -90,8 +90,9 @@ impl<'a> Scenario<'a> {
 
     /// The same scenario using `profile`'s measurements where they apply.
     /// A device sweep in the profile (`profile device`) replaces the GEMM
-    /// efficiency coefficient by the measured one (the output head's keeps
-    /// its ratio to it) and the HBM efficiency by the measured copy's.
+    /// efficiency coefficient by the measured one (the output head's and the
+    /// FP8 GEMMs' keep their ratio to it) and the HBM efficiency by the
+    /// measured copy's.
     pub fn with_profile(mut self, profile: Option<&'a Measurements>) -> Self {
         self.profile = profile;
         let k = &self.cost.coefficients;

@@ -1135,6 +1135,67 @@ mod profiled {
         assert_eq!(plain.with_profile(Some(&fp32)).measured_gemm_scale, 1.0);
     }
 
+    /// A device sweep's measured GEMM scale (16-bit GEMMs at half the
+    /// assumed efficiency) slows FP8 GEMMs in the same ratio as bf16 ones:
+    /// the same tensor cores and tiles. An FP8 linear's casts, memory
+    /// passes, are left as they were.
+    #[test]
+    fn a_measured_gemm_scale_reaches_fp8_linears() {
+        let model = builtin_model("llama3-8b").unwrap();
+        let group = builtin_node("h100-sxm", 1).unwrap();
+        let cost = CostModel::datasheet();
+        let plain = Scenario::new(&model, 8, &group, 8, &cost);
+        let k = plain.coef();
+        let side = 8192.0;
+        let fill = side / (side + k.gemm_dim_half);
+        let flops = 0.5 * k.gemm_efficiency * plain.gpu.peak_flops * fill.powi(3);
+        let mut p = Profile::empty("h100-sxm");
+        p.device = Some(crate::profile::DeviceProfile {
+            device: "cuda:0".into(),
+            facts: None,
+            matmul: vec![crate::profile::MatmulPoint {
+                m: 8192,
+                n: 8192,
+                k: 8192,
+                dtype: crate::profile::Dtype::Bf16,
+                seconds: 2.0 * side.powi(3) / flops,
+                tflops: flops / 1e12,
+                ci95_rel: None,
+            }],
+            copy: None,
+            runtime: String::new(),
+            host_memory_bytes: None,
+        });
+        let measured = Measurements::from_profile(&p);
+        let s = plain.with_profile(Some(&measured));
+        assert_close(s.measured_gemm_scale, 0.5, 1e-12, "gemm scale");
+        assert_eq!(s.measured_hbm_scale, 1.0);
+        let (tokens, input, output) = (8192.0, 4096.0, 14336.0);
+        let ratio = |precision| {
+            let c = ParallelConfig {
+                precision,
+                ..ParallelConfig::default()
+            };
+            let (f0, b0) = kernels::layer_linear_gemms(&plain, &c, tokens, input, output);
+            let (f1, b1) = kernels::layer_linear_gemms(&s, &c, tokens, input, output);
+            assert_close(f1 / f0, b1 / b0, 1e-9, "forward and backward");
+            (f1 / f0, f1 - f0)
+        };
+        let (bf16, _) = ratio(crate::config::Precision::Bf16);
+        let (fp8, slower) = ratio(crate::config::Precision::Fp8);
+        assert_close(bf16, 2.0, 1e-9, "bf16 at half the rate");
+        assert_close(fp8, bf16, 1e-9, "fp8 in the same ratio");
+        // The whole linear: its GEMMs slow down, its casts do not.
+        let c = ParallelConfig {
+            precision: crate::config::Precision::Fp8,
+            ..ParallelConfig::default()
+        };
+        let (whole0, _) = kernels::layer_linear(&plain, &c, tokens, input, output);
+        let (whole1, _) = kernels::layer_linear(&s, &c, tokens, input, output);
+        assert_close(whole1 - whole0, slower, 1e-9, "only the GEMMs");
+        assert!(slower > 0.0);
+    }
+
     #[test]
     fn a_shard_timed_alone_gets_its_collectives_added() {
         // The same row as a single-device shard (`profile layer`): the
