@@ -293,6 +293,19 @@ pub enum Dispatcher {
 impl Dispatcher {
     pub const ALL: [Dispatcher; 2] = [Dispatcher::AllToAll, Dispatcher::AllGather];
 
+    /// The dispatcher `engine` runs when none is chosen: Megatron-LM's
+    /// default (the enum's), and all-to-all for torchtitan, whose expert
+    /// parallelism has no other (`ExpertParallel` in
+    /// `torchtitan/distributed/expert_parallel.py` dispatches with
+    /// `all_to_all_single`).
+    /// A dense model holds the enum's default, which it never uses.
+    pub fn of_engine(engine: Engine, has_experts: bool) -> Dispatcher {
+        match engine {
+            Engine::Torchtitan if has_experts => Dispatcher::AllToAll,
+            _ => Dispatcher::default(),
+        }
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Dispatcher::AllToAll => "alltoall",
@@ -679,8 +692,9 @@ impl ParallelConfig {
             ),
             (
                 Rule::ExpertsWithoutMoe,
-                model.moe.is_none()
-                    && (c.ep > 1 || c.etp > 1 || c.dispatcher != Dispatcher::default()),
+                // The dispatcher of a dense model is never used, so any is
+                // accepted (plan files before the default moved say alltoall).
+                model.moe.is_none() && (c.ep > 1 || c.etp > 1),
             ),
             (
                 Rule::ExpertsNotDivisible,
@@ -783,7 +797,8 @@ impl ParallelConfig {
                 c.engine == Engine::Torchtitan
                     && (c.bpipe
                         || (c.tp_comm_overlap && !c.compile)
-                        || (c.cuda_graphs && c.pp > 1)),
+                        || (c.cuda_graphs && c.pp > 1)
+                        || (model.moe.is_some() && c.dispatcher != Dispatcher::AllToAll)),
             ),
             (
                 Rule::HybridSharding,
@@ -1151,6 +1166,8 @@ impl Rule {
                     "BPipe (`bpipe off`)"
                 } else if c.tp_comm_overlap && !c.compile {
                     "tensor-parallel overlap without torch.compile (its async tensor parallelism needs `compile on`)"
+                } else if !(c.cuda_graphs && c.pp > 1) {
+                    "the allgather token dispatcher (its expert parallelism dispatches with all-to-all: `moe_dispatcher alltoall`)"
                 } else {
                     "CUDA graphs with a pipeline (`cuda_graphs off`, or pp 1)"
                 };
@@ -1314,6 +1331,20 @@ pub fn on_off(flag: bool) -> &'static str {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_dense_configuration_holds_any_dispatcher() {
+        // Plan files written before the default moved say alltoall.
+        let model = ModelSpec::gpt("gpt", 1024, 16, 8, 51200, 2048);
+        let c = ParallelConfig {
+            dp: 8,
+            dispatcher: Dispatcher::AllToAll,
+            ..ParallelConfig::default()
+        };
+        assert_eq!(c.check(&model, 64, 8, 8), Ok(()));
+        let experts = ParallelConfig { ep: 2, ..c };
+        assert!(c.check(&model, 64, 8, 8).is_ok() && experts.check(&model, 64, 8, 8).is_err());
+    }
+
     use super::*;
 
     /// The chunks, taken in the model's order (chunk j of every stage, then

@@ -158,6 +158,57 @@ fn predict_defaults_to_megatron_lms_dispatcher() {
     says(&plain, &["etp2"]);
 }
 
+/// torchtitan dispatches with all-to-all only: its predictions default to
+/// it, its search never tries the gathering dispatcher, and asking for that
+/// one says why. On a dense model the flag means nothing and is refused.
+#[test]
+fn torchtitan_dispatches_all_to_all_and_dense_models_take_no_dispatcher() {
+    let titan = with(
+        &with(&["predict"], &MIXTRAL_ON_64),
+        &[
+            "--engine",
+            "torchtitan",
+            "--tp",
+            "1",
+            "--pp",
+            "4",
+            "--ep",
+            "8",
+            "--etp",
+            "1",
+        ],
+    );
+    let plain = ok(&titan);
+    assert!(!plain.contains("dispatch=allgather"), "{plain}");
+    let refused = fails(&with(&titan, &["--moe-dispatcher", "allgather"]));
+    says(
+        &refused,
+        &["allgather token dispatcher", "--moe-dispatcher alltoall"],
+    );
+    let plan = ok(&with(
+        &with(&["plan"], &MIXTRAL_ON_64),
+        &["--engine", "torchtitan", "--etp", "1", "--top", "50"],
+    ));
+    assert!(!plan.contains("dispatch=allgather"), "{plan}");
+    let dense = [
+        "predict",
+        "--model",
+        "llama3-8b",
+        "--gpu",
+        "h100-sxm",
+        "--nodes",
+        "1",
+        "--global-batch",
+        "8",
+        "--moe-dispatcher",
+        "alltoall",
+    ];
+    says(
+        &fails(&dense),
+        &["--moe-dispatcher needs a mixture of experts", "--experts N"],
+    );
+}
+
 #[test]
 fn a_moe_plan_exports_megatron_lm_and_torchtitan_flags() {
     let out = ok(&with(&with(&["plan"], &MIXTRAL_ON_64), &["--top", "1"]));
@@ -343,9 +394,9 @@ fn explain_takes_every_new_dimension() {
     let plan = with(&with(&["plan"], &MIXTRAL_ON_64), &["--top", "1"]);
     let out = ok(&with(
         &plan,
-        &["--explain", "ep=4,etp=1,dispatch=allgather,precision=fp8"],
+        &["--explain", "ep=4,etp=1,dispatch=alltoall,precision=fp8"],
     ));
-    says(&out, &["Explain ", "ep4 etp1", "dispatch=allgather", "fp8"]);
+    says(&out, &["Explain ", "ep4 etp1", "dispatch=alltoall", "fp8"]);
     // A new cp keeps the GPU count: dp shrinks by it.
     let out = ok(&with(&plan, &["--explain", "cp=2,cp_comm=a2a"]));
     says(&out, &["cp2 ", "cp-comm=a2a"]);

@@ -417,6 +417,12 @@ fn embedding_sync(values: &Option<Vec<String>>) -> Result<Option<Vec<SyncMethod>
 
 /// `--precision fp8` on a GPU without FP8 tensor cores, refused up front.
 pub fn check_precision(space: &SearchSpace, job: &Job) -> Result<()> {
+    if space.dispatcher.is_some() && job.model.moe.is_none() {
+        bail!(
+            "--moe-dispatcher needs a mixture of experts, and model `{}` is dense: add --experts N (routed experts per MoE layer) or leave --moe-dispatcher out",
+            job.model.name
+        );
+    }
     let asks_fp8 = space
         .precision
         .as_deref()
@@ -558,7 +564,11 @@ pub fn single_config(args: &SpaceArgs, job: &Job) -> Result<ParallelConfig> {
         cp_comm: single("--cp-comm", &space.cp_comm, CpComm::P2p)?,
         ep: single("--ep", &space.ep, 1)?,
         etp: single("--etp", &space.etp, moe_etp)?,
-        dispatcher: single("--moe-dispatcher", &space.dispatcher, Dispatcher::default())?,
+        dispatcher: single(
+            "--moe-dispatcher",
+            &space.dispatcher,
+            Dispatcher::of_engine(space.engine, job.model.moe.is_some()),
+        )?,
         precision: single("--precision", &space.precision, Precision::Bf16)?,
         embedding_sync: single(
             "--embedding-sync",

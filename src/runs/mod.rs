@@ -521,6 +521,7 @@ fn parse_row(table: &RunTable, index: usize, defaults: &RowDefaults) -> Result<R
         }
         None => Dispatcher::default(),
     };
+    let dispatcher_given = cell("moe_dispatcher").is_some() && model.moe.is_some();
     // Megatron-LM's CI names (`bf16+fp8-hybrid-tensorwise`) and paratune's.
     let precision = match cell("precision").map(str::to_lowercase) {
         Some(p) if p.contains("fp8") => Precision::Fp8,
@@ -572,6 +573,12 @@ fn parse_row(table: &RunTable, index: usize, defaults: &RowDefaults) -> Result<R
     let engine = match cell("engine") {
         Some(text) => Engine::parse("engine", text)?,
         None => defaults.engine,
+    };
+    // A row without a dispatcher runs its engine's.
+    let dispatcher = if dispatcher_given {
+        dispatcher
+    } else {
+        Dispatcher::of_engine(engine, model.moe.is_some())
     };
     let optimizer_sharding = match (cell("optimizer_sharding"), cell("distributed_optimizer")) {
         (Some(text), _) => OptimizerSharding::parse("optimizer_sharding", text)?,

@@ -434,7 +434,9 @@ impl SearchSpace {
                     // A dense model holds the default, which it never uses.
                     |c| match (&self.dispatcher, job.model.moe) {
                         (Some(given), _) => given.clone(),
-                        (None, Some(_)) if c.ep * c.etp > 1 => Dispatcher::ALL.to_vec(),
+                        (None, Some(_)) if c.ep * c.etp > 1 && c.engine == Engine::Megatron => {
+                            Dispatcher::ALL.to_vec()
+                        }
                         (None, Some(_)) => vec![Dispatcher::AllToAll],
                         (None, None) => vec![Dispatcher::default()],
                     },

@@ -1322,6 +1322,7 @@ mod tests {
             sequence_parallel: false,
             ep: 4,
             etp: 1,
+            dispatcher: crate::config::Dispatcher::AllToAll,
             ..candidate.config
         };
         (plan, candidate)
