@@ -299,11 +299,11 @@ fn the_worker_maps_degrees_schedules_and_sharding_as_planned() {
     let ranks = tp["ranks"].as_array().unwrap();
     assert_eq!(
         ranks[1]["mesh_coords"],
-        serde_json::json!({"pp": 0, "dp": 0, "tp": 1})
+        serde_json::json!({"pp": 0, "dp": 0, "cp": 0, "tp": 1})
     );
     assert_eq!(
         ranks[2]["mesh_coords"],
-        serde_json::json!({"pp": 0, "dp": 1, "tp": 0})
+        serde_json::json!({"pp": 0, "dp": 1, "cp": 0, "tp": 0})
     );
     assert_eq!(ranks[0]["micro_batches"], 2);
     let plan = ranks[0]["tensor_parallel"].as_object().unwrap();
@@ -785,4 +785,243 @@ fn a_mixture_of_experts_is_trialled_with_expert_parallelism_on_two_ranks() {
     assert_eq!(history.cell(0, "moe_topk"), Some("2"));
     assert_eq!(history.cell(0, "moe_dispatcher"), Some("alltoall"));
     assert!(common::number(&history, 0, "iter_ms") > 0.0);
+}
+
+/// A context-parallel candidate trialled for real: a tiny dense model of
+/// 128 tokens planned for the shipped CPU profile with cp 2 over both ranks,
+/// run by `validate --launch torch` with ring attention (Megatron-LM's p2p
+/// exchange: `batch_isend_irecv` over gloo).
+#[test]
+fn a_context_parallel_candidate_is_trialled_over_the_ring_on_two_ranks() {
+    let _ranks = ranks_to_myself();
+    let dir = tempfile::tempdir().unwrap();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let json = ok(
+        root,
+        &[
+            "plan",
+            "--cluster-from-profile",
+            "profiles/cpu-measured",
+            "--gpus-per-node",
+            "2",
+            "--engine",
+            "torchtitan",
+            "--compile",
+            "off",
+            "--cuda-graphs",
+            "off",
+            "--hidden",
+            "64",
+            "--heads",
+            "2",
+            "--layers",
+            "2",
+            "--seq-len",
+            "128",
+            "--vocab",
+            "512",
+            "--global-batch",
+            "4",
+            "--dropout",
+            "off",
+            "--cp",
+            "2",
+            "--tp",
+            "1",
+            "--cp-comm",
+            "p2p",
+            "--cost-model",
+            "datasheet",
+            "--top",
+            "1",
+            "--format",
+            "json",
+        ],
+    );
+    let plan_path = dir.path().join("plan.json");
+    std::fs::write(&plan_path, &json).unwrap();
+    let plan: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let planned = &plan["candidates"][0];
+    assert_eq!(planned["config"]["cp"], 2, "{json}");
+    assert_eq!(planned["config"]["cp_comm"], "p2p", "{json}");
+    let predicted_ms = planned["prediction"]["iteration_s"].as_f64().unwrap() * 1e3;
+    assert!(predicted_ms > 0.0, "{json}");
+
+    let out = dir.path().join("out");
+    let python = python();
+    let report = ok(
+        dir.path(),
+        &[
+            "validate",
+            plan_path.to_str().unwrap(),
+            "--launch",
+            "torch",
+            "--ranks",
+            "2",
+            "--device",
+            "cpu",
+            "--iterations",
+            "4",
+            "--python",
+            &python,
+            "--timeout",
+            "600",
+            "--out",
+            out.to_str().unwrap(),
+        ],
+    );
+    println!("{report}");
+    assert!(
+        !report.contains("no script") && !report.contains("passed over"),
+        "{report}"
+    );
+
+    // Every rank ran cp 2 over the ring, holding its two of the four chunks.
+    let folder = out.join("candidate-1");
+    let job: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(folder.join("job.json")).unwrap()).unwrap();
+    assert_eq!(job["parallel"]["cp"], 2);
+    assert_eq!(job["parallel"]["cp_comm"], "p2p");
+    for rank in 0..2u64 {
+        let path = folder.join(format!("report/rank-{rank}.json"));
+        let text = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("{}: {e}\n{report}", path.display()));
+        let r: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(r["degrees"]["cp"], 2, "{text}");
+        assert_eq!(r["mesh_coords"]["cp"], rank, "{text}");
+        assert_eq!(r["cp_comm"], "p2p", "{text}");
+        let context = &r["context"];
+        assert_eq!(
+            context["chunks"],
+            serde_json::json!([rank, 3 - rank]),
+            "{text}"
+        );
+        assert_eq!(context["tokens"], 64, "{text}");
+        assert_eq!(
+            r["data_parallel"], "all-reduce of local gradients",
+            "{text}"
+        );
+        let times = r["iteration_ms"].as_array().unwrap();
+        assert_eq!(times.len(), 4, "{text}");
+        assert!(times.iter().all(|t| t.as_f64().unwrap() > 0.0), "{text}");
+        let losses = r["loss"].as_array().unwrap();
+        assert!(
+            losses.iter().all(|l| l.as_f64().unwrap().is_finite()),
+            "{text}"
+        );
+    }
+
+    let line = report
+        .lines()
+        .find(|l| l.starts_with("candidate #1: ") && l.contains(" ms per iteration"))
+        .unwrap_or_else(|| panic!("no measured trial in\n{report}"));
+    assert!(
+        line.contains("cp2, 64 tokens a rank, keys and values by the p2p ring"),
+        "{line}"
+    );
+    let measured_ms = ms_before_per_iteration(line);
+    assert!(measured_ms > 0.0, "{line}");
+    println!(
+        "context-parallel trial: predicted {predicted_ms:.1} ms, measured {measured_ms:.1} ms"
+    );
+    // Its run row holds cp and the exchange, so the history reads back as
+    // the configuration that ran.
+    let history = common::read_table(&out.join("runs-history.csv"));
+    assert_eq!(history.cell(0, "cp"), Some("2"));
+    assert_eq!(history.cell(0, "cp_comm"), Some("p2p"));
+    assert!(common::number(&history, 0, "iter_ms") > 0.0);
+}
+
+/// Runs the worker's train mode on `world` ranks of `job`; rank 0's report.
+fn train(job: &serde_json::Value, world: u64) -> serde_json::Value {
+    let dir = tempfile::tempdir().unwrap();
+    let mut job = job.clone();
+    let report_dir = dir.path().join("report");
+    std::fs::create_dir_all(&report_dir).unwrap();
+    job["report_dir"] = report_dir.to_str().unwrap().into();
+    let path = dir.path().join("job.json");
+    std::fs::write(&path, job.to_string()).unwrap();
+    let output = Command::new(python())
+        .args([
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+        ])
+        .arg(world.to_string())
+        .arg(worker())
+        .arg("--job")
+        .arg(&path)
+        .env("OMP_NUM_THREADS", "1")
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let text = std::fs::read_to_string(report_dir.join("rank-0.json")).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+/// Ring attention is exact: without dropout, in fp32, two cp ranks train a
+/// model (RoPE, grouped-query attention, FSDP over dp x cp, attention
+/// recomputed) to the losses one rank does, step after step.
+#[test]
+fn context_parallel_ranks_train_to_the_losses_of_one_rank() {
+    let _ranks = ranks_to_myself();
+    let mut base = job(serde_json::json!({
+        "tp": 1, "pp": 1, "dp": 1, "dp_shard": null, "micro_batch": 1, "global_batch": 2,
+        "schedule": "1f1b", "virtual_stages": 1, "stage_layers": [2],
+        "sequence_parallel": false, "optimizer_sharding": "full",
+        "recompute": "selective", "ac_frequency": 1, "cp": 1, "cp_comm": "p2p"
+    }));
+    base["dtype"] = "fp32".into();
+    base["warmup"] = 0.into();
+    base["iterations"] = 3.into();
+    let m = &mut base["model"];
+    m["layers"] = 2.into();
+    m["seq_len"] = 32.into();
+    m["kv_heads"] = 2.into();
+    m["learned_positions"] = false.into();
+    m["gated_mlp"] = true.into();
+    m["dropout"] = false.into();
+    let mut context = base.clone();
+    context["parallel"]["cp"] = 2.into();
+    let one = train(&base, 1);
+    let two = train(&context, 2);
+    assert_eq!(two["degrees"]["cp"], 2, "{two}");
+    let losses = |r: &serde_json::Value| -> Vec<f64> {
+        r["loss"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| l.as_f64().unwrap())
+            .collect()
+    };
+    let (a, b) = (losses(&one), losses(&two));
+    println!("losses cp1 {a:?}, cp2 {b:?}");
+    assert_eq!(a.len(), 3);
+    assert!(a[2] < a[0], "the loss falls: {a:?}");
+    for (x, y) in a.iter().zip(&b) {
+        assert!(
+            (x - y).abs() <= 1e-5 * x.abs(),
+            "cp1 {a:?} against cp2 {b:?}"
+        );
+    }
+    // The mapping: cp between tp and dp in the rank order.
+    let mut four = context.clone();
+    four["parallel"]["dp"] = 2.into();
+    four["parallel"]["global_batch"] = 4.into();
+    let ranks = describe(&four, 4);
+    let ranks = ranks["ranks"].as_array().unwrap();
+    assert_eq!(
+        ranks[1]["mesh_coords"],
+        serde_json::json!({"pp": 0, "dp": 0, "cp": 1, "tp": 0})
+    );
+    assert_eq!(
+        ranks[2]["mesh_coords"],
+        serde_json::json!({"pp": 0, "dp": 1, "cp": 0, "tp": 0})
+    );
+    assert_eq!(ranks[1]["context"]["chunks"], serde_json::json!([1, 2]));
 }

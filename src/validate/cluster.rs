@@ -106,7 +106,7 @@ impl Cluster {
     /// rewritten with the new columns on opening.
     fn older_columns(&self) -> &'static [&'static [&'static str]] {
         match self {
-            Cluster::Torch(_) => &[&torch_launch::ROW_COLUMNS_V1],
+            Cluster::Torch(_) => &[&torch_launch::ROW_COLUMNS_V1, &torch_launch::ROW_COLUMNS_V2],
             Cluster::Megatron(_) | Cluster::Torchtitan(_) => &[],
         }
     }
@@ -165,6 +165,14 @@ impl Cluster {
                 let line = match trial.expert_tokens() {
                     Some((ep, local, fewest, most)) => format!(
                         "{line}; ep{ep}, {local} experts a rank, {fewest:.0} to {most:.0} routed tokens received a rank per step"
+                    ),
+                    None => line,
+                };
+                // Context parallelism: the cp ranks and how they exchanged keys and values.
+                let line = match trial.context() {
+                    Some((cp, exchange)) => format!(
+                        "{line}; cp{cp}, {} tokens a rank, keys and values by the {exchange} ring",
+                        plan.model.seq_len / cp
                     ),
                     None => line,
                 };

@@ -16,7 +16,8 @@
 
 use super::launch::{LaunchError, ScriptOutcome, script_header, script_prologue, write_candidate};
 use crate::config::{
-    Dispatcher, Engine, OptimizerSharding, ParallelConfig, Precision, ScheduleKind, SyncMethod,
+    CpComm, Dispatcher, Engine, OptimizerSharding, ParallelConfig, Precision, ScheduleKind,
+    SyncMethod,
 };
 use crate::plan_file::{PlanFile, PlannedCandidate};
 use crate::text::shell_quote;
@@ -191,6 +192,19 @@ pub struct TrialParallel {
     /// The token dispatcher ([`Dispatcher::name`]).
     #[serde(default = "alltoall")]
     pub moe_dispatcher: String,
+    /// Context parallelism: the sequence split over `cp` ranks (Megatron-
+    /// Core's order: tp fastest, then cp, then dp); 1 (and absent, in older
+    /// jobs) without.
+    #[serde(default = "one")]
+    pub cp: u64,
+    /// How the cp ranks exchange keys and values ([`CpComm::name`]); the
+    /// worker runs `p2p`, the ring.
+    #[serde(default = "p2p")]
+    pub cp_comm: String,
+}
+
+fn p2p() -> String {
+    CpComm::P2p.name().into()
 }
 
 fn all_reduce() -> String {
@@ -244,8 +258,8 @@ pub fn unsupported(model: &crate::model::ModelSpec, c: &ParallelConfig) -> Optio
         "FP8 GEMMs are not run by the worker (it computes in bf16 or fp32); plan with `precision bf16`"
     } else if model.mtp_layers > 0 {
         "multi-token prediction modules are not built by the worker"
-    } else if c.cp > 1 {
-        "context parallelism is not run by the worker yet"
+    } else if let Some(reason) = context_unsupported(model, c) {
+        reason
     } else if model.head_dim_override.is_some() || model.mla.is_some() {
         "heads of other than hidden / heads width, and multi-latent attention, are not built by the worker"
     } else if c.engine != Engine::Torchtitan {
@@ -279,7 +293,9 @@ fn experts_unsupported(
             "expert tensor parallelism (etp > 1) is not run by the worker: it holds each expert whole; plan with `etp 1`",
         )
     } else if c.cp > 1 {
-        Some("context parallelism is not run by the worker yet, with or without experts")
+        Some(
+            "context parallelism beside a mixture of experts is not run by the worker; plan with `cp 1`",
+        )
     } else if c.tp > 1 {
         Some(
             "mixture-of-experts layers beside tensor parallelism (tp > 1) are not run by the worker yet; plan with `tp 1`",
@@ -291,6 +307,44 @@ fn experts_unsupported(
     } else if c.embedding_sync == SyncMethod::SparseAllGather {
         Some(
             "the sparse all-gather is DDP's, and a mixture of experts is not wrapped in DDP (its experts sync over their own group)",
+        )
+    } else {
+        None
+    }
+}
+
+/// Why the worker cannot run `c`'s context parallelism as planned, if it
+/// cannot: it runs Megatron-LM's p2p ring (ring attention over the cp
+/// ranks) for a dense model without tensor or pipeline parallelism, HSDP or
+/// dropout.
+fn context_unsupported(
+    model: &crate::model::ModelSpec,
+    c: &ParallelConfig,
+) -> Option<&'static str> {
+    if c.cp == 1 {
+        return None;
+    }
+    if c.cp_comm != CpComm::P2p {
+        Some(
+            "the worker exchanges keys and values with Megatron-LM's p2p ring only (a2a, a2a+p2p and allgather are not run); plan with `cp_comm p2p`",
+        )
+    } else if c.tp > 1 {
+        Some(
+            "context parallelism beside tensor parallelism (tp > 1) is not run by the worker yet; plan with `tp 1`",
+        )
+    } else if c.pp > 1 {
+        Some(
+            "context parallelism beside pipeline parallelism (pp > 1) is not run by the worker yet; plan with `pp 1`",
+        )
+    } else if c.dp_shard.is_some() {
+        Some("HSDP (`dp_shard`) beside context parallelism is not run by the worker")
+    } else if c.embedding_sync != SyncMethod::AllReduce {
+        Some(
+            "with context parallelism the worker syncs the embedding by all-reduce over dp x cp; plan with `embedding_sync all-reduce`",
+        )
+    } else if model.dropout {
+        Some(
+            "the worker's ring attention computes the softmax without a dropout mask; plan with `dropout off` to trial context parallelism",
         )
     } else {
         None
@@ -458,6 +512,8 @@ pub fn trial_job(
             ep: c.ep,
             etp: c.etp,
             moe_dispatcher: c.dispatcher.name().into(),
+            cp: c.cp,
+            cp_comm: c.cp_comm.name().into(),
         },
         comm: None,
     })
@@ -581,6 +637,9 @@ pub struct Degrees {
     pub tp: u64,
     pub pp: u64,
     pub dp: u64,
+    /// Context parallelism; a report without it (an older worker's) is cp 1.
+    #[serde(default = "one")]
+    pub cp: u64,
 }
 
 /// One rank's report, the fields paratune reads (the worker writes more).
@@ -612,6 +671,10 @@ pub struct RankReport {
     /// for a dense model.
     #[serde(default)]
     pub experts: Option<ExpertReport>,
+    /// The key/value exchange the cp ranks ran (with cp 1, the planned name,
+    /// unused); absent in an older worker's report.
+    #[serde(default)]
+    pub cp_comm: Option<String>,
 }
 
 /// What a rank of a mixture of experts reports of its experts.
@@ -657,8 +720,8 @@ pub enum TrialError {
     #[error("{path}: {message}")]
     Report { path: String, message: String },
     #[error(
-        "rank {rank} ran tp{} pp{} dp{}, but the plan says tp{} pp{} dp{}: the worker did not run the candidate as planned",
-        found.tp, found.pp, found.dp, planned.tp, planned.pp, planned.dp
+        "rank {rank} ran tp{} cp{} pp{} dp{}, but the plan says tp{} cp{} pp{} dp{}: the worker did not run the candidate as planned",
+        found.tp, found.cp, found.pp, found.dp, planned.tp, planned.cp, planned.pp, planned.dp
     )]
     DegreesDiffer {
         rank: u64,
@@ -681,6 +744,30 @@ pub enum TrialError {
         found: String,
         planned: String,
     },
+    #[error(
+        "rank {rank} exchanged keys and values by {found}, but the plan says {planned}: the worker did not run the candidate as planned"
+    )]
+    ContextDiffers {
+        rank: u64,
+        found: String,
+        planned: String,
+    },
+}
+
+/// Checks a context-parallel rank's key/value exchange against `job`'s.
+fn check_context(report: &RankReport, rank: u64, job: &TrialJob) -> Result<(), TrialError> {
+    let planned = &job.parallel.cp_comm;
+    if job.parallel.cp == 1 || report.cp_comm.as_ref() == Some(planned) {
+        return Ok(());
+    }
+    Err(TrialError::ContextDiffers {
+        rank,
+        found: report
+            .cp_comm
+            .clone()
+            .unwrap_or_else(|| "no exchange reported".into()),
+        planned: planned.clone(),
+    })
 }
 
 /// A rank's expert parallelism as [`TrialError::ExpertsDiffer`] names it.
@@ -713,11 +800,13 @@ fn check_experts(report: &RankReport, rank: u64, job: &TrialJob) -> Result<(), T
 
 /// Reads every rank's report from `report_dir` and checks it against `job`.
 pub fn read_trial(report_dir: &Path, job: &TrialJob) -> Result<TorchTrial, TrialError> {
-    let world = job.parallel.tp * job.parallel.pp * job.parallel.dp;
+    let p = &job.parallel;
+    let world = p.tp * p.pp * p.dp * p.cp;
     let planned = Degrees {
-        tp: job.parallel.tp,
-        pp: job.parallel.pp,
-        dp: job.parallel.dp,
+        tp: p.tp,
+        pp: p.pp,
+        dp: p.dp,
+        cp: p.cp,
     };
     let mut ranks = Vec::with_capacity(world as usize);
     for rank in 0..world {
@@ -755,6 +844,7 @@ pub fn read_trial(report_dir: &Path, job: &TrialJob) -> Result<TorchTrial, Trial
             });
         }
         check_experts(&report, rank, job)?;
+        check_context(&report, rank, job)?;
         ranks.push(report);
     }
     let times = &ranks[0].iteration_ms;
@@ -841,7 +931,7 @@ pub(crate) fn read_report<T: SweepReport>(
 /// Columns of a torch trial's run row: paratune's run-table schema, every
 /// switch of the configuration included, so that the row reads back as the
 /// configuration that ran (a rerun resumes by it; the refit predicts it).
-pub const ROW_COLUMNS: [&str; 50] = [
+pub const ROW_COLUMNS: [&str; 52] = [
     "gpus",
     "global_batch",
     "micro_batch",
@@ -879,6 +969,8 @@ pub const ROW_COLUMNS: [&str; 50] = [
     "dp_shard",
     "peak_allocated_gib",
     "memory_rank",
+    "cp",
+    "cp_comm",
     "ep",
     "etp",
     "num_experts",
@@ -894,23 +986,37 @@ pub const ROW_COLUMNS: [&str; 50] = [
     "source_log",
 ];
 
-/// [`ROW_COLUMNS`] before the experts' columns: a history of such rows
+/// [`ROW_COLUMNS`] before the context-parallel columns (`cp`, `cp_comm`):
+/// a history of such rows (none context-parallel) is rewritten with the new
+/// columns on opening.
+pub const ROW_COLUMNS_V2: [&str; 50] = without(&ROW_COLUMNS, CONTEXT_COLUMNS_AT);
+
+/// [`ROW_COLUMNS_V2`] before the experts' columns: a history of such rows
 /// (all of dense models) is rewritten with the new columns on opening.
-pub const ROW_COLUMNS_V1: [&str; 41] = {
-    let mut v1 = [""; 41];
+pub const ROW_COLUMNS_V1: [&str; 41] = without(&ROW_COLUMNS_V2, EXPERT_COLUMNS_AT);
+
+/// `columns` less the `N - M` of them from index `at`.
+const fn without<const N: usize, const M: usize>(
+    columns: &[&'static str; N],
+    at: usize,
+) -> [&'static str; M] {
+    let mut out = [""; M];
     let mut i = 0;
     let mut j = 0;
-    while i < ROW_COLUMNS.len() {
-        // The nine expert columns sit between `memory_rank` and `embedding_sync`.
-        if i < EXPERT_COLUMNS_AT || i >= EXPERT_COLUMNS_AT + 9 {
-            v1[j] = ROW_COLUMNS[i];
+    while i < N {
+        if i < at || i >= at + (N - M) {
+            out[j] = columns[i];
             j += 1;
         }
         i += 1;
     }
-    v1
-};
+    out
+}
 
+/// Where `cp` and `cp_comm` sit, after `memory_rank`; the nine expert
+/// columns follow them (at the same index of [`ROW_COLUMNS_V2`]), before
+/// `embedding_sync`.
+const CONTEXT_COLUMNS_AT: usize = 37;
 const EXPERT_COLUMNS_AT: usize = 37;
 
 impl TorchTrial {
@@ -976,6 +1082,8 @@ impl TorchTrial {
             optional(c.dp_shard),
             format!("{:.6}", self.peak_bytes() / (1u64 << 30) as f64),
             "max".into(),
+            c.cp.to_string(),
+            c.cp_comm.name().to_string(),
             c.ep.to_string(),
             c.etp.to_string(),
             moe(|m| m.experts),
@@ -1010,6 +1118,14 @@ impl TorchTrial {
         let fewest = received.clone().fold(f64::INFINITY, f64::min);
         let most = received.fold(0.0, f64::max);
         Some((first.ep, first.local_experts, fewest, most))
+    }
+
+    /// The context parallelism the ranks ran: cp and the key/value
+    /// exchange, `None` without.
+    pub fn context(&self) -> Option<(u64, String)> {
+        let first = self.ranks.first()?;
+        (first.degrees.cp > 1)
+            .then(|| (first.degrees.cp, first.cp_comm.clone().unwrap_or_default()))
     }
 
     /// Collective time per iteration by kind, averaged over the ranks, ms.
@@ -1440,6 +1556,7 @@ mod tests {
                 tp: 1,
                 pp: 1,
                 dp: 2,
+                cp: 1,
             },
         );
         r["experts"] = serde_json::json!({
@@ -1451,10 +1568,20 @@ mod tests {
 
     #[test]
     fn the_columns_before_the_experts_are_the_new_ones_less_the_experts() {
-        let experts = &ROW_COLUMNS[EXPERT_COLUMNS_AT..EXPERT_COLUMNS_AT + 9];
+        // V2: the columns before cp and cp_comm.
+        let context = &ROW_COLUMNS[CONTEXT_COLUMNS_AT..CONTEXT_COLUMNS_AT + 2];
+        assert_eq!(context, ["cp", "cp_comm"]);
+        let before: Vec<&str> = ROW_COLUMNS
+            .iter()
+            .copied()
+            .filter(|c| !context.contains(c))
+            .collect();
+        assert_eq!(before, ROW_COLUMNS_V2.to_vec());
+        crate::runs::assert_row_columns_follow_the_schema(&ROW_COLUMNS_V2);
+        let experts = &ROW_COLUMNS_V2[EXPERT_COLUMNS_AT..EXPERT_COLUMNS_AT + 9];
         assert_eq!(experts.first(), Some(&"ep"));
         assert_eq!(experts.last(), Some(&"moe_dispatcher"));
-        let rest: Vec<&str> = ROW_COLUMNS
+        let rest: Vec<&str> = ROW_COLUMNS_V2
             .iter()
             .copied()
             .filter(|c| !experts.contains(c))
@@ -1519,6 +1646,169 @@ mod tests {
         write(0, expert_report(0, 2, 4));
         let e = read_trial(dir.path(), &job).unwrap_err().to_string();
         assert!(e.contains("the plan says a dense model"), "{e}");
+    }
+
+    /// The plan's model without dropout, its leader as a context-parallel
+    /// candidate (tp 1, pp 1, dp 4, cp 2, the p2p ring).
+    fn cp_candidate() -> (PlanFile, PlannedCandidate) {
+        let mut plan = plan(SearchSpace::default());
+        plan.model.dropout = false;
+        let mut candidate = plan.candidates[0].clone();
+        candidate.config = ParallelConfig {
+            tp: 1,
+            pp: 1,
+            dp: 4,
+            cp: 2,
+            cp_comm: CpComm::P2p,
+            dp_shard: None,
+            virtual_stages: 1,
+            first_stage_layers: None,
+            last_stage_layers: None,
+            sequence_parallel: false,
+            ..candidate.config
+        };
+        (plan, candidate)
+    }
+
+    #[test]
+    fn a_job_carries_the_context_parallelism_and_what_the_worker_cannot_run_of_it_is_refused() {
+        let (plan, candidate) = cp_candidate();
+        let model = &plan.model;
+        let c = candidate.config;
+        assert_eq!(unsupported(model, &c), None);
+        let job = trial_job(&plan, &candidate, &settings(8), Path::new("/r")).unwrap();
+        assert_eq!((job.parallel.cp, job.parallel.cp_comm.as_str()), (2, "p2p"));
+        let v = serde_json::to_value(&job).unwrap();
+        assert_eq!(
+            (&v["parallel"]["cp"], &v["parallel"]["cp_comm"]),
+            (&2.into(), &"p2p".into())
+        );
+        // A job without the fields (older) reads back as cp 1 over the ring.
+        let mut old = v.clone();
+        for key in ["cp", "cp_comm"] {
+            old["parallel"].as_object_mut().unwrap().remove(key);
+        }
+        let old: TrialJob = serde_json::from_value(old).unwrap();
+        assert_eq!((old.parallel.cp, old.parallel.cp_comm.as_str()), (1, "p2p"));
+
+        let reason = |model: &crate::model::ModelSpec, c: ParallelConfig| {
+            unsupported(model, &c).unwrap_or_default()
+        };
+        for exchange in [CpComm::A2a, CpComm::AllGather] {
+            let other = ParallelConfig {
+                cp_comm: exchange,
+                ..c
+            };
+            assert!(
+                reason(model, other).contains("`cp_comm p2p`"),
+                "{}",
+                reason(model, other)
+            );
+        }
+        let tensor = ParallelConfig { tp: 2, dp: 2, ..c };
+        assert!(
+            reason(model, tensor).contains("`tp 1`"),
+            "{}",
+            reason(model, tensor)
+        );
+        let pipeline = ParallelConfig { pp: 2, dp: 2, ..c };
+        assert!(
+            reason(model, pipeline).contains("`pp 1`"),
+            "{}",
+            reason(model, pipeline)
+        );
+        let hsdp = ParallelConfig {
+            dp_shard: Some(2),
+            optimizer_sharding: OptimizerSharding::Full,
+            ..c
+        };
+        assert!(
+            reason(model, hsdp).contains("HSDP"),
+            "{}",
+            reason(model, hsdp)
+        );
+        let mut dropout = model.clone();
+        dropout.dropout = true;
+        assert!(
+            reason(&dropout, c).contains("`dropout off`"),
+            "{}",
+            reason(&dropout, c)
+        );
+        let mut experts = model.clone();
+        experts.moe = Some(crate::model::MoeSpec::megatron_defaults(8, 2048));
+        assert!(
+            reason(&experts, c).contains("`cp 1`"),
+            "{}",
+            reason(&experts, c)
+        );
+        // FSDP shards over dp x cp: run.
+        let sharded = ParallelConfig {
+            optimizer_sharding: OptimizerSharding::Full,
+            ..c
+        };
+        assert_eq!(unsupported(model, &sharded), None);
+    }
+
+    #[test]
+    fn a_rank_that_ran_another_cp_or_exchange_than_planned_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let (plan, candidate) = cp_candidate();
+        let mut job = trial_job(&plan, &candidate, &settings(8), dir.path()).unwrap();
+        job.parallel.dp = 1;
+        let planned = Degrees {
+            tp: 1,
+            pp: 1,
+            dp: 1,
+            cp: 2,
+        };
+        let write = |rank: u64, degrees: Degrees, exchange: Option<&str>| {
+            let mut r = report(rank, degrees);
+            if let Some(exchange) = exchange {
+                r["cp_comm"] = exchange.into();
+            }
+            std::fs::write(dir.path().join(format!("rank-{rank}.json")), r.to_string()).unwrap();
+        };
+        write(0, planned, Some("p2p"));
+        write(1, planned, Some("p2p"));
+        let trial = read_trial(dir.path(), &job).unwrap();
+        assert_eq!(trial.context(), Some((2, "p2p".to_string())));
+        // The run row holds cp and its exchange, in the schema's order.
+        let c = ParallelConfig {
+            dp: 1,
+            ..candidate.config
+        };
+        let row = trial.row(&plan, &plan.model, &c, "log");
+        let cell = |name: &str| &row[ROW_COLUMNS.iter().position(|&k| k == name).unwrap()];
+        assert_eq!(
+            (cell("cp").as_str(), cell("cp_comm").as_str()),
+            ("2", "p2p")
+        );
+        crate::runs::assert_row_columns_follow_the_schema(&ROW_COLUMNS);
+        // A rank that ran without context parallelism did not run the plan.
+        write(1, Degrees { cp: 1, ..planned }, Some("p2p"));
+        let e = read_trial(dir.path(), &job).unwrap_err().to_string();
+        assert!(
+            e.contains("rank 1 ran tp1 cp1 pp1 dp1") && e.contains("the plan says tp1 cp2 pp1 dp1"),
+            "{e}"
+        );
+        // Nor did one that exchanged keys and values otherwise, or said nothing of it.
+        write(1, planned, Some("allgather"));
+        let e = read_trial(dir.path(), &job).unwrap_err().to_string();
+        assert!(
+            e.contains("rank 1 exchanged keys and values by allgather")
+                && e.contains("the plan says p2p"),
+            "{e}"
+        );
+        write(1, planned, None);
+        let e = read_trial(dir.path(), &job).unwrap_err().to_string();
+        assert!(e.contains("no exchange reported"), "{e}");
+        // A report of an older worker (no cp) reads as cp 1.
+        let r: RankReport =
+            serde_json::from_value(report(0, Degrees { cp: 1, ..planned })).unwrap();
+        let mut v = serde_json::to_value(&r).unwrap();
+        v["degrees"].as_object_mut().unwrap().remove("cp");
+        let old: RankReport = serde_json::from_value(v).unwrap();
+        assert_eq!(old.degrees.cp, 1);
     }
 
     /// The plan's leader as a DDP candidate (tp 1, pp 1, dp 8, no sharding)
@@ -1708,6 +1998,7 @@ mod tests {
             tp: 1,
             pp: 2,
             dp: 1,
+            cp: 1,
         };
         for rank in 0..2 {
             let path = dir.path().join(format!("rank-{rank}.json"));
@@ -1729,11 +2020,12 @@ mod tests {
             tp: 2,
             pp: 1,
             dp: 1,
+            cp: 1,
         };
         std::fs::write(dir.path().join("rank-1.json"), report(1, other).to_string()).unwrap();
         let e = read_trial(dir.path(), &job).unwrap_err().to_string();
         assert!(
-            e.contains("rank 1 ran tp2 pp1 dp1") && e.contains("tp1 pp2 dp1"),
+            e.contains("rank 1 ran tp2 cp1 pp1 dp1") && e.contains("tp1 cp1 pp2 dp1"),
             "{e}"
         );
         // A rank's own error is what the trial says.
@@ -1756,6 +2048,7 @@ mod tests {
             tp: 1,
             pp: 1,
             dp: 2,
+            cp: 1,
         };
         let write = |rank: u64, sync: Option<&str>| {
             let mut r = report(rank, planned);
@@ -1819,6 +2112,7 @@ mod tests {
                 tp: 1,
                 pp: 2,
                 dp: 1,
+                cp: 1,
             },
         );
         bad["iteration_ms"] = serde_json::json!([-1.0]);

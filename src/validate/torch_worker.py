@@ -51,7 +51,9 @@ Job JSON (input)
                   "embedding_sync": "all-reduce" | "sparse-all-gather",
                                # absent or null: all-reduce (older jobs)
                   "ep": int, "etp": int,          # absent: 1
-                  "moe_dispatcher": "alltoall" | "allgather"},  # absent: alltoall
+                  "moe_dispatcher": "alltoall" | "allgather",  # absent: alltoall
+                  "cp": int,                      # absent: 1
+                  "cp_comm": "p2p" | "a2a" | "allgather"},  # absent: p2p
      "comm": null | {"ops": ["all_reduce", "all_gather", "reduce_scatter",
                              "send_recv"],
                      "sizes_bytes": [int, ...], "warmup": int,
@@ -78,7 +80,8 @@ copy, initialised alike, whose gradients are summed across the two stages
 after every backward (Megatron-LM's embedding group).
 
 Parallelism: mesh (pp, dp, tp), tp fastest (Megatron rank order);
-(pp, dp_replicate, dp_shard, tp) with dp_shard (HSDP).  Order of
+(pp, dp_replicate, dp_shard, tp) with dp_shard (HSDP); (pp, dp, cp, tp)
+with cp > 1 (Megatron-Core: tp fastest, then cp, then dp, then pp).  Order of
 application as torchtitan: TP, then activation checkpointing, then FSDP.
 "optimizer-states" is fully_shard(reshard_after_forward=False) (torchtitan's
 ZeRO-2-like mode), "full" is reshard_after_forward=True; "none" is DDP when
@@ -132,6 +135,29 @@ for others, or for ep > 1 without model.moe, is refused (JobError).  Router
 and shared expert are drawn from the block's seed, routed expert g of layer
 i from seed + 1000000 + i*experts + g.
 
+Context parallelism (parallel.cp > 1, Megatron-LM's p2p cp_comm): the
+sequence is cut into 2*cp chunks and cp rank r holds chunks r and
+2*cp-1-r (Megatron's causal load balance), its tokens' own positions
+(learned or RoPE) and targets.  Attention is ring attention, a
+torch.autograd.Function: the queries of the rank's tokens attend to its own
+keys/values, then to each other cp rank's as they pass around the ring
+(dist.batch_isend_irecv to the next cp rank, from the previous, cp-1 steps,
+the next block's exchange overlapped with the current block's attention),
+blocks merged by their log-sum-exp (online softmax), the causal mask taken
+from the global positions of the queries and keys.  Its backward runs the
+ring again: each rank's key/value block travels with the gradient of it
+accumulated so far, every rank adding its queries' share, until the block's
+gradient arrives back at its owner (cp exchanges).  Every block is computed
+whole under the mask (the fully masked halves Megatron skips are computed
+too).  Dense gradients sync over dp x cp (Megatron-LM's data-parallel
+group with context parallelism): the all-reduce of local gradients, or
+fully_shard over the flattened (dp, cp) mesh as torchtitan does, as means
+over dp x cp; each cp rank's loss is the mean over its tokens, and the loss
+reported is the mean over the cp group (the whole sequence's).  The worker
+runs cp with tp 1, pp 1, a dense model, no HSDP, all-reduce embedding sync,
+without dropout (the ring computes the softmax without a dropout mask) and
+cp_comm p2p; a job asking for others is refused (JobError).
+
 Training: AdamW (lr 1e-3, foreach=False), with sparse-all-gather
 torch.optim.SparseAdam (lr 1e-3) for the token embedding's table and AdamW
 for every other parameter (both stepped, both zeroed every iteration);
@@ -154,11 +180,15 @@ Report JSON (output), train mode: report_dir/rank-<R>.json on every rank
 ------------------------------------------------------------------------
     {"schema": 1, "mode": "train", "candidate", "rank", "world_size",
      "torch_version", "backend", "device", "dtype",
-     "degrees": {"tp", "pp", "dp", "dp_shard", "dp_replicate"},
+     "degrees": {"tp", "pp", "dp", "cp", "dp_shard", "dp_replicate"},
          # read back from the live mesh; dp_shard / dp_replicate are null
          # unless the job asked for HSDP (dp_shard set); with model.moe also
          # "ep", "etp", "edp" of the live expert mesh
-     "mesh_coords": {"pp", "dp", "tp"},   # dp: dp_replicate*dp_shard + shard
+     "mesh_coords": {"pp", "dp", "cp", "tp"},  # dp: dp_replicate*dp_shard + shard
+     "cp_comm": "p2p" (the exchange run; with cp 1 the planned name, unused),
+     "context": null (cp 1) | {"cp", "cp_comm", "chunks": [r, 2cp-1-r],
+         "tokens": seq_len/cp, "ring_steps": cp-1 (forward), "attention":
+         "ring"},
      "stages": [chunk indices held], "stage_layers": [layers of each],
      "schedule": "ScheduleGPipe" | "Schedule1F1B" | "ScheduleInterleaved1F1B"
                  | "none",
@@ -282,6 +312,7 @@ RECOMPUTE_POLICIES = ("none", "selective", "full", "selective-op", "selective-la
 OPTIMIZER_SHARDINGS = ("none", "optimizer-states", "full")
 EMBEDDING_SYNCS = ("all-reduce", "sparse-all-gather")
 MOE_DISPATCHERS = ("alltoall", "allgather")
+CP_COMMS = ("p2p", "a2a", "allgather")
 COMM_OPS = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
 SYNC_METHODS = ("all_reduce", "sparse_all_gather", "parameter_server")
 SYNC_LEARNING_RATE = 0.01  # the parameter server's SGD step
@@ -387,6 +418,8 @@ class Layout:
     ep: int = 1
     etp: int = 1
     moe_dispatcher: str = "alltoall"
+    cp: int = 1
+    cp_comm: str = "p2p"
     notes: list = field(default_factory=list)
 
     @property
@@ -400,7 +433,12 @@ class Layout:
 
     @property
     def world(self):
-        return self.tp * self.pp * self.dp
+        return self.tp * self.pp * self.dp * self.cp
+
+    @property
+    def dense_sync(self):
+        """Ranks a dense gradient is averaged over: dp x cp (Megatron-LM)."""
+        return self.dp * self.cp
 
     @property
     def chunks(self):
@@ -459,9 +497,10 @@ def parse_layout(job, model, world):
     tp = _get(par, "tp", p, int, minimum=1)
     pp = _get(par, "pp", p, int, minimum=1)
     dp = _get(par, "dp", p, int, minimum=1)
-    if tp * pp * dp != world:
+    cp = _get(par, "cp", p, int, minimum=1, optional=True) or 1
+    if tp * pp * dp * cp != world:
         raise JobError(
-            f"parallel: tp*pp*dp = {tp}*{pp}*{dp} = {tp * pp * dp} but the world size is {world}"
+            f"parallel: tp*pp*dp*cp = {tp}*{pp}*{dp}*{cp} = {tp * pp * dp * cp} but the world size is {world}"
         )
     sharding = _get(par, "optimizer_sharding", p, str, choices=OPTIMIZER_SHARDINGS)
     dp_shard = _get(par, "dp_shard", p, int, minimum=1, optional=True)
@@ -518,6 +557,7 @@ def parse_layout(job, model, world):
         raise JobError(f"parallel.sequence_parallel: model.seq_len = {model.seq_len} is not divisible by tp = {tp}")
     embedding_sync = parse_embedding_sync(job, par, model, tp, pp, dp, sharding)
     ep, etp, dispatcher = parse_experts(par, model, tp, dp)
+    cp_comm = parse_context(par, model, cp, tp, pp, dp_shard, embedding_sync)
     return Layout(
         tp=tp, pp=pp, dp=dp, dp_shard=dp_shard, dp_replicate=dp_replicate,
         virtual_stages=virtual, stage_layers=list(stage_layers), chunk_first_layer=first,
@@ -527,8 +567,37 @@ def parse_layout(job, model, world):
         ac_frequency=_get(par, "ac_frequency", p, int, minimum=1),
         embedding_sync=embedding_sync,
         ep=ep, etp=etp, moe_dispatcher=dispatcher,
+        cp=cp, cp_comm=cp_comm,
         notes=notes,
     )
+
+
+def parse_context(par, model, cp, tp, pp, dp_shard, embedding_sync):
+    """parallel.cp_comm, "p2p" when absent; what the worker runs of cp > 1 is checked."""
+    p = "parallel."
+    cp_comm = _get(par, "cp_comm", p, str, choices=CP_COMMS, optional=True) or "p2p"
+    if cp == 1:
+        return cp_comm
+    why = []
+    if cp_comm != "p2p":
+        why.append(f"cp_comm {cp_comm} (the worker runs Megatron-LM's p2p ring only)")
+    if tp > 1:
+        why.append(f"tp = {tp} (context parallelism is run with tp 1 only)")
+    if pp > 1:
+        why.append(f"pp = {pp} (context parallelism is run without a pipeline)")
+    if dp_shard is not None:
+        why.append("dp_shard (HSDP beside context parallelism is not run)")
+    if model.moe is not None:
+        why.append("model.moe (context parallelism is run for dense models only)")
+    if embedding_sync != "all-reduce":
+        why.append(f"embedding_sync {embedding_sync} (DDP's, and cp syncs by all-reduce over dp x cp)")
+    if model.dropout:
+        why.append("model.dropout (the ring computes the softmax without a dropout mask)")
+    if model.seq_len % (2 * cp):
+        why.append(f"model.seq_len = {model.seq_len} (not a multiple of 2*cp = {2 * cp})")
+    if why:
+        raise JobError(f"parallel.cp: cp = {cp} is not run by the worker with {'; '.join(why)}")
+    return cp_comm
 
 
 def parse_experts(par, model, tp, dp):
@@ -618,15 +687,34 @@ def _check_header(job):
 
 
 def mesh_coords_of_rank(rank, layout):
-    """Megatron order: tp varies fastest, then dp, then pp."""
+    """Megatron-Core's order: tp varies fastest, then cp, then dp, then pp."""
     tp_k = rank % layout.tp
-    dp_j = (rank // layout.tp) % layout.dp
-    pp_i = rank // (layout.tp * layout.dp)
-    return {"pp": pp_i, "dp": dp_j, "tp": tp_k}
+    cp_c = (rank // layout.tp) % layout.cp
+    dp_j = (rank // (layout.tp * layout.cp)) % layout.dp
+    pp_i = rank // (layout.tp * layout.cp * layout.dp)
+    return {"pp": pp_i, "dp": dp_j, "cp": cp_c, "tp": tp_k}
 
 
-def rank_of_coords(pp_i, dp_j, tp_k, layout):
-    return (pp_i * layout.dp + dp_j) * layout.tp + tp_k
+def rank_of_coords(pp_i, dp_j, tp_k, layout, cp_c=0):
+    return ((pp_i * layout.dp + dp_j) * layout.cp + cp_c) * layout.tp + tp_k
+
+
+def cp_chunks(layout, cp_rank):
+    """The two of the sequence's 2*cp chunks cp rank r holds: r and 2*cp-1-r (Megatron's causal balance)."""
+    return [cp_rank, 2 * layout.cp - 1 - cp_rank]
+
+
+def cp_positions(seq_len, layout, cp_rank):
+    """Global positions of the tokens cp rank `cp_rank` holds, in the order it holds them."""
+    size = seq_len // (2 * layout.cp)
+    return torch.cat([torch.arange(c * size, (c + 1) * size) for c in cp_chunks(layout, cp_rank)])
+
+
+def context_description(model, layout, cp_rank):
+    if layout.cp == 1:
+        return None
+    return {"cp": layout.cp, "cp_comm": layout.cp_comm, "chunks": cp_chunks(layout, cp_rank),
+            "tokens": model.seq_len // layout.cp, "ring_steps": layout.cp - 1, "attention": "ring"}
 
 
 def chunks_of_pp_rank(pp_rank, layout):
@@ -648,9 +736,9 @@ def data_parallel_name(layout, model=None):
     if uses_fully_shard(layout):
         reshard = layout.optimizer_sharding == "full"
         return f"fully_shard(reshard_after_forward={reshard})"
-    if layout.dp == 1:
+    if layout.dense_sync == 1:
         return "none"
-    if layout.tp == 1 and layout.pp == 1 and (model is None or model.moe is None):
+    if layout.tp == 1 and layout.pp == 1 and layout.cp == 1 and (model is None or model.moe is None):
         return "DDP"
     return "all-reduce of local gradients"
 
@@ -774,6 +862,7 @@ def describe_rank(rank, model, layout):
         "checkpointed_blocks": sum(block_recompute(layout, l) is not None for l in blocks),
         "micro_batches": layout.micro_batches,
         "embedding_sync": layout.embedding_sync,
+        "context": context_description(model, layout, coords["cp"]),
         "experts": None if model.moe is None else {
             "coords": expert_coords_of_rank(rank, layout), "ep": layout.ep, "etp": layout.etp,
             "edp": layout.edp, "local_experts": local_experts_of_rank(rank, model, layout),
@@ -859,6 +948,133 @@ def apply_rope(x, cos, sin):
     return x * cos.to(x.dtype) + rotated * sin.to(x.dtype)
 
 
+@dataclass
+class Ring:
+    """A cp group's ring: its global ranks in cp order, this rank's place, and every cp rank's positions."""
+
+    group: object
+    ranks: list
+    cp_rank: int
+    positions: list  # tensors of global positions, one per cp rank
+
+    @property
+    def cp(self):
+        return len(self.ranks)
+
+    def start(self, send, recv, backward=False):
+        """Send `send` to the next cp rank and receive `recv` from the previous; returns the requests."""
+        import torch.distributed as dist
+
+        nxt, prv = self.ranks[(self.cp_rank + 1) % self.cp], self.ranks[(self.cp_rank - 1) % self.cp]
+        return dist.batch_isend_irecv([dist.P2POp(dist.isend, send, nxt, self.group),
+                                       dist.P2POp(dist.irecv, recv, prv, self.group)])
+
+
+def _ring_block_forward(q, k, v, q_pos, k_pos, scale, n_rep):
+    """Causal attention of q against one key/value block: (output normalised within the block, log-sum-exp).
+
+    A row whose keys are all masked has lse -inf and output 0."""
+    if n_rep > 1:
+        k, v = k.repeat_interleave(n_rep, dim=1), v.repeat_interleave(n_rep, dim=1)
+    scores = torch.matmul(q, k.transpose(-2, -1)).float() * scale
+    scores = scores.masked_fill(k_pos[None, :] > q_pos[:, None], float("-inf"))
+    top = scores.amax(dim=-1, keepdim=True)
+    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+    probs = torch.exp(scores - top)
+    total = probs.sum(dim=-1, keepdim=True)
+    out = torch.matmul(probs.to(v.dtype), v).float() / total.clamp_min(1e-30)
+    return out, top + torch.log(total)
+
+
+def _ring_block_backward(q, k, v, q_pos, k_pos, scale, n_rep, dout, lse, delta):
+    """Gradients (dq, dk, dv) in fp32 of one block's share of the merged attention (flash attention's backward)."""
+    b, kvh, sk, hd = k.shape
+    kf, vf = k.float(), v.float()
+    if n_rep > 1:
+        kf, vf = kf.repeat_interleave(n_rep, dim=1), vf.repeat_interleave(n_rep, dim=1)
+    qf = q.float()
+    scores = torch.matmul(qf, kf.transpose(-2, -1)) * scale
+    scores = scores.masked_fill(k_pos[None, :] > q_pos[:, None], float("-inf"))
+    probs = torch.exp(scores - lse)  # the merged softmax's share of this block
+    dv = torch.matmul(probs.transpose(-2, -1), dout)
+    dscores = probs * (torch.matmul(dout, vf.transpose(-2, -1)) - delta)
+    dq = torch.matmul(dscores, kf) * scale
+    dk = torch.matmul(dscores.transpose(-2, -1), qf) * scale
+    if n_rep > 1:
+        dk = dk.view(b, kvh, n_rep, sk, hd).sum(2)
+        dv = dv.view(b, kvh, n_rep, sk, hd).sum(2)
+    return dq, dk, dv
+
+
+class RingAttention(torch.autograd.Function):
+    """Megatron-LM's p2p context parallelism: causal attention over the whole sequence, the keys and values
+    passed around the cp ring (cp - 1 steps), blocks merged by their log-sum-exp.
+
+    q: (batch, heads, local tokens, head_dim); k, v: (batch, kv_heads, local tokens, head_dim)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, ring, scale, n_rep):
+        with torch.autocast(q.device.type, enabled=False):
+            q_pos = ring.positions[ring.cp_rank]
+            kv = torch.stack([k, v]).contiguous()
+            out = lse = None
+            for step in range(ring.cp):
+                requests = None
+                if step + 1 < ring.cp:
+                    arriving = torch.empty_like(kv)
+                    requests = ring.start(kv, arriving)
+                src = (ring.cp_rank - step) % ring.cp
+                block, block_lse = _ring_block_forward(q, kv[0], kv[1], q_pos, ring.positions[src], scale, n_rep)
+                if out is None:
+                    out, lse = block, block_lse
+                else:
+                    merged = torch.logaddexp(lse, block_lse)
+                    out = out * torch.exp(lse - merged) + block * torch.exp(block_lse - merged)
+                    lse = merged
+                if requests is not None:
+                    for r in requests:
+                        r.wait()
+                    kv = arriving
+        ctx.ring, ctx.scale, ctx.n_rep = ring, scale, n_rep
+        ctx.save_for_backward(q, k, v, out, lse)
+        return out.to(q.dtype)
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse = ctx.saved_tensors
+        ring, scale, n_rep = ctx.ring, ctx.scale, ctx.n_rep
+        with torch.autocast(q.device.type, enabled=False):
+            q_pos = ring.positions[ring.cp_rank]
+            dout = dout.float()
+            delta = (dout * out).sum(dim=-1, keepdim=True)
+            dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+            kv = torch.stack([k, v]).contiguous()
+            # The gradient of the key/value block held travels with it around the ring.
+            dkv = torch.zeros(kv.shape, dtype=torch.float32, device=q.device)
+            for step in range(ring.cp):
+                requests = None
+                if step + 1 < ring.cp:
+                    arriving = torch.empty_like(kv)
+                    requests = ring.start(kv, arriving)
+                src = (ring.cp_rank - step) % ring.cp
+                bq, bk, bv = _ring_block_backward(q, kv[0], kv[1], q_pos, ring.positions[src], scale, n_rep,
+                                                  dout, lse, delta)
+                dq += bq
+                dkv[0] += bk
+                dkv[1] += bv
+                if requests is not None:
+                    for r in requests:
+                        r.wait()
+                    kv = arriving
+                if ring.cp > 1:
+                    # Pass the block's gradient on: after cp passes it is back at its owner.
+                    back = torch.empty_like(dkv)
+                    for r in ring.start(dkv, back):
+                        r.wait()
+                    dkv = back
+        return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype), None, None, None
+
+
 class Attention(nn.Module):
     def __init__(self, cfg):
         super().__init__()
@@ -872,6 +1088,7 @@ class Attention(nn.Module):
         self.wv = nn.Linear(cfg.hidden, cfg.kv_heads * hd, bias=bias)
         self.wo = nn.Linear(cfg.heads * hd, cfg.hidden, bias=bias)
         self.recompute_core = False
+        self.ring = None  # Ring of a context-parallel rank: attention runs around it
         if cfg.learned_positions:
             self.cos = self.sin = None
         else:
@@ -886,8 +1103,18 @@ class Attention(nn.Module):
         k = self.wk(x).view(bsz, seqlen, -1, self.head_dim).transpose(1, 2)
         v = self.wv(x).view(bsz, seqlen, -1, self.head_dim).transpose(1, 2)
         if self.cos is not None:
-            cos, sin = self.cos[:seqlen], self.sin[:seqlen]
+            if self.ring is None:
+                cos, sin = self.cos[:seqlen], self.sin[:seqlen]
+            else:  # the positions of the tokens this cp rank holds
+                held = self.ring.positions[self.ring.cp_rank]
+                cos, sin = self.cos[held], self.sin[held]
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if self.ring is not None:
+            # Keys and values travel as kv_heads; each block repeats them for GQA.
+            core = lambda q, k, v: RingAttention.apply(q, k, v, self.ring, 1.0 / math.sqrt(self.head_dim),
+                                                       self.n_rep)
+            out = _checkpoint(core, q, k, v) if self.recompute_core else core(q, k, v)
+            return self.wo(out.transpose(1, 2).reshape(bsz, seqlen, -1))
         if self.n_rep > 1:
             k = k.repeat_interleave(self.n_rep, dim=1)
             v = v.repeat_interleave(self.n_rep, dim=1)
@@ -1064,11 +1291,15 @@ class Embeddings(nn.Module):
         self.tok = nn.Embedding(cfg.vocab, cfg.hidden, sparse=sparse)
         self.pos = nn.Embedding(cfg.seq_len, cfg.hidden) if cfg.learned_positions else None
         self.p = DROPOUT_P if cfg.dropout else 0.0
+        self.positions = None  # a context-parallel rank's global positions; None: 0..seq-1
 
     def forward(self, tokens):
         h = self.tok(tokens)
         if self.pos is not None:
-            h = h + self.pos(torch.arange(tokens.shape[1], device=tokens.device))
+            held = self.positions
+            if held is None:
+                held = torch.arange(tokens.shape[1], device=tokens.device)
+            h = h + self.pos(held)
         return F.dropout(h, self.p, self.training)
 
 
@@ -1244,6 +1475,7 @@ class Dist:
     degrees: dict
     coords: dict
     experts: object = None  # ExpertMesh of a mixture of experts
+    ring: object = None  # Ring of a context-parallel rank
 
 
 def init_distributed(job):
@@ -1267,12 +1499,27 @@ def init_distributed(job):
 def build_mesh(layout, device, rank, world, local_rank):
     from torch.distributed.device_mesh import init_device_mesh
 
-    if layout.dp_shard is None:
+    cp_c, ring = 0, None
+    if layout.cp > 1:
+        # Megatron-Core's order: tp fastest, then cp, then dp, then pp.  Dense
+        # gradients sync over dp x cp: the flattened mesh (torchtitan's dp_shard_cp).
+        mesh = init_device_mesh(device.type, (layout.pp, layout.dp, layout.cp, layout.tp),
+                                mesh_dim_names=("pp", "dp", "cp", "tp"))
+        dp_mesh = mesh["dp", "cp"]._flatten("dp_cp")
+        degrees = {"tp": mesh["tp"].size(), "pp": mesh["pp"].size(), "dp": mesh["dp"].size(),
+                   "cp": mesh["cp"].size(), "dp_shard": None, "dp_replicate": None}
+        pp_i, dp_j, cp_c, tp_k = mesh.get_coordinate()
+        import torch.distributed as dist
+
+        group = mesh["cp"].get_group()
+        ranks = dist.get_process_group_ranks(group)
+        ring = Ring(group, ranks, cp_c, [])  # positions: set by the Trainer, which knows the sequence
+    elif layout.dp_shard is None:
         mesh = init_device_mesh(device.type, (layout.pp, layout.dp, layout.tp),
                                 mesh_dim_names=("pp", "dp", "tp"))
         dp_mesh = mesh["dp"]
         degrees = {"tp": mesh["tp"].size(), "pp": mesh["pp"].size(), "dp": mesh["dp"].size(),
-                   "dp_shard": None, "dp_replicate": None}
+                   "cp": 1, "dp_shard": None, "dp_replicate": None}
         pp_i, dp_j, tp_k = mesh.get_coordinate()
     else:
         mesh = init_device_mesh(device.type, (layout.pp, layout.dp_replicate, layout.dp_shard, layout.tp),
@@ -1280,14 +1527,14 @@ def build_mesh(layout, device, rank, world, local_rank):
         dp_mesh = mesh["dp_replicate", "dp_shard"]
         rep, shard = mesh["dp_replicate"].size(), mesh["dp_shard"].size()
         degrees = {"tp": mesh["tp"].size(), "pp": mesh["pp"].size(), "dp": rep * shard,
-                   "dp_shard": shard, "dp_replicate": rep}
+                   "cp": 1, "dp_shard": shard, "dp_replicate": rep}
         pp_i, rep_j, shard_j, tp_k = mesh.get_coordinate()
         dp_j = rep_j * shard + shard_j
-    coords = {"pp": pp_i, "dp": dp_j, "tp": tp_k}
+    coords = {"pp": pp_i, "dp": dp_j, "cp": cp_c, "tp": tp_k}
     expected = mesh_coords_of_rank(rank, layout)
     if coords != expected:
         raise RuntimeError(f"device mesh puts rank {rank} at {coords}, Megatron order expects {expected}")
-    return Dist(rank, world, local_rank, device, mesh, dp_mesh, degrees, coords)
+    return Dist(rank, world, local_rank, device, mesh, dp_mesh, degrees, coords, ring=ring)
 
 
 @dataclass
@@ -1445,6 +1692,18 @@ class Trainer:
             self.modules.append(m)
         self.moe_layers = [b.feed_forward for m in self.modules for b in m.layers.values()
                            if isinstance(b.feed_forward, MoeLayer)]
+        # Context parallelism: this rank's tokens are chunks r and 2cp-1-r of
+        # the sequence; its embeddings and attention see their own positions.
+        self.ring = d.ring
+        self.held_positions = None
+        if self.ring is not None:
+            self.ring.positions = [cp_positions(model.seq_len, layout, c).to(d.device) for c in range(layout.cp)]
+            self.held_positions = self.ring.positions[self.ring.cp_rank]
+            for m in self.modules:
+                if m.embeddings is not None:
+                    m.embeddings.positions = self.held_positions
+                for block in m.layers.values():
+                    block.attention.ring = self.ring
         for layer in self.moe_layers:
             layer.ep_group = d.experts.ep_group
         self.data_parallel = data_parallel_name(layout, model)
@@ -1472,6 +1731,7 @@ class Trainer:
             ids = [d.local_rank] if d.device.type == "cuda" else None
             self.train_modules = [DDP(self.modules[0], process_group=d.dp_mesh.get_group(),
                                       device_ids=ids, broadcast_buffers=False)]
+        # dp_mesh is the flattened (dp, cp) mesh under context parallelism.
         self.dp_group = d.dp_mesh.get_group() if self.data_parallel == "all-reduce of local gradients" else None
         # The routed experts' gradients sync over the expert-data-parallel
         # group (none when ep covers dp), the other parameters' over dp.
@@ -1503,7 +1763,10 @@ class Trainer:
         rows = self.layout.micro_batches * self.layout.micro_batch
         tokens = torch.randint(0, self.cfg.vocab, (rows, self.cfg.seq_len + 1), generator=g)
         tokens = tokens.to(self.d.device)
-        return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+        inputs, targets = tokens[:, :-1], tokens[:, 1:]
+        if self.held_positions is not None:  # the same rows on every cp rank, its own tokens of them
+            inputs, targets = inputs[:, self.held_positions], targets[:, self.held_positions]
+        return inputs.contiguous(), targets.contiguous()
 
     def build_schedule(self):
         from torch.distributed import pipelining
@@ -1548,6 +1811,12 @@ class Trainer:
         Returns the mean loss over micro-batches, or None on ranks without the head.
         """
         loss = self.pipeline_pass() if self.schedule is not None else self.accumulation_pass()
+        if self.ring is not None:
+            # Each cp rank's loss is the mean over its tokens: the sequence's is their mean.
+            t = torch.tensor([loss], dtype=torch.float64 if self.d.device.type == "cpu" else torch.float32,
+                             device=self.d.device)
+            self.dist.all_reduce(t, group=self.ring.group)
+            loss = float(t[0]) / self.ring.cp
         self.steps_taken += 1
         self.sync_gradients()
         if self.sparse_table is not None:
@@ -1611,7 +1880,9 @@ class Trainer:
                         self.dist.all_reduce(g, group=self.edp_group)
                     # An expert's gradient already sums its ep group's tokens'
                     # losses: over its edp replicas it covers all dp ranks.
-                    g.div_(self.layout.dp)
+                    # A dense one is the mean over dp x cp (cp 1 without experts
+                    # beside it: context parallelism runs dense models only).
+                    g.div_(self.layout.dp if id(p) in self.expert_params else self.layout.dense_sync)
 
     def expert_report(self):
         """The experts this rank held and the tokens they received per training step."""
@@ -1845,6 +2116,7 @@ def run_train(job):
         "backend": dist.get_backend(), "device": device.type, "dtype": job["dtype"],
         "degrees": d.degrees if d.experts is None else {**d.degrees, **d.experts.degrees},
         "mesh_coords": d.coords,
+        "cp_comm": layout.cp_comm, "context": context_description(model, layout, d.coords["cp"]),
         "stages": trainer.chunks, "stage_layers": [layout.stage_layers[c] for c in trainer.chunks],
         "schedule": type(trainer.schedule).__name__ if trainer.schedule is not None else "none",
         "micro_batches": layout.micro_batches, "micro_batch": layout.micro_batch,
