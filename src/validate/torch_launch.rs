@@ -326,7 +326,7 @@ fn context_unsupported(
     }
     if c.cp_comm != CpComm::P2p {
         Some(
-            "the worker exchanges keys and values with Megatron-LM's p2p ring only (a2a, a2a+p2p and allgather are not run); plan with `cp_comm p2p`",
+            "the worker exchanges keys and values with Megatron-LM's p2p ring only (a2a and allgather are not run); plan with `cp_comm p2p`",
         )
     } else if c.tp > 1 {
         Some(
@@ -1747,6 +1747,48 @@ mod tests {
             ..c
         };
         assert_eq!(unsupported(model, &sharded), None);
+    }
+
+    #[test]
+    fn a_history_of_the_columns_before_cp_is_rewritten_and_reads_back_as_cp_1() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("runs-history.csv");
+        // A dense trial's row as the previous columns held it.
+        let trial_dir = tempfile::tempdir().unwrap();
+        let job = two_stage_job(trial_dir.path());
+        let planned = Degrees {
+            tp: 1,
+            pp: 2,
+            dp: 1,
+            cp: 1,
+        };
+        for rank in 0..2 {
+            let path = trial_dir.path().join(format!("rank-{rank}.json"));
+            std::fs::write(path, report(rank, planned).to_string()).unwrap();
+        }
+        let trial = read_trial(trial_dir.path(), &job).unwrap();
+        let plan = plan(SearchSpace::default());
+        let row = trial.row(&plan, &plan.model, &plan.candidates[0].config, "log");
+        let old: Vec<&str> = ROW_COLUMNS
+            .iter()
+            .zip(&row)
+            .filter(|(c, _)| !["cp", "cp_comm"].contains(c))
+            .map(|(_, v)| v.as_str())
+            .collect();
+        let text = format!("{}\n{}\n", ROW_COLUMNS_V2.join(","), old.join(","));
+        std::fs::write(&path, text).unwrap();
+        let (_, _, upgraded) = crate::runs::RunHistory::open_upgrading(
+            &path,
+            &ROW_COLUMNS,
+            &[&ROW_COLUMNS_V1, &ROW_COLUMNS_V2],
+        )
+        .unwrap();
+        assert!(upgraded);
+        let written = std::fs::read_to_string(&path).unwrap();
+        assert!(written.starts_with(&ROW_COLUMNS.join(",")), "{written}");
+        let table = crate::runs::RunTable::read(&path).unwrap();
+        assert_eq!(table.cell(0, "cp"), None);
+        assert_eq!(table.cell(0, "tp"), Some(row[19].as_str()));
     }
 
     #[test]
