@@ -556,10 +556,18 @@ pub fn bpipe_link(s: &Scenario, c: &ParallelConfig, stage: u64) -> Link {
     }
 }
 
-/// All-reduce of the tied word-embedding gradient between the first and the
-/// last stage (Megatron keeps a copy on each).
-pub fn tied_embedding_sync(s: &Scenario, c: &ParallelConfig, stage: u64) -> f64 {
-    if c.pp == 1 || !s.model.tied_embeddings || (stage != 0 && stage != c.pp - 1) {
+/// Whether the last stage keeps a copy of the first stage's word embedding
+/// whose gradient joins it every iteration (Megatron-LM's embedding group):
+/// the tied output head's, or the one multi-token prediction modules look
+/// tokens up in. With one stage the table is not copied.
+pub fn shares_word_embedding(s: &Scenario, c: &ParallelConfig) -> bool {
+    c.pp > 1 && (s.model.tied_embeddings || s.model.mtp_layers > 0)
+}
+
+/// All-reduce of the word-embedding gradient between the first and the
+/// last stage, where the last holds a copy ([`shares_word_embedding`]).
+pub fn embedding_group_sync(s: &Scenario, c: &ParallelConfig, stage: u64) -> f64 {
+    if !shares_word_embedding(s, c) || (stage != 0 && stage != c.pp - 1) {
         return 0.0;
     }
     let bytes =

@@ -943,7 +943,7 @@ fn data_parallel_and_optimizer(
             sync.gather
         };
         let sparse = sync.sparse_seconds();
-        let comm = grads + gather + sparse + comm::tied_embedding_sync(s, c, stage);
+        let comm = grads + gather + sparse + comm::embedding_group_sync(s, c, stage);
         let owned: f64 = groups
             .iter()
             .map(|g| match (g.sync, c.optimizer_sharding) {

@@ -2315,6 +2315,12 @@ mod multi_token_prediction {
             1e-9,
             "last stage",
         );
+        // The copy's gradient joins the first stage's, as a tied head's
+        // would: on the two end stages only, none without the module.
+        let group = |s: &Scenario, stage| comm::embedding_group_sync(s, &c, stage);
+        assert!(group(&sa, 0) > 0.0 && group(&sa, c.pp - 1) == group(&sa, 0));
+        assert_eq!(group(&sa, 1), 0.0);
+        assert_eq!(group(&sb, 0), 0.0);
         // Its loss keeps a second set of logits.
         let loss = |s: &Scenario| memory::stage_memory(s, &c, c.pp - 1).loss;
         assert_close(loss(&sa), 2.0 * loss(&sb), 1e-12, "logits");
