@@ -964,9 +964,10 @@ fn train(job: &serde_json::Value, world: u64) -> serde_json::Value {
     serde_json::from_str(&text).unwrap()
 }
 
-/// Ring attention is exact: without dropout, in fp32, two cp ranks train a
-/// model (RoPE, grouped-query attention, FSDP over dp x cp, attention
-/// recomputed) to the losses one rank does, step after step.
+/// Ring attention and the a2a exchange are exact: without dropout, in
+/// fp32, two cp ranks train a model (RoPE, grouped-query attention, FSDP
+/// over dp x cp, attention recomputed) to the losses one rank does, step
+/// after step, over the p2p ring and over the all-to-all of heads.
 #[test]
 fn context_parallel_ranks_train_to_the_losses_of_one_rank() {
     let _ranks = ranks_to_myself();
@@ -988,9 +989,14 @@ fn context_parallel_ranks_train_to_the_losses_of_one_rank() {
     m["dropout"] = false.into();
     let mut context = base.clone();
     context["parallel"]["cp"] = 2.into();
+    let mut a2a = context.clone();
+    a2a["parallel"]["cp_comm"] = "a2a".into();
     let one = train(&base, 1);
     let two = train(&context, 2);
+    let heads = train(&a2a, 2);
     assert_eq!(two["degrees"]["cp"], 2, "{two}");
+    assert_eq!(heads["cp_comm"], "a2a", "{heads}");
+    assert_eq!(heads["context"]["attention"], "all-to-all", "{heads}");
     let losses = |r: &serde_json::Value| -> Vec<f64> {
         r["loss"]
             .as_array()
@@ -999,14 +1005,18 @@ fn context_parallel_ranks_train_to_the_losses_of_one_rank() {
             .map(|l| l.as_f64().unwrap())
             .collect()
     };
-    let (a, b) = (losses(&one), losses(&two));
-    println!("losses cp1 {a:?}, cp2 {b:?}");
+    let (a, b, h) = (losses(&one), losses(&two), losses(&heads));
+    println!("losses cp1 {a:?}, cp2 p2p {b:?}, cp2 a2a {h:?}");
     assert_eq!(a.len(), 3);
     assert!(a[2] < a[0], "the loss falls: {a:?}");
-    for (x, y) in a.iter().zip(&b) {
+    for (x, (y, z)) in a.iter().zip(b.iter().zip(&h)) {
         assert!(
             (x - y).abs() <= 1e-5 * x.abs(),
-            "cp1 {a:?} against cp2 {b:?}"
+            "cp1 {a:?} against cp2 p2p {b:?}"
+        );
+        assert!(
+            (x - z).abs() <= 1e-5 * x.abs(),
+            "cp1 {a:?} against cp2 a2a {h:?}"
         );
     }
     // The mapping: cp between tp and dp in the rank order.

@@ -315,8 +315,9 @@ fn experts_unsupported(
 
 /// Why the worker cannot run `c`'s context parallelism as planned, if it
 /// cannot: it runs Megatron-LM's p2p ring (ring attention over the cp
-/// ranks) for a dense model without tensor or pipeline parallelism, HSDP or
-/// dropout.
+/// ranks) or its a2a exchange (DeepSpeed-Ulysses's all-to-all of heads for
+/// tokens) for a dense model without tensor or pipeline parallelism, HSDP
+/// or dropout.
 fn context_unsupported(
     model: &crate::model::ModelSpec,
     c: &ParallelConfig,
@@ -324,9 +325,9 @@ fn context_unsupported(
     if c.cp == 1 {
         return None;
     }
-    if c.cp_comm != CpComm::P2p {
+    if c.cp_comm == CpComm::AllGather {
         Some(
-            "the worker exchanges keys and values with Megatron-LM's p2p ring only (a2a and allgather are not run); plan with `cp_comm p2p`",
+            "the worker exchanges keys and values with Megatron-LM's p2p ring or a2a only (allgather is not run); plan with `cp_comm p2p` or `cp_comm a2a`",
         )
     } else if c.tp > 1 {
         Some(
@@ -344,7 +345,7 @@ fn context_unsupported(
         )
     } else if model.dropout {
         Some(
-            "the worker's ring attention computes the softmax without a dropout mask; plan with `dropout off` to trial context parallelism",
+            "the worker's context-parallel attention computes the softmax without a dropout mask; plan with `dropout off` to trial context parallelism",
         )
     } else {
         None
@@ -1694,17 +1695,31 @@ mod tests {
         let reason = |model: &crate::model::ModelSpec, c: ParallelConfig| {
             unsupported(model, &c).unwrap_or_default()
         };
-        for exchange in [CpComm::A2a, CpComm::AllGather] {
-            let other = ParallelConfig {
-                cp_comm: exchange,
-                ..c
-            };
-            assert!(
-                reason(model, other).contains("`cp_comm p2p`"),
-                "{}",
-                reason(model, other)
-            );
-        }
+        let a2a = ParallelConfig {
+            cp_comm: CpComm::A2a,
+            ..c
+        };
+        assert_eq!(unsupported(model, &a2a), None);
+        let job = trial_job(
+            &plan,
+            &PlannedCandidate {
+                config: a2a,
+                ..candidate.clone()
+            },
+            &settings(8),
+            Path::new("/r"),
+        )
+        .unwrap();
+        assert_eq!(job.parallel.cp_comm, "a2a");
+        let allgather = ParallelConfig {
+            cp_comm: CpComm::AllGather,
+            ..c
+        };
+        assert!(
+            reason(model, allgather).contains("allgather is not run"),
+            "{}",
+            reason(model, allgather)
+        );
         let tensor = ParallelConfig { tp: 2, dp: 2, ..c };
         assert!(
             reason(model, tensor).contains("`tp 1`"),

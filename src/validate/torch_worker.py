@@ -135,7 +135,7 @@ for others, or for ep > 1 without model.moe, is refused (JobError).  Router
 and shared expert are drawn from the block's seed, routed expert g of layer
 i from seed + 1000000 + i*experts + g.
 
-Context parallelism (parallel.cp > 1, Megatron-LM's p2p cp_comm): the
+Context parallelism (parallel.cp > 1, Megatron-LM's p2p or a2a cp_comm): the
 sequence is cut into 2*cp chunks and cp rank r holds chunks r and
 2*cp-1-r (Megatron's causal load balance), its tokens' own positions
 (learned or RoPE) and targets.  Attention is ring attention, a
@@ -149,14 +149,21 @@ ring again: each rank's key/value block travels with the gradient of it
 accumulated so far, every rank adding its queries' share, until the block's
 gradient arrives back at its owner (cp exchanges).  Every block is computed
 whole under the mask (the fully masked halves Megatron skips are computed
-too).  Dense gradients sync over dp x cp (Megatron-LM's data-parallel
+too).  With cp_comm a2a (Megatron-LM's --cp-comm-type a2a, DeepSpeed-
+Ulysses) attention is instead an all-to-all over the cp group
+(torch.distributed.nn.functional.all_to_all_single, whose backward is the
+reverse exchange) of each of q, k and v from [its tokens, all heads] to
+[all tokens, heads/cp] (kv_heads/cp), the tokens put back into sequence
+order, the ordinary causal attention of the rank's heads, and the reverse
+all-to-all to [its tokens, all heads]; cp must divide heads and kv_heads.
+Dense gradients sync over dp x cp (Megatron-LM's data-parallel
 group with context parallelism): the all-reduce of local gradients, or
 fully_shard over the flattened (dp, cp) mesh as torchtitan does, as means
 over dp x cp; each cp rank's loss is the mean over its tokens, and the loss
 reported is the mean over the cp group (the whole sequence's).  The worker
 runs cp with tp 1, pp 1, a dense model, no HSDP, all-reduce embedding sync,
 without dropout (the ring computes the softmax without a dropout mask) and
-cp_comm p2p; a job asking for others is refused (JobError).
+cp_comm p2p or a2a; a job asking for others is refused (JobError).
 
 Training: AdamW (lr 1e-3, foreach=False), with sparse-all-gather
 torch.optim.SparseAdam (lr 1e-3) for the token embedding's table and AdamW
@@ -185,10 +192,11 @@ Report JSON (output), train mode: report_dir/rank-<R>.json on every rank
          # unless the job asked for HSDP (dp_shard set); with model.moe also
          # "ep", "etp", "edp" of the live expert mesh
      "mesh_coords": {"pp", "dp", "cp", "tp"},  # dp: dp_replicate*dp_shard + shard
-     "cp_comm": "p2p" (the exchange run; with cp 1 the planned name, unused),
+     "cp_comm": "p2p" | "a2a" (the exchange run; with cp 1 the planned
+         name, unused),
      "context": null (cp 1) | {"cp", "cp_comm", "chunks": [r, 2cp-1-r],
-         "tokens": seq_len/cp, "ring_steps": cp-1 (forward), "attention":
-         "ring"},
+         "tokens": seq_len/cp, "ring_steps": cp-1 (forward; a2a: 0),
+         "attention": "ring" | "all-to-all" (a2a)},
      "stages": [chunk indices held], "stage_layers": [layers of each],
      "schedule": "ScheduleGPipe" | "Schedule1F1B" | "ScheduleInterleaved1F1B"
                  | "none",
@@ -579,8 +587,10 @@ def parse_context(par, model, cp, tp, pp, dp_shard, embedding_sync):
     if cp == 1:
         return cp_comm
     why = []
-    if cp_comm != "p2p":
-        why.append(f"cp_comm {cp_comm} (the worker runs Megatron-LM's p2p ring only)")
+    if cp_comm == "allgather":
+        why.append("cp_comm allgather (the worker runs Megatron-LM's p2p ring and a2a only)")
+    if cp_comm == "a2a" and (model.heads % cp or model.kv_heads % cp):
+        why.append(f"cp_comm a2a with heads {model.heads}, kv_heads {model.kv_heads} (cp = {cp} must divide both)")
     if tp > 1:
         why.append(f"tp = {tp} (context parallelism is run with tp 1 only)")
     if pp > 1:
@@ -592,7 +602,7 @@ def parse_context(par, model, cp, tp, pp, dp_shard, embedding_sync):
     if embedding_sync != "all-reduce":
         why.append(f"embedding_sync {embedding_sync} (DDP's, and cp syncs by all-reduce over dp x cp)")
     if model.dropout:
-        why.append("model.dropout (the ring computes the softmax without a dropout mask)")
+        why.append("model.dropout (context-parallel attention is run without a dropout mask)")
     if model.seq_len % (2 * cp):
         why.append(f"model.seq_len = {model.seq_len} (not a multiple of 2*cp = {2 * cp})")
     if why:
@@ -713,8 +723,10 @@ def cp_positions(seq_len, layout, cp_rank):
 def context_description(model, layout, cp_rank):
     if layout.cp == 1:
         return None
+    ring = layout.cp_comm == "p2p"
     return {"cp": layout.cp, "cp_comm": layout.cp_comm, "chunks": cp_chunks(layout, cp_rank),
-            "tokens": model.seq_len // layout.cp, "ring_steps": layout.cp - 1, "attention": "ring"}
+            "tokens": model.seq_len // layout.cp, "ring_steps": layout.cp - 1 if ring else 0,
+            "attention": "ring" if ring else "all-to-all"}
 
 
 def chunks_of_pp_rank(pp_rank, layout):
@@ -1075,6 +1087,29 @@ class RingAttention(torch.autograd.Function):
         return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype), None, None, None
 
 
+def _cp_all_to_all(x, ring):
+    """Ulysses's exchange over the cp group: x (batch, heads, local tokens, head_dim) -> (batch, heads/cp,
+    cp * local tokens, head_dim), cp rank j's tokens j-th; autograd's backward is the reverse exchange."""
+    from torch.distributed.nn.functional import all_to_all_single
+
+    b, h, s, hd = x.shape
+    send = x.reshape(b, ring.cp, h // ring.cp, s, hd).transpose(0, 1).contiguous()
+    got = all_to_all_single(torch.empty_like(send), send, group=ring.group)
+    return got.permute(1, 2, 0, 3, 4).reshape(b, h // ring.cp, ring.cp * s, hd)
+
+
+def _cp_all_to_all_back(x, ring):
+    """The reverse of _cp_all_to_all: (batch, heads/cp, cp * local tokens, head_dim) -> (batch, heads,
+    local tokens, head_dim)."""
+    from torch.distributed.nn.functional import all_to_all_single
+
+    b, hl, total, hd = x.shape
+    s = total // ring.cp
+    send = x.reshape(b, hl, ring.cp, s, hd).permute(2, 0, 1, 3, 4).contiguous()
+    got = all_to_all_single(torch.empty_like(send), send, group=ring.group)
+    return got.transpose(0, 1).reshape(b, ring.cp * hl, s, hd)
+
+
 class Attention(nn.Module):
     def __init__(self, cfg):
         super().__init__()
@@ -1088,7 +1123,8 @@ class Attention(nn.Module):
         self.wv = nn.Linear(cfg.hidden, cfg.kv_heads * hd, bias=bias)
         self.wo = nn.Linear(cfg.heads * hd, cfg.hidden, bias=bias)
         self.recompute_core = False
-        self.ring = None  # Ring of a context-parallel rank: attention runs around it
+        self.ring = None  # Ring of a context-parallel rank: attention runs around it (p2p) or across it (a2a)
+        self.cp_comm = "p2p"
         if cfg.learned_positions:
             self.cos = self.sin = None
         else:
@@ -1109,6 +1145,18 @@ class Attention(nn.Module):
                 held = self.ring.positions[self.ring.cp_rank]
                 cos, sin = self.cos[held], self.sin[held]
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if self.ring is not None and self.cp_comm == "a2a":
+            # Ulysses: [own tokens, all heads] -> [all tokens, heads/cp], sorted into sequence order so the
+            # ordinary causal attention is right, then back to [own tokens, all heads].
+            order = torch.argsort(torch.cat(self.ring.positions))
+            back = torch.argsort(order)
+            q, k, v = (_cp_all_to_all(t, self.ring)[:, :, order] for t in (q, k, v))
+            if self.n_rep > 1:
+                k = k.repeat_interleave(self.n_rep, dim=1)
+                v = v.repeat_interleave(self.n_rep, dim=1)
+            out = _checkpoint(self.core, q, k, v) if self.recompute_core else self.core(q, k, v)
+            out = _cp_all_to_all_back(out[:, :, back], self.ring)
+            return self.wo(out.transpose(1, 2).reshape(bsz, seqlen, -1))
         if self.ring is not None:
             # Keys and values travel as kv_heads; each block repeats them for GQA.
             core = lambda q, k, v: RingAttention.apply(q, k, v, self.ring, 1.0 / math.sqrt(self.head_dim),
@@ -1704,6 +1752,7 @@ class Trainer:
                     m.embeddings.positions = self.held_positions
                 for block in m.layers.values():
                     block.attention.ring = self.ring
+                    block.attention.cp_comm = layout.cp_comm
         for layer in self.moe_layers:
             layer.ep_group = d.experts.ep_group
         self.data_parallel = data_parallel_name(layout, model)
