@@ -793,6 +793,17 @@ fn a_mixture_of_experts_is_trialled_with_expert_parallelism_on_two_ranks() {
 /// exchange: `batch_isend_irecv` over gloo).
 #[test]
 fn a_context_parallel_candidate_is_trialled_over_the_ring_on_two_ranks() {
+    context_parallel_trial("p2p", "keys and values by the p2p ring");
+}
+
+#[test]
+fn a_context_parallel_candidate_is_trialled_over_all_to_all_on_two_ranks() {
+    context_parallel_trial("a2a", "heads split over the cp ranks by all-to-all");
+}
+
+/// Plans a tiny dense model at cp 2 over `exchange`, trials it on two
+/// ranks, and checks each rank ran it so and the report `says` how.
+fn context_parallel_trial(exchange: &str, says: &str) {
     let _ranks = ranks_to_myself();
     let dir = tempfile::tempdir().unwrap();
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -829,7 +840,7 @@ fn a_context_parallel_candidate_is_trialled_over_the_ring_on_two_ranks() {
             "--tp",
             "1",
             "--cp-comm",
-            "p2p",
+            exchange,
             "--cost-model",
             "datasheet",
             "--top",
@@ -843,7 +854,7 @@ fn a_context_parallel_candidate_is_trialled_over_the_ring_on_two_ranks() {
     let plan: serde_json::Value = serde_json::from_str(&json).unwrap();
     let planned = &plan["candidates"][0];
     assert_eq!(planned["config"]["cp"], 2, "{json}");
-    assert_eq!(planned["config"]["cp_comm"], "p2p", "{json}");
+    assert_eq!(planned["config"]["cp_comm"], exchange, "{json}");
     let predicted_ms = planned["prediction"]["iteration_s"].as_f64().unwrap() * 1e3;
     assert!(predicted_ms > 0.0, "{json}");
 
@@ -876,12 +887,12 @@ fn a_context_parallel_candidate_is_trialled_over_the_ring_on_two_ranks() {
         "{report}"
     );
 
-    // Every rank ran cp 2 over the ring, holding its two of the four chunks.
+    // Every rank ran cp 2 over the exchange, holding its two of the four chunks.
     let folder = out.join("candidate-1");
     let job: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(folder.join("job.json")).unwrap()).unwrap();
     assert_eq!(job["parallel"]["cp"], 2);
-    assert_eq!(job["parallel"]["cp_comm"], "p2p");
+    assert_eq!(job["parallel"]["cp_comm"], exchange);
     for rank in 0..2u64 {
         let path = folder.join(format!("report/rank-{rank}.json"));
         let text = std::fs::read_to_string(&path)
@@ -889,7 +900,7 @@ fn a_context_parallel_candidate_is_trialled_over_the_ring_on_two_ranks() {
         let r: serde_json::Value = serde_json::from_str(&text).unwrap();
         assert_eq!(r["degrees"]["cp"], 2, "{text}");
         assert_eq!(r["mesh_coords"]["cp"], rank, "{text}");
-        assert_eq!(r["cp_comm"], "p2p", "{text}");
+        assert_eq!(r["cp_comm"], exchange, "{text}");
         let context = &r["context"];
         assert_eq!(
             context["chunks"],
@@ -916,19 +927,19 @@ fn a_context_parallel_candidate_is_trialled_over_the_ring_on_two_ranks() {
         .find(|l| l.starts_with("candidate #1: ") && l.contains(" ms per iteration"))
         .unwrap_or_else(|| panic!("no measured trial in\n{report}"));
     assert!(
-        line.contains("cp2, 64 tokens a rank, keys and values by the p2p ring"),
+        line.contains(&format!("cp2, 64 tokens a rank, {says}")),
         "{line}"
     );
     let measured_ms = ms_before_per_iteration(line);
     assert!(measured_ms > 0.0, "{line}");
     println!(
-        "context-parallel trial: predicted {predicted_ms:.1} ms, measured {measured_ms:.1} ms"
+        "context-parallel trial ({exchange}): predicted {predicted_ms:.1} ms, measured {measured_ms:.1} ms"
     );
     // Its run row holds cp and the exchange, so the history reads back as
     // the configuration that ran.
     let history = common::read_table(&out.join("runs-history.csv"));
     assert_eq!(history.cell(0, "cp"), Some("2"));
-    assert_eq!(history.cell(0, "cp_comm"), Some("p2p"));
+    assert_eq!(history.cell(0, "cp_comm"), Some(exchange));
     assert!(common::number(&history, 0, "iter_ms") > 0.0);
 }
 

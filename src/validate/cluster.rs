@@ -171,8 +171,12 @@ impl Cluster {
                 // Context parallelism: the cp ranks and how they exchanged keys and values.
                 let line = match trial.context() {
                     Some((cp, exchange)) => format!(
-                        "{line}; cp{cp}, {} tokens a rank, keys and values by the {exchange} ring",
-                        plan.model.seq_len / cp
+                        "{line}; cp{cp}, {} tokens a rank, {}",
+                        plan.model.seq_len / cp,
+                        match exchange.as_str() {
+                            "a2a" => "heads split over the cp ranks by all-to-all".to_string(),
+                            other => format!("keys and values by the {other} ring"),
+                        }
                     ),
                     None => line,
                 };
