@@ -104,6 +104,11 @@ fn layout(job: &LaunchJob) -> Result<Layout, ExportError> {
             (1, c.dp, Some("never"))
         }
     };
+    if job.model.moe.is_some() && c.dispatcher != crate::config::Dispatcher::AllToAll {
+        notes.push(
+            "torchtitan dispatches tokens to the experts with all-to-all; the plan priced the allgather dispatcher, so its expert-parallel time differs",
+        );
+    }
     if c.dp > 1 && !c.overlap_grad_reduce {
         notes.push(
             "torchtitan always overlaps gradient reduction with the backward pass (FSDP/DDP); the plan had it off, so the step may take less time than planned",
@@ -694,5 +699,42 @@ mod tests {
         let parsed: toml::Table = toml::from_str(&format!("x = {}", toml_string(tricky))).unwrap();
         assert_eq!(parsed["x"].as_str(), Some(tricky));
         assert_eq!(comment_text("a\nb"), "a b");
+    }
+}
+
+#[cfg(test)]
+mod dispatcher_tests {
+    use super::*;
+    use crate::config::{Dispatcher, Engine, ParallelConfig};
+
+    /// A Megatron-LM plan's gathering dispatcher is not torchtitan's: its
+    /// flags run, and say the expert-parallel time differs.
+    #[test]
+    fn a_gathering_dispatcher_runs_as_all_to_all_and_says_so() {
+        let model = crate::model::builtin_model("mixtral-8x7b").unwrap();
+        let flags_of = |dispatcher| {
+            let config = ParallelConfig {
+                dp: 8,
+                ep: 8,
+                etp: 1,
+                dispatcher,
+                // Planned for Megatron-LM, exported to torchtitan too.
+                engine: Engine::Megatron,
+                optimizer_sharding: crate::config::OptimizerSharding::Full,
+                ..ParallelConfig::default()
+            };
+            let job = LaunchJob {
+                model: &model,
+                config: &config,
+                global_batch: 64,
+                gpus: 8,
+                gpus_per_node: 8,
+                gpu: "h100-sxm",
+            };
+            torchtitan_flags(&job).unwrap().notes
+        };
+        let said = |notes: Vec<&str>| notes.iter().any(|n| n.contains("all-to-all"));
+        assert!(said(flags_of(Dispatcher::AllGather)));
+        assert!(!said(flags_of(Dispatcher::AllToAll)));
     }
 }
