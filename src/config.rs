@@ -1166,7 +1166,7 @@ impl Rule {
                     "BPipe (`bpipe off`)"
                 } else if c.tp_comm_overlap && !c.compile {
                     "tensor-parallel overlap without torch.compile (its async tensor parallelism needs `compile on`)"
-                } else if !(c.cuda_graphs && c.pp > 1) {
+                } else if model.moe.is_some() && c.dispatcher != Dispatcher::AllToAll {
                     "the allgather token dispatcher (its expert parallelism dispatches with all-to-all: `moe_dispatcher alltoall`)"
                 } else {
                     "CUDA graphs with a pipeline (`cuda_graphs off`, or pp 1)"

@@ -627,6 +627,39 @@ fn a_sparse_all_gather_of_the_embedding_is_trialled_on_two_ranks() {
 /// planned for the shipped CPU profile with expert parallelism over both
 /// ranks, run by `validate --launch torch` with Megatron-Core's all-to-all
 /// dispatcher (`all_to_all_single` over gloo).
+/// `validate PLAN --launch torch` of the plan's first candidate on two CPU
+/// ranks into `out`, which must run it (not pass it over); its report.
+fn trial_on_two_cpu_ranks(plan_path: &Path, out: &Path) -> String {
+    let python = python();
+    let report = ok(
+        out.parent().unwrap(),
+        &[
+            "validate",
+            plan_path.to_str().unwrap(),
+            "--launch",
+            "torch",
+            "--ranks",
+            "2",
+            "--device",
+            "cpu",
+            "--iterations",
+            "4",
+            "--python",
+            &python,
+            "--timeout",
+            "600",
+            "--out",
+            out.to_str().unwrap(),
+        ],
+    );
+    println!("{report}");
+    assert!(
+        !report.contains("no script") && !report.contains("passed over"),
+        "{report}"
+    );
+    report
+}
+
 #[test]
 fn a_mixture_of_experts_is_trialled_with_expert_parallelism_on_two_ranks() {
     let _ranks = ranks_to_myself();
@@ -686,33 +719,7 @@ fn a_mixture_of_experts_is_trialled_with_expert_parallelism_on_two_ranks() {
     assert!(predicted_ms > 0.0, "{json}");
 
     let out = dir.path().join("out");
-    let python = python();
-    let report = ok(
-        dir.path(),
-        &[
-            "validate",
-            plan_path.to_str().unwrap(),
-            "--launch",
-            "torch",
-            "--ranks",
-            "2",
-            "--device",
-            "cpu",
-            "--iterations",
-            "4",
-            "--python",
-            &python,
-            "--timeout",
-            "600",
-            "--out",
-            out.to_str().unwrap(),
-        ],
-    );
-    println!("{report}");
-    assert!(
-        !report.contains("no script") && !report.contains("passed over"),
-        "{report}"
-    );
+    let report = trial_on_two_cpu_ranks(&plan_path, &out);
 
     // The job carried the experts, and every rank ran ep 2 with 2 of the 4
     // experts, through the all-to-all dispatcher.
@@ -859,33 +866,7 @@ fn context_parallel_trial(exchange: &str, says: &str) {
     assert!(predicted_ms > 0.0, "{json}");
 
     let out = dir.path().join("out");
-    let python = python();
-    let report = ok(
-        dir.path(),
-        &[
-            "validate",
-            plan_path.to_str().unwrap(),
-            "--launch",
-            "torch",
-            "--ranks",
-            "2",
-            "--device",
-            "cpu",
-            "--iterations",
-            "4",
-            "--python",
-            &python,
-            "--timeout",
-            "600",
-            "--out",
-            out.to_str().unwrap(),
-        ],
-    );
-    println!("{report}");
-    assert!(
-        !report.contains("no script") && !report.contains("passed over"),
-        "{report}"
-    );
+    let report = trial_on_two_cpu_ranks(&plan_path, &out);
 
     // Every rank ran cp 2 over the exchange, holding its two of the four chunks.
     let folder = out.join("candidate-1");

@@ -76,7 +76,7 @@ pub fn plan(args: &PlanArgs) -> Result<()> {
     let profile = profile_cli::load(args.profile.as_deref(), &job.nodes.gpu.name)?;
     job.profile = profile.as_ref().map(|p| p.measurements.clone());
     let space = resolve::space(&args.space)?;
-    resolve::check_precision(&space, &job)?;
+    resolve::check_job_choices(&space, &job)?;
     let started = Instant::now();
     let result = search(&job, &space, &cost);
     let elapsed = started.elapsed();

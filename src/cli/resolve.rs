@@ -415,8 +415,9 @@ fn embedding_sync(values: &Option<Vec<String>>) -> Result<Option<Vec<SyncMethod>
     choices::<SyncMethod>("--embedding-sync", values)
 }
 
-/// `--precision fp8` on a GPU without FP8 tensor cores, refused up front.
-pub fn check_precision(space: &SearchSpace, job: &Job) -> Result<()> {
+/// Choices the job cannot take, refused up front: `--moe-dispatcher` on a
+/// dense model, `--precision fp8` on a GPU without FP8 tensor cores.
+pub fn check_job_choices(space: &SearchSpace, job: &Job) -> Result<()> {
     if space.dispatcher.is_some() && job.model.moe.is_none() {
         bail!(
             "--moe-dispatcher needs a mixture of experts, and model `{}` is dense: add --experts N (routed experts per MoE layer) or leave --moe-dispatcher out",
@@ -497,7 +498,7 @@ fn single_optional(flag: &str, values: &Option<Vec<u64>>) -> Result<Option<u64>>
 /// tp 1, pp 1 and dp = GPUs / (tp x pp).
 pub fn single_config(args: &SpaceArgs, job: &Job) -> Result<ParallelConfig> {
     let space = space(args)?;
-    check_precision(&space, job)?;
+    check_job_choices(&space, job)?;
     let tp = single("--tp", &space.tp, 1)?;
     let pp = single("--pp", &space.pp, 1)?;
     let cp = single("--cp", &space.cp, 1)?;

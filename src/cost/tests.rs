@@ -1080,19 +1080,15 @@ mod profiled {
         assert_eq!(usage.collective_derived, 2);
     }
 
-    #[test]
-    fn a_device_sweep_replaces_the_gemm_and_hbm_efficiencies() {
-        let model = ModelSpec::gpt("gpt-350m", 1024, 16, 24, 51200, 1024);
-        let f = Fixture::new(model, 1, 8);
-        let c = f.checked(config(1, 1, 1, 2));
-        let plain = f.scenario();
+    /// A device sweep of `gpu` whose one 16-bit 8192^3 multiply ran at half
+    /// the GEMM efficiency `plain`'s coefficients assume, with (if `copy`)
+    /// a copy at half the HBM efficiency.
+    fn half_speed_sweep(plain: &Scenario, gpu: &str, copy: bool) -> Profile {
         let k = plain.coef();
-        // One 16-bit 8192^3 multiply that ran at half the GEMM efficiency
-        // the coefficients assume, and a copy at half the HBM efficiency.
         let side = 8192.0;
         let fill = side / (side + k.gemm_dim_half);
         let flops = 0.5 * k.gemm_efficiency * plain.gpu.peak_flops * fill.powi(3);
-        let mut p = Profile::empty("a100-80gb");
+        let mut p = Profile::empty(gpu);
         p.device = Some(crate::profile::DeviceProfile {
             device: "cuda:0".into(),
             facts: None,
@@ -1105,7 +1101,7 @@ mod profiled {
                 tflops: flops / 1e12,
                 ci95_rel: None,
             }],
-            copy: Some(crate::profile::CopyPoint {
+            copy: copy.then(|| crate::profile::CopyPoint {
                 bytes: 1 << 30,
                 seconds: 1.0,
                 gbps: 0.5 * k.hbm_efficiency * plain.gpu.hbm_bandwidth / 1e9,
@@ -1114,6 +1110,18 @@ mod profiled {
             runtime: String::new(),
             host_memory_bytes: None,
         });
+        p
+    }
+
+    #[test]
+    fn a_device_sweep_replaces_the_gemm_and_hbm_efficiencies() {
+        let model = ModelSpec::gpt("gpt-350m", 1024, 16, 24, 51200, 1024);
+        let f = Fixture::new(model, 1, 8);
+        let c = f.checked(config(1, 1, 1, 2));
+        let plain = f.scenario();
+        // One 16-bit 8192^3 multiply that ran at half the GEMM efficiency
+        // the coefficients assume, and a copy at half the HBM efficiency.
+        let mut p = half_speed_sweep(&plain, "a100-80gb", true);
         let measured = Measurements::from_profile(&p);
         let s = plain.with_profile(Some(&measured));
         assert_close(s.measured_gemm_scale, 0.5, 1e-12, "gemm scale");
@@ -1145,27 +1153,7 @@ mod profiled {
         let group = builtin_node("h100-sxm", 1).unwrap();
         let cost = CostModel::datasheet();
         let plain = Scenario::new(&model, 8, &group, 8, &cost);
-        let k = plain.coef();
-        let side = 8192.0;
-        let fill = side / (side + k.gemm_dim_half);
-        let flops = 0.5 * k.gemm_efficiency * plain.gpu.peak_flops * fill.powi(3);
-        let mut p = Profile::empty("h100-sxm");
-        p.device = Some(crate::profile::DeviceProfile {
-            device: "cuda:0".into(),
-            facts: None,
-            matmul: vec![crate::profile::MatmulPoint {
-                m: 8192,
-                n: 8192,
-                k: 8192,
-                dtype: crate::profile::Dtype::Bf16,
-                seconds: 2.0 * side.powi(3) / flops,
-                tflops: flops / 1e12,
-                ci95_rel: None,
-            }],
-            copy: None,
-            runtime: String::new(),
-            host_memory_bytes: None,
-        });
+        let p = half_speed_sweep(&plain, "h100-sxm", false);
         let measured = Measurements::from_profile(&p);
         let s = plain.with_profile(Some(&measured));
         assert_close(s.measured_gemm_scale, 0.5, 1e-12, "gemm scale");

@@ -507,21 +507,15 @@ fn parse_row(table: &RunTable, index: usize, defaults: &RowDefaults) -> Result<R
     };
     let ep = int("ep")?.unwrap_or(1);
     let etp = int("etp")?.unwrap_or(ParallelConfig::default_etp(model.moe.is_some(), tp));
-    // Without a cell, Megatron-LM's default dispatcher. A dense model has
-    // none to choose: its cell (`alltoall` in the tables paratune wrote
-    // before the default became Megatron-LM's) is checked and left aside.
-    let dispatcher = match cell("moe_dispatcher") {
+    // A dense model has no dispatcher to choose: its cell (`alltoall` in
+    // the tables paratune wrote before the default became Megatron-LM's) is
+    // checked and left aside.
+    let named_dispatcher = match cell("moe_dispatcher") {
         Some(text) => {
-            let named = Dispatcher::parse("moe_dispatcher", text)?;
-            if model.moe.is_some() {
-                named
-            } else {
-                Dispatcher::default()
-            }
+            Some(Dispatcher::parse("moe_dispatcher", text)?).filter(|_| model.moe.is_some())
         }
-        None => Dispatcher::default(),
+        None => None,
     };
-    let dispatcher_given = cell("moe_dispatcher").is_some() && model.moe.is_some();
     // Megatron-LM's CI names (`bf16+fp8-hybrid-tensorwise`) and paratune's.
     let precision = match cell("precision").map(str::to_lowercase) {
         Some(p) if p.contains("fp8") => Precision::Fp8,
@@ -575,11 +569,8 @@ fn parse_row(table: &RunTable, index: usize, defaults: &RowDefaults) -> Result<R
         None => defaults.engine,
     };
     // A row without a dispatcher runs its engine's.
-    let dispatcher = if dispatcher_given {
-        dispatcher
-    } else {
-        Dispatcher::of_engine(engine, model.moe.is_some())
-    };
+    let dispatcher =
+        named_dispatcher.unwrap_or_else(|| Dispatcher::of_engine(engine, model.moe.is_some()));
     let optimizer_sharding = match (cell("optimizer_sharding"), cell("distributed_optimizer")) {
         (Some(text), _) => OptimizerSharding::parse("optimizer_sharding", text)?,
         // Megatron-LM's own switch, as megatron_ci_runs.csv has it.

@@ -391,18 +391,23 @@ mod tests {
         }
     }
 
+    /// One bf16 iteration on the CPU, no memory limit.
+    fn one_cpu_iteration() -> TrialSettings {
+        TrialSettings {
+            device: Device::Cpu,
+            dtype: Dtype::Bf16,
+            iterations: 1,
+            memory_limit_bytes: None,
+        }
+    }
+
     #[test]
     fn trials_are_compared_with_what_they_allocate() {
         let model = builtin_model("gpt3-13b").unwrap();
         let group = builtin_node("a100-80gb", 1).unwrap();
         let cost = CostModel::datasheet();
         let s = Scenario::new(&model, 64, &group, 8, &cost);
-        let settings = TrialSettings {
-            device: Device::Cpu,
-            dtype: Dtype::Bf16,
-            iterations: 1,
-            memory_limit_bytes: None,
-        };
+        let settings = one_cpu_iteration();
         for (sharding, sp) in [
             (OptimizerSharding::None, false),
             (OptimizerSharding::Full, true),
@@ -436,12 +441,7 @@ mod tests {
         let group = builtin_node("a100-80gb", 1).unwrap();
         let cost = CostModel::datasheet();
         let s = Scenario::new(&model, 64, &group, 8, &cost);
-        let settings = TrialSettings {
-            device: Device::Cpu,
-            dtype: Dtype::Bf16,
-            iterations: 1,
-            memory_limit_bytes: None,
-        };
+        let settings = one_cpu_iteration();
         let c = ParallelConfig {
             pp: 4,
             dp: 1,
