@@ -5,6 +5,7 @@
 //! All coefficients are declared once, in the `coefficients!` table below;
 //! the struct, the name lookup, the metadata and the file format derive from it.
 
+use crate::cluster::{MatmulCeiling, matmul_ceiling};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -548,6 +549,12 @@ impl CostModel {
     /// [system](Scope::System) ones start again from their priors. Its
     /// error on that GPU is unmeasured, so the fitted error figures are
     /// dropped (no uncertainty band).
+    ///
+    /// Tensor-core efficiencies it fitted are fractions of the fitting
+    /// GPU's peak, which hold that GPU's measured matmul ceiling; where
+    /// both GPUs' ceilings are known ([`matmul_ceiling`]) they carry as
+    /// fractions of the ceiling instead, and FP8 GEMMs, unless fitted,
+    /// lose what the fitted 16-bit GEMMs lose below their ceiling.
     pub fn carried_to(&self, gpu_name: &str) -> CostModel {
         let mut carried = self.clone();
         for info in Coefficients::INFO {
@@ -555,9 +562,19 @@ impl CostModel {
                 carried.coefficients.set(info.name, info.prior);
             }
         }
+        let ceilings = self
+            .fitted_on_gpu()
+            .and_then(|from| Some((matmul_ceiling(&from)?, matmul_ceiling(gpu_name)?)));
+        let datasheet_fractions = match ceilings {
+            Some((from, to)) => {
+                self.rescale_tensor_core_fractions(&mut carried.coefficients, from, to);
+                "fractions of datasheet figures kept, tensor-core ones as fractions of the measured matmul ceiling"
+            }
+            None => "fractions of datasheet figures kept",
+        };
         carried.name = format!("{}@{gpu_name}", self.name);
         carried.description = format!(
-            "{}, carried to {gpu_name}: fractions of datasheet figures kept, host and latency coefficients at their priors",
+            "{}, carried to {gpu_name}: {datasheet_fractions}, host and latency coefficients at their priors",
             self.name
         );
         carried.provenance.retain(|key, _| {
@@ -568,6 +585,61 @@ impl CostModel {
             toml::Value::String(self.name.clone()),
         );
         carried
+    }
+}
+
+/// Coefficients that are fractions of the 16-bit tensor-core peak.
+const TENSOR_CORE_FRACTIONS: [&str; 4] = [
+    "gemm_efficiency",
+    "output_head_efficiency",
+    "attention_efficiency_flash",
+    "attention_efficiency_standard",
+];
+
+impl CostModel {
+    /// The GPU the model was fitted on, as its provenance records it (one
+    /// GPU for all its datasets).
+    fn fitted_on_gpu(&self) -> Option<String> {
+        let cluster = self.provenance.get("cluster")?.as_table()?;
+        if let Some(gpu) = cluster.get("gpu") {
+            return gpu.as_str().map(str::to_string);
+        }
+        let mut gpus = cluster
+            .values()
+            .map(|per_dataset| per_dataset.get("gpu")?.as_str());
+        let first = gpus.next()??;
+        gpus.all(|gpu| gpu == Some(first))
+            .then(|| first.to_string())
+    }
+
+    fn fitted(&self, name: &str) -> bool {
+        self.provenance
+            .get("fitted")
+            .and_then(toml::Value::as_array)
+            .is_some_and(|names| names.iter().any(|n| n.as_str() == Some(name)))
+    }
+
+    /// Moves the fitted tensor-core fractions from one GPU's ceiling to
+    /// another's. Priors are left alone: they are literature figures for
+    /// no one GPU's ceiling.
+    fn rescale_tensor_core_fractions(
+        &self,
+        c: &mut Coefficients,
+        from: MatmulCeiling,
+        to: MatmulCeiling,
+    ) {
+        for name in TENSOR_CORE_FRACTIONS {
+            if self.fitted(name) {
+                let fitted = self.coefficients.get(name).expect("a coefficient");
+                c.set(name, fitted * to.bf16 / from.bf16);
+            }
+        }
+        if let Some(fp8) = to.fp8
+            && self.fitted("gemm_efficiency")
+            && !self.fitted("fp8_gemm_efficiency")
+        {
+            c.fp8_gemm_efficiency = self.coefficients.gemm_efficiency * fp8 / from.bf16;
+        }
     }
 }
 
@@ -584,6 +656,55 @@ mod tests {
         assert!(builtin_cost_model("a100-megatron@cpu").is_some());
         assert_eq!(builtin_cost_model("a100-megatron@"), None);
         assert_eq!(builtin_cost_model("no-such-model@h100-sxm"), None);
+    }
+
+    #[test]
+    fn fitted_tensor_core_fractions_carry_as_fractions_of_the_matmul_ceiling() {
+        let fitted = builtin_cost_model("a100-megatron").unwrap();
+        let (a100, h100) = (
+            matmul_ceiling("a100-80gb").unwrap(),
+            matmul_ceiling("h100-sxm").unwrap(),
+        );
+        let carried = fitted.carried_to("h100-sxm").coefficients;
+        let f = fitted.coefficients;
+        let close = |a: f64, b: f64| (a - b).abs() < 1e-12;
+        assert!(close(
+            carried.gemm_efficiency,
+            f.gemm_efficiency * h100.bf16 / a100.bf16
+        ));
+        assert!(close(
+            carried.attention_efficiency_standard,
+            f.attention_efficiency_standard * h100.bf16 / a100.bf16
+        ));
+        // H100 GEMMs reach a lower share of a higher peak than A100's.
+        assert!(carried.gemm_efficiency < f.gemm_efficiency);
+        // A prior is no GPU's measurement: it stays.
+        assert_eq!(
+            carried.attention_efficiency_flash,
+            f.attention_efficiency_flash
+        );
+        // FP8 GEMMs lose below their ceiling what the fitted bf16 ones do.
+        assert!(close(
+            carried.fp8_gemm_efficiency / h100.fp8.unwrap(),
+            f.gemm_efficiency / a100.bf16
+        ));
+        // Where the target's ceiling was never measured, fractions of peak
+        // are kept as they are, and the description says which.
+        let v100 = fitted.carried_to("v100-32gb");
+        assert_eq!(v100.coefficients.gemm_efficiency, f.gemm_efficiency);
+        assert!(!v100.description.contains("ceiling"));
+        assert!(
+            fitted
+                .carried_to("h100-sxm")
+                .description
+                .contains("ceiling")
+        );
+        // The datasheet model fitted nothing, so nothing moves.
+        let datasheet = CostModel::datasheet().carried_to("h100-sxm");
+        assert_eq!(
+            datasheet.coefficients.gemm_efficiency,
+            Coefficients::priors().gemm_efficiency
+        );
     }
 
     #[test]
