@@ -288,10 +288,20 @@ pub enum Dispatcher {
     #[default]
     #[serde(rename = "allgather")]
     AllGather,
+    /// DeepSeek's DeepEP kernels (Megatron-LM's `flex` dispatcher with
+    /// `--moe-enable-deepep`): each token crosses the network once per
+    /// remote node it is routed to and NVLink once per further rank, however
+    /// many of its experts that node or rank holds.
+    #[serde(rename = "flex")]
+    Flex,
 }
 
 impl Dispatcher {
-    pub const ALL: [Dispatcher; 2] = [Dispatcher::AllToAll, Dispatcher::AllGather];
+    pub const ALL: [Dispatcher; 3] = [
+        Dispatcher::AllToAll,
+        Dispatcher::AllGather,
+        Dispatcher::Flex,
+    ];
 
     /// The dispatcher `engine` runs when none is chosen: Megatron-LM's
     /// default (the enum's), and all-to-all for torchtitan, whose expert
@@ -310,6 +320,7 @@ impl Dispatcher {
         match self {
             Dispatcher::AllToAll => "alltoall",
             Dispatcher::AllGather => "allgather",
+            Dispatcher::Flex => "flex",
         }
     }
 }
@@ -1163,13 +1174,16 @@ impl Rule {
             Rule::AcFrequency => "`ac_frequency` must be at least 1".into(),
             Rule::EngineCannotRun => {
                 let what = if c.bpipe {
-                    "BPipe (`bpipe off`)"
+                    "BPipe (`bpipe off`)".to_string()
                 } else if c.tp_comm_overlap && !c.compile {
-                    "tensor-parallel overlap without torch.compile (its async tensor parallelism needs `compile on`)"
+                    "tensor-parallel overlap without torch.compile (its async tensor parallelism needs `compile on`)".to_string()
                 } else if model.moe.is_some() && c.dispatcher != Dispatcher::AllToAll {
-                    "the allgather token dispatcher (its expert parallelism dispatches with all-to-all: `moe_dispatcher alltoall`)"
+                    format!(
+                        "the {} token dispatcher (its expert parallelism dispatches with all-to-all: `moe_dispatcher alltoall`)",
+                        c.dispatcher.name()
+                    )
                 } else {
-                    "CUDA graphs with a pipeline (`cuda_graphs off`, or pp 1)"
+                    "CUDA graphs with a pipeline (`cuda_graphs off`, or pp 1)".to_string()
                 };
                 format!("the torchtitan engine cannot run {what}")
             }

@@ -403,3 +403,119 @@ fn explain_takes_every_new_dimension() {
     let bad = fails(&with(&plan, &["--explain", "ep=x"]));
     says(&bad, &["--explain: ep must be a whole number"]);
 }
+
+/// The EP comm line of a `predict` table, in milliseconds.
+fn expert_parallel_ms(out: &str) -> f64 {
+    let line = out
+        .lines()
+        .find(|l| l.trim_start().starts_with("expert-parallel comm"))
+        .unwrap_or_else(|| panic!("no expert-parallel line in:\n{out}"));
+    let mut words = line.split_whitespace().skip(2);
+    let (value, unit) = (words.next().unwrap(), words.next().unwrap());
+    let value: f64 = value.parse().unwrap();
+    match unit {
+        "s" => value * 1e3,
+        "ms" => value,
+        other => panic!("unit {other}"),
+    }
+}
+
+/// DeepEP's flex dispatcher sends a token once per remote node its
+/// experts are on, where all-to-all sends it once per expert: with
+/// DeepSeek-V3's node-limited routing (4 of 8 groups) over 8 nodes the
+/// network carries about half. The plan exports the flex backend and the
+/// router groups.
+#[test]
+fn deepeps_flex_dispatcher_moves_each_token_once_per_node() {
+    let job = [
+        "predict",
+        "--model",
+        "deepseek-v3",
+        "--gpu",
+        "h100-sxm",
+        "--nodes",
+        "64",
+        "--global-batch",
+        "512",
+        "--tp",
+        "1",
+        "--pp",
+        "1",
+        "--ep",
+        "64",
+        "--micro-batch",
+        "1",
+        "--recompute",
+        "full",
+        "--optimizer-sharding",
+        "optimizer-states",
+    ];
+    let alltoall = expert_parallel_ms(&ok(&with(&job, &["--moe-dispatcher", "alltoall"])));
+    let flex = expert_parallel_ms(&ok(&with(&job, &["--moe-dispatcher", "flex"])));
+    assert!(
+        flex < 0.65 * alltoall && flex > 0.35 * alltoall,
+        "flex {flex} ms against alltoall {alltoall} ms"
+    );
+    // Unlimited routing reaches more nodes: flex then saves less.
+    let unlimited = with(
+        &job,
+        &[
+            "--moe-router-num-groups",
+            "0",
+            "--moe-router-group-topk",
+            "0",
+        ],
+    );
+    let flex_unlimited = expert_parallel_ms(&ok(&with(&unlimited, &["--moe-dispatcher", "flex"])));
+    assert!(flex_unlimited > flex, "{flex_unlimited} against {flex}");
+    let plan = ok(&[
+        "plan",
+        "--model",
+        "deepseek-v3",
+        "--gpu",
+        "h100-sxm",
+        "--nodes",
+        "128",
+        "--global-batch",
+        "512",
+        "--tp",
+        "1",
+        "--pp",
+        "16",
+        "--ep",
+        "64",
+        "--moe-dispatcher",
+        "flex",
+        "--top",
+        "1",
+    ]);
+    says(
+        &plan,
+        &[
+            "--moe-token-dispatcher-type flex",
+            "--moe-flex-dispatcher-backend deepep",
+            "--moe-router-num-groups 8",
+            "--moe-router-group-topk 4",
+        ],
+    );
+    // Groups that do not split the experts, or too few chosen ones.
+    says(
+        &fails(&with(&job, &["--moe-router-num-groups", "3"])),
+        &["--moe-router-num-groups (3) must divide the 256 experts"],
+    );
+    says(
+        &fails(&with(
+            &job,
+            &[
+                "--moe-router-num-groups",
+                "64",
+                "--moe-router-group-topk",
+                "1",
+            ],
+        )),
+        &[
+            "--moe-topk (8) exceeds the 4 experts of 1 groups",
+            "--moe-router-group-topk",
+        ],
+    );
+}

@@ -216,6 +216,13 @@ pub struct ModelArgs {
     /// After them, every N-th layer has experts (--moe-layer-freq; default 1).
     #[arg(long, value_parser = count(1 << 16), allow_negative_numbers = true)]
     pub moe_layer_freq: Option<u64>,
+    /// Group-limited routing: the experts in N equal groups (--moe-router-num-groups;
+    /// DeepSeek-V3's node-limited routing has 8; 0: unlimited)
+    #[arg(long, value_parser = clap::value_parser!(u64).range(0..=65536))]
+    pub moe_router_num_groups: Option<u64>,
+    /// Groups each token's experts are chosen from (--moe-router-group-topk; DeepSeek-V3: 4)
+    #[arg(long, value_parser = clap::value_parser!(u64).range(0..=65536))]
+    pub moe_router_group_topk: Option<u64>,
     /// Multi-token prediction modules on the last stage (--mtp-num-layers;
     /// DeepSeek-V3 has 1; 0 takes them away).
     #[arg(long, value_parser = clap::value_parser!(u64).range(0..=16))]

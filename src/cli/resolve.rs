@@ -107,6 +107,14 @@ fn apply_moe_flags(args: &ModelArgs, model: &mut ModelSpec) -> Result<()> {
         ("--shared-experts", args.shared_experts.is_some()),
         ("--dense-layers", args.dense_layers.is_some()),
         ("--moe-layer-freq", args.moe_layer_freq.is_some()),
+        (
+            "--moe-router-num-groups",
+            args.moe_router_num_groups.is_some(),
+        ),
+        (
+            "--moe-router-group-topk",
+            args.moe_router_group_topk.is_some(),
+        ),
     ];
     let Some(moe) = model.moe.as_mut() else {
         if let Some((flag, _)) = given.iter().find(|(_, on)| *on) {
@@ -131,6 +139,12 @@ fn apply_moe_flags(args: &ModelArgs, model: &mut ModelSpec) -> Result<()> {
     }
     if let Some(freq) = args.moe_layer_freq {
         moe.layer_freq = freq;
+    }
+    if let Some(groups) = args.moe_router_num_groups {
+        moe.router_groups = groups;
+    }
+    if let Some(chosen) = args.moe_router_group_topk {
+        moe.router_group_topk = chosen;
     }
     Ok(())
 }

@@ -225,13 +225,23 @@ pub fn expert_data_span(s: &Scenario, c: &ParallelConfig) -> GroupSpan {
 /// on its node cross the intra-node link, the others the node's network,
 /// both at once.
 pub fn all_to_all(s: &Scenario, span: GroupSpan, bytes: f64) -> f64 {
+    let n = (span.nodes * span.per_node) as f64;
+    let on_node = (span.per_node - 1) as f64 / n * bytes;
+    let off_node = (n - span.per_node as f64) / n * bytes;
+    exchange(s, span, on_node, off_node)
+}
+
+/// An exchange over `span` in which every rank sends `on_node` bytes over
+/// the intra-node link and `off_node` bytes over the node's network, both
+/// at once (an all-to-all, or DeepEP's dispatch, which sends a token once
+/// per remote node and forwards it over NVLink there).
+pub fn exchange(s: &Scenario, span: GroupSpan, on_node: f64, off_node: f64) -> f64 {
     let ranks = span.nodes * span.per_node;
-    if ranks <= 1 || bytes <= 0.0 {
+    if ranks <= 1 || on_node + off_node <= 0.0 {
         return 0.0;
     }
-    let n = ranks as f64;
-    let on_node = (span.per_node - 1) as f64 / n * bytes / intra_bw(s);
-    let off_node = (n - span.per_node as f64) / n * bytes / inter_bw_per_gpu(s);
+    let on_node = on_node / intra_bw(s);
+    let off_node = off_node / inter_bw_per_gpu(s);
     latency(s, Collective::AllGather, ranks) + on_node.max(off_node)
 }
 

@@ -16,6 +16,7 @@
 
 use super::kernels::{self, HALF};
 use super::{ProfileUsage, Scenario, comm};
+use crate::cluster::GroupSpan;
 use crate::config::{CpComm, Dispatcher, ParallelConfig, Recompute};
 use crate::model::{AttentionKind, Split};
 use crate::profile::{LayerArch, LayerShape};
@@ -365,8 +366,11 @@ fn expert_parallel_forward(
         return (pair, 0.0);
     }
     let rows = expert_rows(s, c);
-    let sent = HALF * rows / c.etp as f64 * h;
-    let a2a = 2.0 * comm::all_to_all(s, comm::expert_parallel_span(s, c), sent);
+    let span = comm::expert_parallel_span(s, c);
+    let a2a = match c.dispatcher {
+        Dispatcher::Flex => 2.0 * deduplicated_dispatch(s, c, span),
+        _ => 2.0 * comm::all_to_all(s, span, HALF * rows / c.etp as f64 * h),
+    };
     let etp = if c.etp > 1 {
         let span = comm::expert_tensor_span(s, c);
         let gathered = HALF * rows * h;
@@ -376,6 +380,25 @@ fn expert_parallel_forward(
         0.0
     };
     (a2a, etp)
+}
+
+/// One DeepEP dispatch (or combine) over the ep ranks of `span`: each of
+/// the rank's tokens crosses the network once per remote node holding one
+/// of its experts, and NVLink once per further rank (from the rank itself
+/// on its own node, from the receiving GPU on a remote one).
+fn deduplicated_dispatch(s: &Scenario, c: &ParallelConfig, span: GroupSpan) -> f64 {
+    let Some(moe) = s.model.moe else {
+        return 0.0;
+    };
+    let row = HALF * s.model.hidden as f64;
+    let tokens = local_tokens(s, c) / c.tp as f64;
+    let (nodes, per_node) = (span.nodes as f64, span.per_node as f64);
+    let ranks_hit = super::routing::units_hit(&moe, span.nodes * span.per_node);
+    // A rank reached is the sender (on its node) or the landing GPU (on a
+    // remote one) one time in per_node, else one NVLink hop away.
+    let on_node = ranks_hit * (per_node - 1.0) / per_node;
+    let off_node = super::routing::units_hit(&moe, span.nodes) * (nodes - 1.0) / nodes;
+    comm::exchange(s, span, tokens * row * on_node, tokens * row * off_node)
 }
 
 /// Context parallelism's key/value exchange per layer: forward, and the

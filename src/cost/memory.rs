@@ -337,7 +337,9 @@ fn layer_kept(s: &Scenario, c: &ParallelConfig, recompute: Recompute, kind: Laye
             // its whole group for the backward pass as well.
             let gathered = match c.dispatcher {
                 Dispatcher::AllGather => HALF * dispatch_gathered_tokens(s, c) * h,
-                Dispatcher::AllToAll => 0.0,
+                // DeepEP's buffers are its own allocations, outside
+                // PyTorch's allocator (not counted here; see README).
+                Dispatcher::AllToAll | Dispatcher::Flex => 0.0,
             };
             rows * HALF * (h + mlp_width * moe.ffn_hidden as f64 / c.etp as f64)
                 + sb * HALF * mlp_width * moe.shared_ffn_hidden as f64 / t

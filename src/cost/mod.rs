@@ -24,6 +24,7 @@ mod kernels;
 mod layer;
 pub use layer::EndsTime;
 mod memory;
+mod routing;
 pub mod sparse;
 
 pub use memory::{

@@ -124,9 +124,17 @@ pub fn megatron_args(job: &LaunchJob) -> Result<Vec<String>, ExportError> {
         if moe.dense_layers > 0 || moe.layer_freq > 1 {
             args.pair("--moe-layer-freq", moe_layer_pattern(model));
         }
+        if moe.router_groups > 0 {
+            args.pair("--moe-router-num-groups", moe.router_groups);
+            args.pair("--moe-router-group-topk", moe.router_group_topk);
+        }
         args.pair("--expert-model-parallel-size", c.ep);
         args.pair("--expert-tensor-parallel-size", c.etp);
         args.pair("--moe-token-dispatcher-type", c.dispatcher.name());
+        if c.dispatcher == crate::config::Dispatcher::Flex {
+            // Megatron-Core 0.15's name for `--moe-enable-deepep`.
+            args.pair("--moe-flex-dispatcher-backend", "deepep");
+        }
         // The local experts' GEMMs run grouped, as paratune prices them.
         args.flag("--moe-grouped-gemm");
     }

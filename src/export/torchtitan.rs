@@ -105,9 +105,10 @@ fn layout(job: &LaunchJob) -> Result<Layout, ExportError> {
         }
     };
     if job.model.moe.is_some() && c.dispatcher != crate::config::Dispatcher::AllToAll {
-        notes.push(
-            "torchtitan dispatches tokens to the experts with all-to-all; the plan priced the allgather dispatcher, so its expert-parallel time differs",
-        );
+        notes.push(match c.dispatcher {
+            crate::config::Dispatcher::Flex => "torchtitan dispatches tokens to the experts with all-to-all; the plan priced DeepEP's flex dispatcher, so its expert-parallel time differs",
+            _ => "torchtitan dispatches tokens to the experts with all-to-all; the plan priced the allgather dispatcher, so its expert-parallel time differs",
+        });
     }
     if c.dp > 1 && !c.overlap_grad_reduce {
         notes.push(

@@ -117,7 +117,8 @@ const MOE: [Moe; 6] = [
 /// 61 layers, the first three dense (18432 wide), then 256 routed experts
 /// of 2048 with top-8 and one shared expert, multi-latent attention (q/kv
 /// latents 1536/512, heads 128 + 64 rotary, values 128), pre-trained at
-/// 4K tokens; 671B parameters, 37B active, besides its one
+/// 4K tokens, node-limited routing (n_group 8, topk_group 4: each token's
+/// experts from at most 4 of 8 groups); 671B parameters, 37B active, besides its one
 /// multi-token-prediction module (an MoE layer and the 2h -> h projection,
 /// sharing the embedding and head: 685B with it, the Hugging Face weights).
 fn deepseek_v3() -> ModelSpec {
@@ -146,6 +147,9 @@ fn deepseek_v3() -> ModelSpec {
         shared_ffn_hidden: 2048,
         dense_layers: 3,
         layer_freq: 1,
+        // config.json's n_group and topk_group: node-limited routing.
+        router_groups: 8,
+        router_group_topk: 4,
     });
     spec.mtp_layers = 1;
     spec
@@ -172,6 +176,8 @@ impl Moe {
             shared_ffn_hidden: 0,
             dense_layers: 0,
             layer_freq: 1,
+            router_groups: 0,
+            router_group_topk: 0,
         });
         spec
     }

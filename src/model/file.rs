@@ -23,6 +23,8 @@
 //! moe_shared_ffn_hidden = 0  # shared experts' width together (default: none)
 //! moe_dense_layers = 0       # leading layers with a dense MLP (default 0)
 //! moe_layer_freq = 1         # then every n-th layer has experts (default 1)
+//! moe_router_num_groups = 0  # group-limited routing: expert groups (0: none)
+//! moe_router_group_topk = 0  # groups each token's experts come from
 //! kv_lora_rank = 512         # multi-latent attention (DeepSeek): the keys' and values' latent
 //! q_lora_rank = 1536         # the queries' latent (default 0: projected directly)
 //! qk_head_dim = 128          # per head, without position (default 128)
@@ -55,7 +57,7 @@ pub enum ModelFileError {
 }
 
 /// Keys a model file may hold, in the order they are documented.
-const KEYS: [&str; 27] = [
+const KEYS: [&str; 29] = [
     "base",
     "name",
     "hidden",
@@ -77,6 +79,8 @@ const KEYS: [&str; 27] = [
     "moe_shared_ffn_hidden",
     "moe_dense_layers",
     "moe_layer_freq",
+    "moe_router_num_groups",
+    "moe_router_group_topk",
     "kv_lora_rank",
     "q_lora_rank",
     "qk_head_dim",
@@ -94,12 +98,14 @@ const MLA_KEYS: [&str; 4] = [
 ];
 
 /// The mixture-of-experts keys besides `experts`.
-const MOE_KEYS: [&str; 5] = [
+const MOE_KEYS: [&str; 7] = [
     "moe_topk",
     "moe_ffn_hidden",
     "moe_shared_ffn_hidden",
     "moe_dense_layers",
     "moe_layer_freq",
+    "moe_router_num_groups",
+    "moe_router_group_topk",
 ];
 
 /// Keys that must be given when there is no `base`.
@@ -145,6 +151,12 @@ pub fn render_model_toml(model: &ModelSpec) -> String {
             moe.dense_layers,
             moe.layer_freq
         ));
+        if moe.router_groups > 0 {
+            text.push_str(&format!(
+                "moe_router_num_groups = {}\nmoe_router_group_topk = {}\n",
+                moe.router_groups, moe.router_group_topk
+            ));
+        }
     }
     text
 }
@@ -208,6 +220,8 @@ fn apply_moe(table: &Table, model: &mut ModelSpec) -> Result<(), String> {
     for (key, field) in [
         ("moe_shared_ffn_hidden", &mut moe.shared_ffn_hidden),
         ("moe_dense_layers", &mut moe.dense_layers),
+        ("moe_router_num_groups", &mut moe.router_groups),
+        ("moe_router_group_topk", &mut moe.router_group_topk),
     ] {
         match table.get(key) {
             None => {}

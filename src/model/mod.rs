@@ -153,6 +153,15 @@ pub struct MoeSpec {
     /// After those, every `layer_freq`-th layer is an MoE layer (1: all).
     #[serde(default = "layer_freq_default")]
     pub layer_freq: u64,
+    /// Group-limited routing (Megatron-LM's `--moe-router-num-groups`):
+    /// the experts in this many equal groups, each token routed within
+    /// `router_group_topk` of them (DeepSeek-V3's node-limited routing: 8
+    /// groups, 4 chosen); 0 for unlimited routing.
+    #[serde(default)]
+    pub router_groups: u64,
+    /// Groups each token's experts are chosen from (`--moe-router-group-topk`).
+    #[serde(default)]
+    pub router_group_topk: u64,
 }
 
 fn layer_freq_default() -> u64 {
@@ -171,6 +180,8 @@ impl MoeSpec {
             shared_ffn_hidden: 0,
             dense_layers: 0,
             layer_freq: 1,
+            router_groups: 0,
+            router_group_topk: 0,
         }
     }
 
@@ -600,8 +611,41 @@ impl ModelSpec {
                 moe.dense_layers, self.layers
             ));
         }
-        Ok(())
+        check_router_groups(name, moe)
     }
+}
+
+/// Group-limited routing's shape: groups that split the experts evenly, and
+/// enough chosen groups to hold a token's top-k experts.
+fn check_router_groups(name: &str, moe: &MoeSpec) -> Result<(), String> {
+    let (groups, chosen) = (moe.router_groups, moe.router_group_topk);
+    if groups == 0 {
+        return match chosen {
+            0 => Ok(()),
+            _ => Err(format!(
+                "model `{name}`: `moe_router_group_topk` needs `moe_router_num_groups`; give both or neither"
+            )),
+        };
+    }
+    if !moe.experts.is_multiple_of(groups) {
+        return Err(format!(
+            "model `{name}`: `moe_router_num_groups` ({groups}) must divide the {} experts; use a divisor of it",
+            moe.experts
+        ));
+    }
+    if chosen == 0 || chosen > groups {
+        return Err(format!(
+            "model `{name}`: `moe_router_group_topk` ({chosen}) must be from 1 to the {groups} groups; set it to the groups each token may use"
+        ));
+    }
+    if moe.topk > chosen * (moe.experts / groups) {
+        return Err(format!(
+            "model `{name}`: `moe_topk` ({}) exceeds the {} experts of {chosen} groups; raise `moe_router_group_topk`",
+            moe.topk,
+            chosen * (moe.experts / groups)
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

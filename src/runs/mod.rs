@@ -493,6 +493,8 @@ fn parse_row(table: &RunTable, index: usize, defaults: &RowDefaults) -> Result<R
             shared_ffn_hidden: count("moe_shared_ffn_hidden")?.unwrap_or(0),
             dense_layers: count("moe_dense_layers")?.unwrap_or(0),
             layer_freq: int("moe_layer_freq")?.unwrap_or(defaults.layer_freq),
+            // No column: unlimited routing, Megatron-LM's default.
+            ..defaults
         });
     }
     model.name = format!("h{}-L{}", model.hidden, model.layers);

@@ -1159,7 +1159,7 @@ impl MegatronRun {
             if !matches!(dispatcher, "alltoall" | "allgather") {
                 return Err(unsupported(
                     format!("the `{dispatcher}` token dispatcher"),
-                    "paratune prices the alltoall and allgather dispatchers; measure with one of them",
+                    "log ingestion reads the alltoall and allgather dispatchers (not yet a flex run's backend and router groups); measure with one of them, or predict a flex run with --moe-dispatcher flex",
                 ));
             }
             if m.moe_layer_freq
