@@ -303,6 +303,11 @@ impl Dispatcher {
         Dispatcher::Flex,
     ];
 
+    /// The dispatchers Megatron-LM runs on its own, which the search tries
+    /// unless told otherwise; flex needs DeepEP installed (and NVSHMEM
+    /// across nodes), so it is searched only when asked for.
+    pub const BUILT_IN: [Dispatcher; 2] = [Dispatcher::AllToAll, Dispatcher::AllGather];
+
     /// The dispatcher `engine` runs when none is chosen: Megatron-LM's
     /// default (the enum's), and all-to-all for torchtitan, whose expert
     /// parallelism has no other (`ExpertParallel` in

@@ -435,7 +435,7 @@ impl SearchSpace {
                     |c| match (&self.dispatcher, job.model.moe) {
                         (Some(given), _) => given.clone(),
                         (None, Some(_)) if c.ep * c.etp > 1 && c.engine == Engine::Megatron => {
-                            Dispatcher::ALL.to_vec()
+                            Dispatcher::BUILT_IN.to_vec()
                         }
                         (None, Some(_)) => vec![Dispatcher::AllToAll],
                         (None, None) => vec![Dispatcher::default()],
