@@ -623,10 +623,6 @@ fn a_sparse_all_gather_of_the_embedding_is_trialled_on_two_ranks() {
     assert!(common::number(&history, 0, "iter_ms") > 0.0);
 }
 
-/// A mixture of experts trialled for real: a tiny model of 4 experts, top-2,
-/// planned for the shipped CPU profile with expert parallelism over both
-/// ranks, run by `validate --launch torch` with Megatron-Core's all-to-all
-/// dispatcher (`all_to_all_single` over gloo).
 /// `validate PLAN --launch torch` of the plan's first candidate on two CPU
 /// ranks into `out`, which must run it (not pass it over); its report.
 fn trial_on_two_cpu_ranks(plan_path: &Path, out: &Path) -> String {
@@ -660,8 +656,16 @@ fn trial_on_two_cpu_ranks(plan_path: &Path, out: &Path) -> String {
     report
 }
 
+/// A mixture of experts trialled for real: a tiny model of 4 experts, top-2,
+/// planned for the shipped CPU profile with expert parallelism over both
+/// ranks, run by `validate --launch torch` with Megatron-Core's all-to-all
+/// dispatcher (`all_to_all_single` over gloo).
+/// (Megatron-LM's allgather dispatcher is not planned for torchtitan, the
+/// one engine the worker trials; `expert_parallel_ranks_train_to_the_losses_
+/// of_ep_1_over_both_dispatchers` runs it as a job.)
 #[test]
 fn a_mixture_of_experts_is_trialled_with_expert_parallelism_on_two_ranks() {
+    let dispatcher = "alltoall";
     let _ranks = ranks_to_myself();
     let dir = tempfile::tempdir().unwrap();
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -700,7 +704,7 @@ fn a_mixture_of_experts_is_trialled_with_expert_parallelism_on_two_ranks() {
             "--tp",
             "1",
             "--moe-dispatcher",
-            "alltoall",
+            dispatcher,
             "--cost-model",
             "datasheet",
             "--top",
@@ -714,6 +718,7 @@ fn a_mixture_of_experts_is_trialled_with_expert_parallelism_on_two_ranks() {
     let plan: serde_json::Value = serde_json::from_str(&json).unwrap();
     let planned = &plan["candidates"][0];
     assert_eq!(planned["config"]["ep"], 2, "{json}");
+    assert_eq!(planned["config"]["dispatcher"], dispatcher, "{json}");
     assert_eq!(planned["config"]["dp"], 2, "{json}");
     let predicted_ms = planned["prediction"]["iteration_s"].as_f64().unwrap() * 1e3;
     assert!(predicted_ms > 0.0, "{json}");
@@ -722,7 +727,7 @@ fn a_mixture_of_experts_is_trialled_with_expert_parallelism_on_two_ranks() {
     let report = trial_on_two_cpu_ranks(&plan_path, &out);
 
     // The job carried the experts, and every rank ran ep 2 with 2 of the 4
-    // experts, through the all-to-all dispatcher.
+    // experts, through the planned dispatcher.
     let folder = out.join("candidate-1");
     let job: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(folder.join("job.json")).unwrap()).unwrap();
@@ -738,7 +743,7 @@ fn a_mixture_of_experts_is_trialled_with_expert_parallelism_on_two_ranks() {
         let experts = &r["experts"];
         assert_eq!(experts["ep"], 2, "{text}");
         assert_eq!(experts["local_experts"], 2, "{text}");
-        assert_eq!(experts["dispatcher"], "alltoall", "{text}");
+        assert_eq!(experts["dispatcher"], dispatcher, "{text}");
         held.extend(
             experts["expert_ids"]
                 .as_array()
@@ -769,7 +774,9 @@ fn a_mixture_of_experts_is_trialled_with_expert_parallelism_on_two_ranks() {
         .find(|l| l.starts_with("candidate #1: ") && l.contains(" ms per iteration"))
         .unwrap_or_else(|| panic!("no measured trial in\n{report}"));
     assert!(
-        line.contains("ep2, 2 experts a rank") && line.contains("routed tokens received"),
+        line.contains("ep2, 2 experts a rank")
+            && line.contains("routed tokens received")
+            && line.contains(&format!("({dispatcher} dispatch)")),
         "{line}"
     );
     let measured_ms = ms_before_per_iteration(line);
@@ -782,7 +789,7 @@ fn a_mixture_of_experts_is_trialled_with_expert_parallelism_on_two_ranks() {
     let (predicted, measured): (f64, f64) = (cells[3].parse().unwrap(), cells[4].parse().unwrap());
     assert!(predicted > 0.0 && measured > 0.0, "{row}");
     println!(
-        "mixture-of-experts trial: predicted {predicted_ms:.1} ms, measured {measured_ms:.1} ms"
+        "mixture-of-experts trial ({dispatcher}): predicted {predicted_ms:.1} ms, measured {measured_ms:.1} ms"
     );
     // Its run row holds the experts and their parallelism, so the history
     // reads back as the configuration that ran.
@@ -790,7 +797,7 @@ fn a_mixture_of_experts_is_trialled_with_expert_parallelism_on_two_ranks() {
     assert_eq!(history.cell(0, "ep"), Some("2"));
     assert_eq!(history.cell(0, "num_experts"), Some("4"));
     assert_eq!(history.cell(0, "moe_topk"), Some("2"));
-    assert_eq!(history.cell(0, "moe_dispatcher"), Some("alltoall"));
+    assert_eq!(history.cell(0, "moe_dispatcher"), Some(dispatcher));
     assert!(common::number(&history, 0, "iter_ms") > 0.0);
 }
 
@@ -1026,4 +1033,84 @@ fn context_parallel_ranks_train_to_the_losses_of_one_rank() {
         serde_json::json!({"pp": 0, "dp": 1, "cp": 0, "tp": 0})
     );
     assert_eq!(ranks[1]["context"]["chunks"], serde_json::json!([1, 2]));
+}
+
+/// Both of Megatron-Core's token dispatchers are exact: in fp32, a mixture
+/// of experts (4 experts, top-2, a shared expert, RoPE, FSDP, attention
+/// recomputed) trained on two data-parallel ranks with its experts split
+/// over them (ep 2) reaches the losses of the same ranks holding every
+/// expert (ep 1), step after step, over the all-to-all and over the
+/// all-gather dispatcher.
+#[test]
+fn expert_parallel_ranks_train_to_the_losses_of_ep_1_over_both_dispatchers() {
+    let _ranks = ranks_to_myself();
+    let mut base = job(serde_json::json!({
+        "tp": 1, "pp": 1, "dp": 2, "dp_shard": null, "micro_batch": 1, "global_batch": 4,
+        "schedule": "1f1b", "virtual_stages": 1, "stage_layers": [2],
+        "sequence_parallel": false, "optimizer_sharding": "full",
+        "recompute": "selective", "ac_frequency": 1,
+        "ep": 1, "etp": 1, "moe_dispatcher": "alltoall"
+    }));
+    base["dtype"] = "fp32".into();
+    base["warmup"] = 0.into();
+    base["iterations"] = 3.into();
+    let m = &mut base["model"];
+    m["layers"] = 2.into();
+    m["seq_len"] = 32.into();
+    m["kv_heads"] = 2.into();
+    m["learned_positions"] = false.into();
+    m["gated_mlp"] = true.into();
+    m["dropout"] = false.into();
+    m["moe"] = serde_json::json!({"experts": 4, "topk": 2, "ffn_hidden": 64,
+        "shared_ffn_hidden": 32, "dense_layers": 0, "layer_freq": 1});
+    let mut all_to_all = base.clone();
+    all_to_all["parallel"]["ep"] = 2.into();
+    let mut all_gather = all_to_all.clone();
+    all_gather["parallel"]["moe_dispatcher"] = "allgather".into();
+    let one = train(&base, 2);
+    let a2a = train(&all_to_all, 2);
+    let gathered = train(&all_gather, 2);
+    for (r, dispatcher, ep) in [
+        (&one, "alltoall", 1),
+        (&a2a, "alltoall", 2),
+        (&gathered, "allgather", 2),
+    ] {
+        assert_eq!(r["experts"]["ep"], ep, "{r}");
+        assert_eq!(r["experts"]["dispatcher"], dispatcher, "{r}");
+    }
+    // The all-gather dispatcher gathers over the ep group and reduce-scatters back.
+    for kind in ["all_gather", "reduce_scatter"] {
+        assert!(gathered["collectives_ms"].get(kind).is_some(), "{gathered}");
+    }
+    assert!(
+        gathered["collectives_ms"].get("all_to_all").is_none(),
+        "{gathered}"
+    );
+    // Both dispatchers bring a rank's experts the same token copies.
+    assert_eq!(
+        a2a["experts"]["tokens_received_per_step"],
+        gathered["experts"]["tokens_received_per_step"]
+    );
+    let losses = |r: &serde_json::Value| -> Vec<f64> {
+        r["loss"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| l.as_f64().unwrap())
+            .collect()
+    };
+    let (a, b, g) = (losses(&one), losses(&a2a), losses(&gathered));
+    println!("losses ep1 {a:?}, ep2 alltoall {b:?}, ep2 allgather {g:?}");
+    assert_eq!(a.len(), 3);
+    assert!(a[2] < a[0], "the loss falls: {a:?}");
+    for (x, (y, z)) in a.iter().zip(b.iter().zip(&g)) {
+        assert!(
+            (x - y).abs() <= 1e-5 * x.abs(),
+            "ep1 {a:?} against ep2 alltoall {b:?}"
+        );
+        assert!(
+            (x - z).abs() <= 1e-5 * x.abs(),
+            "ep1 {a:?} against ep2 allgather {g:?}"
+        );
+    }
 }

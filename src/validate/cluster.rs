@@ -163,8 +163,8 @@ impl Cluster {
                 // Expert parallelism: the experts a rank held and the tokens
                 // they received, so that an imbalanced routing shows.
                 let line = match trial.expert_tokens() {
-                    Some((ep, local, fewest, most)) => format!(
-                        "{line}; ep{ep}, {local} experts a rank, {fewest:.0} to {most:.0} routed tokens received a rank per step"
+                    Some((ep, local, dispatcher, fewest, most)) => format!(
+                        "{line}; ep{ep}, {local} experts a rank, {fewest:.0} to {most:.0} routed tokens received a rank per step ({dispatcher} dispatch)"
                     ),
                     None => line,
                 };

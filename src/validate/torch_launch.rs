@@ -281,8 +281,12 @@ pub fn unsupported(model: &crate::model::ModelSpec, c: &ParallelConfig) -> Optio
 }
 
 /// Why the worker cannot run `c`'s experts as planned, if it cannot: it
-/// runs Megatron-Core's all-to-all dispatcher over the ep ranks, each
-/// expert whole (etp 1), beside dense layers without tensor parallelism.
+/// runs Megatron-Core's all-to-all or all-gather dispatcher over the ep
+/// ranks, each expert whole (etp 1), beside dense layers without tensor
+/// parallelism; but it trials only torchtitan's candidates, whose experts
+/// dispatch all-to-all (`Rule::EngineCannotRun`), so an allgather candidate
+/// (Megatron-LM's) is refused for its engine, said here in the dispatcher's
+/// terms.
 fn experts_unsupported(
     model: &crate::model::ModelSpec,
     c: &ParallelConfig,
@@ -302,7 +306,7 @@ fn experts_unsupported(
         )
     } else if c.dispatcher != Dispatcher::AllToAll {
         Some(
-            "the worker dispatches tokens to the experts with Megatron-Core's all-to-all dispatcher only; plan with `moe_dispatcher alltoall`",
+            "the allgather dispatcher is Megatron-LM's, and the worker trials only torchtitan's candidates (it holds state as FSDP2 does), whose experts dispatch all-to-all; plan with --engine torchtitan and `moe_dispatcher alltoall` to trial on it",
         )
     } else if c.embedding_sync == SyncMethod::SparseAllGather {
         Some(
@@ -1106,9 +1110,10 @@ impl TorchTrial {
     }
 
     /// The token copies each rank's experts received per step, fewest and
-    /// most over the ranks that hold MoE layers, with the ep degree and the
-    /// experts a rank holds; `None` for a dense model.
-    pub fn expert_tokens(&self) -> Option<(u64, u64, f64, f64)> {
+    /// most over the ranks that hold MoE layers, with the ep degree, the
+    /// experts a rank holds and the dispatcher that brought them the tokens;
+    /// `None` for a dense model.
+    pub fn expert_tokens(&self) -> Option<(u64, u64, String, f64, f64)> {
         let experts: Vec<&ExpertReport> = self
             .ranks
             .iter()
@@ -1118,7 +1123,13 @@ impl TorchTrial {
         let received = experts.iter().map(|e| e.tokens_received_per_step);
         let fewest = received.clone().fold(f64::INFINITY, f64::min);
         let most = received.fold(0.0, f64::max);
-        Some((first.ep, first.local_experts, fewest, most))
+        Some((
+            first.ep,
+            first.local_experts,
+            first.dispatcher.clone(),
+            fewest,
+            most,
+        ))
     }
 
     /// The context parallelism the ranks ran: cp and the key/value
@@ -1498,15 +1509,21 @@ mod tests {
         );
         let tensor = ParallelConfig { tp: 2, dp: 4, ..c };
         assert!(reason(tensor).contains("`tp 1`"), "{}", reason(tensor));
+        // The worker runs the allgather dispatcher, but only Megatron-LM plans
+        // it, and the worker trials torchtitan's candidates.
         let gather = ParallelConfig {
             dispatcher: Dispatcher::AllGather,
             ..c
         };
-        assert!(
-            reason(gather).contains("`moe_dispatcher alltoall`"),
-            "{}",
-            reason(gather)
-        );
+        for engine in [Engine::Torchtitan, Engine::Megatron] {
+            let gather = ParallelConfig { engine, ..gather };
+            assert!(
+                reason(gather).contains("--engine torchtitan")
+                    && reason(gather).contains("`moe_dispatcher alltoall`"),
+                "{}",
+                reason(gather)
+            );
+        }
         let fp8 = ParallelConfig {
             precision: Precision::Fp8,
             ..c
@@ -1604,7 +1621,10 @@ mod tests {
         write(0, expert_report(0, 2, 4));
         write(1, expert_report(1, 2, 4));
         let trial = read_trial(dir.path(), &job).unwrap();
-        assert_eq!(trial.expert_tokens(), Some((2, 4, 500.0, 520.0)));
+        assert_eq!(
+            trial.expert_tokens(),
+            Some((2, 4, "alltoall".into(), 500.0, 520.0))
+        );
         // The run row holds the experts and their parallelism, in the schema's order.
         let c = ParallelConfig {
             ep: 2,
@@ -1641,6 +1661,16 @@ mod tests {
         write(1, dense);
         let e = read_trial(dir.path(), &job).unwrap_err().to_string();
         assert!(e.contains("rank 1 ran no experts"), "{e}");
+        // Nor did one that dispatched the tokens otherwise.
+        let mut gathered = expert_report(1, 2, 4);
+        gathered["experts"]["dispatcher"] = "allgather".into();
+        write(1, gathered);
+        let e = read_trial(dir.path(), &job).unwrap_err().to_string();
+        assert!(
+            e.contains("rank 1 ran ep2 with 4 experts a rank (allgather dispatch)")
+                && e.contains("the plan says ep2 with 4 experts a rank (alltoall dispatch)"),
+            "{e}"
+        );
         // A dense plan's ranks report none; a report of experts is refused.
         job.model.moe = None;
         job.parallel.ep = 1;

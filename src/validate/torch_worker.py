@@ -119,23 +119,33 @@ MLP's kind (gated or not, biases as the model's linears), and a shared MLP
 of width shared_ffn_hidden on every token when that is non-zero.  Expert
 parallelism: the expert mesh (pp, edp, ep, etp) over the same ranks, etp
 fastest (Megatron-Core's expert order; edp = tp*dp/(etp*ep)); the ep ranks
-each hold experts/ep consecutive experts.  Megatron-Core's all-to-all
-dispatcher: token copies sorted by expert, the counts exchanged by
-all_to_all_single over the ep group, then the tokens (in the compute
-dtype); each rank runs its experts and sends the outputs back by the reverse
-all_to_all_single (torch.distributed.nn.functional, so the backward is the
-reverse exchange), summed per token weighted by the router's probabilities.
+each hold experts/ep consecutive experts.  moe_dispatcher "alltoall",
+Megatron-Core's all-to-all dispatcher: token copies sorted by expert, the
+counts exchanged by all_to_all_single over the ep group, then the tokens
+(in the compute dtype); each rank runs its experts and sends the outputs
+back by the reverse all_to_all_single (torch.distributed.nn.functional, so
+the backward is the reverse exchange), summed per token weighted by the
+router's probabilities.  "allgather", Megatron-Core's
+MoEAllGatherTokenDispatcher (over the ep group: etp and tp are 1): the
+hidden states (compute dtype) and the routing probabilities (fp32) are
+all-gathered over the ep group (all_gather_into_tensor, whose backward
+reduce-scatters the gradients to their owners), the chosen experts too
+(no gradient); each rank runs its experts on the gathered token copies
+routed to them (grouped by expert, in token order), weights each by its
+probability, sums them per gathered token and reduce-scatters the sums in
+fp32 back to the tokens' owners (reduce_scatter_tensor, whose backward
+all-gathers).
 The routed experts' gradients sync over the edp group, every other
 parameter's over dp (both as means over dp: an expert's gradient already
 sums its ep group's losses); so a mixture of experts is never wrapped in
 DDP ("all-reduce of local gradients" without sharding; with FSDP the
 experts are fully_shard over the edp mesh with a gradient divide factor of
-dp).  The worker runs etp 1, tp 1 and moe_dispatcher alltoall; a job asking
-for others, or for ep > 1 without model.moe, is refused (JobError).  Router
+dp).  The worker runs etp 1 and tp 1; a job asking for others, or for
+ep > 1 without model.moe, is refused (JobError).  Router
 and shared expert are drawn from the block's seed, routed expert g of layer
 i from seed + 1000000 + i*experts + g.
 
-Context parallelism (parallel.cp > 1, Megatron-LM's p2p or a2a cp_comm): the
+Context parallelism (parallel.cp > 1, Megatron-LM's cp_comm): the
 sequence is cut into 2*cp chunks and cp rank r holds chunks r and
 2*cp-1-r (Megatron's causal load balance), its tokens' own positions
 (learned or RoPE) and targets.  Attention is ring attention, a
@@ -223,7 +233,8 @@ Report JSON (output), train mode: report_dir/rank-<R>.json on every rank
      "notes": [str, ...],
      "experts": (only with model.moe) {"ep", "etp", "edp", "coords",
          "experts", "topk", "local_experts": count held, "expert_ids",
-         "moe_layers": MoE layers of this rank, "dispatcher", "steps",
+         "moe_layers": MoE layers of this rank, "dispatcher" (the one its
+         MoE layers ran), "steps",
          "tokens_received_per_step", "tokens_sent_per_step",
          "tokens_per_local_expert_per_step": [...]}
          # token copies, summed over this rank's MoE layers and micro-
@@ -630,9 +641,6 @@ def parse_experts(par, model, tp, dp):
         raise JobError(f"parallel.etp: {etp}; expert tensor parallelism is not run by the worker (etp 1 only)")
     if tp > 1:
         raise JobError(f"parallel.tp: {tp}; mixture-of-experts layers are run with tp 1 only")
-    if dispatcher != "alltoall":
-        raise JobError(f"parallel.moe_dispatcher: {dispatcher} is not run by the worker (alltoall only, "
-                       "Megatron-Core's all-to-all token dispatcher)")
     if dp % ep:
         raise JobError(f"parallel.ep: {ep} does not divide tp*dp = {tp * dp}, the stage's ranks")
     if moe.experts % ep:
@@ -1204,6 +1212,45 @@ def expert_seed(seed, layer, expert, experts):
     return seed + 1_000_000 + layer * experts + expert
 
 
+class GatherFirstDim(torch.autograd.Function):
+    """All-gather along the first dimension over `group` (rank order); the backward reduce-scatters the
+    gradient (summed over the ranks) back to each rank's slice: Megatron-Core's
+    gather_from_sequence_parallel_region."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        import torch.distributed as dist
+
+        ctx.group = group
+        x = x.contiguous()
+        out = x.new_empty((dist.get_world_size(group) * x.shape[0],) + tuple(x.shape[1:]))
+        dist.all_gather_into_tensor(out, x, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        return ReduceScatterFirstDim.apply(grad, ctx.group), None
+
+
+class ReduceScatterFirstDim(torch.autograd.Function):
+    """Reduce-scatter (sum) along the first dimension over `group`, rank r keeping the r-th slice; the
+    backward all-gathers the gradient: Megatron-Core's reduce_scatter_to_sequence_parallel_region."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        import torch.distributed as dist
+
+        ctx.group = group
+        x = x.contiguous()
+        out = x.new_empty((x.shape[0] // dist.get_world_size(group),) + tuple(x.shape[1:]))
+        dist.reduce_scatter_tensor(out, x, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        return GatherFirstDim.apply(grad, ctx.group), None
+
+
 def all_to_all(x, output_splits, input_splits, group):
     """torch.distributed.all_to_all_single with autograd (the backward sends the gradients back)."""
     from torch.distributed.nn.functional import all_to_all_single
@@ -1229,15 +1276,20 @@ class LocalExperts(nn.Module):
 
 
 class MoeLayer(nn.Module):
-    """Megatron-Core's MoE layer with its all-to-all token dispatcher.
+    """Megatron-Core's MoE layer with its all-to-all or all-gather token dispatcher.
 
     Router: a linear hidden -> experts (no bias), the top-k logits of each
     token, softmax over those k (Megatron-LM's default: no pre-softmax, no
-    auxiliary loss, no capacity limit).  Dispatch: each token-copy sorted by
-    expert, the counts exchanged by all_to_all_single over the ep group, then
-    the tokens; each rank runs its experts/ep experts, the outputs go back by
-    the reverse all-to-all and are summed per token weighted by the router's
-    probability.  A shared expert (model.moe.shared_ffn_hidden) runs on every
+    auxiliary loss, no capacity limit).  All-to-all dispatch: each token-copy
+    sorted by expert, the counts exchanged by all_to_all_single over the ep
+    group, then the tokens; each rank runs its experts/ep experts, the outputs
+    go back by the reverse all-to-all and are summed per token weighted by the
+    router's probability.  All-gather dispatch (MoEAllGatherTokenDispatcher):
+    the hidden states, the routing probabilities and the chosen experts are
+    all-gathered over the ep group, each rank runs its experts on the gathered
+    token copies routed to them, weights them by their probabilities, sums
+    them per gathered token and reduce-scatters the sums back to the tokens'
+    owners.  A shared expert (model.moe.shared_ffn_hidden) runs on every
     token beside them.
     """
 
@@ -1246,6 +1298,8 @@ class MoeLayer(nn.Module):
         moe = cfg.moe
         self.topk, self.experts_total, self.ep = moe.topk, moe.experts, ep
         self.local = len(expert_ids)
+        self.first_expert = expert_ids[0] if expert_ids else 0
+        self.dispatcher = "alltoall"  # set from parallel.moe_dispatcher with the expert mesh
         self.router = nn.Linear(cfg.hidden, moe.experts, bias=False)
         self.shared = FeedForward(cfg, moe.shared_ffn_hidden) if moe.shared_ffn_hidden else None
         self.experts = LocalExperts(cfg, layer, expert_ids, seed)
@@ -1262,6 +1316,9 @@ class MoeLayer(nn.Module):
         logits = self.router(tokens)
         top_logits, top_experts = torch.topk(logits, self.topk, dim=-1)
         probs = torch.softmax(top_logits.float(), dim=-1)
+        if self.dispatcher == "allgather":
+            combined, per_expert = self._all_gather_dispatch(tokens, probs, top_experts)
+            return self._finish(x, tokens, combined, per_expert, top_experts.numel())
         flat = top_experts.reshape(-1)
         order = torch.argsort(flat, stable=True)
         token_of = torch.div(order, self.topk, rounding_mode="floor")
@@ -1295,13 +1352,49 @@ class MoeLayer(nn.Module):
         weights = probs.reshape(-1).index_select(0, order).to(out.dtype)
         combined = torch.zeros(tokens.shape, dtype=out.dtype, device=out.device)
         combined = combined.index_add(0, token_of, out * weights[:, None])
+        return self._finish(x, tokens, combined, per_expert, flat.numel())
+
+    def _all_gather_dispatch(self, tokens, probs, top_experts):
+        """Megatron-Core's MoEAllGatherTokenDispatcher over the ep group: (this rank's tokens' summed expert
+        outputs, token copies per local expert)."""
+        dispatched = tokens
+        if torch.is_autocast_enabled(dispatched.device.type):
+            # The hidden states are gathered in the compute dtype, the probabilities in fp32.
+            dispatched = dispatched.to(torch.get_autocast_dtype(dispatched.device.type))
+        if self.ep > 1:
+            import torch.distributed as dist
+
+            # The gathers' backward reduce-scatters the gradients to their owners (summed).
+            dispatched = GatherFirstDim.apply(dispatched, self.ep_group)
+            probs = GatherFirstDim.apply(probs, self.ep_group)
+            chosen = top_experts.new_empty((self.ep * top_experts.shape[0], self.topk))
+            dist.all_gather_into_tensor(chosen, top_experts.contiguous(), group=self.ep_group)
+            top_experts = chosen
+        # The gathered token copies routed to this rank's experts, grouped by expert, in token order within each.
+        flat = top_experts.reshape(-1)
+        local = flat - self.first_expert
+        mine = torch.nonzero((local >= 0) & (local < self.local)).flatten()
+        mine = mine.index_select(0, torch.argsort(local.index_select(0, mine), stable=True))
+        token_of = torch.div(mine, self.topk, rounding_mode="floor")
+        per_expert = torch.bincount(local.index_select(0, mine), minlength=self.local).tolist()
+        out = self.experts(dispatched.index_select(0, token_of), per_expert)
+        weights = probs.reshape(-1).index_select(0, mine)
+        summed = torch.zeros((top_experts.shape[0], tokens.shape[-1]), dtype=torch.float32, device=tokens.device)
+        summed = summed.index_add(0, token_of, out.float() * weights[:, None])
+        if self.ep > 1:
+            # Reduce-scattered in the probabilities' dtype (fp32), as Megatron-Core does.
+            summed = ReduceScatterFirstDim.apply(summed, self.ep_group)
+        return summed.to(out.dtype), per_expert
+
+    def _finish(self, x, tokens, combined, per_expert, sent):
+        """Counts the forward's token copies (not a recomputation's) and adds the shared expert."""
         if torch._C._current_graph_task_id() == -1:  # not a recomputation inside backward
             self.received += sum(per_expert)
-            self.sent += int(flat.numel())
+            self.sent += int(sent)
             self.per_expert = [a + b for a, b in zip(self.per_expert, per_expert)]
         if self.shared is not None:
             combined = combined + self.shared(tokens)
-        return combined.to(x.dtype).reshape(shape)
+        return combined.to(x.dtype).reshape(x.shape)
 
 
 def make_norm(cfg):
@@ -1755,6 +1848,7 @@ class Trainer:
                     block.attention.cp_comm = layout.cp_comm
         for layer in self.moe_layers:
             layer.ep_group = d.experts.ep_group
+            layer.dispatcher = layout.moe_dispatcher
         self.data_parallel = data_parallel_name(layout, model)
         edp_mesh = d.experts.edp_mesh if d.experts is not None else None
         if uses_fully_shard(layout):
@@ -1933,6 +2027,11 @@ class Trainer:
                     # beside it: context parallelism runs dense models only).
                     g.div_(self.layout.dp if id(p) in self.expert_params else self.layout.dense_sync)
 
+    def dispatcher(self):
+        """The token dispatcher this rank's MoE layers ran (the planned one when it holds none)."""
+        ran = {l.dispatcher for l in self.moe_layers}
+        return ran.pop() if len(ran) == 1 else self.layout.moe_dispatcher
+
     def expert_report(self):
         """The experts this rank held and the tokens they received per training step."""
         if self.d.experts is None:
@@ -1943,7 +2042,7 @@ class Trainer:
             "edp": self.d.experts.degrees["edp"], "coords": self.d.experts.coords,
             "experts": self.cfg.moe.experts, "topk": self.cfg.moe.topk,
             "local_experts": len(self.expert_ids), "expert_ids": self.expert_ids,
-            "moe_layers": len(self.moe_layers), "dispatcher": self.layout.moe_dispatcher,
+            "moe_layers": len(self.moe_layers), "dispatcher": self.dispatcher(),
             "steps": self.steps_taken,
             "tokens_received_per_step": sum(l.received for l in self.moe_layers) / steps,
             "tokens_sent_per_step": sum(l.sent for l in self.moe_layers) / steps,
