@@ -815,6 +815,14 @@ fn a_context_parallel_candidate_is_trialled_over_all_to_all_on_two_ranks() {
     context_parallel_trial("a2a", "heads split over the cp ranks by all-to-all");
 }
 
+#[test]
+fn a_context_parallel_candidate_is_trialled_over_all_gather_on_two_ranks() {
+    context_parallel_trial(
+        "allgather",
+        "keys and values all-gathered over the cp ranks",
+    );
+}
+
 /// Plans a tiny dense model at cp 2 over `exchange`, trials it on two
 /// ranks, and checks each rank ran it so and the report `says` how.
 fn context_parallel_trial(exchange: &str, says: &str) {
@@ -963,10 +971,11 @@ fn train(job: &serde_json::Value, world: u64) -> serde_json::Value {
     serde_json::from_str(&text).unwrap()
 }
 
-/// Ring attention and the a2a exchange are exact: without dropout, in
-/// fp32, two cp ranks train a model (RoPE, grouped-query attention, FSDP
-/// over dp x cp, attention recomputed) to the losses one rank does, step
-/// after step, over the p2p ring and over the all-to-all of heads.
+/// Ring attention and the a2a and allgather exchanges are exact: without
+/// dropout, in fp32, two cp ranks train a model (RoPE, grouped-query
+/// attention, FSDP over dp x cp, attention recomputed) to the losses one
+/// rank does, step after step, over the p2p ring, over the all-to-all of
+/// heads and over the all-gathered keys and values.
 #[test]
 fn context_parallel_ranks_train_to_the_losses_of_one_rank() {
     let _ranks = ranks_to_myself();
@@ -990,12 +999,18 @@ fn context_parallel_ranks_train_to_the_losses_of_one_rank() {
     context["parallel"]["cp"] = 2.into();
     let mut a2a = context.clone();
     a2a["parallel"]["cp_comm"] = "a2a".into();
+    let mut allgather = context.clone();
+    allgather["parallel"]["cp_comm"] = "allgather".into();
     let one = train(&base, 1);
     let two = train(&context, 2);
     let heads = train(&a2a, 2);
+    let gathered = train(&allgather, 2);
     assert_eq!(two["degrees"]["cp"], 2, "{two}");
     assert_eq!(heads["cp_comm"], "a2a", "{heads}");
     assert_eq!(heads["context"]["attention"], "all-to-all", "{heads}");
+    assert_eq!(gathered["cp_comm"], "allgather", "{gathered}");
+    assert_eq!(gathered["context"]["attention"], "all-gather", "{gathered}");
+    assert_eq!(gathered["context"]["ring_steps"], 0, "{gathered}");
     let losses = |r: &serde_json::Value| -> Vec<f64> {
         r["loss"]
             .as_array()
@@ -1004,10 +1019,21 @@ fn context_parallel_ranks_train_to_the_losses_of_one_rank() {
             .map(|l| l.as_f64().unwrap())
             .collect()
     };
-    let (a, b, h) = (losses(&one), losses(&two), losses(&heads));
-    println!("losses cp1 {a:?}, cp2 p2p {b:?}, cp2 a2a {h:?}");
+    let (a, b, h, g) = (
+        losses(&one),
+        losses(&two),
+        losses(&heads),
+        losses(&gathered),
+    );
+    println!("losses cp1 {a:?}, cp2 p2p {b:?}, cp2 a2a {h:?}, cp2 allgather {g:?}");
     assert_eq!(a.len(), 3);
     assert!(a[2] < a[0], "the loss falls: {a:?}");
+    for (x, w) in a.iter().zip(&g) {
+        assert!(
+            (x - w).abs() <= 1e-5 * x.abs(),
+            "cp1 {a:?} against cp2 allgather {g:?}"
+        );
+    }
     for (x, (y, z)) in a.iter().zip(b.iter().zip(&h)) {
         assert!(
             (x - y).abs() <= 1e-5 * x.abs(),

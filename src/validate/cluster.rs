@@ -175,6 +175,8 @@ impl Cluster {
                         plan.model.seq_len / cp,
                         match exchange.as_str() {
                             "a2a" => "heads split over the cp ranks by all-to-all".to_string(),
+                            "allgather" =>
+                                "keys and values all-gathered over the cp ranks".to_string(),
                             other => format!("keys and values by the {other} ring"),
                         }
                     ),

@@ -319,8 +319,9 @@ fn experts_unsupported(
 
 /// Why the worker cannot run `c`'s context parallelism as planned, if it
 /// cannot: it runs Megatron-LM's p2p ring (ring attention over the cp
-/// ranks) or its a2a exchange (DeepSpeed-Ulysses's all-to-all of heads for
-/// tokens) for a dense model without tensor or pipeline parallelism, HSDP
+/// ranks), its a2a exchange (DeepSpeed-Ulysses's all-to-all of heads for
+/// tokens) or its allgather exchange (every cp rank's keys and values
+/// gathered) for a dense model without tensor or pipeline parallelism, HSDP
 /// or dropout.
 fn context_unsupported(
     model: &crate::model::ModelSpec,
@@ -329,11 +330,7 @@ fn context_unsupported(
     if c.cp == 1 {
         return None;
     }
-    if c.cp_comm == CpComm::AllGather {
-        Some(
-            "the worker exchanges keys and values with Megatron-LM's p2p ring or a2a only (allgather is not run); plan with `cp_comm p2p` or `cp_comm a2a`",
-        )
-    } else if c.tp > 1 {
+    if c.tp > 1 {
         Some(
             "context parallelism beside tensor parallelism (tp > 1) is not run by the worker yet; plan with `tp 1`",
         )
@@ -1745,11 +1742,18 @@ mod tests {
             cp_comm: CpComm::AllGather,
             ..c
         };
-        assert!(
-            reason(model, allgather).contains("allgather is not run"),
-            "{}",
-            reason(model, allgather)
-        );
+        assert_eq!(unsupported(model, &allgather), None);
+        let job = trial_job(
+            &plan,
+            &PlannedCandidate {
+                config: allgather,
+                ..candidate.clone()
+            },
+            &settings(8),
+            Path::new("/r"),
+        )
+        .unwrap();
+        assert_eq!(job.parallel.cp_comm, "allgather");
         let tensor = ParallelConfig { tp: 2, dp: 2, ..c };
         assert!(
             reason(model, tensor).contains("`tp 1`"),

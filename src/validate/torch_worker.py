@@ -166,14 +166,22 @@ reverse exchange) of each of q, k and v from [its tokens, all heads] to
 [all tokens, heads/cp] (kv_heads/cp), the tokens put back into sequence
 order, the ordinary causal attention of the rank's heads, and the reverse
 all-to-all to [its tokens, all heads]; cp must divide heads and kv_heads.
+With cp_comm allgather (Megatron-LM's --cp-comm-type allgather) every cp
+rank's keys and values are all-gathered over the cp group
+(all_gather_into_tensor, in cp rank order, each rank's two chunks), the
+rank's own queries attend to the whole sequence's under the causal mask of
+their global positions (scaled_dot_product_attention with that mask), and
+the gather's backward reduce-scatters the key and value gradients (summed
+over the cp ranks' queries) back to their owners.
 Dense gradients sync over dp x cp (Megatron-LM's data-parallel
 group with context parallelism): the all-reduce of local gradients, or
 fully_shard over the flattened (dp, cp) mesh as torchtitan does, as means
 over dp x cp; each cp rank's loss is the mean over its tokens, and the loss
 reported is the mean over the cp group (the whole sequence's).  The worker
 runs cp with tp 1, pp 1, a dense model, no HSDP, all-reduce embedding sync,
-without dropout (the ring computes the softmax without a dropout mask) and
-cp_comm p2p or a2a; a job asking for others is refused (JobError).
+without dropout (context-parallel attention computes the softmax without
+a dropout mask) and any cp_comm; a job asking for others is refused
+(JobError).
 
 Training: AdamW (lr 1e-3, foreach=False), with sparse-all-gather
 torch.optim.SparseAdam (lr 1e-3) for the token embedding's table and AdamW
@@ -202,11 +210,12 @@ Report JSON (output), train mode: report_dir/rank-<R>.json on every rank
          # unless the job asked for HSDP (dp_shard set); with model.moe also
          # "ep", "etp", "edp" of the live expert mesh
      "mesh_coords": {"pp", "dp", "cp", "tp"},  # dp: dp_replicate*dp_shard + shard
-     "cp_comm": "p2p" | "a2a" (the exchange run; with cp 1 the planned
-         name, unused),
+     "cp_comm": "p2p" | "a2a" | "allgather" (the exchange the attention
+         layers ran; with cp 1 the planned name, unused),
      "context": null (cp 1) | {"cp", "cp_comm", "chunks": [r, 2cp-1-r],
-         "tokens": seq_len/cp, "ring_steps": cp-1 (forward; a2a: 0),
-         "attention": "ring" | "all-to-all" (a2a)},
+         "tokens": seq_len/cp, "ring_steps": cp-1 (forward; a2a and
+         allgather: 0), "attention": "ring" | "all-to-all" (a2a)
+         | "all-gather" (allgather)},
      "stages": [chunk indices held], "stage_layers": [layers of each],
      "schedule": "ScheduleGPipe" | "Schedule1F1B" | "ScheduleInterleaved1F1B"
                  | "none",
@@ -332,6 +341,7 @@ OPTIMIZER_SHARDINGS = ("none", "optimizer-states", "full")
 EMBEDDING_SYNCS = ("all-reduce", "sparse-all-gather")
 MOE_DISPATCHERS = ("alltoall", "allgather")
 CP_COMMS = ("p2p", "a2a", "allgather")
+CP_ATTENTION = {"p2p": "ring", "a2a": "all-to-all", "allgather": "all-gather"}  # the report's context.attention
 COMM_OPS = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
 SYNC_METHODS = ("all_reduce", "sparse_all_gather", "parameter_server")
 SYNC_LEARNING_RATE = 0.01  # the parameter server's SGD step
@@ -598,8 +608,6 @@ def parse_context(par, model, cp, tp, pp, dp_shard, embedding_sync):
     if cp == 1:
         return cp_comm
     why = []
-    if cp_comm == "allgather":
-        why.append("cp_comm allgather (the worker runs Megatron-LM's p2p ring and a2a only)")
     if cp_comm == "a2a" and (model.heads % cp or model.kv_heads % cp):
         why.append(f"cp_comm a2a with heads {model.heads}, kv_heads {model.kv_heads} (cp = {cp} must divide both)")
     if tp > 1:
@@ -734,7 +742,7 @@ def context_description(model, layout, cp_rank):
     ring = layout.cp_comm == "p2p"
     return {"cp": layout.cp, "cp_comm": layout.cp_comm, "chunks": cp_chunks(layout, cp_rank),
             "tokens": model.seq_len // layout.cp, "ring_steps": layout.cp - 1 if ring else 0,
-            "attention": "ring" if ring else "all-to-all"}
+            "attention": CP_ATTENTION[layout.cp_comm]}
 
 
 def chunks_of_pp_rank(pp_rank, layout):
@@ -1118,6 +1126,21 @@ def _cp_all_to_all_back(x, ring):
     return got.transpose(0, 1).reshape(b, ring.cp * hl, s, hd)
 
 
+def _cp_all_gather_kv(k, v, ring):
+    """Megatron-LM's allgather exchange: every cp rank's keys and values, (batch, kv_heads, cp * local
+    tokens, head_dim) each, cp rank j's tokens j-th; the backward reduce-scatters their gradients (summed
+    over the cp ranks' queries) back to the owners."""
+    kv = torch.stack([k, v]).permute(3, 0, 1, 2, 4)  # tokens first: (local tokens, 2, batch, kv_heads, hd)
+    kv = GatherFirstDim.apply(kv, ring.group).permute(1, 2, 3, 0, 4)
+    return kv[0], kv[1]
+
+
+def _masked_attention(q, k, v, q_pos, k_pos, scale):
+    """Causal attention of q against k, v whose global positions are q_pos and k_pos (any order)."""
+    allowed = k_pos[None, :] <= q_pos[:, None]
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scale)
+
+
 class Attention(nn.Module):
     def __init__(self, cfg):
         super().__init__()
@@ -1131,7 +1154,9 @@ class Attention(nn.Module):
         self.wv = nn.Linear(cfg.hidden, cfg.kv_heads * hd, bias=bias)
         self.wo = nn.Linear(cfg.heads * hd, cfg.hidden, bias=bias)
         self.recompute_core = False
-        self.ring = None  # Ring of a context-parallel rank: attention runs around it (p2p) or across it (a2a)
+        # Ring of a context-parallel rank: attention runs around it (p2p), across it (a2a) or on the keys and
+        # values gathered over it (allgather).
+        self.ring = None
         self.cp_comm = "p2p"
         if cfg.learned_positions:
             self.cos = self.sin = None
@@ -1164,6 +1189,16 @@ class Attention(nn.Module):
                 v = v.repeat_interleave(self.n_rep, dim=1)
             out = _checkpoint(self.core, q, k, v) if self.recompute_core else self.core(q, k, v)
             out = _cp_all_to_all_back(out[:, :, back], self.ring)
+            return self.wo(out.transpose(1, 2).reshape(bsz, seqlen, -1))
+        if self.ring is not None and self.cp_comm == "allgather":
+            # The rank's own queries against the whole sequence's keys and values, masked by global position.
+            k, v = _cp_all_gather_kv(k, v, self.ring)
+            if self.n_rep > 1:
+                k = k.repeat_interleave(self.n_rep, dim=1)
+                v = v.repeat_interleave(self.n_rep, dim=1)
+            q_pos, k_pos = self.ring.positions[self.ring.cp_rank], torch.cat(self.ring.positions)
+            core = lambda q, k, v: _masked_attention(q, k, v, q_pos, k_pos, 1.0 / math.sqrt(self.head_dim))
+            out = _checkpoint(core, q, k, v) if self.recompute_core else core(q, k, v)
             return self.wo(out.transpose(1, 2).reshape(bsz, seqlen, -1))
         if self.ring is not None:
             # Keys and values travel as kv_heads; each block repeats them for GQA.
@@ -2027,6 +2062,11 @@ class Trainer:
                     # beside it: context parallelism runs dense models only).
                     g.div_(self.layout.dp if id(p) in self.expert_params else self.layout.dense_sync)
 
+    def cp_comm(self):
+        """The key/value exchange this rank's attention layers ran (the planned one with cp 1)."""
+        ran = {b.attention.cp_comm for m in self.modules for b in m.layers.values() if b.attention.ring is not None}
+        return ran.pop() if len(ran) == 1 else self.layout.cp_comm
+
     def dispatcher(self):
         """The token dispatcher this rank's MoE layers ran (the planned one when it holds none)."""
         ran = {l.dispatcher for l in self.moe_layers}
@@ -2264,7 +2304,7 @@ def run_train(job):
         "backend": dist.get_backend(), "device": device.type, "dtype": job["dtype"],
         "degrees": d.degrees if d.experts is None else {**d.degrees, **d.experts.degrees},
         "mesh_coords": d.coords,
-        "cp_comm": layout.cp_comm, "context": context_description(model, layout, d.coords["cp"]),
+        "cp_comm": trainer.cp_comm(), "context": context_description(model, layout, d.coords["cp"]),
         "stages": trainer.chunks, "stage_layers": [layout.stage_layers[c] for c in trainer.chunks],
         "schedule": type(trainer.schedule).__name__ if trainer.schedule is not None else "none",
         "micro_batches": layout.micro_batches, "micro_batch": layout.micro_batch,
