@@ -201,6 +201,9 @@ coefficients! {
     cp_overlap: "fraction", [0.0, 1.0], 0.8, Carries,
         "share of a layer's attention compute under which context parallelism's ring hides its key/value exchange (p2p)",
         "Ring Attention (Liu et al., ICLR 2024) sends the next key/value block while the current one is attended; Megatron-Core's p2p context parallelism (Transformer Engine) overlaps the same way, the first block's compute having nothing before it";
+    ep_overlap: "fraction", [0.0, 1.0], 0.8, Carries,
+        "share of the paired micro-batch's compute under which Megatron-Core's batch-level overlap hides a stage's expert-parallel dispatch and combine",
+        "DeepSeek-V3 (2024) hides its all-to-alls entirely under the paired micro-batch's compute (DualPipe), the scheme Megatron-Core 0.14's --overlap-moe-expert-parallel-comm adopts; 0.8 as for the other overlaps, the communication kernels taking some of the SMs";
     compile_elementwise_fraction: "fraction", [0.05, 1.0], 0.6, Carries,
         "share of the element-wise memory traffic left once torch.compile fuses the pointwise kernels",
         "TorchInductor fuses chains of pointwise kernels into one, reading and writing each tensor once (Ansel et al., ASPLOS'24, PyTorch 2: 1.4x mean training speed-up)";

@@ -437,6 +437,12 @@ pub struct ParallelConfig {
     /// needs sequence parallelism).
     #[serde(default)]
     pub tp_comm_overlap: bool,
+    /// `--overlap-moe-expert-parallel-comm` (with `--delay-wgrad-compute`):
+    /// Megatron-Core 0.14's batch-level overlap, which runs one
+    /// micro-batch's forward beside another's backward so that each one's
+    /// token dispatch and combine hide under the other's compute.
+    #[serde(default)]
+    pub ep_comm_overlap: bool,
     /// CUDA graphs (`--cuda-graph-impl`; torch.compile's cudagraphs in
     /// torchtitan): each layer's kernels captured once and replayed, so the
     /// host launches a graph instead of every kernel.
@@ -498,6 +504,7 @@ impl Default for ParallelConfig {
             overlap_grad_reduce: false,
             overlap_param_gather: false,
             tp_comm_overlap: false,
+            ep_comm_overlap: false,
             cuda_graphs: false,
             stage_order: StageOrder::Megatron,
             engine: Engine::Megatron,
@@ -729,6 +736,10 @@ impl ParallelConfig {
             (
                 Rule::MoeTpWithoutSp,
                 model.moe.is_some() && c.tp > 1 && !c.sequence_parallel,
+            ),
+            (
+                Rule::EpOverlapNeeds,
+                c.ep_comm_overlap && ep_overlap_problem(model, c).is_some(),
             ),
             (
                 Rule::BatchNotDivisible,
@@ -1004,6 +1015,32 @@ pub enum Rule {
     /// Megatron-Core runs MoE layers under tensor parallelism only with
     /// sequence parallelism.
     MoeTpWithoutSp,
+    /// What Megatron-Core's batch-level EP overlap asserts (in
+    /// `TransformerConfig.__post_init__`).
+    EpOverlapNeeds,
+}
+
+/// What keeps Megatron-Core from running `c` with its batch-level EP
+/// overlap, if anything: it overlaps expert parallelism's all-to-alls
+/// (alltoall or flex dispatchers), pairs micro-batches that full
+/// recomputation or whole-layer CUDA graphs would replay in a fixed order,
+/// and under a pipeline schedules the pairs only interleaved.
+pub fn ep_overlap_problem(model: &ModelSpec, c: &ParallelConfig) -> Option<&'static str> {
+    if model.moe.is_none() || c.ep < 2 {
+        Some("expert parallelism (`ep` above 1)")
+    } else if c.engine != Engine::Megatron {
+        Some("`engine megatron` (torchtitan has no batch-level overlap)")
+    } else if c.dispatcher == Dispatcher::AllGather {
+        Some("`moe_dispatcher alltoall` or `moe_dispatcher flex`")
+    } else if c.recompute == Recompute::Full {
+        Some("`recompute selective` or `none` (not full)")
+    } else if c.cuda_graphs {
+        Some("`cuda_graphs off`")
+    } else if c.pp > 1 && c.schedule != ScheduleKind::Interleaved {
+        Some("`schedule interleaved` under a pipeline")
+    } else {
+        None
+    }
 }
 
 impl Rule {
@@ -1046,6 +1083,9 @@ impl Rule {
             Rule::ExpertFfnNotDivisible => "expert ffn hidden not divisible by etp",
             Rule::ExpertGroupNotDivisible => "etp x ep does not divide tp x cp x dp",
             Rule::MoeTpWithoutSp => "MoE with tp needs sequence parallelism",
+            Rule::EpOverlapNeeds => {
+                "EP comm overlap needs ep > 1, an alltoall or flex dispatcher, no full recomputation or CUDA graphs, and interleaving under a pipeline"
+            }
         }
     }
 
@@ -1240,6 +1280,10 @@ impl Rule {
                 "MoE layers with tp {} need `sequence_parallel on` (Megatron-Core refuses MoE with tensor parallelism otherwise)",
                 c.tp
             ),
+            Rule::EpOverlapNeeds => format!(
+                "`ep_comm_overlap on` needs {}, as Megatron-Core asserts; turn `ep_comm_overlap` off or change that",
+                ep_overlap_problem(model, c).unwrap_or("its settings")
+            ),
             Rule::SparseSyncOfDenseEmbedding if model.tied_embeddings => format!(
                 "embedding sync {}: this model ties its input embedding to the output head, whose gradient touches every row; use all-reduce",
                 c.embedding_sync.name()
@@ -1302,6 +1346,7 @@ impl fmt::Display for ParallelConfig {
             (self.overlap_grad_reduce, "grad"),
             (self.overlap_param_gather, "param"),
             (self.tp_comm_overlap, "tp"),
+            (self.ep_comm_overlap, "ep"),
         ]
         .iter()
         .filter(|(on, _)| *on)

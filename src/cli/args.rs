@@ -361,6 +361,10 @@ pub struct SpaceArgs {
     /// needs sequence parallelism): on, off.
     #[arg(long, value_delimiter = ',')]
     pub tp_comm_overlap: Option<Vec<String>>,
+    /// Expert-parallel all-to-alls hidden under another micro-batch's compute
+    /// (Megatron-Core's --overlap-moe-expert-parallel-comm): on, off.
+    #[arg(long, value_delimiter = ',')]
+    pub ep_comm_overlap: Option<Vec<String>>,
     /// CUDA graphs (--cuda-graph-impl; torch.compile's cudagraphs): on, off.
     #[arg(long, value_delimiter = ',')]
     pub cuda_graphs: Option<Vec<String>>,

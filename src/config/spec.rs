@@ -11,7 +11,7 @@ use crate::model::AttentionKind;
 use crate::suggest::did_you_mean;
 
 /// The keys a specification may set; several have a short and a long name.
-pub const SPEC_KEYS: [&str; 40] = [
+pub const SPEC_KEYS: [&str; 41] = [
     "tp",
     "pp",
     "dp",
@@ -34,6 +34,7 @@ pub const SPEC_KEYS: [&str; 40] = [
     "overlap_grad_reduce",
     "overlap_param_gather",
     "tp_comm_overlap",
+    "ep_comm_overlap",
     "cuda_graphs",
     "graphs",
     "order",
@@ -168,6 +169,7 @@ fn set(c: &mut ParallelConfig, key: &str, value: &str) -> Result<(), SpecError> 
         "overlap_grad_reduce" => c.overlap_grad_reduce = switch(key, value)?,
         "overlap_param_gather" => c.overlap_param_gather = switch(key, value)?,
         "tp_comm_overlap" => c.tp_comm_overlap = switch(key, value)?,
+        "ep_comm_overlap" => c.ep_comm_overlap = switch(key, value)?,
         "graphs" | "cuda_graphs" => c.cuda_graphs = switch(key, value)?,
         "compile" => c.compile = switch(key, value)?,
         "every" | "ac_frequency" => c.ac_frequency = number()?,

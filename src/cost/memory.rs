@@ -371,7 +371,9 @@ pub fn schedule_in_flight(c: &ParallelConfig, m: u64, stage: u64) -> f64 {
     let p = c.pp;
     match c.schedule {
         ScheduleKind::Gpipe => m as f64,
-        ScheduleKind::OneFOneB => (p - stage).min(m) as f64,
+        // Batch-level EP overlap runs the next micro-batch's forward beside
+        // this one's backward: one more chunk in flight.
+        ScheduleKind::OneFOneB => (p - stage + u64::from(c.ep_comm_overlap)).min(m) as f64,
         ScheduleKind::Interleaved => {
             // Megatron's warm-up: (p - i - 1) * 2 + (v - 1) * n chunks, plus
             // the one in progress, n the micro-batch group (pp unless the
@@ -379,7 +381,8 @@ pub fn schedule_in_flight(c: &ParallelConfig, m: u64, stage: u64) -> f64 {
             // layers.
             let v = c.virtual_stages;
             let n = c.microbatch_group(m).unwrap_or(p);
-            let chunks = ((p - stage - 1) * 2 + (v - 1) * n + 1).min(m * v);
+            let overlap = u64::from(c.ep_comm_overlap);
+            let chunks = ((p - stage - 1) * 2 + (v - 1) * n + 1 + overlap).min(m * v);
             chunks as f64 / v as f64
         }
     }

@@ -494,6 +494,11 @@ fn stage_time(
         t.compute += ends.last;
     }
     let window = work.forward + work.backward;
+    if c.ep_comm_overlap {
+        let (exposed, hidden) = ep_overlapped(s, c, i, work.expert_parallel, window);
+        t.expert_parallel = exposed;
+        t.compute += k.overlap_sm_cost * hidden;
+    }
     if c.bpipe {
         let transfer = comm::bpipe_transfer_per_microbatch(s, c, i);
         let (exposed, hidden) = overlapped(transfer, window, k.bpipe_overlap, 0.0);
@@ -509,6 +514,27 @@ fn stage_time(
         t.compute += k.overlap_sm_cost * hidden;
     }
     t
+}
+
+/// A stage's expert-parallel dispatch and combine per micro-batch under
+/// Megatron-Core's batch-level overlap: each micro-batch's hide under the
+/// compute of the one paired with it, bounded as the other overlaps are,
+/// except in the warm-up and cool-down passes, which run alone. Returns
+/// the exposed and the hidden time, per micro-batch on average.
+fn ep_overlapped(
+    s: &Scenario,
+    c: &ParallelConfig,
+    stage: u64,
+    transfer: f64,
+    window: f64,
+) -> (f64, f64) {
+    let m = c.micro_batches(s.global_batch);
+    let v = c.virtual_stages.max(1) as f64;
+    let chunks = m as f64 * v;
+    let alone = memory::schedule_in_flight(c, m, stage) * v;
+    let paired = ((chunks - alone) / chunks).clamp(0.0, 1.0);
+    let (_, hidden) = overlapped(transfer, window, s.coef().ep_overlap, 0.0);
+    (transfer - paired * hidden, paired * hidden)
 }
 
 /// Predicts one configuration. The configuration must have passed

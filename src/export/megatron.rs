@@ -168,6 +168,12 @@ pub fn megatron_args(job: &LaunchJob) -> Result<Vec<String>, ExportError> {
     if c.overlap_param_gather {
         args.flag("--overlap-param-gather");
     }
+    if c.ep_comm_overlap {
+        // Megatron-Core 0.14's batch-level overlap; splitting out the
+        // weight gradients gives the paired pass more compute to hide under.
+        args.flag("--overlap-moe-expert-parallel-comm");
+        args.flag("--delay-wgrad-compute");
+    }
     if c.tp_comm_overlap {
         args.flag("--tp-comm-overlap");
     }

@@ -618,6 +618,7 @@ fn parse_row(table: &RunTable, index: usize, defaults: &RowDefaults) -> Result<R
         overlap_grad_reduce: switch("overlap_grad_reduce", defaults.overlap_grad_reduce)?,
         overlap_param_gather: switch("overlap_param_gather", defaults.overlap_param_gather)?,
         tp_comm_overlap: switch("tp_comm_overlap", defaults.tp_comm_overlap)?,
+        ep_comm_overlap: switch("ep_comm_overlap", false)?,
         cuda_graphs: switch("cuda_graphs", defaults.cuda_graphs)?,
         stage_order: match cell("stage_order") {
             Some(text) => StageOrder::parse("stage_order", text)?,
@@ -794,7 +795,7 @@ pub(crate) fn assert_row_columns_follow_the_schema(columns: &[&str]) {
 }
 
 /// Every column a run table may use; others are carried through untouched.
-pub const KNOWN_COLUMNS: [&str; 72] = [
+pub const KNOWN_COLUMNS: [&str; 73] = [
     "gpus",
     "global_batch",
     "micro_batch",
@@ -812,6 +813,7 @@ pub const KNOWN_COLUMNS: [&str; 72] = [
     "overlap_grad_reduce",
     "overlap_param_gather",
     "tp_comm_overlap",
+    "ep_comm_overlap",
     "cuda_graphs",
     "stage_order",
     "layers",

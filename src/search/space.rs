@@ -29,6 +29,7 @@ pub struct SearchSpace {
     pub overlap_grad_reduce: Option<Vec<bool>>,
     pub overlap_param_gather: Option<Vec<bool>>,
     pub tp_comm_overlap: Option<Vec<bool>>,
+    pub ep_comm_overlap: Option<Vec<bool>>,
     pub cuda_graphs: Option<Vec<bool>>,
     pub stage_order: Option<Vec<StageOrder>>,
     /// The one engine the search plans for.
@@ -549,6 +550,18 @@ impl SearchSpace {
                         _ => graphs.clone(),
                     },
                     |c, on| c.cuda_graphs = on,
+                );
+                // Tried where Megatron-Core can run it (after the graphs,
+                // which exclude it).
+                expand(
+                    &mut variants,
+                    |c| {
+                        let mut overlapped = *c;
+                        overlapped.ep_comm_overlap = true;
+                        let runs = crate::config::ep_overlap_problem(&job.model, &overlapped);
+                        switch(&self.ep_comm_overlap, runs.is_none())
+                    },
+                    |c, on| c.ep_comm_overlap = on,
                 );
                 configs.extend(variants);
             }

@@ -304,9 +304,13 @@ fn experts_unsupported(
         Some(
             "mixture-of-experts layers beside tensor parallelism (tp > 1) are not run by the worker yet; plan with `tp 1`",
         )
-    } else if c.dispatcher != Dispatcher::AllToAll {
+    } else if c.dispatcher == Dispatcher::AllGather {
         Some(
             "the allgather dispatcher is Megatron-LM's, and the worker trials only torchtitan's candidates (it holds state as FSDP2 does), whose experts dispatch all-to-all; plan with --engine torchtitan and `moe_dispatcher alltoall` to trial on it",
+        )
+    } else if c.dispatcher == Dispatcher::Flex {
+        Some(
+            "the flex dispatcher runs DeepEP's CUDA kernels, which the worker does not have; plan with `moe_dispatcher alltoall` to trial on it",
         )
     } else if c.embedding_sync == SyncMethod::SparseAllGather {
         Some(
