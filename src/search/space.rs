@@ -9,6 +9,7 @@ use crate::config::{
     ScheduleKind, StageOrder, SyncMethod,
 };
 use crate::model::{AttentionKind, ModelSpec};
+use std::borrow::Cow;
 
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct SearchSpace {
@@ -120,30 +121,45 @@ pub fn default_splits_with(
 
 /// Replaces every configuration of `configs` by one per value `values`
 /// gives for it, set with `set`: one dimension of the cartesian product,
-/// whose values may depend on the dimensions already set.
-fn expand<T: Copy>(
+/// whose values may depend on the dimensions already set. `spare` is the
+/// buffer the expanded configurations are written to (it swaps with
+/// `configs`), so a chain of dimensions reuses two allocations; `values`
+/// mostly lends lists made once per outer point, so nothing allocates per
+/// configuration.
+fn expand<'v, T: Clone + 'v>(
     configs: &mut Vec<ParallelConfig>,
-    values: impl Fn(&ParallelConfig) -> Vec<T>,
+    spare: &mut Vec<ParallelConfig>,
+    values: impl Fn(&ParallelConfig) -> Cow<'v, [T]>,
     set: impl Fn(&mut ParallelConfig, T),
 ) {
-    let all: Vec<Vec<T>> = configs.iter().map(&values).collect();
     // A dimension with one value for every configuration (most of them, for
-    // most models) is set in place rather than copied.
-    if all.iter().all(|v| v.len() == 1) {
-        for (config, v) in configs.iter_mut().zip(&all) {
-            set(config, v[0]);
-        }
+    // most models) is set in place; copying starts at the first
+    // configuration with another count of values.
+    let mut single = 0;
+    while let Some(config) = configs.get_mut(single) {
+        let v = values(config);
+        let [value] = &v[..] else { break };
+        set(config, value.clone());
+        single += 1;
+    }
+    if single == configs.len() {
         return;
     }
-    let mut expanded = Vec::with_capacity(configs.len() * 2);
-    for (config, v) in configs.iter().zip(all) {
-        for value in v {
+    spare.clear();
+    spare.extend_from_slice(&configs[..single]);
+    for config in &configs[single..] {
+        for value in values(config).iter() {
             let mut next = *config;
-            set(&mut next, value);
-            expanded.push(next);
+            set(&mut next, value.clone());
+            spare.push(next);
         }
     }
-    *configs = expanded;
+    std::mem::swap(configs, spare);
+}
+
+/// `values`, lent.
+fn lend<T: Clone>(values: &[T]) -> Cow<'_, [T]> {
+    Cow::Borrowed(values)
 }
 
 /// Divisors of `n` in increasing order, found up to its square root.
@@ -320,7 +336,11 @@ impl SearchSpace {
     }
 
     /// Every combination of the remaining dimensions for one outer point.
-    pub fn inner(&self, job: &Job, o: Outer) -> impl Iterator<Item = ParallelConfig> {
+    pub fn inner<'a>(
+        &'a self,
+        job: &'a Job,
+        o: Outer,
+    ) -> impl Iterator<Item = ParallelConfig> + 'a {
         let schedules: Vec<(ScheduleKind, u64)> = self
             .schedule
             .clone()
@@ -346,226 +366,304 @@ impl SearchSpace {
                 stages.into_iter().map(move |v| (schedule, v))
             })
             .collect();
-        let engine = self.engine;
-        let recompute = self
-            .recompute
-            .clone()
-            .unwrap_or(Recompute::of(engine).to_vec());
+        let dims = InnerDims::new(self, job, o);
+        let stems: Vec<Stem> = schedules
+            .iter()
+            .flat_map(|&(schedule, virtual_stages)| {
+                self.splits(&job.model, o.pp, virtual_stages)
+                    .into_iter()
+                    .map(move |(first_stage_layers, last_stage_layers)| Stem {
+                        schedule,
+                        virtual_stages,
+                        first_stage_layers,
+                        last_stage_layers,
+                    })
+            })
+            .collect();
+        // One stem's configurations at a time: the outer point's whole
+        // product is never held at once.
+        stems.into_iter().flat_map(move |stem| dims.variants(stem))
+    }
+}
+
+/// The schedule and layer split one batch of inner configurations shares.
+#[derive(Debug, Clone, Copy)]
+struct Stem {
+    schedule: ScheduleKind,
+    virtual_stages: u64,
+    first_stage_layers: Option<u64>,
+    last_stage_layers: Option<u64>,
+}
+
+/// A switch's values: the user's, or both where it can make a difference.
+fn switch(given: &Option<Vec<bool>>, possible: bool) -> &[bool] {
+    given
+        .as_deref()
+        .unwrap_or(if possible { &[false, true] } else { &[false] })
+}
+
+/// The values of the inner dimensions that do not change within one outer
+/// point, made once and lent to each of its configurations.
+struct InnerDims<'a> {
+    space: &'a SearchSpace,
+    job: &'a Job,
+    o: Outer,
+    torchtitan: bool,
+    recompute: Vec<Recompute>,
+    frequencies: Vec<u64>,
+    default_frequency: [u64; 1],
+    default_dispatcher: [Dispatcher; 1],
+    precision: Vec<Precision>,
+    sequence_parallel: Vec<bool>,
+    sharding: Vec<OptimizerSharding>,
+    /// The user's hybrid-sharding groups, dp itself as plain sharding.
+    dp_shard_given: Option<Vec<Option<u64>>>,
+    /// The groups a sharded optimizer tries when the user gave none.
+    sharded_groups: Vec<Option<u64>>,
+    attention: Vec<AttentionKind>,
+    grad_overlaps: Vec<bool>,
+    compiles: Vec<bool>,
+    graphs: Vec<bool>,
+}
+
+impl<'a> InnerDims<'a> {
+    fn new(space: &'a SearchSpace, job: &'a Job, o: Outer) -> Self {
+        let engine = space.engine;
         let torchtitan = engine == Engine::Torchtitan;
         // An MoE model runs tensor parallelism only sequence-parallel, so
         // the other value is not generated just to be dropped.
-        let sequence_parallel = self.sequence_parallel.clone().unwrap_or(match o.tp {
+        let sequence_parallel = space.sequence_parallel.clone().unwrap_or(match o.tp {
             1 => vec![false],
             _ if job.model.moe.is_some() => vec![true],
             _ => vec![false, true],
         });
-        let sharding = self.optimizer_sharding.clone().unwrap_or(if o.dp > 1 {
+        let sharding = space.optimizer_sharding.clone().unwrap_or(if o.dp > 1 {
             OptimizerSharding::ALL.to_vec()
         } else {
             vec![OptimizerSharding::None]
         });
-        let bpipe_given = self.bpipe.clone();
-        let attention = self.attention.clone().unwrap_or(vec![job.model.attention]);
-        let switch = |given: &Option<Vec<bool>>, possible: bool| -> Vec<bool> {
-            given.clone().unwrap_or(if possible {
-                vec![false, true]
-            } else {
-                vec![false]
-            })
+        // Hybrid sharding: by default torchtitan's FSDP also tries sharding
+        // within a node's data-parallel ranks, replicated across nodes
+        // (HSDP), where that is a proper subgroup.
+        let node = job.gpus_per_node() / o.tp.max(1);
+        let hybrid = torchtitan && node >= 2 && node < o.dp && o.dp.is_multiple_of(node);
+        let sharded_groups = if hybrid {
+            vec![None, Some(node)]
+        } else {
+            vec![None]
         };
+        let dp_shard_given = space
+            .dp_shard
+            .as_ref()
+            .map(|given| given.iter().map(|&n| (n != o.dp).then_some(n)).collect());
         // torchtitan's FSDP and DDP always overlap the gradient reduction and
         // prefetch the weights; it runs CUDA graphs only without a pipeline.
-        let grad_overlaps = match (&self.overlap_grad_reduce, torchtitan) {
+        let grad_overlaps = match (&space.overlap_grad_reduce, torchtitan) {
             (None, true) => vec![o.dp > 1],
-            (given, _) => switch(given, o.dp > 1),
+            (given, _) => switch(given, o.dp > 1).to_vec(),
         };
-        let graphs = switch(&self.cuda_graphs, !torchtitan || o.pp == 1);
-        let compiles = switch(&self.compile, torchtitan);
-        let frequencies = self.ac_frequency.clone().unwrap_or(vec![2]);
-        let gpus_per_node = job.gpus_per_node();
-
-        let mut configs = Vec::new();
-        for &(schedule, virtual_stages) in &schedules {
-            let bpipe = bpipe_given.clone().unwrap_or(
-                if schedule == ScheduleKind::OneFOneB && o.pp >= 2 && !torchtitan {
-                    vec![false, true]
-                } else {
-                    vec![false]
-                },
-            );
-            for (first_stage_layers, last_stage_layers) in
-                self.splits(&job.model, o.pp, virtual_stages)
-            {
-                let mut variants = vec![ParallelConfig {
-                    tp: o.tp,
-                    pp: o.pp,
-                    cp: o.cp,
-                    dp: o.dp,
-                    micro_batch: o.micro_batch,
-                    schedule,
-                    virtual_stages,
-                    first_stage_layers,
-                    last_stage_layers,
-                    engine,
-                    ..ParallelConfig::default()
-                }];
-                expand(
-                    &mut variants,
-                    |c| match (&self.cp_comm, c.cp) {
-                        (_, 1) => vec![CpComm::P2p],
-                        (Some(given), _) => given.clone(),
-                        (None, _) => vec![CpComm::P2p],
-                    },
-                    |c, comm| c.cp_comm = comm,
-                );
-                expand(
-                    &mut variants,
-                    |c| self.expert_tensor_degrees(job, c),
-                    |c, etp| c.etp = etp,
-                );
-                expand(
-                    &mut variants,
-                    |c| self.expert_degrees(job, c),
-                    |c, ep| c.ep = ep,
-                );
-                expand(
-                    &mut variants,
-                    // With one expert rank no token moves, and the gathering
-                    // dispatcher only keeps more: it is tried where it gathers.
-                    // A dense model holds the default, which it never uses.
-                    |c| match (&self.dispatcher, job.model.moe) {
-                        (Some(given), _) => given.clone(),
-                        (None, Some(_)) if c.ep * c.etp > 1 && c.engine == Engine::Megatron => {
-                            Dispatcher::BUILT_IN.to_vec()
-                        }
-                        (None, Some(_)) => vec![Dispatcher::AllToAll],
-                        (None, None) => vec![Dispatcher::default()],
-                    },
-                    |c, d| c.dispatcher = d,
-                );
-                expand(
-                    &mut variants,
-                    |_| self.precision.clone().unwrap_or(vec![Precision::Bf16]),
-                    |c, p| c.precision = p,
-                );
-                expand(
-                    &mut variants,
-                    |c| match &self.embedding_sync {
-                        Some(given) if !job.model.tied_embeddings && c.dense_sync_degree() > 1 => {
-                            given.clone()
-                        }
-                        _ => vec![SyncMethod::AllReduce],
-                    },
-                    |c, m| c.embedding_sync = m,
-                );
-                expand(&mut variants, |_| recompute.clone(), |c, r| c.recompute = r);
-                expand(
-                    &mut variants,
-                    |c| match c.recompute {
-                        Recompute::SelectiveLayer => frequencies.clone(),
-                        _ => vec![ParallelConfig::default().ac_frequency],
-                    },
-                    |c, n| c.ac_frequency = n,
-                );
-                expand(
-                    &mut variants,
-                    |_| sequence_parallel.clone(),
-                    |c, sp| c.sequence_parallel = sp,
-                );
-                expand(
-                    &mut variants,
-                    |_| sharding.clone(),
-                    |c, z| c.optimizer_sharding = z,
-                );
-                // Hybrid sharding: by default torchtitan's FSDP also tries
-                // sharding within a node's data-parallel ranks, replicated
-                // across nodes (HSDP), where that is a proper subgroup.
-                expand(
-                    &mut variants,
-                    |c| match &self.dp_shard {
-                        Some(given) => given.iter().map(|&n| (n != c.dp).then_some(n)).collect(),
-                        None => {
-                            let node = gpus_per_node / o.tp.max(1);
-                            let hybrid = torchtitan
-                                && c.optimizer_sharding != OptimizerSharding::None
-                                && node >= 2
-                                && node < o.dp
-                                && o.dp.is_multiple_of(node);
-                            let mut groups = vec![None];
-                            if hybrid {
-                                groups.push(Some(node));
-                            }
-                            groups
-                        }
-                    },
-                    |c, n| c.dp_shard = n,
-                );
-                expand(&mut variants, |_| bpipe.clone(), |c, b| c.bpipe = b);
-                // BPipe's pairs share a node only if two stages fit in one.
-                expand(
-                    &mut variants,
-                    |c| {
-                        let pairs_fit = c.bpipe && 2 * o.tp * o.dp <= gpus_per_node;
-                        self.stage_order.clone().unwrap_or(if pairs_fit {
-                            StageOrder::ALL.to_vec()
-                        } else {
-                            vec![StageOrder::Megatron]
-                        })
-                    },
-                    |c, order| c.stage_order = order,
-                );
-                expand(&mut variants, |_| attention.clone(), |c, a| c.attention = a);
-                expand(
-                    &mut variants,
-                    |_| grad_overlaps.clone(),
-                    |c, on| c.overlap_grad_reduce = on,
-                );
-                expand(
-                    &mut variants,
-                    |c| {
-                        let applies = c.overlap_grad_reduce
-                            && c.optimizer_sharding == OptimizerSharding::OptimizerStates
-                            && !torchtitan;
-                        switch(&self.overlap_param_gather, applies)
-                    },
-                    |c, on| c.overlap_param_gather = on,
-                );
-                expand(&mut variants, |_| compiles.clone(), |c, on| c.compile = on);
-                // torchtitan runs its tensor-parallel overlap compiled only.
-                expand(
-                    &mut variants,
-                    |c| {
-                        switch(
-                            &self.tp_comm_overlap,
-                            c.sequence_parallel && (!torchtitan || c.compile),
-                        )
-                    },
-                    |c, on| c.tp_comm_overlap = on,
-                );
-                // Megatron-LM's CUDA graphs do not capture full recomputation.
-                expand(
-                    &mut variants,
-                    |c| match (&self.cuda_graphs, c.recompute) {
-                        (None, Recompute::Full) if !torchtitan => vec![false],
-                        _ => graphs.clone(),
-                    },
-                    |c, on| c.cuda_graphs = on,
-                );
-                // Tried where Megatron-Core can run it (after the graphs,
-                // which exclude it).
-                expand(
-                    &mut variants,
-                    |c| {
-                        let mut overlapped = *c;
-                        overlapped.ep_comm_overlap = true;
-                        let runs = crate::config::ep_overlap_problem(&job.model, &overlapped);
-                        switch(&self.ep_comm_overlap, runs.is_none())
-                    },
-                    |c, on| c.ep_comm_overlap = on,
-                );
-                configs.extend(variants);
-            }
+        InnerDims {
+            space,
+            job,
+            o,
+            torchtitan,
+            recompute: space
+                .recompute
+                .clone()
+                .unwrap_or(Recompute::of(engine).to_vec()),
+            frequencies: space.ac_frequency.clone().unwrap_or(vec![2]),
+            default_frequency: [ParallelConfig::default().ac_frequency],
+            default_dispatcher: [Dispatcher::default()],
+            precision: space.precision.clone().unwrap_or(vec![Precision::Bf16]),
+            sequence_parallel,
+            sharding,
+            dp_shard_given,
+            sharded_groups,
+            attention: space.attention.clone().unwrap_or(vec![job.model.attention]),
+            grad_overlaps,
+            compiles: switch(&space.compile, torchtitan).to_vec(),
+            graphs: switch(&space.cuda_graphs, !torchtitan || o.pp == 1).to_vec(),
         }
-        configs.into_iter()
+    }
+
+    /// Every configuration of one stem, in the order of the dimensions.
+    fn variants(&self, stem: Stem) -> std::vec::IntoIter<ParallelConfig> {
+        let d = self;
+        let (space, job, o, torchtitan) = (d.space, d.job, d.o, d.torchtitan);
+        let gpus_per_node = job.gpus_per_node();
+        let bpipe = space.bpipe.as_deref().unwrap_or(
+            if stem.schedule == ScheduleKind::OneFOneB && o.pp >= 2 && !torchtitan {
+                &[false, true]
+            } else {
+                &[false]
+            },
+        );
+        let mut variants = vec![ParallelConfig {
+            tp: o.tp,
+            pp: o.pp,
+            cp: o.cp,
+            dp: o.dp,
+            micro_batch: o.micro_batch,
+            schedule: stem.schedule,
+            virtual_stages: stem.virtual_stages,
+            first_stage_layers: stem.first_stage_layers,
+            last_stage_layers: stem.last_stage_layers,
+            engine: space.engine,
+            ..ParallelConfig::default()
+        }];
+        let mut spare = Vec::new();
+        let (v, sp) = (&mut variants, &mut spare);
+        expand(
+            v,
+            sp,
+            |c| match (&space.cp_comm, c.cp) {
+                (_, 1) => lend(&[CpComm::P2p]),
+                (Some(given), _) => lend(given),
+                (None, _) => lend(&[CpComm::P2p]),
+            },
+            |c, comm| c.cp_comm = comm,
+        );
+        expand(
+            v,
+            sp,
+            |c| Cow::Owned(space.expert_tensor_degrees(job, c)),
+            |c, etp| c.etp = etp,
+        );
+        expand(
+            v,
+            sp,
+            |c| Cow::Owned(space.expert_degrees(job, c)),
+            |c, ep| c.ep = ep,
+        );
+        expand(
+            v,
+            sp,
+            // With one expert rank no token moves, and the gathering
+            // dispatcher only keeps more: it is tried where it gathers.
+            // A dense model holds the default, which it never uses.
+            |c| match (&space.dispatcher, job.model.moe) {
+                (Some(given), _) => lend(given),
+                (None, Some(_)) if c.ep * c.etp > 1 && c.engine == Engine::Megatron => {
+                    lend(&Dispatcher::BUILT_IN)
+                }
+                (None, Some(_)) => lend(&[Dispatcher::AllToAll]),
+                (None, None) => lend(&d.default_dispatcher),
+            },
+            |c, dispatcher| c.dispatcher = dispatcher,
+        );
+        expand(v, sp, |_| lend(&d.precision), |c, p| c.precision = p);
+        expand(
+            v,
+            sp,
+            |c| match &space.embedding_sync {
+                Some(given) if !job.model.tied_embeddings && c.dense_sync_degree() > 1 => {
+                    lend(given)
+                }
+                _ => lend(&[SyncMethod::AllReduce]),
+            },
+            |c, m| c.embedding_sync = m,
+        );
+        expand(v, sp, |_| lend(&d.recompute), |c, r| c.recompute = r);
+        expand(
+            v,
+            sp,
+            |c| match c.recompute {
+                Recompute::SelectiveLayer => lend(&d.frequencies),
+                _ => lend(&d.default_frequency),
+            },
+            |c, n| c.ac_frequency = n,
+        );
+        expand(
+            v,
+            sp,
+            |_| lend(&d.sequence_parallel),
+            |c, on| c.sequence_parallel = on,
+        );
+        expand(
+            v,
+            sp,
+            |_| lend(&d.sharding),
+            |c, z| c.optimizer_sharding = z,
+        );
+        expand(
+            v,
+            sp,
+            |c| match &d.dp_shard_given {
+                Some(given) => lend(given),
+                None if c.optimizer_sharding != OptimizerSharding::None => lend(&d.sharded_groups),
+                None => lend(&[None]),
+            },
+            |c, n| c.dp_shard = n,
+        );
+        expand(v, sp, |_| lend(bpipe), |c, b| c.bpipe = b);
+        // BPipe's pairs share a node only if two stages fit in one.
+        expand(
+            v,
+            sp,
+            |c| {
+                let pairs_fit = c.bpipe && 2 * o.tp * o.dp <= gpus_per_node;
+                match &space.stage_order {
+                    Some(given) => lend(given),
+                    None if pairs_fit => lend(&StageOrder::ALL),
+                    None => lend(&[StageOrder::Megatron]),
+                }
+            },
+            |c, order| c.stage_order = order,
+        );
+        expand(v, sp, |_| lend(&d.attention), |c, a| c.attention = a);
+        expand(
+            v,
+            sp,
+            |_| lend(&d.grad_overlaps),
+            |c, on| c.overlap_grad_reduce = on,
+        );
+        expand(
+            v,
+            sp,
+            |c| {
+                let applies = c.overlap_grad_reduce
+                    && c.optimizer_sharding == OptimizerSharding::OptimizerStates
+                    && !torchtitan;
+                lend(switch(&space.overlap_param_gather, applies))
+            },
+            |c, on| c.overlap_param_gather = on,
+        );
+        expand(v, sp, |_| lend(&d.compiles), |c, on| c.compile = on);
+        // torchtitan runs its tensor-parallel overlap compiled only.
+        expand(
+            v,
+            sp,
+            |c| {
+                lend(switch(
+                    &space.tp_comm_overlap,
+                    c.sequence_parallel && (!torchtitan || c.compile),
+                ))
+            },
+            |c, on| c.tp_comm_overlap = on,
+        );
+        // Megatron-LM's CUDA graphs do not capture full recomputation.
+        expand(
+            v,
+            sp,
+            |c| match (&space.cuda_graphs, c.recompute) {
+                (None, Recompute::Full) if !torchtitan => lend(&[false]),
+                _ => lend(&d.graphs),
+            },
+            |c, on| c.cuda_graphs = on,
+        );
+        // Tried where Megatron-Core can run it (after the graphs, which
+        // exclude it).
+        expand(
+            v,
+            sp,
+            |c| {
+                let mut overlapped = *c;
+                overlapped.ep_comm_overlap = true;
+                let runs = crate::config::ep_overlap_problem(&job.model, &overlapped).is_none();
+                lend(switch(&space.ep_comm_overlap, runs))
+            },
+            |c, on| c.ep_comm_overlap = on,
+        );
+        variants.into_iter()
     }
 }
