@@ -380,9 +380,40 @@ impl SearchSpace {
                     })
             })
             .collect();
-        // One stem's configurations at a time: the outer point's whole
-        // product is never held at once.
-        stems.into_iter().flat_map(move |stem| dims.variants(stem))
+        InnerConfigs {
+            dims,
+            stems: stems.into_iter(),
+            current: Vec::new(),
+            spare: Vec::new(),
+            next: 0,
+        }
+    }
+}
+
+/// The inner configurations of one outer point, one stem's at a time (the
+/// outer point's whole product is never held at once), made in two
+/// buffers that every stem reuses.
+struct InnerConfigs<'a> {
+    dims: InnerDims<'a>,
+    stems: std::vec::IntoIter<Stem>,
+    current: Vec<ParallelConfig>,
+    spare: Vec<ParallelConfig>,
+    /// The next configuration of `current` to yield.
+    next: usize,
+}
+
+impl Iterator for InnerConfigs<'_> {
+    type Item = ParallelConfig;
+
+    fn next(&mut self) -> Option<ParallelConfig> {
+        while self.next == self.current.len() {
+            let stem = self.stems.next()?;
+            self.dims.variants(stem, &mut self.current, &mut self.spare);
+            self.next = 0;
+        }
+        let config = self.current[self.next];
+        self.next += 1;
+        Some(config)
     }
 }
 
@@ -486,8 +517,14 @@ impl<'a> InnerDims<'a> {
         }
     }
 
-    /// Every configuration of one stem, in the order of the dimensions.
-    fn variants(&self, stem: Stem) -> std::vec::IntoIter<ParallelConfig> {
+    /// Every configuration of one stem, in the order of the dimensions,
+    /// into `configs` (`spare` is the other buffer `expand` writes to).
+    fn variants(
+        &self,
+        stem: Stem,
+        configs: &mut Vec<ParallelConfig>,
+        spare: &mut Vec<ParallelConfig>,
+    ) {
         let d = self;
         let (space, job, o, torchtitan) = (d.space, d.job, d.o, d.torchtitan);
         let gpus_per_node = job.gpus_per_node();
@@ -498,7 +535,8 @@ impl<'a> InnerDims<'a> {
                 &[false]
             },
         );
-        let mut variants = vec![ParallelConfig {
+        configs.clear();
+        configs.push(ParallelConfig {
             tp: o.tp,
             pp: o.pp,
             cp: o.cp,
@@ -510,9 +548,8 @@ impl<'a> InnerDims<'a> {
             last_stage_layers: stem.last_stage_layers,
             engine: space.engine,
             ..ParallelConfig::default()
-        }];
-        let mut spare = Vec::new();
-        let (v, sp) = (&mut variants, &mut spare);
+        });
+        let (v, sp) = (configs, spare);
         expand(
             v,
             sp,
@@ -664,6 +701,5 @@ impl<'a> InnerDims<'a> {
             },
             |c, on| c.ep_comm_overlap = on,
         );
-        variants.into_iter()
     }
 }
