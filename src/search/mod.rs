@@ -177,37 +177,46 @@ pub fn search(job: &Job, space: &SearchSpace, cost: &CostModel) -> SearchResult 
         })
         .collect::<Vec<Tally>>();
     // Candidates are large and a big search finds hundreds of thousands:
-    // gather them once, sort their keys, and move each once.
-    let found: usize = tallies.iter().map(|t| t.candidates.len()).sum();
-    let mut all = Vec::with_capacity(found);
+    // sort their keys and move each once, from its tally to the result.
+    let mut parts = Vec::with_capacity(tallies.len());
     let mut tally = Tally::default();
     for mut part in tallies {
-        all.append(&mut part.candidates);
+        parts.push(std::mem::take(&mut part.candidates));
         tally = tally.merge(part);
     }
     SearchResult {
-        candidates: fastest_first(all),
+        candidates: fastest_first(&parts),
         considered: tally.considered,
         invalid: tally.invalid,
         out_of_memory: tally.out_of_memory,
     }
 }
 
-/// `candidates` by iteration time, then peak memory, ties in their order.
-fn fastest_first(candidates: Vec<Candidate>) -> Vec<Candidate> {
-    let mut order: Vec<(f64, f64, usize)> = candidates
+/// The candidates of `parts` by iteration time, then peak memory, ties in
+/// their order (part by part, as if the parts were one list).
+fn fastest_first(parts: &[Vec<Candidate>]) -> Vec<Candidate> {
+    let mut order: Vec<(f64, f64, usize, usize)> = parts
         .iter()
         .enumerate()
-        .map(|(i, c)| (c.prediction.iteration_s, c.prediction.peak_memory_bytes, i))
+        .flat_map(|(p, part)| {
+            part.iter().enumerate().map(move |(i, c)| {
+                (
+                    c.prediction.iteration_s,
+                    c.prediction.peak_memory_bytes,
+                    p,
+                    i,
+                )
+            })
+        })
         .collect();
     order.par_sort_unstable_by(|a, b| {
         a.0.total_cmp(&b.0)
             .then(a.1.total_cmp(&b.1))
-            .then(a.2.cmp(&b.2))
+            .then((a.2, a.3).cmp(&(b.2, b.3)))
     });
     order
         .into_par_iter()
-        .map(|(_, _, i)| candidates[i])
+        .map(|(_, _, p, i)| parts[p][i])
         .collect()
 }
 
