@@ -17,7 +17,7 @@
 use super::kernels::{self, HALF};
 use super::{ProfileUsage, Scenario, comm};
 use crate::cluster::GroupSpan;
-use crate::config::{CpComm, Dispatcher, ParallelConfig, Recompute};
+use crate::config::{ChunkLayout, CpComm, Dispatcher, ParallelConfig, Recompute};
 use crate::model::{AttentionKind, Split};
 use crate::profile::{LayerArch, LayerShape};
 
@@ -523,7 +523,7 @@ const KEPT_STAGES: usize = 64;
 
 /// The times of the model's dense and MoE layers (the second `None` for a
 /// dense model), and each stage's sum of them.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Copy)]
 pub struct LayerTimes {
     pub dense: LayerTime,
     pub moe: Option<LayerTime>,
@@ -545,8 +545,10 @@ impl LayerTimes {
         };
         let stages = c.pp as usize;
         if stages <= KEPT_STAGES {
+            // Every stage asks where the MoE layers lie: work it out once.
+            let layout = s.model.moe.map(|_| c.chunk_layout(s.model.layers));
             for i in 0..stages {
-                times.kept[i] = times.summed(s, c, i as u64);
+                times.kept[i] = times.summed_in(s, c, layout.as_ref(), i as u64);
             }
             times.kept_stages = stages;
         }
@@ -562,7 +564,17 @@ impl LayerTimes {
     }
 
     fn summed(&self, s: &Scenario, c: &ParallelConfig, stage: u64) -> LayerTime {
-        let (dense, moe) = super::stage_layer_kinds(s, c, stage);
+        self.summed_in(s, c, None, stage)
+    }
+
+    fn summed_in(
+        &self,
+        s: &Scenario,
+        c: &ParallelConfig,
+        layout: Option<&ChunkLayout>,
+        stage: u64,
+    ) -> LayerTime {
+        let (dense, moe) = super::stage_layer_kinds_in(s, c, layout, stage);
         match self.moe {
             Some(m) if moe > 0 => self.dense.times(dense as f64).plus(&m.times(moe as f64)),
             _ => self.dense.times((dense + moe) as f64),

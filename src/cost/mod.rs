@@ -22,7 +22,7 @@
 mod comm;
 mod kernels;
 mod layer;
-pub use layer::EndsTime;
+pub use layer::{EndsTime, LayerTimes};
 mod memory;
 mod routing;
 pub mod sparse;
@@ -34,7 +34,9 @@ pub use memory::{
 
 use crate::cluster::{GpuSpec, NodeGroup, Placement};
 use crate::coefficients::{Coefficients, CollectiveAlgorithm, CostModel};
-use crate::config::{OptimizerSharding, ParallelConfig, Recompute, ScheduleKind, SyncMethod};
+use crate::config::{
+    ChunkLayout, OptimizerSharding, ParallelConfig, Recompute, ScheduleKind, SyncMethod,
+};
 use crate::model::ModelSpec;
 use crate::profile::Measurements;
 use serde::{Deserialize, Serialize};
@@ -419,7 +421,18 @@ pub fn vocab_per_rank(s: &Scenario, c: &ParallelConfig) -> f64 {
 /// `1 / v` share of the stage's layers. Counted without allocating; a loop
 /// over chunks only for MoE models.
 pub fn stage_layer_kinds(s: &Scenario, c: &ParallelConfig, stage: u64) -> (u64, u64) {
-    let (dense, moe) = model_layer_kinds(s, c, stage);
+    stage_layer_kinds_in(s, c, None, stage)
+}
+
+/// [`stage_layer_kinds`], given the configuration's chunk layout where the
+/// caller works it out once for every stage.
+pub(crate) fn stage_layer_kinds_in(
+    s: &Scenario,
+    c: &ParallelConfig,
+    layout: Option<&ChunkLayout>,
+    stage: u64,
+) -> (u64, u64) {
+    let (dense, moe) = model_layer_kinds(s, c, layout, stage);
     // The multi-token prediction modules' layers follow the model's last
     // layer on the last stage (Megatron-LM's MTP block), of its kind.
     match s.model.mtp_layers {
@@ -431,12 +444,19 @@ pub fn stage_layer_kinds(s: &Scenario, c: &ParallelConfig, stage: u64) -> (u64, 
 }
 
 /// [`stage_layer_kinds`] of the model's own layers.
-fn model_layer_kinds(s: &Scenario, c: &ParallelConfig, stage: u64) -> (u64, u64) {
+fn model_layer_kinds(
+    s: &Scenario,
+    c: &ParallelConfig,
+    layout: Option<&ChunkLayout>,
+    stage: u64,
+) -> (u64, u64) {
     let layers = c.stage_layers(s.model.layers, stage);
     let Some(moe) = s.model.moe else {
         return (layers, 0);
     };
-    let layout = c.chunk_layout(s.model.layers);
+    let layout = layout
+        .copied()
+        .unwrap_or_else(|| c.chunk_layout(s.model.layers));
     let moe_layers: u64 = (0..c.virtual_stages.max(1))
         .map(|j| {
             let chunk = layout.chunk(stage, j);
@@ -555,26 +575,73 @@ pub fn predict_checked(s: &Scenario, c: &ParallelConfig, memory: &MemoryCheck) -
     predict_with(s, c, Some(*memory)).0
 }
 
+/// `c` with the switches its layers' times do not read cleared (how data
+/// parallelism shards, overlaps and groups, BPipe and its stage order, the
+/// embedding's sync): two configurations with the same key have the same
+/// [`layer_times`], so a search may work them out once for both.
+pub fn layer_key(c: &ParallelConfig) -> ParallelConfig {
+    let plain = ParallelConfig::default();
+    ParallelConfig {
+        optimizer_sharding: plain.optimizer_sharding,
+        dp_shard: plain.dp_shard,
+        overlap_grad_reduce: plain.overlap_grad_reduce,
+        overlap_param_gather: plain.overlap_param_gather,
+        bpipe: plain.bpipe,
+        stage_order: plain.stage_order,
+        embedding_sync: plain.embedding_sync,
+        ..*c
+    }
+}
+
+/// The times of `c`'s dense and MoE layers and each stage's sum of them,
+/// where every prediction starts.
+pub fn layer_times(s: &Scenario, c: &ParallelConfig) -> LayerTimes {
+    LayerTimes::of(s, c, &mut ProfileUsage::default())
+}
+
+/// [`predict_checked`] from the configuration's [`layer_times`], which a
+/// search keeps for the configurations that share a [`layer_key`].
+pub fn predict_checked_from(
+    s: &Scenario,
+    c: &ParallelConfig,
+    memory: &MemoryCheck,
+    layer: &LayerTimes,
+) -> Prediction {
+    predict_from(s, c, Some(*memory), layer, ProfileUsage::default()).0
+}
+
 fn predict_with(
     s: &Scenario,
     c: &ParallelConfig,
     memory: Option<MemoryCheck>,
 ) -> (Prediction, ProfileUsage) {
     let mut usage = ProfileUsage::default();
+    let layer = LayerTimes::of(s, c, &mut usage);
+    predict_from(s, c, memory, &layer, usage)
+}
+
+/// [`predict_with`] from the layer times, with the profile's use so far.
+fn predict_from(
+    s: &Scenario,
+    c: &ParallelConfig,
+    memory: Option<MemoryCheck>,
+    layer: &LayerTimes,
+    mut usage: ProfileUsage,
+) -> (Prediction, ProfileUsage) {
     let m = c.micro_batches(s.global_batch) as f64;
     let v = c.virtual_stages as f64;
     let p = c.pp;
-    let layer = layer::LayerTimes::of(s, c, &mut usage);
     let ends = layer::pipeline_ends_time(s, c);
     let p2p = comm::pipeline_p2p_per_microbatch(s, c, &mut usage);
 
     // Per-micro-batch time of every stage; the slowest sets the pace and the
     // sum sets the fill/drain (generalises (m + p - 1) t to unequal stages).
-    let stage_time = |i: u64| stage_time(s, c, &layer, &ends, p2p, i);
-    let mut slowest = stage_time(0);
+    let stage_time = |i: u64| stage_time(s, c, layer, &ends, p2p, i);
+    let first = stage_time(0);
+    let mut slowest = first;
     let mut sum = 0.0;
     for i in 0..p {
-        let t = stage_time(i);
+        let t = if i == 0 { first } else { stage_time(i) };
         sum += t.total();
         if t.total() > slowest.total() {
             slowest = t;
@@ -582,7 +649,7 @@ fn predict_with(
     }
     let bubble = (sum - slowest.total()) / v;
 
-    let sync = data_parallel_and_optimizer(s, c, &layer, &mut usage);
+    let sync = data_parallel_and_optimizer(s, c, layer, &mut usage);
     let mut time = TimeBreakdown {
         compute: m * slowest.compute,
         host: m * slowest.host,
@@ -598,7 +665,7 @@ fn predict_with(
     };
     // Overlap hides transfers behind compute, never behind each other: the
     // iteration takes at least as long as its busiest link is busy.
-    let links = link_busy(s, c, &layer, m, p2p, &sync);
+    let links = link_busy(s, c, layer, m, p2p, &sync);
     let busiest = links.intra.max(links.inter);
     if busiest > time.total() {
         time.data_parallel += busiest - time.total();
@@ -612,7 +679,7 @@ fn predict_with(
         iteration_s,
         time,
         tokens_per_s: (s.global_batch * s.model.seq_len) as f64 / iteration_s,
-        tflops_per_gpu: hardware_flops(s, c) / iteration_s / gpus / 1e12,
+        tflops_per_gpu: hardware_flops_of(s, c, model_flops) / iteration_s / gpus / 1e12,
         mfu: model_flops / iteration_s / gpus / gemm_peak(s, c),
         peak_memory_bytes: memory.bytes,
         peak_stage: memory.stage,
@@ -846,13 +913,19 @@ pub fn intra_node_all_reduce(group: &NodeGroup, cost: &CostModel, ranks: u64, by
 
 /// FLOPs the GPUs execute in one iteration: model FLOPs plus recomputation.
 pub fn hardware_flops(s: &Scenario, c: &ParallelConfig) -> f64 {
+    hardware_flops_of(s, c, s.model.model_flops_per_iteration(s.global_batch))
+}
+
+/// [`hardware_flops`] given the model FLOPs of an iteration (a prediction
+/// has them at hand).
+fn hardware_flops_of(s: &Scenario, c: &ParallelConfig, model_flops: f64) -> f64 {
     let model = s.model;
     let tokens = (s.global_batch * model.seq_len) as f64;
     let layers = model.layers as f64;
     let recomputed_per_token = layers
         * c.recompute
             .recomputed_flops_per_token(model, c.ac_frequency);
-    model.model_flops_per_iteration(s.global_batch) + tokens * recomputed_per_token
+    model_flops + tokens * recomputed_per_token
 }
 
 struct SyncTime {
