@@ -13,8 +13,8 @@ use crate::cluster::NodeGroup;
 use crate::coefficients::CostModel;
 use crate::config::{ParallelConfig, Rule};
 use crate::cost::{
-    MemoryCheck, Prediction, Scenario, memory_key, peak_memory_if_fits, predict_checked,
-    state_floor, state_key,
+    LayerTimes, MemoryCheck, Prediction, Scenario, layer_key, layer_times, memory_key,
+    peak_memory_if_fits, predict_checked_from, state_floor, state_key,
 };
 use crate::model::ModelSpec;
 use crate::profile::Measurements;
@@ -144,6 +144,8 @@ pub fn search(job: &Job, space: &SearchSpace, cost: &CostModel) -> SearchResult 
             // few verdicts, by memory key, and by state key).
             let mut recent: Recent<ParallelConfig, Option<MemoryCheck>> = Recent::default();
             let mut states: Recent<ParallelConfig, bool> = Recent::default();
+            // and the layers' times by layer key, for the timing.
+            let mut layers: Recent<ParallelConfig, LayerTimes> = Recent::default();
             for config in space.inner(job, outer) {
                 tally.considered += 1;
                 if let Some(rule) =
@@ -168,9 +170,11 @@ pub fn search(job: &Job, space: &SearchSpace, cost: &CostModel) -> SearchResult 
                     tally.out_of_memory += 1;
                     continue;
                 };
+                let layer = layers
+                    .lend_or_insert_with(layer_key(&config), || layer_times(&scenario, &config));
                 tally.candidates.push(Candidate {
                     config,
-                    prediction: predict_checked(&scenario, &config, &memory),
+                    prediction: predict_checked_from(&scenario, &config, &memory, layer),
                 });
             }
             tally

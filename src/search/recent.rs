@@ -28,14 +28,21 @@ impl<K: Copy + PartialEq, V: Copy> Default for Recent<K, V> {
 
 impl<K: Copy + PartialEq, V: Copy> Recent<K, V> {
     /// The value kept for `key`, newest first.
+    #[cfg(test)]
     pub fn get(&self, key: &K) -> Option<V> {
+        self.slot_of(key)
+            .and_then(|i| self.slots[i])
+            .map(|(_, v)| v)
+    }
+
+    /// The slot holding `key`, newest first.
+    fn slot_of(&self, key: &K) -> Option<usize> {
         (1..=CAPACITY)
             .map(|back| (self.next + CAPACITY - back) % CAPACITY)
             // Slots fill in order: the first empty one going back is older
             // than every filled one.
-            .map_while(|i| self.slots[i].as_ref())
-            .find(|(k, _)| k == key)
-            .map(|&(_, v)| v)
+            .take_while(|&i| self.slots[i].is_some())
+            .find(|&i| self.slots[i].as_ref().is_some_and(|(k, _)| k == key))
     }
 
     /// Keeps `value` for `key` in place of the oldest entry.
@@ -46,11 +53,21 @@ impl<K: Copy + PartialEq, V: Copy> Recent<K, V> {
 
     /// The value kept for `key`, or `compute`'s, then kept.
     pub fn get_or_insert_with(&mut self, key: K, compute: impl FnOnce() -> V) -> V {
-        if let Some(value) = self.get(&key) {
-            return value;
-        }
-        let value = compute();
-        self.insert(key, value);
+        *self.lend_or_insert_with(key, compute)
+    }
+
+    /// [`get_or_insert_with`](Self::get_or_insert_with), lent rather than
+    /// copied (for values too large to copy on every lookup).
+    pub fn lend_or_insert_with(&mut self, key: K, compute: impl FnOnce() -> V) -> &V {
+        let slot = match self.slot_of(&key) {
+            Some(slot) => slot,
+            None => {
+                let slot = self.next;
+                self.insert(key, compute());
+                slot
+            }
+        };
+        let (_, value) = self.slots[slot].as_ref().expect("a filled slot");
         value
     }
 }

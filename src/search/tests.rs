@@ -252,3 +252,31 @@ fn bpipe_pays_where_unfused_activations_bind_memory_and_not_with_flash_and_sp() 
         "flash + SP: no gain worth having, found {flash}"
     );
 }
+
+/// The search reuses memory verdicts and layer times between the
+/// configurations that share their keys: each candidate's prediction must
+/// be what predicting it alone gives, bit for bit, on both engines.
+#[test]
+fn kept_memory_and_layer_times_predict_as_a_fresh_prediction() {
+    // At 8K tokens the search opens context parallelism too.
+    let mut job = job("mixtral-8x7b", 4, 64);
+    job.model.seq_len = 8192;
+    let cost = CostModel::datasheet();
+    let scenario = job.scenario(&cost);
+    for engine in [
+        crate::config::Engine::Megatron,
+        crate::config::Engine::Torchtitan,
+    ] {
+        let space = SearchSpace {
+            engine,
+            precision: Some(crate::config::Precision::ALL.to_vec()),
+            ..SearchSpace::default()
+        };
+        let result = search(&job, &space, &cost);
+        assert!(result.candidates.len() > 100, "{engine:?}");
+        for candidate in &result.candidates {
+            let fresh = crate::cost::predict(&scenario, &candidate.config);
+            assert_eq!(candidate.prediction, fresh, "{}", candidate.config);
+        }
+    }
+}
