@@ -220,7 +220,7 @@ fn a_moe_plan_exports_megatron_lm_and_torchtitan_flags() {
             "--moe-router-topk 2",
             "--moe-ffn-hidden-size 14336",
             "--expert-model-parallel-size 8",
-            "--expert-tensor-parallel-size 1",
+            "--expert-tensor-parallel-size",
             "--moe-token-dispatcher-type alltoall",
             "--moe-grouped-gemm",
         ],
@@ -516,6 +516,98 @@ fn deepeps_flex_dispatcher_moves_each_token_once_per_node() {
         &[
             "--moe-topk (8) exceeds the 4 experts of 1 groups",
             "--moe-router-group-topk",
+        ],
+    );
+}
+
+/// Megatron-Core's batch-level overlap (`--overlap-moe-expert-parallel-comm`)
+/// hides a micro-batch's token dispatch and combine under the compute of the
+/// one paired with it, holding one more chunk in flight; it is refused where
+/// Megatron-Core asserts against it, and exported with the weight-gradient
+/// split it runs with.
+#[test]
+fn batch_level_overlap_hides_the_expert_all_to_alls() {
+    let job = with(
+        &with(&["predict"], &MIXTRAL_ON_64),
+        &[
+            "--tp",
+            "1",
+            "--pp",
+            "4",
+            "--ep",
+            "8",
+            "--schedule",
+            "interleaved",
+            "--virtual-stages",
+            "4",
+            "--moe-dispatcher",
+            "alltoall",
+        ],
+    );
+    let off = ok(&with(&job, &["--ep-comm-overlap", "off"]));
+    let on = ok(&with(&job, &["--ep-comm-overlap", "on"]));
+    let (hidden, exposed) = (expert_parallel_ms(&on), expert_parallel_ms(&off));
+    assert!(hidden < 0.5 * exposed, "{hidden} ms against {exposed} ms");
+    let peak = |out: &str| -> f64 {
+        let at = out.find("peak ").unwrap() + 5;
+        out[at..]
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    assert!(peak(&on) > peak(&off), "{on}");
+    says(&on, &["overlap=ep"]);
+    // What Megatron-Core asserts against.
+    says(
+        &fails(&with(
+            &job,
+            &["--ep-comm-overlap", "on", "--recompute", "full"],
+        )),
+        &["--ep-comm-overlap on needs --recompute selective"],
+    );
+    says(
+        &fails(&with(
+            &with(&["predict"], &MIXTRAL_ON_64),
+            &[
+                "--tp",
+                "1",
+                "--pp",
+                "4",
+                "--ep",
+                "8",
+                "--ep-comm-overlap",
+                "on",
+            ],
+        )),
+        &["--ep-comm-overlap on needs --moe-dispatcher alltoall"],
+    );
+    // The search tries it where it runs, and exports its flags.
+    let plan = ok(&with(
+        &with(&["plan"], &MIXTRAL_ON_64),
+        &[
+            "--tp",
+            "1",
+            "--pp",
+            "4",
+            "--ep",
+            "8",
+            "--schedule",
+            "interleaved",
+            "--moe-dispatcher",
+            "alltoall",
+            "--ep-comm-overlap",
+            "on",
+            "--top",
+            "1",
+        ],
+    ));
+    says(
+        &plan,
+        &[
+            "--overlap-moe-expert-parallel-comm",
+            "--delay-wgrad-compute",
         ],
     );
 }

@@ -47,7 +47,7 @@ fn degrees_cells(c: Option<&ParallelConfig>, columns: RankingColumns) -> String 
 pub fn ranking_header(columns: RankingColumns) -> String {
     let with_band = columns.band;
     let header = format!(
-        "{:>4} {:>3} {:>3} {:>5} {:>4} {:<16} {:<9} {:>3} {:<19} {:>5} {:<9} {:<12} {:>6} {:>9} {:>11} {:>7} {:>6} {:>12}",
+        "{:>4} {:>3} {:>3} {:>5} {:>4} {:<16} {:<9} {:>3} {:<19} {:>5} {:<9} {:<16} {:>6} {:>9} {:>11} {:>7} {:>6} {:>12}",
         "#",
         "tp",
         "pp",
@@ -101,6 +101,7 @@ pub fn overlap_name(c: &ParallelConfig) -> String {
         (c.overlap_grad_reduce, "grad"),
         (c.overlap_param_gather, "param"),
         (c.tp_comm_overlap, "tp"),
+        (c.ep_comm_overlap, "ep"),
     ]
     .iter()
     .filter(|(on, _)| *on)
@@ -133,7 +134,7 @@ pub fn ranking_row(
     columns: RankingColumns,
 ) -> String {
     let row = format!(
-        "{:>4} {:>3} {:>3} {:>5} {:>4} {:<16} {:<9} {:>3} {:<19} {:>5} {:<9} {:<12} {:>6} {:>9} {:>11} {:>7.1} {:>6} {:>12}",
+        "{:>4} {:>3} {:>3} {:>5} {:>4} {:<16} {:<9} {:>3} {:<19} {:>5} {:<9} {:<16} {:>6} {:>9} {:>11} {:>7.1} {:>6} {:>12}",
         rank,
         c.tp,
         c.pp,
