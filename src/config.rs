@@ -92,7 +92,7 @@ impl Recompute {
     /// torchtitan's per-op policy, the whole forward of one layer in
     /// `ac_frequency` under its per-layer policy).
     pub fn recomputed_flops_per_token(self, model: &ModelSpec, ac_frequency: u64) -> f64 {
-        let attention = model.layer_attention_flops_per_token();
+        let attention = model.counted_attention_flops_per_token();
         let gemm = model.layer_gemm_flops_per_token();
         match self {
             Recompute::None => 0.0,

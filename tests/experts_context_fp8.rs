@@ -611,3 +611,75 @@ fn batch_level_overlap_hides_the_expert_all_to_alls() {
         ],
     );
 }
+
+/// gpt-oss attends over 128 tokens in every other layer: at long context
+/// those layers' attention is nearly free, which `--sliding-window 0` (full
+/// attention everywhere) does not see. Exported as Megatron-LM's window
+/// flags; the skip frequency needs a window.
+#[test]
+fn sliding_window_layers_attend_only_to_their_window() {
+    let job = [
+        "predict",
+        "--model",
+        "gpt-oss-120b",
+        "--gpu",
+        "h100-sxm",
+        "--nodes",
+        "4",
+        "--global-batch",
+        "64",
+        "--seq-len",
+        "32768",
+        "--tp",
+        "1",
+        "--ep",
+        "8",
+        "--cp",
+        "4",
+        "--moe-dispatcher",
+        "alltoall",
+    ];
+    let seconds = |out: &str| -> f64 {
+        let line = out
+            .lines()
+            .find(|l| l.contains(" s per iteration,"))
+            .unwrap();
+        line.split_whitespace().next().unwrap().parse().unwrap()
+    };
+    let windowed = seconds(&ok(&job));
+    let full = seconds(&ok(&with(&job, &["--sliding-window", "0"])));
+    assert!(windowed < 0.9 * full, "{windowed} s against {full} s");
+    let plan = ok(&[
+        "plan",
+        "--model",
+        "gpt-oss-20b",
+        "--gpu",
+        "h100-sxm",
+        "--nodes",
+        "1",
+        "--global-batch",
+        "64",
+        "--top",
+        "1",
+    ]);
+    says(&plan, &["--window-size 128,0", "--window-attn-skip-freq 2"]);
+    says(
+        &fails(&[
+            "predict",
+            "--model",
+            "llama3-8b",
+            "--gpu",
+            "h100-sxm",
+            "--nodes",
+            "1",
+            "--global-batch",
+            "8",
+            "--window-attn-skip-freq",
+            "2",
+        ]),
+        &[
+            "--window-attn-skip-freq needs a windowed attention",
+            "--sliding-window N",
+        ],
+    );
+}

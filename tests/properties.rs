@@ -103,6 +103,7 @@ fn synthetic_model() -> impl Strategy<Value = ModelSpec> {
                     moe: None,
                     // Every third depth also trains a prediction module.
                     mtp_layers: u64::from(layers % 3 == 0),
+                    window: None,
                     attention: if flash {
                         AttentionKind::Flash
                     } else {

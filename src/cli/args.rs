@@ -227,6 +227,14 @@ pub struct ModelArgs {
     /// DeepSeek-V3 has 1; 0 takes them away).
     #[arg(long, value_parser = clap::value_parser!(u64).range(0..=16))]
     pub mtp_layers: Option<u64>,
+    /// Sliding-window attention: each query of a windowed layer attends to the N
+    /// tokens before it (Megatron-LM's --window-size N,0; gpt-oss: 128; 0: none)
+    #[arg(long, value_parser = clap::value_parser!(u64).range(0..=1 << 24))]
+    pub sliding_window: Option<u64>,
+    /// Every N-th layer attends fully instead (--window-attn-skip-freq; gpt-oss: 2;
+    /// 0: every layer windowed)
+    #[arg(long, value_parser = clap::value_parser!(u64).range(0..=65536))]
+    pub window_attn_skip_freq: Option<u64>,
 }
 
 /// Where to train.

@@ -87,6 +87,7 @@ pub fn model(args: &ModelArgs) -> Result<ModelSpec> {
     }
     apply_moe_flags(args, &mut model)?;
     apply_mla_flags(args, &mut model)?;
+    apply_window_flags(args, &mut model)?;
     if let Some(mtp) = args.mtp_layers {
         model.mtp_layers = mtp;
     }
@@ -97,6 +98,29 @@ pub fn model(args: &ModelArgs) -> Result<ModelSpec> {
 /// The mixture-of-experts flags: `--experts` makes the model one (with
 /// Megatron-LM's defaults for the rest), the others change the model's
 /// experts and need it to have some.
+/// The sliding-window flags: `--sliding-window N` windows the attention (0
+/// takes the model's window away); `--window-attn-skip-freq` needs one.
+fn apply_window_flags(args: &ModelArgs, model: &mut ModelSpec) -> Result<()> {
+    match args.sliding_window {
+        None => {}
+        Some(0) => model.window = None,
+        Some(tokens) => {
+            let full_every = model.window.map_or(0, |w| w.full_every);
+            model.window = Some(paratune::model::WindowSpec { tokens, full_every });
+        }
+    }
+    if let Some(full_every) = args.window_attn_skip_freq {
+        let Some(window) = model.window.as_mut() else {
+            bail!(
+                "--window-attn-skip-freq needs a windowed attention, and model `{}` has none: add --sliding-window N or leave it out",
+                model.name
+            );
+        };
+        window.full_every = full_every;
+    }
+    Ok(())
+}
+
 fn apply_moe_flags(args: &ModelArgs, model: &mut ModelSpec) -> Result<()> {
     if let Some(experts) = args.experts {
         model.set_experts(experts);

@@ -117,9 +117,6 @@ pub fn expert_rows(s: &Scenario, c: &ParallelConfig) -> f64 {
     local_tokens(s, c) / c.tp as f64 * topk * c.etp as f64
 }
 
-/// The share of the attention-score products a causal fused kernel computes.
-const CAUSAL_SHARE: f64 = 0.5;
-
 /// GPU time of one forward pass of a layer, split by kind.
 #[derive(Debug, Clone, Copy)]
 struct PassTime {
@@ -225,7 +222,8 @@ fn layer_passes(s: &Scenario, c: &ParallelConfig, kind: LayerKind) -> (PassTime,
         // 2023, counts causal attention so, and its efficiencies with it).
         AttentionKind::Flash => {
             let e = k.attention_efficiency_flash * fill;
-            let done = CAUSAL_SHARE * attention_flops;
+            // Windowed layers compute fewer (`attended_share`).
+            let done = model.attended_share() * attention_flops;
             (
                 kernels::attention_core(s, done, e),
                 kernels::attention_core(s, 2.5 * done, e),

@@ -108,6 +108,13 @@ pub fn megatron_args(job: &LaunchJob) -> Result<Vec<String>, ExportError> {
         args.pair("--context-parallel-size", c.cp);
         args.pair("--cp-comm-type", c.cp_comm.name());
     }
+    if let Some(window) = model.window {
+        // (left, right): the tokens before a query, none after it.
+        args.pair("--window-size", format!("{},0", window.tokens));
+        if window.full_every > 0 {
+            args.pair("--window-attn-skip-freq", window.full_every);
+        }
+    }
     if model.mtp_layers > 0 {
         args.pair("--mtp-num-layers", model.mtp_layers);
     }

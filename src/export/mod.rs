@@ -198,6 +198,7 @@ pub(crate) mod tests {
             mla: None,
             moe: None,
             mtp_layers: 0,
+            window: None,
             attention: AttentionKind::Flash,
         }
     }

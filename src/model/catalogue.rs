@@ -100,8 +100,10 @@ struct Moe {
 // - gpt-oss-20b, gpt-oss-120b: openai/gpt-oss (`gpt_oss/torch/model.py`:
 //   hidden 2880, 64 heads of 64, 8 KV heads, experts 2880 wide, top-4,
 //   initial context 4096; 20.9B and 116.8B). Their alternate layers attend
-//   over a 128-token window; paratune prices every layer's attention over
-//   the whole sequence, which over-counts those layers' attention.
+//   over a 128-token window (config.json's sliding_window 128, layer_types
+//   sliding then full: Megatron-LM's --window-size 128,0
+//   --window-attn-skip-freq 2). Their attention sinks are not priced
+//   (one logit per head).
 #[rustfmt::skip]
 const MOE: [Moe; 6] = [
     Moe { name: "mixtral-8x7b", hidden: 4096, heads: 32, kv_heads: 8, head_dim: None, layers: 32, vocab: 32000, seq_len: 32768, experts: 8, topk: 2, expert_ffn: 14336 },
@@ -169,6 +171,12 @@ impl Moe {
         }
         .spec();
         spec.head_dim_override = self.head_dim;
+        if self.name.starts_with("gpt-oss") {
+            spec.window = Some(crate::model::WindowSpec {
+                tokens: 128,
+                full_every: 2,
+            });
+        }
         spec.moe = Some(MoeSpec {
             experts: self.experts,
             topk: self.topk,
@@ -203,6 +211,7 @@ impl Llama {
             mla: None,
             moe: None,
             mtp_layers: 0,
+            window: None,
         }
     }
 }

@@ -24,6 +24,8 @@
 //! moe_dense_layers = 0       # leading layers with a dense MLP (default 0)
 //! moe_layer_freq = 1         # then every n-th layer has experts (default 1)
 //! moe_router_num_groups = 0  # group-limited routing: expert groups (0: none)
+//! sliding_window = 128       # windowed attention: tokens before each query
+//! window_attn_skip_freq = 2  # every n-th layer attends fully (0: none)
 //! moe_router_group_topk = 0  # groups each token's experts come from
 //! kv_lora_rank = 512         # multi-latent attention (DeepSeek): the keys' and values' latent
 //! q_lora_rank = 1536         # the queries' latent (default 0: projected directly)
@@ -57,7 +59,7 @@ pub enum ModelFileError {
 }
 
 /// Keys a model file may hold, in the order they are documented.
-const KEYS: [&str; 29] = [
+const KEYS: [&str; 31] = [
     "base",
     "name",
     "hidden",
@@ -87,6 +89,8 @@ const KEYS: [&str; 29] = [
     "qk_pos_head_dim",
     "v_head_dim",
     "mtp_layers",
+    "sliding_window",
+    "window_attn_skip_freq",
 ];
 
 /// Multi-latent attention's keys besides `kv_lora_rank`.
@@ -134,11 +138,18 @@ pub fn render_model_toml(model: &ModelSpec) -> String {
     let mut flat = model.clone();
     flat.moe = None;
     flat.mla = None;
+    flat.window = None;
     let mut text = toml::to_string(&flat).expect("a model always serialises");
     if let Some(mla) = model.mla {
         text.push_str(&format!(
             "kv_lora_rank = {}\nq_lora_rank = {}\nqk_head_dim = {}\nqk_pos_head_dim = {}\nv_head_dim = {}\n",
             mla.kv_lora_rank, mla.q_lora_rank, mla.qk_head_dim, mla.qk_pos_head_dim, mla.v_head_dim
+        ));
+    }
+    if let Some(window) = model.window {
+        text.push_str(&format!(
+            "sliding_window = {}\nwindow_attn_skip_freq = {}\n",
+            window.tokens, window.full_every
         ));
     }
     if let Some(moe) = model.moe {
@@ -159,6 +170,34 @@ pub fn render_model_toml(model: &ModelSpec) -> String {
         }
     }
     text
+}
+
+/// Sliding-window keys applied to `model`: `sliding_window = N` windows
+/// its attention (0 takes a base model's window away), and
+/// `window_attn_skip_freq` needs a window.
+fn apply_window(table: &Table, model: &mut ModelSpec) -> Result<(), String> {
+    match table.get("sliding_window") {
+        None => {}
+        Some(Value::Integer(0)) => model.window = None,
+        Some(_) => {
+            let tokens = positive(table, "sliding_window")?.unwrap_or(0);
+            let full_every = model.window.map_or(0, |w| w.full_every);
+            model.window = Some(crate::model::WindowSpec { tokens, full_every });
+        }
+    }
+    if table.contains_key("window_attn_skip_freq") {
+        let Some(window) = model.window.as_mut() else {
+            return Err(
+                "`window_attn_skip_freq` needs a windowed attention: add `sliding_window = N` or remove it"
+                    .into(),
+            );
+        };
+        window.full_every = match table.get("window_attn_skip_freq") {
+            Some(Value::Integer(0)) => 0,
+            _ => positive(table, "window_attn_skip_freq")?.unwrap_or(0),
+        };
+    }
+    Ok(())
 }
 
 /// Multi-latent attention's keys applied to `model`: `kv_lora_rank` makes
@@ -301,6 +340,7 @@ fn parse(text: &str, path: &str) -> Result<ModelSpec, String> {
                 mla: None,
                 moe: None,
                 mtp_layers: 0,
+                window: None,
             }
         }
     };
@@ -338,6 +378,7 @@ fn parse(text: &str, path: &str) -> Result<ModelSpec, String> {
     }
     apply_moe(&table, &mut model)?;
     apply_mla(&table, &mut model)?;
+    apply_window(&table, &mut model)?;
     // 0 is allowed: it takes a base model's prediction modules away.
     match table.get("mtp_layers") {
         None => {}
@@ -487,6 +528,30 @@ mod tests {
         let text = render_model_toml(&m);
         assert!(text.contains("attention = \"standard\""), "{text}");
         assert_eq!(parse_model_toml(&text, "x.toml").unwrap(), m);
+    }
+
+    #[test]
+    fn a_window_is_given_taken_away_and_needed_by_its_skip_frequency() {
+        let plain = parse_model_toml("base = \"gpt-oss-20b\"\nsliding_window = 0\n", "x.toml");
+        assert_eq!(plain.unwrap().window, None);
+        let wider = parse_model_toml("base = \"gpt-oss-20b\"\nsliding_window = 512\n", "x.toml");
+        assert_eq!(
+            wider.unwrap().window,
+            Some(crate::model::WindowSpec {
+                tokens: 512,
+                full_every: 2
+            })
+        );
+        let err = parse_model_toml(
+            "base = \"llama3-8b\"\nwindow_attn_skip_freq = 2\n",
+            "x.toml",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("`window_attn_skip_freq` needs a windowed attention"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -72,6 +72,10 @@ pub struct ModelSpec {
     /// every MoE layer is replaced by routed experts (and shared ones).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub moe: Option<MoeSpec>,
+    /// Sliding-window attention, where the model has it (Mistral 7B,
+    /// gpt-oss): the windowed layers attend to a few recent tokens only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window: Option<WindowSpec>,
     /// Multi-token prediction modules (DeepSeek-V3's one; Megatron-LM's
     /// `--mtp-num-layers`): each predicts one more token ahead through the
     /// shared embedding, a projection of [hidden; embedding] (2h -> h), one
@@ -164,6 +168,21 @@ pub struct MoeSpec {
     pub router_group_topk: u64,
 }
 
+/// Sliding-window attention (Megatron-LM's `--window-size` and
+/// `--window-attn-skip-freq`): each query of a windowed layer attends to
+/// itself and the `tokens` before it; every `full_every`-th layer (counted
+/// from 1) attends the whole causal context instead, 0 meaning none does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WindowSpec {
+    pub tokens: u64,
+    pub full_every: u64,
+}
+
+/// The share of a layer's full score products (every query against every
+/// key) a causal fused kernel computes: the blocks above the diagonal are
+/// skipped (Dao, FlashAttention-2, 2023, counts causal attention so).
+pub const CAUSAL_SHARE: f64 = 0.5;
+
 fn layer_freq_default() -> u64 {
     1
 }
@@ -227,6 +246,7 @@ impl ModelSpec {
             mla: None,
             moe: None,
             mtp_layers: 0,
+            window: None,
         }
     }
 
@@ -510,6 +530,42 @@ impl ModelSpec {
         self.attention_gemm_flops_per_token() + mlp
     }
 
+    /// Layers whose attention is windowed.
+    pub fn windowed_layers(&self) -> u64 {
+        match self.window {
+            None => 0,
+            Some(w) if w.full_every == 0 => self.layers,
+            Some(w) => self.layers - self.layers / w.full_every,
+        }
+    }
+
+    /// The share of the full score products a fused kernel computes,
+    /// averaged over the layers: [`CAUSAL_SHARE`] for causal layers, and
+    /// for windowed ones the mean of min(position, window) keys per query
+    /// over the sequence, t/s (1 - t/2s), which meets the causal half at
+    /// t = s.
+    pub fn attended_share(&self) -> f64 {
+        let Some(window) = self.window else {
+            return CAUSAL_SHARE;
+        };
+        let (t, s) = (window.tokens as f64, self.seq_len.max(1) as f64);
+        let windowed = if t >= s {
+            CAUSAL_SHARE
+        } else {
+            t / s * (1.0 - t / (2.0 * s))
+        };
+        let share = self.windowed_layers() as f64 / self.layers.max(1) as f64;
+        share * windowed + (1.0 - share) * CAUSAL_SHARE
+    }
+
+    /// [`layer_attention_flops_per_token`](Self::layer_attention_flops_per_token)
+    /// as FLOP counts take it (every query against every key, the published
+    /// convention), with windowed layers counted for the keys they attend:
+    /// the same for a model without windows.
+    pub fn counted_attention_flops_per_token(&self) -> f64 {
+        self.layer_attention_flops_per_token() * (self.attended_share() / CAUSAL_SHARE)
+    }
+
     /// FLOPs of the two attention-score products (QK^T and AV) per token, forward.
     pub fn layer_attention_flops_per_token(&self) -> f64 {
         // QK^T over the query/key width, AV over the value width.
@@ -527,7 +583,7 @@ impl ModelSpec {
     pub fn model_flops_per_iteration(&self, global_batch: u64) -> f64 {
         let tokens = (global_batch * self.seq_len) as f64;
         let per_token_fwd = self.layers as f64
-            * (self.layer_gemm_flops_per_token() + self.layer_attention_flops_per_token())
+            * (self.layer_gemm_flops_per_token() + self.counted_attention_flops_per_token())
             + self.head_flops_per_token()
             + self.mtp_flops_per_token();
         3.0 * tokens * per_token_fwd
@@ -545,7 +601,7 @@ impl ModelSpec {
             _ => self.mlp_flops_per_token(self.ffn_hidden),
         };
         let layer =
-            self.attention_gemm_flops_per_token() + mlp + self.layer_attention_flops_per_token();
+            self.attention_gemm_flops_per_token() + mlp + self.counted_attention_flops_per_token();
         self.mtp_layers as f64 * (2.0 * 2.0 * h * h + layer + self.head_flops_per_token())
     }
 
@@ -583,6 +639,12 @@ impl ModelSpec {
         }
         if let Some(moe) = self.moe {
             self.check_moe(&moe)?;
+        }
+        if self.window.is_some_and(|w| w.tokens == 0) {
+            return Err(format!(
+                "model `{}`: `sliding_window` must be positive; leave it out for full attention",
+                self.name
+            ));
         }
         Ok(())
     }
@@ -651,6 +713,32 @@ fn check_router_groups(name: &str, moe: &MoeSpec) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn windowed_layers_attend_to_their_window_and_full_ones_causally() {
+        let mut m = crate::model::builtin_model("gpt-oss-120b").unwrap();
+        assert_eq!(m.windowed_layers(), 18);
+        // 128 of 4,096 keys: t/s (1 - t/2s) for half the layers, the causal
+        // half for the others.
+        let windowed = 128.0 / 4096.0 * (1.0 - 128.0 / 8192.0);
+        assert!((m.attended_share() - (windowed + CAUSAL_SHARE) / 2.0).abs() < 1e-12);
+        // A window as long as the sequence is plain causal attention.
+        m.seq_len = 128;
+        assert_eq!(m.attended_share(), CAUSAL_SHARE);
+        m.seq_len = 4096;
+        // Every layer windowed, or none.
+        m.window = Some(WindowSpec {
+            tokens: 128,
+            full_every: 0,
+        });
+        assert_eq!(m.windowed_layers(), m.layers);
+        m.window = None;
+        assert_eq!(m.attended_share(), CAUSAL_SHARE);
+        assert_eq!(
+            m.counted_attention_flops_per_token(),
+            m.layer_attention_flops_per_token()
+        );
+    }
 
     #[test]
     fn gpt_parameter_count_matches_the_published_formula() {

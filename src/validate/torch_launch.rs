@@ -258,6 +258,8 @@ pub fn unsupported(model: &crate::model::ModelSpec, c: &ParallelConfig) -> Optio
         "FP8 GEMMs are not run by the worker (it computes in bf16 or fp32); plan with `precision bf16`"
     } else if model.mtp_layers > 0 {
         "multi-token prediction modules are not built by the worker"
+    } else if model.window.is_some() {
+        "sliding-window attention is not built by the worker (it attends over the whole causal context)"
     } else if let Some(reason) = context_unsupported(model, c) {
         reason
     } else if model.head_dim_override.is_some() || model.mla.is_some() {

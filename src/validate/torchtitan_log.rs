@@ -2437,6 +2437,7 @@ fn llama_spec(
         mla: None,
         moe: None,
         mtp_layers: 0,
+        window: None,
     }
 }
 
