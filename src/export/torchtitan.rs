@@ -83,6 +83,13 @@ fn layout(job: &LaunchJob) -> Result<Layout, ExportError> {
             hint: "torchtitan has no BPipe; search again with --bpipe off".into(),
         });
     }
+    if c.ep_comm_overlap {
+        return Err(ExportError::Unsupported {
+            engine: ENGINE,
+            feature: "Megatron-Core's batch-level EP overlap".into(),
+            hint: "torchtitan does not pair micro-batches to hide its all-to-alls; search again with --ep-comm-overlap off".into(),
+        });
+    }
     let mut notes = Vec::new();
     let (replicate, shard, reshard) = match c.optimizer_sharding {
         _ if c.dp == 1 => (1, 1, None),
