@@ -684,3 +684,48 @@ fn sliding_window_layers_attend_only_to_their_window() {
         ],
     );
 }
+
+/// Run tables carry this stop's columns: the flex dispatcher with router
+/// groups, the batch-level EP overlap and a sliding window each price a
+/// row below the same row without them.
+#[test]
+fn run_tables_read_router_groups_ep_overlap_and_windows() {
+    let dir = tempfile::tempdir().unwrap();
+    let table = dir.path().join("runs.csv");
+    let head = "gpus,gpu,global_batch,micro_batch,layers,hidden,heads,seq_len,vocab,tp,pp,ep,etp,num_experts,moe_topk,moe_ffn_hidden,moe_dispatcher,moe_router_num_groups,moe_router_group_topk,ep_comm_overlap,sliding_window,window_attn_skip_freq,iter_ms";
+    let row = "64,h100-sxm,256,1,8,2048,16,4096,32000,1,1,64,1,64,8,1024";
+    let rows = [
+        "alltoall,,,off,,",
+        "flex,8,2,off,,",
+        "alltoall,,,on,,",
+        "alltoall,,,off,128,2",
+    ];
+    let text: String = std::iter::once(head.to_string())
+        .chain(rows.iter().map(|r| format!("{row},{r},1000")))
+        .map(|line| line + "\n")
+        .collect();
+    std::fs::write(&table, text).unwrap();
+    let out = ok(&["predict", "--runs", table.to_str().unwrap()]);
+    let mut lines = out.lines();
+    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+    let at = header
+        .iter()
+        .position(|c| *c == "predicted_iter_ms")
+        .unwrap();
+    let ms: Vec<f64> = lines
+        .map(|l| l.split(',').nth(at).unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(ms.len(), 4, "{out}");
+    for (i, faster) in ms.iter().enumerate().skip(1) {
+        assert!(*faster < ms[0], "row {i}: {faster} ms against {} ms", ms[0]);
+    }
+    // A skip frequency without a window is the row's error.
+    std::fs::write(&table, format!("{head}\n{row},alltoall,,,off,,2,1000\n")).unwrap();
+    says(
+        &fails(&["predict", "--runs", table.to_str().unwrap()]),
+        &[
+            "line 2",
+            "`window_attn_skip_freq` needs a windowed attention",
+        ],
+    );
+}

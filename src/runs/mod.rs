@@ -493,9 +493,27 @@ fn parse_row(table: &RunTable, index: usize, defaults: &RowDefaults) -> Result<R
             shared_ffn_hidden: count("moe_shared_ffn_hidden")?.unwrap_or(0),
             dense_layers: count("moe_dense_layers")?.unwrap_or(0),
             layer_freq: int("moe_layer_freq")?.unwrap_or(defaults.layer_freq),
-            // No column: unlimited routing, Megatron-LM's default.
-            ..defaults
+            // Empty: unlimited routing, Megatron-LM's default.
+            router_groups: count("moe_router_num_groups")?.unwrap_or(0),
+            router_group_topk: count("moe_router_group_topk")?.unwrap_or(0),
         });
+    }
+    match cell("sliding_window") {
+        None | Some("0") if cell("window_attn_skip_freq").is_some_and(|f| f != "0") => {
+            return Err(
+                "`window_attn_skip_freq` needs a windowed attention: give the row's `sliding_window` or leave the column empty".to_string().into(),
+            );
+        }
+        None | Some("0") => {}
+        Some(_) => {
+            model.window = Some(crate::model::WindowSpec {
+                tokens: int("sliding_window")?.unwrap_or(0),
+                full_every: match cell("window_attn_skip_freq") {
+                    None | Some("0") => 0,
+                    Some(_) => int("window_attn_skip_freq")?.unwrap_or(0),
+                },
+            });
+        }
     }
     model.name = format!("h{}-L{}", model.hidden, model.layers);
 
@@ -795,7 +813,7 @@ pub(crate) fn assert_row_columns_follow_the_schema(columns: &[&str]) {
 }
 
 /// Every column a run table may use; others are carried through untouched.
-pub const KNOWN_COLUMNS: [&str; 73] = [
+pub const KNOWN_COLUMNS: [&str; 77] = [
     "gpus",
     "global_batch",
     "micro_batch",
@@ -857,6 +875,10 @@ pub const KNOWN_COLUMNS: [&str; 73] = [
     "moe_dense_layers",
     "moe_layer_freq",
     "moe_dispatcher",
+    "moe_router_num_groups",
+    "moe_router_group_topk",
+    "sliding_window",
+    "window_attn_skip_freq",
     "embedding_sync",
     "head_dim",
     "kv_lora_rank",
