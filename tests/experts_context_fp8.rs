@@ -25,6 +25,18 @@ const MIXTRAL_ON_64: [&str; 10] = [
     "4096",
 ];
 
+/// A dense model on one node, for refusals.
+const LLAMA3_8B_ON_ONE_NODE: [&str; 8] = [
+    "--model",
+    "llama3-8b",
+    "--gpu",
+    "h100-sxm",
+    "--nodes",
+    "1",
+    "--global-batch",
+    "8",
+];
+
 fn with<'a>(base: &[&'a str], extra: &[&'a str]) -> Vec<&'a str> {
     base.iter().chain(extra).copied().collect()
 }
@@ -100,17 +112,7 @@ fn impossible_expert_context_and_precision_settings_name_the_flag() {
 
 #[test]
 fn expert_flags_on_a_dense_model_are_refused() {
-    let dense = [
-        "predict",
-        "--model",
-        "llama3-8b",
-        "--gpu",
-        "h100-sxm",
-        "--nodes",
-        "1",
-        "--global-batch",
-        "8",
-    ];
+    let dense = with(&["predict"], &LLAMA3_8B_ON_ONE_NODE);
     says(
         &fails(&with(&dense, &["--moe-topk", "2"])),
         &["--moe-topk needs a mixture of experts", "--experts N"],
@@ -527,23 +529,22 @@ fn deepeps_flex_dispatcher_moves_each_token_once_per_node() {
 /// split it runs with.
 #[test]
 fn batch_level_overlap_hides_the_expert_all_to_alls() {
-    let job = with(
-        &with(&["predict"], &MIXTRAL_ON_64),
-        &[
-            "--tp",
-            "1",
-            "--pp",
-            "4",
-            "--ep",
-            "8",
-            "--schedule",
-            "interleaved",
-            "--virtual-stages",
-            "4",
-            "--moe-dispatcher",
-            "alltoall",
-        ],
-    );
+    let mixtral = |command: &'static str, extra: &[&'static str]| -> Vec<&'static str> {
+        let on_64 = with(&[command], &MIXTRAL_ON_64);
+        with(
+            &with(&on_64, &["--tp", "1", "--pp", "4", "--ep", "8"]),
+            extra,
+        )
+    };
+    let interleaved_alltoall = [
+        "--schedule",
+        "interleaved",
+        "--virtual-stages",
+        "4",
+        "--moe-dispatcher",
+        "alltoall",
+    ];
+    let job = mixtral("predict", &interleaved_alltoall);
     let off = ok(&with(&job, &["--ep-comm-overlap", "off"]));
     let on = ok(&with(&job, &["--ep-comm-overlap", "on"]));
     let (hidden, exposed) = (expert_parallel_ms(&on), expert_parallel_ms(&off));
@@ -568,40 +569,13 @@ fn batch_level_overlap_hides_the_expert_all_to_alls() {
         &["--ep-comm-overlap on needs --recompute selective"],
     );
     says(
-        &fails(&with(
-            &with(&["predict"], &MIXTRAL_ON_64),
-            &[
-                "--tp",
-                "1",
-                "--pp",
-                "4",
-                "--ep",
-                "8",
-                "--ep-comm-overlap",
-                "on",
-            ],
-        )),
+        &fails(&mixtral("predict", &["--ep-comm-overlap", "on"])),
         &["--ep-comm-overlap on needs --moe-dispatcher alltoall"],
     );
     // The search tries it where it runs, and exports its flags.
     let plan = ok(&with(
-        &with(&["plan"], &MIXTRAL_ON_64),
-        &[
-            "--tp",
-            "1",
-            "--pp",
-            "4",
-            "--ep",
-            "8",
-            "--schedule",
-            "interleaved",
-            "--moe-dispatcher",
-            "alltoall",
-            "--ep-comm-overlap",
-            "on",
-            "--top",
-            "1",
-        ],
+        &mixtral("plan", &interleaved_alltoall),
+        &["--ep-comm-overlap", "on", "--top", "1"],
     ));
     says(
         &plan,
@@ -665,19 +639,10 @@ fn sliding_window_layers_attend_only_to_their_window() {
     ]);
     says(&plan, &["--window-size 128,0", "--window-attn-skip-freq 2"]);
     says(
-        &fails(&[
-            "predict",
-            "--model",
-            "llama3-8b",
-            "--gpu",
-            "h100-sxm",
-            "--nodes",
-            "1",
-            "--global-batch",
-            "8",
-            "--window-attn-skip-freq",
-            "2",
-        ]),
+        &fails(&with(
+            &with(&["predict"], &LLAMA3_8B_ON_ONE_NODE),
+            &["--window-attn-skip-freq", "2"],
+        )),
         &[
             "--window-attn-skip-freq needs a windowed attention",
             "--sliding-window N",

@@ -173,11 +173,20 @@ impl Cluster {
                     Some((cp, exchange)) => format!(
                         "{line}; cp{cp}, {} tokens a rank, {}",
                         plan.model.seq_len / cp,
-                        match exchange.as_str() {
-                            "a2a" => "heads split over the cp ranks by all-to-all".to_string(),
-                            "allgather" =>
-                                "keys and values all-gathered over the cp ranks".to_string(),
-                            other => format!("keys and values by the {other} ring"),
+                        // read_trial checked it is the planned exchange.
+                        match <crate::config::CpComm as crate::choice::Choice>::parse(
+                            "cp_comm", &exchange,
+                        ) {
+                            Ok(crate::config::CpComm::A2a) => {
+                                "heads split over the cp ranks by all-to-all".to_string()
+                            }
+                            Ok(crate::config::CpComm::AllGather) => {
+                                "keys and values all-gathered over the cp ranks".to_string()
+                            }
+                            Ok(crate::config::CpComm::P2p) => {
+                                "keys and values by the p2p ring".to_string()
+                            }
+                            Err(_) => format!("keys and values by {exchange}"),
                         }
                     ),
                     None => line,
