@@ -229,16 +229,49 @@ pub enum CpComm {
     /// Keys and values all-gathered before the attention, not overlapped.
     #[serde(rename = "allgather")]
     AllGather,
+    /// Hierarchical: all-to-all over groups of `cp_a2a` neighbouring cp
+    /// ranks (within a node), then a p2p ring between the groups (Megatron-
+    /// LM's `--cp-comm-type a2a+p2p` with
+    /// `--hierarchical-context-parallel-sizes`).
+    #[serde(rename = "a2a+p2p")]
+    A2aP2p,
 }
 
 impl CpComm {
-    pub const ALL: [CpComm; 3] = [CpComm::P2p, CpComm::A2a, CpComm::AllGather];
+    pub const ALL: [CpComm; 4] = [CpComm::P2p, CpComm::A2a, CpComm::AllGather, CpComm::A2aP2p];
+
+    /// The all-to-all group `cp_comm a2a+p2p` takes unless told: the most
+    /// cp ranks that share a node with their tp ranks, below cp and dividing
+    /// it, so that the all-to-all stays on the node's link and the ring
+    /// runs between nodes (1 for the other exchanges, or where no such
+    /// group exists, which the rules then refuse).
+    pub fn default_cp_a2a_for(comm: CpComm, cp: u64, tp: u64, gpus_per_node: u64) -> u64 {
+        if comm != CpComm::A2aP2p {
+            return 1;
+        }
+        let room = (gpus_per_node / tp.max(1)).max(1);
+        (2..cp)
+            .rev()
+            .find(|d| cp.is_multiple_of(*d) && *d <= room)
+            .unwrap_or(1)
+    }
+
+    /// The cp ranks of one all-to-all group: all of them for a2a, the
+    /// hierarchy's inner size for a2a+p2p, none otherwise.
+    pub fn all_to_all_ranks(self, c: &ParallelConfig) -> u64 {
+        match self {
+            CpComm::A2a => c.cp,
+            CpComm::A2aP2p => c.cp_a2a,
+            CpComm::P2p | CpComm::AllGather => 1,
+        }
+    }
 
     pub fn name(self) -> &'static str {
         match self {
             CpComm::P2p => "p2p",
             CpComm::A2a => "a2a",
             CpComm::AllGather => "allgather",
+            CpComm::A2aP2p => "a2a+p2p",
         }
     }
 }
@@ -388,6 +421,11 @@ pub struct ParallelConfig {
     pub cp: u64,
     #[serde(default)]
     pub cp_comm: CpComm,
+    /// Under `cp_comm a2a+p2p`, the cp ranks of one all-to-all group (the
+    /// first of Megatron-LM's `--hierarchical-context-parallel-sizes`); 1
+    /// otherwise.
+    #[serde(default = "one")]
+    pub cp_a2a: u64,
     /// Expert parallelism: each MoE layer's experts spread over `ep` ranks
     /// (`--expert-model-parallel-size`), carved out of tp x cp x dp.
     #[serde(default = "one")]
@@ -486,6 +524,7 @@ impl Default for ParallelConfig {
             dp: 1,
             cp: 1,
             cp_comm: CpComm::P2p,
+            cp_a2a: 1,
             ep: 1,
             etp: 1,
             dispatcher: Dispatcher::default(),
@@ -542,6 +581,11 @@ impl ParallelConfig {
     /// (Megatron-LM's data-parallel group with context parallelism).
     pub fn dense_sync_degree(&self) -> u64 {
         self.dp.saturating_mul(self.cp)
+    }
+
+    /// [`CpComm::default_cp_a2a_for`] this configuration's exchange.
+    pub fn default_cp_a2a(&self, gpus_per_node: u64) -> u64 {
+        CpComm::default_cp_a2a_for(self.cp_comm, self.cp, self.tp, gpus_per_node)
     }
 
     /// Expert tensor parallelism where none is given: Megatron-LM's
@@ -691,11 +735,19 @@ impl ParallelConfig {
             ),
             (Rule::CpCommWithoutCp, c.cp == 1 && c.cp_comm != CpComm::P2p),
             (
-                Rule::ContextHeadsNotDivisible,
-                c.cp_comm == CpComm::A2a
-                    && (!model.heads.is_multiple_of(c.tp * c.cp)
-                        || !model.kv_heads.is_multiple_of(c.tp * c.cp)),
+                Rule::HierarchicalCp,
+                match c.cp_comm {
+                    CpComm::A2aP2p => {
+                        c.cp_a2a < 2 || c.cp_a2a >= c.cp || !c.cp.is_multiple_of(c.cp_a2a)
+                    }
+                    _ => c.cp_a2a != 1,
+                },
             ),
+            (Rule::ContextHeadsNotDivisible, {
+                let split = c.tp * c.cp_comm.all_to_all_ranks(c);
+                split > c.tp
+                    && (!model.heads.is_multiple_of(split) || !model.kv_heads.is_multiple_of(split))
+            }),
             (
                 Rule::SparseSyncOfDenseEmbedding,
                 c.embedding_sync.is_sparse()
@@ -997,6 +1049,9 @@ pub enum Rule {
     CpCommWithoutCp,
     /// All-to-all context parallelism splits the heads over tp x cp.
     ContextHeadsNotDivisible,
+    /// Hierarchical cp: an all-to-all group of 2 or more that divides cp
+    /// and leaves a ring between groups.
+    HierarchicalCp,
     /// A sparse embedding sync on a model whose input embedding's gradient
     /// is dense (tied to the output head) or that has no data-parallel ranks.
     SparseSyncOfDenseEmbedding,
@@ -1076,6 +1131,7 @@ impl Rule {
             Rule::ContextNotDivisible => "sequence not divisible by 2 x cp",
             Rule::CpCommWithoutCp => "a context-parallel exchange without cp",
             Rule::ContextHeadsNotDivisible => "all-to-all cp needs tp x cp to divide the heads",
+            Rule::HierarchicalCp => "a2a+p2p cp needs an all-to-all group dividing cp",
             Rule::SparseSyncOfDenseEmbedding => "a sparse embedding sync of a dense gradient",
             Rule::SparseSyncWithSharding => "a sparse embedding sync under this sharding",
             Rule::ExpertsWithoutMoe => "expert parallelism on a dense model",
@@ -1248,10 +1304,21 @@ impl Rule {
                 c.cp_comm.name()
             ),
             Rule::ContextHeadsNotDivisible => format!(
-                "`cp_comm a2a` splits the heads over tp x cp = {}, which must divide heads ({}) and kv heads ({}); use `cp_comm p2p` or a smaller cp",
-                c.tp * c.cp,
+                "`cp_comm {}` splits the heads over tp x {} = {}, which must divide heads ({}) and kv heads ({}); use `cp_comm p2p` or a smaller cp",
+                c.cp_comm.name(),
+                if c.cp_comm == CpComm::A2a { "cp" } else { "cp_a2a" },
+                c.tp * c.cp_comm.all_to_all_ranks(c),
                 model.heads,
                 model.kv_heads
+            ),
+            Rule::HierarchicalCp if c.cp_comm == CpComm::A2aP2p => format!(
+                "`cp_comm a2a+p2p` needs an all-to-all group (`cp_a2a`, taken from the cp ranks that share a node with their tp ranks) from 2 to below cp {} and dividing it, and got {}; use `cp_comm p2p` or a2a, or a smaller tp",
+                c.cp, c.cp_a2a
+            ),
+            Rule::HierarchicalCp => format!(
+                "`cp_a2a {}` is the all-to-all group of `cp_comm a2a+p2p`; leave it out for `cp_comm {}`",
+                c.cp_a2a,
+                c.cp_comm.name()
             ),
             Rule::ExpertsWithoutMoe => format!(
                 "model `{}` has no experts, so ep {} / etp {} / `moe_dispatcher {}` mean nothing; leave them out, or give the model experts (`experts`)",
@@ -1367,6 +1434,9 @@ impl fmt::Display for ParallelConfig {
         if self.cp_comm != CpComm::P2p {
             write!(f, " cp-comm={}", self.cp_comm.name())?;
         }
+        if self.cp_a2a != 1 {
+            write!(f, " cp-a2a={}", self.cp_a2a)?;
+        }
         if self.dispatcher != Dispatcher::default() {
             write!(f, " dispatch={}", self.dispatcher.name())?;
         }
@@ -1395,6 +1465,18 @@ pub fn on_off(flag: bool) -> &'static str {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_hierarchical_exchange_groups_the_cp_ranks_of_a_node() {
+        use super::CpComm;
+        // tp 2 on 8-GPU nodes leaves 4 cp ranks a node; cp 16 splits 4 x 4.
+        assert_eq!(CpComm::default_cp_a2a_for(CpComm::A2aP2p, 16, 2, 8), 4);
+        // cp 4 within a node would be all of cp: the largest proper group.
+        assert_eq!(CpComm::default_cp_a2a_for(CpComm::A2aP2p, 4, 1, 8), 2);
+        // tp 8 fills the node: no group, which the rules refuse.
+        assert_eq!(CpComm::default_cp_a2a_for(CpComm::A2aP2p, 4, 8, 8), 1);
+        assert_eq!(CpComm::default_cp_a2a_for(CpComm::P2p, 16, 1, 8), 1);
+    }
+
     #[test]
     fn a_dense_configuration_holds_any_dispatcher() {
         // Plan files written before the default moved say alltoall.

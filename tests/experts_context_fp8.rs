@@ -694,3 +694,51 @@ fn run_tables_read_router_groups_ep_overlap_and_windows() {
         ],
     );
 }
+
+/// Megatron-LM's hierarchical context parallelism: an all-to-all among the
+/// cp ranks of a node, then a ring between nodes. The group is the cp ranks
+/// beside their tp ranks on a node; with no room for one it is refused.
+#[test]
+fn hierarchical_context_parallelism_rings_between_node_groups() {
+    let job = |tp: &'static str, cp: &'static str| {
+        vec![
+            "plan",
+            "--model",
+            "llama3.1-8b",
+            "--gpu",
+            "h100-sxm",
+            "--nodes",
+            "4",
+            "--global-batch",
+            "16",
+            "--seq-len",
+            "131072",
+            "--pp",
+            "1",
+            "--cp",
+            cp,
+            "--cp-comm",
+            "a2a+p2p",
+            "--tp",
+            tp,
+            "--top",
+            "1",
+        ]
+    };
+    says(
+        &ok(&job("1", "16")),
+        &[
+            "cp-comm=a2a+p2p cp-a2a=8",
+            "--cp-comm-type a2a+p2p",
+            "--hierarchical-context-parallel-sizes 8 2",
+        ],
+    );
+    // tp 8 fills the node: no cp rank shares it, so there is no group.
+    let mut predict = job("8", "4");
+    predict[0] = "predict";
+    predict.truncate(predict.len() - 2);
+    says(
+        &fails(&predict),
+        &["--cp-comm a2a+p2p needs an all-to-all group", "got 1"],
+    );
+}

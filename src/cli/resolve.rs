@@ -603,6 +603,8 @@ pub fn single_config(args: &SpaceArgs, job: &Job) -> Result<ParallelConfig> {
         dp_shard: single_optional("--dp-shard", &space.dp_shard)?,
         cp,
         cp_comm: single("--cp-comm", &space.cp_comm, CpComm::P2p)?,
+        // a2a+p2p's all-to-all group, from the node as the search takes it.
+        cp_a2a: 1,
         ep: single("--ep", &space.ep, 1)?,
         etp: single("--etp", &space.etp, moe_etp)?,
         dispatcher: single(
@@ -617,6 +619,7 @@ pub fn single_config(args: &SpaceArgs, job: &Job) -> Result<ParallelConfig> {
             SyncMethod::AllReduce,
         )?,
     };
+    config.cp_a2a = config.default_cp_a2a(job.gpus_per_node());
     // A group of all of dp is plain sharding.
     if config.dp_shard == Some(config.dp) {
         config.dp_shard = None;

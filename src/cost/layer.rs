@@ -212,7 +212,8 @@ fn layer_passes(s: &Scenario, c: &ParallelConfig, kind: LayerKind) -> (PassTime,
     let attention_flops = tokens * model.layer_attention_flops_per_token() / t;
     let keys_per_kernel = match c.cp_comm {
         CpComm::P2p => seq / c.cp.max(1) as f64,
-        _ => seq,
+        CpComm::A2aP2p => seq / (c.cp / c.cp_a2a.max(1)).max(1) as f64,
+        CpComm::A2a | CpComm::AllGather => seq,
     };
     let fill = keys_per_kernel / (keys_per_kernel + k.gemm_dim_half);
     let (attention_fwd, attention_bwd) = match c.attention {
@@ -399,17 +400,34 @@ fn deduplicated_dispatch(s: &Scenario, c: &ParallelConfig, span: GroupSpan) -> f
     comm::exchange(s, span, tokens * row * on_node, tokens * row * off_node)
 }
 
+/// A layer's context-parallel exchange, (forward, backward) times on the
+/// cp group's links: the ring steps, which hide under the attention they
+/// feed, and the all-to-alls or all-gathers, which come before it.
+#[derive(Debug, Clone, Copy, Default)]
+struct CpExchange {
+    ring: (f64, f64),
+    other: (f64, f64),
+}
+
+/// Ring steps a context-parallel rank's keys and values take per pass.
+fn ring_steps(c: &ParallelConfig) -> u64 {
+    match c.cp_comm {
+        CpComm::P2p => c.cp - 1,
+        CpComm::A2aP2p => c.cp / c.cp_a2a.max(1) - 1,
+        CpComm::A2a | CpComm::AllGather => 0,
+    }
+}
+
 /// Context parallelism's key/value exchange per layer: forward, and the
-/// backward's (keys and values again, and their gradients). Returns the
-/// forward and backward times on the cp group's link; measured transfers
-/// are counted in `usage`.
+/// backward's (keys and values again, and their gradients); measured
+/// transfers are counted in `usage`.
 fn context_parallel_passes(
     s: &Scenario,
     c: &ParallelConfig,
     usage: &mut ProfileUsage,
-) -> (f64, f64) {
+) -> CpExchange {
     if c.cp == 1 {
-        return (0.0, 0.0);
+        return CpExchange::default();
     }
     let model = s.model;
     let t = c.tp as f64;
@@ -417,21 +435,28 @@ fn context_parallel_passes(
     let tokens = local_tokens(s, c);
     let kv_chunk = HALF * tokens * model.kv_width() as f64 / t;
     let span = comm::context_parallel_span(s, c);
+    // Q, K, V before the attention and its output after, re-split from
+    // sequence chunks to head groups and back; the backward moves their
+    // gradients.
+    let heads_for_tokens = |span| {
+        let bytes = HALF * tokens * (2.0 * model.q_width() as f64 + model.kv_width() as f64) / t;
+        let forward = comm::all_to_all(s, span, bytes);
+        (forward, forward)
+    };
+    // Ring steps, each passing one chunk to the next rank.
+    let mut ring = |span| {
+        let forward = ring_steps(c) as f64 * comm::ring_step(s, span, kv_chunk, usage);
+        (forward, 2.0 * forward)
+    };
     match c.cp_comm {
-        // cp - 1 ring steps, each passing one chunk to the next rank.
-        CpComm::P2p => {
-            let forward = (cp - 1.0) * comm::ring_step(s, span, kv_chunk, usage);
-            (forward, 2.0 * forward)
-        }
-        // Q, K, V before the attention and its output after, re-split from
-        // sequence chunks to head groups and back; the backward moves
-        // their gradients.
-        CpComm::A2a => {
-            let bytes =
-                HALF * tokens * (2.0 * model.q_width() as f64 + model.kv_width() as f64) / t;
-            let forward = comm::all_to_all(s, span, bytes);
-            (forward, forward)
-        }
+        CpComm::P2p => CpExchange {
+            ring: ring(span),
+            other: (0.0, 0.0),
+        },
+        CpComm::A2a => CpExchange {
+            ring: (0.0, 0.0),
+            other: heads_for_tokens(span),
+        },
         // Keys and values gathered whole; the backward gathers them again
         // and reduce-scatters their gradients.
         CpComm::AllGather => {
@@ -439,7 +464,21 @@ fn context_parallel_passes(
             let gather = comm::collective(s, comm::Collective::AllGather, span, gathered, usage);
             let scatter =
                 comm::collective(s, comm::Collective::ReduceScatter, span, gathered, usage);
-            (gather, gather + scatter)
+            CpExchange {
+                ring: (0.0, 0.0),
+                other: (gather, gather + scatter),
+            }
+        }
+        // The all-to-all within each group of cp_a2a neighbours, then a
+        // ring between the groups: a rank then holds its group's tokens for
+        // 1/cp_a2a of the heads, so a ring chunk is as large as p2p's.
+        CpComm::A2aP2p => {
+            let inner = s.placement.span(c.tp, c.cp_a2a);
+            let outer = s.placement.span(c.tp * c.cp_a2a, c.cp / c.cp_a2a.max(1));
+            CpExchange {
+                ring: ring(outer),
+                other: heads_for_tokens(inner),
+            }
         }
     }
 }
@@ -596,18 +635,21 @@ pub fn layer_time_of(
         LayerKind::Dense => (0.0, 0.0),
     };
     let (ep_link, etp_link) = (passes * a2a_fwd, passes * etp_fwd);
-    let (cp_fwd, cp_bwd) = context_parallel_passes(s, c, usage);
-    let cp_link = cp_fwd * (1.0 + recomputed_forwards(c)) + cp_bwd;
+    let x = context_parallel_passes(s, c, usage);
+    let per_layer =
+        |(forward, backward): (f64, f64)| forward * (1.0 + recomputed_forwards(c)) + backward;
+    let (ring_link, other_link) = (per_layer(x.ring), per_layer(x.other));
+    let cp_link = ring_link + other_link;
     // The ring hides under the attention it feeds; the all-to-all and
     // all-gather exchanges come before it and are not hidden.
-    let (cp_exposed, cp_hidden) = match c.cp_comm {
-        CpComm::P2p if c.cp > 1 => {
-            let window = (1.0 + recomputed_forwards(c)) * fwd.attention + bwd.attention;
-            let floor = (c.cp - 1) as f64 * k.p2p_latency_us * 1e-6;
-            super::overlapped(cp_link, window, k.cp_overlap, floor)
-        }
-        _ => (cp_link, 0.0),
+    let (ring_exposed, cp_hidden) = if ring_link > 0.0 {
+        let window = (1.0 + recomputed_forwards(c)) * fwd.attention + bwd.attention;
+        let floor = ring_steps(c) as f64 * k.p2p_latency_us * 1e-6;
+        super::overlapped(ring_link, window, k.cp_overlap, floor)
+    } else {
+        (0.0, 0.0)
     };
+    let cp_exposed = ring_exposed + other_link;
     let exchange = LayerTime {
         gpu_compute: k.overlap_sm_cost * cp_hidden,
         tensor_parallel: 0.0,

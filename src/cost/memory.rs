@@ -627,13 +627,16 @@ fn context_parallel_buffers(s: &Scenario, c: &ParallelConfig) -> f64 {
     let model = s.model;
     let tokens = local_tokens(s, c);
     let kv_chunk = HALF * tokens * model.kv_width() as f64 / c.tp as f64;
+    let heads_for_tokens = || {
+        let widths = model.q_width() + model.kv_width() + model.v_width();
+        2.0 * HALF * tokens * widths as f64 / c.tp as f64
+    };
     match c.cp_comm {
         CpComm::P2p => 4.0 * kv_chunk,
         CpComm::AllGather => 2.0 * c.cp as f64 * kv_chunk,
-        CpComm::A2a => {
-            let widths = model.q_width() + model.kv_width() + model.v_width();
-            2.0 * HALF * tokens * widths as f64 / c.tp as f64
-        }
+        CpComm::A2a => heads_for_tokens(),
+        // Both: the all-to-all's re-split tensors, then the ring's chunks.
+        CpComm::A2aP2p => heads_for_tokens() + 4.0 * kv_chunk,
     }
 }
 

@@ -107,6 +107,13 @@ pub fn megatron_args(job: &LaunchJob) -> Result<Vec<String>, ExportError> {
     if c.cp > 1 {
         args.pair("--context-parallel-size", c.cp);
         args.pair("--cp-comm-type", c.cp_comm.name());
+        if c.cp_comm == crate::config::CpComm::A2aP2p {
+            // The all-to-all group's size, then the ring's (nargs='+').
+            args.values(
+                "--hierarchical-context-parallel-sizes",
+                [c.cp_a2a, c.cp / c.cp_a2a],
+            );
+        }
     }
     if let Some(window) = model.window {
         // (left, right): the tokens before a query, none after it.
@@ -321,5 +328,11 @@ impl Args {
     fn pair(&mut self, name: &str, value: impl ToString) {
         self.0.push(name.to_string());
         self.0.push(value.to_string());
+    }
+
+    /// A flag taking several values, each its own argument.
+    fn values(&mut self, name: &str, values: impl IntoIterator<Item = impl ToString>) {
+        self.0.push(name.to_string());
+        self.0.extend(values.into_iter().map(|v| v.to_string()));
     }
 }

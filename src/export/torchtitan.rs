@@ -217,8 +217,8 @@ fn check_experts_and_context(job: &LaunchJob, release: Release) -> Result<(), Ex
         }
     }
     match (c.cp_comm, release) {
-        (crate::config::CpComm::A2a, _) if c.cp > 1 => unsupported(
-            "all-to-all context parallelism (DeepSpeed-Ulysses)".into(),
+        (crate::config::CpComm::A2a | crate::config::CpComm::A2aP2p, _) if c.cp > 1 => unsupported(
+            format!("context parallelism by {}", c.cp_comm.name()),
             "torchtitan's context parallelism rotates keys and values around the ranks; search again with --cp-comm p2p or allgather",
         ),
         (crate::config::CpComm::AllGather, Release::V03) if c.cp > 1 => unsupported(

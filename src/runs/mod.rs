@@ -649,6 +649,7 @@ fn parse_row(table: &RunTable, index: usize, defaults: &RowDefaults) -> Result<R
         dp_shard: int("dp_shard")?.filter(|&n| n != dp),
         cp,
         cp_comm,
+        cp_a2a: int("cp_a2a")?.unwrap_or(1),
         ep,
         etp,
         dispatcher,
@@ -813,7 +814,7 @@ pub(crate) fn assert_row_columns_follow_the_schema(columns: &[&str]) {
 }
 
 /// Every column a run table may use; others are carried through untouched.
-pub const KNOWN_COLUMNS: [&str; 77] = [
+pub const KNOWN_COLUMNS: [&str; 78] = [
     "gpus",
     "global_batch",
     "micro_batch",
@@ -875,6 +876,7 @@ pub const KNOWN_COLUMNS: [&str; 77] = [
     "moe_dense_layers",
     "moe_layer_freq",
     "moe_dispatcher",
+    "cp_a2a",
     "moe_router_num_groups",
     "moe_router_group_topk",
     "sliding_window",

@@ -558,7 +558,10 @@ impl<'a> InnerDims<'a> {
                 (Some(given), _) => lend(given),
                 (None, _) => lend(&[CpComm::P2p]),
             },
-            |c, comm| c.cp_comm = comm,
+            |c, comm| {
+                c.cp_comm = comm;
+                c.cp_a2a = c.default_cp_a2a(gpus_per_node);
+            },
         );
         expand(
             v,

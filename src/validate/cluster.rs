@@ -186,6 +186,9 @@ impl Cluster {
                             Ok(crate::config::CpComm::P2p) => {
                                 "keys and values by the p2p ring".to_string()
                             }
+                            Ok(crate::config::CpComm::A2aP2p) => {
+                                "heads split by all-to-all, then a ring".to_string()
+                            }
                             Err(_) => format!("keys and values by {exchange}"),
                         }
                     ),

@@ -1133,7 +1133,7 @@ impl MegatronRun {
                     "context parallelism by {}",
                     m.cp_comm_type.clone().unwrap_or_default()
                 ),
-                "paratune prices one key/value exchange for all layers (p2p, a2a or allgather); measure with one --cp-comm-type",
+                "log ingestion reads one key/value exchange for all layers (p2p, a2a or allgather; not yet a2a+p2p's hierarchical sizes); measure with one --cp-comm-type",
             ));
         }
         if m.all

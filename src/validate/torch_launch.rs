@@ -336,7 +336,11 @@ fn context_unsupported(
     if c.cp == 1 {
         return None;
     }
-    if c.tp > 1 {
+    if c.cp_comm == CpComm::A2aP2p {
+        Some(
+            "the worker exchanges keys and values with Megatron-LM's p2p ring, a2a or allgather, not the hierarchical a2a+p2p; plan with one of them",
+        )
+    } else if c.tp > 1 {
         Some(
             "context parallelism beside tensor parallelism (tp > 1) is not run by the worker yet; plan with `tp 1`",
         )
