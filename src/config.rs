@@ -256,6 +256,17 @@ impl CpComm {
             .unwrap_or(1)
     }
 
+    /// The cp ranks (or groups of them, for a2a+p2p) a ring of key/value
+    /// steps goes around: cp for p2p, cp / cp_a2a for a2a+p2p, 1 (no ring)
+    /// otherwise.
+    pub fn ring_ranks(self, c: &ParallelConfig) -> u64 {
+        match self {
+            CpComm::P2p => c.cp,
+            CpComm::A2aP2p => c.cp / c.cp_a2a.max(1),
+            CpComm::A2a | CpComm::AllGather => 1,
+        }
+    }
+
     /// The cp ranks of one all-to-all group: all of them for a2a, the
     /// hierarchy's inner size for a2a+p2p, none otherwise.
     pub fn all_to_all_ranks(self, c: &ParallelConfig) -> u64 {

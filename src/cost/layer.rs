@@ -208,13 +208,10 @@ fn layer_passes(s: &Scenario, c: &ParallelConfig, kind: LayerKind) -> (PassTime,
 
     // Each context-parallel rank's queries attend over the whole sequence
     // (the causal half balanced by Megatron-LM's 2 x cp chunking); a ring
-    // step attends one chunk of keys, so the kernel fills over seq / cp.
+    // step attends one chunk of keys, so the kernel fills over seq / the
+    // ring's ranks (cp for p2p, cp / cp_a2a for a2a+p2p, 1 without a ring).
     let attention_flops = tokens * model.layer_attention_flops_per_token() / t;
-    let keys_per_kernel = match c.cp_comm {
-        CpComm::P2p => seq / c.cp.max(1) as f64,
-        CpComm::A2aP2p => seq / (c.cp / c.cp_a2a.max(1)).max(1) as f64,
-        CpComm::A2a | CpComm::AllGather => seq,
-    };
+    let keys_per_kernel = seq / c.cp_comm.ring_ranks(c).max(1) as f64;
     let fill = keys_per_kernel / (keys_per_kernel + k.gemm_dim_half);
     let (attention_fwd, attention_bwd) = match c.attention {
         // FlashAttention's backward recomputes the scores: 2.5x the forward
@@ -411,11 +408,7 @@ struct CpExchange {
 
 /// Ring steps a context-parallel rank's keys and values take per pass.
 fn ring_steps(c: &ParallelConfig) -> u64 {
-    match c.cp_comm {
-        CpComm::P2p => c.cp - 1,
-        CpComm::A2aP2p => c.cp / c.cp_a2a.max(1) - 1,
-        CpComm::A2a | CpComm::AllGather => 0,
-    }
+    c.cp_comm.ring_ranks(c).saturating_sub(1)
 }
 
 /// Context parallelism's key/value exchange per layer: forward, and the
@@ -474,7 +467,7 @@ fn context_parallel_passes(
         // 1/cp_a2a of the heads, so a ring chunk is as large as p2p's.
         CpComm::A2aP2p => {
             let inner = s.placement.span(c.tp, c.cp_a2a);
-            let outer = s.placement.span(c.tp * c.cp_a2a, c.cp / c.cp_a2a.max(1));
+            let outer = s.placement.span(c.tp * c.cp_a2a, c.cp_comm.ring_ranks(c));
             CpExchange {
                 ring: ring(outer),
                 other: heads_for_tokens(inner),

@@ -111,7 +111,7 @@ pub fn megatron_args(job: &LaunchJob) -> Result<Vec<String>, ExportError> {
             // The all-to-all group's size, then the ring's (nargs='+').
             args.values(
                 "--hierarchical-context-parallel-sizes",
-                [c.cp_a2a, c.cp / c.cp_a2a],
+                [c.cp_a2a, c.cp_comm.ring_ranks(c)],
             );
         }
     }

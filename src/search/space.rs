@@ -697,9 +697,7 @@ impl<'a> InnerDims<'a> {
             v,
             sp,
             |c| {
-                let mut overlapped = *c;
-                overlapped.ep_comm_overlap = true;
-                let runs = crate::config::ep_overlap_problem(&job.model, &overlapped).is_none();
+                let runs = crate::config::ep_overlap_problem(&job.model, c).is_none();
                 lend(switch(&space.ep_comm_overlap, runs))
             },
             |c, on| c.ep_comm_overlap = on,
