@@ -492,6 +492,12 @@ pub struct ParallelConfig {
     /// token dispatch and combine hide under the other's compute.
     #[serde(default)]
     pub ep_comm_overlap: bool,
+    /// `--fp8-param-gather`: the layers' weights kept in FP8 (Transformer
+    /// Engine's `fp8_model_init`) with fp32 master copies in the sharded
+    /// optimizer, so no 16-bit copy is held and the all-gather moves 1 byte
+    /// a weight. Needs FP8 with Megatron-LM and sharded optimizer states.
+    #[serde(default)]
+    pub fp8_param_gather: bool,
     /// CUDA graphs (`--cuda-graph-impl`; torch.compile's cudagraphs in
     /// torchtitan): each layer's kernels captured once and replayed, so the
     /// host launches a graph instead of every kernel.
@@ -555,6 +561,7 @@ impl Default for ParallelConfig {
             overlap_param_gather: false,
             tp_comm_overlap: false,
             ep_comm_overlap: false,
+            fp8_param_gather: false,
             cuda_graphs: false,
             stage_order: StageOrder::Megatron,
             engine: Engine::Megatron,
@@ -616,6 +623,15 @@ impl ParallelConfig {
     /// Micro-batches each pipeline processes per iteration.
     pub fn micro_batches(&self, global_batch: u64) -> u64 {
         global_batch / self.micro_batch.saturating_mul(self.dp).max(1)
+    }
+
+    /// Whether this configuration's end stages are Megatron-LM's
+    /// [`accounted_split`] with the embedding and the loss both counted, and
+    /// not whole chunks (what only that split can express).
+    pub fn is_accounted_split(&self, layers: u64) -> bool {
+        self.uneven()
+            && accounted_split(layers, self.pp, self.virtual_stages, true, true)
+                == Some((self.first_stage_layers, self.last_stage_layers))
     }
 
     /// Whether the first or the last stage holds other than the even share.
@@ -803,6 +819,10 @@ impl ParallelConfig {
             (
                 Rule::EpOverlapNeeds,
                 c.ep_comm_overlap && ep_overlap_problem(model, c).is_some(),
+            ),
+            (
+                Rule::Fp8ParamGatherNeeds,
+                c.fp8_param_gather && fp8_param_gather_problem(c).is_some(),
             ),
             (
                 Rule::BatchNotDivisible,
@@ -1084,6 +1104,24 @@ pub enum Rule {
     /// What Megatron-Core's batch-level EP overlap asserts (in
     /// `TransformerConfig.__post_init__`).
     EpOverlapNeeds,
+    Fp8ParamGatherNeeds,
+}
+
+/// What keeps Megatron-LM from keeping `c`'s weights in FP8, if anything:
+/// FP8 GEMMs, Transformer Engine's layers, and a sharded optimizer to hold
+/// the fp32 master weights the FP8 ones are cast from.
+pub fn fp8_param_gather_problem(c: &ParallelConfig) -> Option<&'static str> {
+    if c.precision != Precision::Fp8 {
+        Some("`precision fp8`")
+    } else if c.engine != Engine::Megatron {
+        Some("`engine megatron` (torchao's float8 keeps 16-bit weights)")
+    } else if c.optimizer_sharding == OptimizerSharding::None {
+        Some(
+            "sharded optimizer states (`optimizer_sharding optimizer-states` or `optimizer_sharding full`)",
+        )
+    } else {
+        None
+    }
 }
 
 /// What keeps Megatron-Core from running `c` with its batch-level EP
@@ -1152,6 +1190,9 @@ impl Rule {
             Rule::MoeTpWithoutSp => "MoE with tp needs sequence parallelism",
             Rule::EpOverlapNeeds => {
                 "EP comm overlap needs ep > 1, an alltoall or flex dispatcher, no full recomputation or CUDA graphs, and interleaving under a pipeline"
+            }
+            Rule::Fp8ParamGatherNeeds => {
+                "FP8 parameter gather needs FP8 with Megatron-LM and sharded optimizer states"
             }
         }
     }
@@ -1362,6 +1403,10 @@ impl Rule {
                 "`ep_comm_overlap on` needs {}, as Megatron-Core asserts; turn `ep_comm_overlap` off or change that",
                 ep_overlap_problem(model, c).unwrap_or("its settings")
             ),
+            Rule::Fp8ParamGatherNeeds => format!(
+                "`fp8_param_gather on` needs {}; turn `fp8_param_gather` off or change that",
+                fp8_param_gather_problem(c).unwrap_or("its settings")
+            ),
             Rule::SparseSyncOfDenseEmbedding if model.tied_embeddings => format!(
                 "embedding sync {}: this model ties its input embedding to the output head, whose gradient touches every row; use all-reduce",
                 c.embedding_sync.name()
@@ -1454,6 +1499,9 @@ impl fmt::Display for ParallelConfig {
         if self.precision != Precision::Bf16 {
             write!(f, " {}", self.precision.name())?;
         }
+        if self.fp8_param_gather {
+            f.write_str(" fp8-weights")?;
+        }
         if self.embedding_sync != SyncMethod::AllReduce {
             write!(f, " embedding-sync={}", self.embedding_sync.name())?;
         }
@@ -1472,6 +1520,30 @@ impl fmt::Display for ParallelConfig {
 
 pub fn on_off(flag: bool) -> &'static str {
     if flag { "on" } else { "off" }
+}
+
+/// Megatron-LM's `--account-for-embedding-in-pipeline-split` and
+/// `--account-for-loss-in-pipeline-split`: the embedding and the loss count
+/// as a layer each and `layers + 1 (+ 1)` split evenly over pp x v chunks, so
+/// the first (last) stage holds one layer fewer. Returns the (first, last)
+/// stage layers, or `None` where that count does not divide.
+pub fn accounted_split(
+    layers: u64,
+    pp: u64,
+    virtual_stages: u64,
+    embedding: bool,
+    loss: bool,
+) -> Option<(Option<u64>, Option<u64>)> {
+    let counted = layers + u64::from(embedding) + u64::from(loss);
+    let chunks = pp.saturating_mul(virtual_stages);
+    if pp < 2 || chunks == 0 || !counted.is_multiple_of(chunks) {
+        return None;
+    }
+    let per_stage = counted / pp;
+    Some((
+        embedding.then(|| per_stage - 1),
+        loss.then(|| per_stage - 1),
+    ))
 }
 
 #[cfg(test)]

@@ -885,6 +885,19 @@ fn gpu_count_must_be_whole_nodes() {
         "64",
     ]);
     says(&e, &["--gpus 12", "node size 8", "--gpus 8", "--gpus 16"]);
+    // A GB200 job of 128 GPUs uses 64 of each 72-GPU NVLink domain.
+    let e = fails(&[
+        "plan",
+        "--model",
+        "llama3-70b",
+        "--gpu",
+        "gb200",
+        "--gpus",
+        "128",
+        "--global-batch",
+        "128",
+    ]);
+    says(&e, &["node size 72", "--gpus 144", "--gpus-per-node 64"]);
 }
 
 #[test]

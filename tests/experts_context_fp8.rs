@@ -742,3 +742,98 @@ fn hierarchical_context_parallelism_rings_between_node_groups() {
         &["--cp-comm a2a+p2p needs an all-to-all group", "got 1"],
     );
 }
+
+/// NeMo's Llama 3.1 405B recipe runs 126 layers at pp 8 x v 8: only
+/// Megatron-LM's account-for split (the embedding and the loss a layer
+/// each, 15 + 16 x 6 + 15) divides them, and the plan exports it.
+#[test]
+fn a_pipeline_that_needs_the_account_for_split_plans_and_exports_it() {
+    let out = ok(&[
+        "plan",
+        "--model",
+        "llama3-405b",
+        "--gpu",
+        "h100-sxm",
+        "--nodes",
+        "128",
+        "--global-batch",
+        "512",
+        "--tp",
+        "8",
+        "--pp",
+        "8",
+        "--cp",
+        "2",
+        "--schedule",
+        "interleaved",
+        "--virtual-stages",
+        "8",
+        "--top",
+        "1",
+    ]);
+    says(
+        &out,
+        &[
+            "15/16/15",
+            "--account-for-embedding-in-pipeline-split",
+            "--account-for-loss-in-pipeline-split",
+            "--num-virtual-stages-per-pipeline-rank 8",
+        ],
+    );
+    assert!(
+        !out.contains("--decoder-first-pipeline-num-layers"),
+        "{out}"
+    );
+}
+
+/// FP8 weights (`--fp8-param-gather`) replace the 16-bit weights and
+/// Transformer Engine's FP8 copies with FP8 data and its transpose: 2
+/// bytes a layer weight fewer. They need sharded optimizer states.
+#[test]
+fn fp8_weights_save_two_bytes_a_weight_and_need_sharded_states() {
+    let predict = |gather: &str, sharding: &str| {
+        let mut args = with(&["predict"], &LLAMA3_8B_ON_ONE_NODE);
+        args.extend([
+            "--precision",
+            "fp8",
+            "--optimizer-sharding",
+            sharding,
+            "--fp8-param-gather",
+            gather,
+            "--recompute",
+            "full",
+        ]);
+        args.iter().map(|s| s.to_string()).collect::<Vec<_>>()
+    };
+    let weights = |gather: &str| -> f64 {
+        let args = predict(gather, "optimizer-states");
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = ok(&refs);
+        let row = out
+            .lines()
+            .skip_while(|l| !l.contains("stage  weights"))
+            .nth(1)
+            .unwrap_or_else(|| panic!("no stage row in:\n{out}"));
+        row.split_whitespace().nth(1).unwrap().parse().unwrap()
+    };
+    let (on, off) = (weights("on"), weights("off"));
+    // Llama 3 8B's layers hold 6.98 B weights: 2 bytes each is 13.0 GiB.
+    let saved = off - on;
+    assert!((saved - 13.0).abs() < 0.2, "on {on} off {off}");
+    let args = predict("on", "none");
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    says(
+        &fails(&refs),
+        &["--fp8-param-gather on needs sharded optimizer states"],
+    );
+    let mut plan = with(&["plan"], &LLAMA3_8B_ON_ONE_NODE);
+    plan.extend([
+        "--precision",
+        "fp8",
+        "--optimizer-sharding",
+        "optimizer-states",
+        "--top",
+        "1",
+    ]);
+    says(&ok(&plan), &["--fp8-param-gather", "fp8-weights"]);
+}

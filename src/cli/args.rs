@@ -373,6 +373,10 @@ pub struct SpaceArgs {
     /// (Megatron-Core's --overlap-moe-expert-parallel-comm): on, off.
     #[arg(long, value_delimiter = ',')]
     pub ep_comm_overlap: Option<Vec<String>>,
+    /// FP8 weights gathered by the sharded optimizer (Megatron-LM's
+    /// --fp8-param-gather; default on with --precision fp8 where it runs): on, off.
+    #[arg(long, value_delimiter = ',')]
+    pub fp8_param_gather: Option<Vec<String>>,
     /// CUDA graphs (--cuda-graph-impl; torch.compile's cudagraphs): on, off.
     #[arg(long, value_delimiter = ',')]
     pub cuda_graphs: Option<Vec<String>>,

@@ -11,7 +11,7 @@ use paratune::config::{Engine, ParallelConfig};
 use paratune::cost::group_syncs;
 use paratune::cost::sparse::embedding_sync_options;
 use paratune::cost::{ProfileUsage, Scenario, memory_per_stage, predict_with_usage};
-use paratune::evaluate::{Setting, evaluate_with, predicted_rows};
+use paratune::evaluate::{Figures, Setting, evaluate_with, predicted_rows};
 use paratune::export::{
     BestExport, LaunchJob, best_export, megatron_args, megatron_command_line, torchtitan_flags,
     torchtitan_toml,
@@ -682,6 +682,29 @@ pub fn evaluate_command(args: &EvaluateArgs) -> Result<()> {
                 summary.worst_line.unwrap_or(0),
                 summary.worst_error * 100.0
             );
+            kind_lines(&mut out, &summary.by_kind);
+            // Rows with a time but no measured peak ran without a memory
+            // figure: their fits verdict is checked here.
+            if evaluation.memory.is_empty() {
+                let lines = &summary.not_fitting_lines;
+                let _ = writeln!(
+                    out,
+                    "  runs predicted not to fit  {}{}",
+                    lines.len(),
+                    if lines.is_empty() {
+                        String::new()
+                    } else {
+                        format!(
+                            " (line {})",
+                            lines
+                                .iter()
+                                .map(|l| l.to_string())
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        )
+                    }
+                );
+            }
             if summary.groups > 0 {
                 let _ = writeln!(
                     out,
@@ -728,6 +751,22 @@ pub fn evaluate_command(args: &EvaluateArgs) -> Result<()> {
     Ok(())
 }
 
+/// Figures per kind of run, a line each.
+fn kind_lines(out: &mut String, by_kind: &[(paratune::evaluate::RunKind, Figures)]) {
+    for (kind, f) in by_kind {
+        let _ = writeln!(
+            out,
+            "    {}: {} rows, MAPE {}, median {}, worst line {} ({:+.1}%)",
+            kind.name(),
+            f.rows,
+            percent(f.mape),
+            percent(f.median_ape),
+            f.worst_line,
+            f.worst_error * 100.0
+        );
+    }
+}
+
 /// The memory figures of an evaluation, as table lines.
 fn memory_lines(out: &mut String, m: &paratune::evaluate::MemorySummary) {
     let _ = writeln!(out, "  rows with a measured peak memory {}", m.rows);
@@ -744,18 +783,7 @@ fn memory_lines(out: &mut String, m: &paratune::evaluate::MemorySummary) {
             );
         }
     }
-    for (kind, f) in &m.allocated_by_kind {
-        let _ = writeln!(
-            out,
-            "    {}: {} rows, MAPE {}, median {}, worst line {} ({:+.1}%)",
-            kind.name(),
-            f.rows,
-            percent(f.mape),
-            percent(f.median_ape),
-            f.worst_line,
-            f.worst_error * 100.0
-        );
-    }
+    kind_lines(out, &m.allocated_by_kind);
     let _ = writeln!(
         out,
         "  fits verdicts the runs contradict: {} (predicted not to fit, yet they ran){}",

@@ -249,8 +249,14 @@ pub fn nodes(args: &ClusterArgs) -> Result<(NodeGroup, u64)> {
     let gpus = args.gpus.unwrap_or(group.nodes * group.gpus_per_node);
     let node = group.gpus_per_node;
     if gpus > node && !gpus.is_multiple_of(node) {
+        // A job may use part of each node (64 of a GB200 NVL72 rack's 72
+        // GPUs): as many per node as divide the job.
+        let part = (1..node)
+            .rev()
+            .find(|d| gpus.is_multiple_of(*d))
+            .unwrap_or(1);
         bail!(
-            "--gpus {gpus} is not a multiple of the node size {node} (--gpus-per-node); use whole nodes, e.g. --gpus {} or --gpus {}",
+            "--gpus {gpus} is not a multiple of the node size {node} (--gpus-per-node); use whole nodes, e.g. --gpus {} or --gpus {}, or {part} GPUs of each node with --gpus-per-node {part}",
             gpus / node * node,
             gpus.div_ceil(node) * node
         );
@@ -425,6 +431,7 @@ pub fn space(args: &SpaceArgs) -> Result<SearchSpace> {
         overlap_param_gather: switches("--overlap-param-gather", &args.overlap_param_gather)?,
         tp_comm_overlap: switches("--tp-comm-overlap", &args.tp_comm_overlap)?,
         ep_comm_overlap: switches("--ep-comm-overlap", &args.ep_comm_overlap)?,
+        fp8_param_gather: switches("--fp8-param-gather", &args.fp8_param_gather)?,
         cuda_graphs: switches("--cuda-graphs", &args.cuda_graphs)?,
         stage_order: choices::<StageOrder>("--stage-order", &args.stage_order)?,
         engine: engine(args)?,
@@ -595,6 +602,7 @@ pub fn single_config(args: &SpaceArgs, job: &Job) -> Result<ParallelConfig> {
         overlap_param_gather: single("--overlap-param-gather", &space.overlap_param_gather, false)?,
         tp_comm_overlap: single("--tp-comm-overlap", &space.tp_comm_overlap, false)?,
         ep_comm_overlap: single("--ep-comm-overlap", &space.ep_comm_overlap, false)?,
+        fp8_param_gather: single("--fp8-param-gather", &space.fp8_param_gather, false)?,
         cuda_graphs: single("--cuda-graphs", &space.cuda_graphs, false)?,
         stage_order: single("--stage-order", &space.stage_order, StageOrder::Megatron)?,
         engine: space.engine,
@@ -620,6 +628,10 @@ pub fn single_config(args: &SpaceArgs, job: &Job) -> Result<ParallelConfig> {
         )?,
     };
     config.cp_a2a = config.default_cp_a2a(job.gpus_per_node());
+    // FP8 weights where they run, as the search keeps them.
+    if space.fp8_param_gather.is_none() {
+        config.fp8_param_gather = paratune::config::fp8_param_gather_problem(&config).is_none();
+    }
     // A group of all of dp is plain sharding.
     if config.dp_shard == Some(config.dp) {
         config.dp_shard = None;

@@ -11,7 +11,7 @@ use crate::model::AttentionKind;
 use crate::suggest::did_you_mean;
 
 /// The keys a specification may set; several have a short and a long name.
-pub const SPEC_KEYS: [&str; 43] = [
+pub const SPEC_KEYS: [&str; 44] = [
     "tp",
     "pp",
     "dp",
@@ -35,6 +35,7 @@ pub const SPEC_KEYS: [&str; 43] = [
     "overlap_param_gather",
     "tp_comm_overlap",
     "ep_comm_overlap",
+    "fp8_param_gather",
     "cp_a2a",
     "cp-a2a",
     "cuda_graphs",
@@ -172,6 +173,7 @@ fn set(c: &mut ParallelConfig, key: &str, value: &str) -> Result<(), SpecError> 
         "overlap_param_gather" => c.overlap_param_gather = switch(key, value)?,
         "tp_comm_overlap" => c.tp_comm_overlap = switch(key, value)?,
         "ep_comm_overlap" => c.ep_comm_overlap = switch(key, value)?,
+        "fp8_param_gather" => c.fp8_param_gather = switch(key, value)?,
         "cp_a2a" | "cp-a2a" => c.cp_a2a = number()?,
         "graphs" | "cuda_graphs" => c.cuda_graphs = switch(key, value)?,
         "compile" => c.compile = switch(key, value)?,

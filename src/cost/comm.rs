@@ -466,6 +466,17 @@ pub fn stage_sync(
     sync
 }
 
+/// Bytes an all-gather of `group`'s weights moves: 16-bit weights, or 1 byte
+/// a layer weight kept in FP8 (`fp8_param_gather`).
+fn gathered_weight_bytes(s: &Scenario, c: &ParallelConfig, group: &ParamGroup) -> f64 {
+    let fp8 = if c.fp8_param_gather && !group.tables {
+        0.5
+    } else {
+        1.0
+    };
+    group.params * s.coef().weight_bytes_per_param * fp8
+}
+
 /// A dense group's end-of-iteration collectives over its ranks: the
 /// gradients' all-reduce (or reduce-scatter under the distributed
 /// optimizer) and the updated weights' all-gather (0 without sharding).
@@ -478,7 +489,7 @@ pub fn dense_group_sync(
     let k = s.coef();
     let span = group.span;
     let grads = group.params * k.gradient_bytes_per_param;
-    let weights = group.params * k.weight_bytes_per_param;
+    let weights = gathered_weight_bytes(s, c, group);
     match c.optimizer_sharding {
         OptimizerSharding::None => (
             collective(s, Collective::AllReduce, span, grads, usage),
@@ -520,7 +531,7 @@ pub fn zero3_per_microbatch(
     let mut unhidden = 0.0;
     for group in groups {
         let span = group.span;
-        let weights = group.params * k.weight_bytes_per_param;
+        let weights = gathered_weight_bytes(s, c, group);
         let grads = group.params * k.gradient_bytes_per_param;
         let mut time = gathers * collective(s, Collective::AllGather, span, weights, usage)
             + collective(s, Collective::ReduceScatter, span, grads, usage);

@@ -312,20 +312,31 @@ fn layer_kept(s: &Scenario, c: &ParallelConfig, recompute: Recompute, kind: Laye
     }
     // Two 1-byte dropout masks per hidden element, where the model has dropout.
     let masks = if model.dropout { 2.0 } else { 0.0 };
-    // Layer-norm inputs (2 x 2 bytes), QKV and MLP inputs (2 x 2), the masks:
-    // replicated over tp without SP.
-    let replicated = (8.0 + masks) * sb * h / sp;
+    let input = saved_gemm_input_bytes(s, c);
+    // Layer-norm inputs (2 x 2 bytes), QKV and MLP inputs (2 x `input`), the
+    // masks: replicated over tp without SP.
+    let replicated = (2.0 * HALF + 2.0 * input + masks) * sb * h / sp;
     // Q, K, V and the attention output (the projection's input)...
     // (MLA also keeps its latents, whole on every tp rank, for the
-    // up-projections' backward.)
+    // up-projections' backward.) In FP8 the projection keeps its own FP8
+    // copy of the output beside the attention kernel's.
     let widths = model.q_width() + model.kv_width() + model.v_width();
-    let attention_io = sb * HALF * widths as f64 / t + sb * HALF * model.latent_width() as f64;
+    let projection_copy = if input < HALF {
+        input * model.v_width() as f64
+    } else {
+        0.0
+    };
+    let attention_io =
+        sb * (HALF * widths as f64 + projection_copy) / t + sb * HALF * model.latent_width() as f64;
     // ...and the MLP activation's input and output: a gated MLP keeps both
     // projections and their product, torch.compile fuses the product away.
     let mlp_width = match (model.gated_mlp, c.compile) {
         (true, false) => 3.0,
         _ => 2.0,
     };
+    // Bytes per element of an MLP's width: its projections' outputs in 16
+    // bits, the activation's output (the second GEMM's input) as kept.
+    let per_width = HALF * (mlp_width - 1.0) + input;
     let mlp = match (kind, model.moe) {
         // Each routed row keeps its permuted input to the expert and the
         // expert's activation input and output (E / ep experts, 1/etp wide);
@@ -341,12 +352,12 @@ fn layer_kept(s: &Scenario, c: &ParallelConfig, recompute: Recompute, kind: Laye
                 // PyTorch's allocator (not counted here; see README).
                 Dispatcher::AllToAll | Dispatcher::Flex => 0.0,
             };
-            rows * HALF * (h + mlp_width * moe.ffn_hidden as f64 / c.etp as f64)
-                + sb * HALF * mlp_width * moe.shared_ffn_hidden as f64 / t
+            rows * (input * h + per_width * moe.ffn_hidden as f64 / c.etp as f64)
+                + sb * per_width * moe.shared_ffn_hidden as f64 / t
                 + 4.0 * sb * moe.experts as f64 / sp
                 + gathered
         }
-        _ => sb * HALF * mlp_width * f / t,
+        _ => sb * per_width * f / t,
     };
     // Softmax output (2 bytes), with dropout its mask (1) and output (2),
     // over this rank's queries and every key.
@@ -363,6 +374,20 @@ fn layer_kept(s: &Scenario, c: &ParallelConfig, recompute: Recompute, kind: Laye
         Recompute::SelectiveOp => attention_io + (replicated + mlp) / 2.0,
         _ => replicated + attention_io + mlp + scores,
     }
+}
+
+/// Bytes per element of the input a GEMM keeps for its weight gradient:
+/// Transformer Engine's FP8 layers keep the FP8 cast (its `LayerNormLinear`,
+/// `LayerNormMLP`, `Linear` and `GroupedLinear` save the quantized `ln_out`,
+/// activation output and input for the backward), 16 bits otherwise.
+fn saved_gemm_input_bytes(s: &Scenario, c: &ParallelConfig) -> f64 {
+    if te_fp8(s, c) { 1.0 } else { HALF }
+}
+
+/// Whether `c` runs Transformer Engine's FP8 GEMMs (Megatron-LM in FP8 on a
+/// GPU with FP8); torchao's float8 (torchtitan) casts at each use instead.
+pub fn te_fp8(s: &Scenario, c: &ParallelConfig) -> bool {
+    c.precision == Precision::Fp8 && s.gpu.fp8_peak_flops.is_some() && c.engine == Engine::Megatron
 }
 
 /// Micro-batches (in units of a whole stage's layers) whose activations
@@ -435,6 +460,10 @@ impl ModelState {
 pub fn model_state(s: &Scenario, c: &ParallelConfig, stage: u64) -> ModelState {
     let bytes = state_bytes(s, c);
     let groups = parameter_groups(s, c, stage);
+    // Transformer Engine keeps an FP8 copy of each layer weight and its
+    // transpose (for the backward GEMMs), 1 byte each; torchao's float8
+    // (torchtitan) casts at each use and keeps none.
+    let fp8_copies = te_fp8(s, c);
     let mut state = ModelState::default();
     for group in groups {
         if group.sync == SyncMethod::ParameterServer && group.params > 0.0 {
@@ -452,18 +481,18 @@ pub fn model_state(s: &Scenario, c: &ParallelConfig, stage: u64) -> ModelState {
             OptimizerSharding::None => 1.0,
             _ => d,
         };
-        state.weights += group.params * bytes.weights / state_shards;
+        // A layer weight in FP8 (`fp8_param_gather`) is its FP8 data and
+        // transpose, 1 byte each, in place of 16 bits and those copies.
+        // Fully sharded, the FP8 bytes are sharded like the others and
+        // gathered a layer at a time.
+        let weight_bytes = match (fp8_copies && !group.tables, c.fp8_param_gather) {
+            (true, true) => 2.0,
+            (true, false) => bytes.weights + 2.0,
+            (false, _) => bytes.weights,
+        };
+        state.weights += group.params * weight_bytes / state_shards;
         state.gradients += group.params * bytes.gradients / state_shards;
         state.optimizer_states += group.params * bytes.optimizer / optimizer_shards;
-    }
-    // Transformer Engine keeps an FP8 copy of each layer weight and its
-    // transpose (for the backward GEMMs), 1 byte each; torchao's float8
-    // (torchtitan) casts at each use and keeps none.
-    if c.precision == Precision::Fp8
-        && s.gpu.fp8_peak_flops.is_some()
-        && c.engine == Engine::Megatron
-    {
-        state.weights += 2.0 * layer_weights(&groups);
     }
     state
 }

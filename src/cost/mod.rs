@@ -577,7 +577,7 @@ pub fn predict_checked(s: &Scenario, c: &ParallelConfig, memory: &MemoryCheck) -
 
 /// `c` with the switches its layers' times do not read cleared (how data
 /// parallelism shards, overlaps and groups, BPipe and its stage order, the
-/// embedding's sync, the batch-level EP overlap): two configurations with the same key have the same
+/// embedding's sync, the batch-level EP overlap, FP8 weights): two configurations with the same key have the same
 /// [`layer_times`], so a search may work them out once for both.
 pub fn layer_key(c: &ParallelConfig) -> ParallelConfig {
     let plain = ParallelConfig::default();
@@ -590,6 +590,7 @@ pub fn layer_key(c: &ParallelConfig) -> ParallelConfig {
         stage_order: plain.stage_order,
         embedding_sync: plain.embedding_sync,
         ep_comm_overlap: plain.ep_comm_overlap,
+        fp8_param_gather: plain.fp8_param_gather,
         ..*c
     }
 }

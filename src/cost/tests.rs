@@ -1143,6 +1143,37 @@ mod profiled {
         assert_eq!(plain.with_profile(Some(&fp32)).measured_gemm_scale, 1.0);
     }
 
+    /// Transformer Engine's FP8 layers keep their GEMMs' inputs in FP8: the
+    /// QKV and MLP inputs (2 x 1 byte of h) and the second MLP GEMM's
+    /// input (1 byte of ffn) less, the projection's FP8 copy of the
+    /// attention output (1 byte of the value width) more. torchtitan's
+    /// float8 keeps 16-bit activations.
+    #[test]
+    fn fp8_layers_keep_their_gemm_inputs_in_fp8() {
+        let model = builtin_model("llama3-8b").unwrap();
+        let group = builtin_node("h100-sxm", 1).unwrap();
+        let cost = CostModel::datasheet();
+        let s = Scenario::new(&model, 8, &group, 8, &cost);
+        let kept = |precision, engine| {
+            let c = ParallelConfig {
+                precision,
+                engine,
+                ..ParallelConfig::default()
+            };
+            memory::layer_activation_bytes(&s, &c)
+        };
+        use crate::config::{Engine, Precision};
+        let bf16 = kept(Precision::Bf16, Engine::Megatron);
+        let fp8 = kept(Precision::Fp8, Engine::Megatron);
+        let sb = model.seq_len as f64;
+        let (h, f, v) = (4096.0, 14336.0, model.v_width() as f64);
+        assert_close(bf16 - fp8, sb * (2.0 * h + f - v), 1e-9, "bytes saved");
+        assert_eq!(
+            kept(Precision::Fp8, Engine::Torchtitan),
+            kept(Precision::Bf16, Engine::Torchtitan)
+        );
+    }
+
     /// A device sweep's measured GEMM scale (16-bit GEMMs at half the
     /// assumed efficiency) slows FP8 GEMMs in the same ratio as bf16 ones:
     /// the same tensor cores and tiles. An FP8 linear's casts, memory

@@ -20,6 +20,9 @@ pub struct RowError {
     pub group: String,
     pub predicted_s: f64,
     pub measured_s: f64,
+    pub kind: RunKind,
+    /// The prediction's fits verdict; the run ran, so `false` is wrong.
+    pub predicted_fits: bool,
 }
 
 impl RowError {
@@ -145,6 +148,8 @@ pub fn evaluate_with<'a>(runs: &[Run], setting: impl Fn(&Run) -> Setting<'a>) ->
                 group: run.group_key(),
                 predicted_s: prediction.iteration_s,
                 measured_s,
+                kind: RunKind::of(run),
+                predicted_fits: prediction.fits,
             });
         }
         if let Some(measured) = run.measured_memory {
@@ -199,6 +204,25 @@ pub struct MemorySummary {
     /// The allocated peaks' figures per kind of run, when there are
     /// several kinds.
     pub allocated_by_kind: Vec<(RunKind, Figures)>,
+}
+
+/// [`figures_of`] per kind of run, when the rows are of several kinds.
+fn by_kind(rows: impl Iterator<Item = (RunKind, (usize, f64, f64))>) -> Vec<(RunKind, Figures)> {
+    let rows: Vec<(RunKind, (usize, f64, f64))> = rows.collect();
+    let mut kinds: Vec<RunKind> = rows.iter().map(|r| r.0).collect();
+    kinds.sort();
+    kinds.dedup();
+    if kinds.len() < 2 {
+        return Vec::new();
+    }
+    kinds
+        .into_iter()
+        .filter_map(|kind| {
+            let of_kind: Vec<(usize, f64, f64)> =
+                rows.iter().filter(|r| r.0 == kind).map(|r| r.1).collect();
+            figures_of(&of_kind).map(|f| (kind, f))
+        })
+        .collect()
 }
 
 /// MAPE, median, 90th percentile and worst of relative errors.
@@ -259,28 +283,10 @@ impl Evaluation {
             .filter(|r| !r.predicted_fits)
             .map(|r| r.line)
             .collect();
-        let mut kinds: Vec<RunKind> = self.memory.iter().map(|r| r.kind).collect();
-        kinds.sort();
-        kinds.dedup();
-        let allocated_by_kind = if kinds.len() < 2 {
-            Vec::new()
-        } else {
-            kinds
-                .into_iter()
-                .filter_map(|kind| {
-                    let of_kind: Vec<(usize, f64, f64)> = self
-                        .memory
-                        .iter()
-                        .filter(|r| r.kind == kind)
-                        .filter_map(|r| {
-                            r.measured_allocated
-                                .map(|m| (r.line, r.predicted_allocated, m))
-                        })
-                        .collect();
-                    figures_of(&of_kind).map(|f| (kind, f))
-                })
-                .collect()
-        };
+        let allocated_by_kind = by_kind(self.memory.iter().filter_map(|r| {
+            r.measured_allocated
+                .map(|m| (r.kind, (r.line, r.predicted_allocated, m)))
+        }));
         MemorySummary {
             rows: self.memory.len(),
             allocated: figures_of(&allocated),
@@ -309,6 +315,17 @@ impl Evaluation {
             p90_ape: percentile(&ape, 0.9),
             worst_line: worst.map(|w| w.0),
             worst_error: worst.map(|w| w.1).unwrap_or(0.0),
+            by_kind: by_kind(
+                self.rows
+                    .iter()
+                    .map(|r| (r.kind, (r.line, r.predicted_s, r.measured_s))),
+            ),
+            not_fitting_lines: self
+                .rows
+                .iter()
+                .filter(|r| !r.predicted_fits)
+                .map(|r| r.line)
+                .collect(),
             groups: ranked.len(),
             mean_spearman: mean(&ranked.iter().map(|g| g.spearman).collect::<Vec<_>>()),
             mean_top1_regret: mean(
@@ -337,6 +354,10 @@ pub struct Summary {
     pub worst_line: Option<usize>,
     /// Signed relative error of the worst row.
     pub worst_error: f64,
+    /// The time figures per kind of run, when there are several kinds.
+    pub by_kind: Vec<(RunKind, Figures)>,
+    /// Rows with a measured time (so they ran) predicted not to fit.
+    pub not_fitting_lines: Vec<usize>,
     /// Groups of three or more rows, over which the Spearman mean is taken.
     pub groups: usize,
     pub mean_spearman: f64,

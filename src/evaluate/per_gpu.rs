@@ -14,7 +14,9 @@ const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 /// The nodes and cost model each GPU of a run table is predicted with.
 pub struct PerGpu {
     base: (NodeGroup, CostModel),
-    others: Vec<(String, NodeGroup, CostModel)>,
+    /// Other GPUs, or other node sizes (a row's `gpus_per_node`), with
+    /// their nodes and cost models.
+    others: Vec<(NodeGroup, CostModel)>,
 }
 
 /// Whether the cost model was chosen for every row or is each GPU's own.
@@ -28,30 +30,41 @@ pub enum CostModelChoice {
 
 impl PerGpu {
     /// Nodes of the same shape as `base` for every other GPU the runs
-    /// name, predicted with `cost` if it was given, else each GPU's
-    /// default model. The node count is raised to 1,024 so that no row's
-    /// GPU count runs out of nodes.
+    /// name (of the size a row's `gpus_per_node` gives, where it does),
+    /// predicted with `cost` if it was given, else each GPU's default
+    /// model. The node count is raised to 1,024 so that no row's GPU count
+    /// runs out of nodes.
     pub fn new(
         runs: &[Run],
         base: &NodeGroup,
         cost: &CostModel,
         choice: CostModelChoice,
     ) -> PerGpu {
-        let mut others: Vec<(String, NodeGroup, CostModel)> = Vec::new();
-        for gpu in runs.iter().filter_map(|r| r.gpu.as_ref()) {
-            if *gpu == base.gpu.name || others.iter().any(|(name, _, _)| name == gpu) {
-                continue;
-            }
-            let mut group = builtin_node(gpu, base.nodes).expect("run tables name built-in GPUs");
-            group.nodes = base.nodes.max(1 << 10);
-            let cost = match choice {
-                CostModelChoice::Given => cost.clone(),
-                CostModelChoice::PerGpu => default_cost_model(gpu),
-            };
-            others.push((gpu.clone(), group, cost));
-        }
         let mut base = base.clone();
         base.nodes = base.nodes.max(1 << 10);
+        let mut others: Vec<(NodeGroup, CostModel)> = Vec::new();
+        for run in runs {
+            let gpu = run.gpu.as_deref().unwrap_or(&base.gpu.name);
+            let mut group = if gpu == base.gpu.name {
+                base.clone()
+            } else {
+                builtin_node(gpu, base.nodes).expect("run tables name built-in GPUs")
+            };
+            group.gpus_per_node = run.gpus_per_node.unwrap_or(group.gpus_per_node);
+            let same = |g: &NodeGroup| {
+                g.gpu.name == group.gpu.name && g.gpus_per_node == group.gpus_per_node
+            };
+            if same(&base) || others.iter().any(|(g, _)| same(g)) {
+                continue;
+            }
+            group.nodes = base.nodes;
+            let cost = match choice {
+                CostModelChoice::Given => cost.clone(),
+                CostModelChoice::PerGpu if gpu == base.gpu.name => cost.clone(),
+                CostModelChoice::PerGpu => default_cost_model(gpu),
+            };
+            others.push((group, cost));
+        }
         PerGpu {
             base: (base, cost.clone()),
             others,
@@ -59,15 +72,19 @@ impl PerGpu {
     }
 
     pub fn of(&self, run: &Run) -> (&NodeGroup, &CostModel) {
-        match &run.gpu {
-            Some(gpu) if *gpu != self.base.0.gpu.name => self
-                .others
-                .iter()
-                .find(|(name, _, _)| name == gpu)
-                .map(|(_, group, cost)| (group, cost))
-                .expect("every GPU of the runs has its setting"),
-            _ => (&self.base.0, &self.base.1),
+        let base = &self.base.0;
+        let gpu = run.gpu.as_deref().unwrap_or(&base.gpu.name);
+        let matches = |g: &NodeGroup| {
+            g.gpu.name == gpu && run.gpus_per_node.is_none_or(|n| n == g.gpus_per_node)
+        };
+        if matches(base) {
+            return (&self.base.0, &self.base.1);
         }
+        self.others
+            .iter()
+            .find(|(g, _)| matches(g))
+            .map(|(group, cost)| (group, cost))
+            .expect("every GPU of the runs has its setting")
     }
 
     /// Whether a run is on the base GPU, whose profile it may use.
@@ -81,8 +98,14 @@ impl PerGpu {
 
     /// `a100-80gb with a100-megatron, h100-sxm with a100-megatron@h100-sxm`.
     pub fn describe(&self) -> String {
-        std::iter::once((&self.base.0.gpu.name, &self.base.1.name))
-            .chain(self.others.iter().map(|(gpu, _, cost)| (gpu, &cost.name)))
+        let mut seen: Vec<(&str, &str)> = Vec::new();
+        for (group, cost) in std::iter::once(&self.base).chain(&self.others) {
+            let pair = (group.gpu.name.as_str(), cost.name.as_str());
+            if !seen.contains(&pair) {
+                seen.push(pair);
+            }
+        }
+        seen.iter()
             .map(|(gpu, cost)| format!("{gpu} with {cost}"))
             .collect::<Vec<_>>()
             .join(", ")

@@ -78,7 +78,9 @@ pub fn megatron_args(job: &LaunchJob) -> Result<Vec<String>, ExportError> {
         });
     }
 
+    let accounted = c.is_accounted_split(model.layers);
     if c.uneven()
+        && !accounted
         && c.virtual_stages > 1
         && [c.first_stage_layers, c.last_stage_layers]
             .iter()
@@ -95,8 +97,8 @@ pub fn megatron_args(job: &LaunchJob) -> Result<Vec<String>, ExportError> {
                 c.virtual_stages
             ),
             hint: "Megatron-LM's --decoder-first/last-pipeline-num-layers need whole chunks with \
-                   interleaving; pick multiples of --virtual-stages, or use \
-                   --account-for-embedding-in-pipeline-split by hand"
+                   interleaving; pick multiples of --virtual-stages, or the split Megatron-LM's \
+                   --account-for-embedding/loss-in-pipeline-split make"
                 .into(),
         });
     }
@@ -152,11 +154,18 @@ pub fn megatron_args(job: &LaunchJob) -> Result<Vec<String>, ExportError> {
         // The local experts' GEMMs run grouped, as paratune prices them.
         args.flag("--moe-grouped-gemm");
     }
-    if let Some(first) = c.first_stage_layers {
-        args.pair("--decoder-first-pipeline-num-layers", first);
-    }
-    if let Some(last) = c.last_stage_layers {
-        args.pair("--decoder-last-pipeline-num-layers", last);
+    if accounted && c.virtual_stages > 1 {
+        // End stages a layer short of whole chunks: only Megatron-LM's
+        // account-for split expresses them.
+        args.flag("--account-for-embedding-in-pipeline-split");
+        args.flag("--account-for-loss-in-pipeline-split");
+    } else {
+        if let Some(first) = c.first_stage_layers {
+            args.pair("--decoder-first-pipeline-num-layers", first);
+        }
+        if let Some(last) = c.last_stage_layers {
+            args.pair("--decoder-last-pipeline-num-layers", last);
+        }
     }
     if c.schedule == ScheduleKind::Interleaved {
         // With an uneven split chunks differ in size, so Megatron-LM takes
@@ -181,6 +190,9 @@ pub fn megatron_args(job: &LaunchJob) -> Result<Vec<String>, ExportError> {
     }
     if c.overlap_param_gather {
         args.flag("--overlap-param-gather");
+    }
+    if c.fp8_param_gather {
+        args.flag("--fp8-param-gather");
     }
     if c.ep_comm_overlap {
         // Megatron-Core 0.14's batch-level overlap; splitting out the

@@ -91,6 +91,10 @@ pub struct Run {
     pub gpus: u64,
     /// The row's own GPU (a `gpu` column), when the table mixes GPUs.
     pub gpu: Option<String>,
+    /// GPUs per node when the row's job uses fewer of each node than the
+    /// GPU's built-in node holds (a `gpus_per_node` column: 64 of a GB200
+    /// NVL72 rack's 72).
+    pub gpus_per_node: Option<u64>,
     /// Measured iteration time, if the row has one.
     pub measured_s: Option<f64>,
     /// Measured peak memory, if the row has it.
@@ -240,7 +244,9 @@ pub fn runs_and_skipped(
     gpus_per_node: u64,
 ) -> Result<Runs, RunsError> {
     check_column_names(table)?;
+    let names_models = table.headers.iter().any(|h| h == "model");
     if !defaults.model_is_given
+        && !names_models
         && let Some(missing) = MODEL_COLUMNS
             .iter()
             .find(|c| !table.headers.iter().any(|h| h == *c))
@@ -271,11 +277,12 @@ pub fn runs_and_skipped(
             Err(RowProblem::Invalid(message)) => return Err(row_error(message)),
         };
         run.model.check().map_err(row_error)?;
-        let per_node = run
-            .gpu
-            .as_deref()
-            .and_then(|g| crate::cluster::builtin_node(g, 1))
-            .map_or(gpus_per_node, |node| node.gpus_per_node);
+        let per_node = run.gpus_per_node.unwrap_or_else(|| {
+            run.gpu
+                .as_deref()
+                .and_then(|g| crate::cluster::builtin_node(g, 1))
+                .map_or(gpus_per_node, |node| node.gpus_per_node)
+        });
         run.config
             .check(&run.model, run.global_batch, run.gpus, per_node)
             .map_err(row_error)?;
@@ -309,7 +316,9 @@ fn unsupported(cell: &dyn Fn(&str) -> Option<String>) -> Option<String> {
             other => format!("a `{other}` model"),
         });
     }
-    if above_one("ep").is_some() && cell("num_experts").is_none() {
+    // (A built-in model names its experts; ep on a dense one is refused
+    // with the configuration's checks.)
+    if above_one("ep").is_some() && cell("num_experts").is_none() && cell("model").is_none() {
         return Some("expert parallelism without a num_experts column".into());
     }
     if cell("multi_latent_attention").is_some_and(|v| parse_switch("", &v).unwrap_or(false))
@@ -391,7 +400,17 @@ fn parse_row(table: &RunTable, index: usize, defaults: &RowDefaults) -> Result<R
         int(name)?.ok_or_else(|| format!("column `{name}` is empty; every row needs it"))
     };
 
-    let mut model = defaults.model.clone();
+    // A `model` column names a built-in model; the row's other model
+    // columns change it.
+    let mut model = match cell("model") {
+        Some(name) => crate::model::builtin_model(name).ok_or_else(|| {
+            format!(
+                "column `model` is `{name}`, not a built-in model (see `paratune models`){}",
+                crate::suggest::did_you_mean(name, &crate::model::builtin_model_names())
+            )
+        })?,
+        None => defaults.model.clone(),
+    };
     if let Some(hidden) = int("hidden")? {
         if int("ffn_hidden")?.is_none() {
             model.ffn_hidden = model.ffn_hidden * hidden / model.hidden;
@@ -515,7 +534,9 @@ fn parse_row(table: &RunTable, index: usize, defaults: &RowDefaults) -> Result<R
             });
         }
     }
-    model.name = format!("h{}-L{}", model.hidden, model.layers);
+    if cell("model").is_none() {
+        model.name = format!("h{}-L{}", model.hidden, model.layers);
+    }
 
     let gpus = required("gpus")?;
     let tp = required("tp")?;
@@ -637,6 +658,8 @@ fn parse_row(table: &RunTable, index: usize, defaults: &RowDefaults) -> Result<R
         overlap_param_gather: switch("overlap_param_gather", defaults.overlap_param_gather)?,
         tp_comm_overlap: switch("tp_comm_overlap", defaults.tp_comm_overlap)?,
         ep_comm_overlap: switch("ep_comm_overlap", false)?,
+        // Megatron-LM's default: 16-bit weights.
+        fp8_param_gather: switch("fp8_param_gather", false)?,
         cuda_graphs: switch("cuda_graphs", defaults.cuda_graphs)?,
         stage_order: match cell("stage_order") {
             Some(text) => StageOrder::parse("stage_order", text)?,
@@ -662,6 +685,9 @@ fn parse_row(table: &RunTable, index: usize, defaults: &RowDefaults) -> Result<R
 
     let measured_s = match (real("iter_ms")?, real("tflops_per_gpu")?) {
         (Some(ms), _) => Some(ms / 1e3),
+        // Published benchmarks' rate: the iteration's tokens over it.
+        (None, _) if cell("tokens_per_s_per_gpu").is_some() => real("tokens_per_s_per_gpu")?
+            .map(|rate| (global_batch * model.seq_len) as f64 / (rate * gpus as f64)),
         (None, Some(tflops)) => {
             // The SC'21 table reports throughput from its FLOP formula; turn it
             // back into time with the same formula (recomputation included).
@@ -710,6 +736,7 @@ fn parse_row(table: &RunTable, index: usize, defaults: &RowDefaults) -> Result<R
         global_batch,
         gpus,
         gpu,
+        gpus_per_node: int("gpus_per_node")?,
         measured_s,
         measured_memory,
     })
@@ -718,10 +745,7 @@ fn parse_row(table: &RunTable, index: usize, defaults: &RowDefaults) -> Result<R
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 
 /// The first and last stage layers a row gives: its own columns, or
-/// Megatron-LM's `--account-for-embedding-in-pipeline-split` and
-/// `--account-for-loss-in-pipeline-split`, which count the embedding and the
-/// loss as one layer each and split `layers + 1 (+ 1)` evenly, so the first
-/// (last) stage holds one layer fewer.
+/// Megatron-LM's [`accounted_split`](crate::config::accounted_split).
 fn end_stage_layers(
     model: &ModelSpec,
     pp: u64,
@@ -740,19 +764,24 @@ fn end_stage_layers(
                 .into(),
         );
     }
-    let counted = model.layers + u64::from(embedding_in_split) + u64::from(loss_in_split);
-    let chunks = pp.saturating_mul(virtual_stages).max(1);
-    if !counted.is_multiple_of(chunks) {
-        return Err(format!(
-            "layers {} with the embedding and loss counted make {counted}, which does not divide over pp x virtual stages = {chunks}",
-            model.layers
-        ));
+    if pp < 2 {
+        return Ok((None, None)); // one stage holds everything anyway
     }
-    let per_stage = counted / pp.max(1);
-    Ok((
-        embedding_in_split.then(|| per_stage.saturating_sub(1)),
-        loss_in_split.then(|| per_stage.saturating_sub(1)),
-    ))
+    crate::config::accounted_split(
+        model.layers,
+        pp,
+        virtual_stages.max(1),
+        embedding_in_split,
+        loss_in_split,
+    )
+    .ok_or_else(|| {
+        format!(
+            "layers {} with the embedding and loss counted make {}, which does not divide over pp x virtual stages = {}",
+            model.layers,
+            model.layers + u64::from(embedding_in_split) + u64::from(loss_in_split),
+            pp.saturating_mul(virtual_stages).max(1)
+        )
+    })
 }
 
 /// The largest value a whole-number column may hold: far above any model
@@ -814,7 +843,7 @@ pub(crate) fn assert_row_columns_follow_the_schema(columns: &[&str]) {
 }
 
 /// Every column a run table may use; others are carried through untouched.
-pub const KNOWN_COLUMNS: [&str; 78] = [
+pub const KNOWN_COLUMNS: [&str; 84] = [
     "gpus",
     "global_batch",
     "micro_batch",
@@ -833,6 +862,7 @@ pub const KNOWN_COLUMNS: [&str; 78] = [
     "overlap_param_gather",
     "tp_comm_overlap",
     "ep_comm_overlap",
+    "fp8_param_gather",
     "cuda_graphs",
     "stage_order",
     "layers",
@@ -851,6 +881,13 @@ pub const KNOWN_COLUMNS: [&str; 78] = [
     "optimizer_sharding",
     "iter_ms",
     "tflops_per_gpu",
+    "tokens_per_s_per_gpu",
+    "model",
+    "gpus_per_node",
+    // Informational (gpus / gpus_per_node, and free text): named here so
+    // neither is taken for a misspelt `model` or `nodes`.
+    "nodes",
+    "note",
     "dropout",
     "engine",
     "compile",
@@ -994,6 +1031,51 @@ mod tests {
             assert_eq!(runs[0].config.dispatcher, Dispatcher::default(), "{cell}");
             assert_eq!(runs[0].config.etp, 1);
         }
+    }
+
+    /// A published benchmark's row: a built-in model by name, its rate in
+    /// tokens per second per GPU, and 64 GPUs used of each 72-GPU node.
+    #[test]
+    fn a_row_may_name_a_built_in_model_and_give_its_rate() {
+        let text = "model,gpu,gpus,gpus_per_node,global_batch,micro_batch,seq_len,tp,pp,tokens_per_s_per_gpu,note\n\
+                    llama3-70b,gb200,128,64,128,1,8192,4,2,4000,published\n";
+        let table = RunTable::parse(text, "t.csv").unwrap();
+        let runs = runs_from_table(&table, &defaults(), 8).unwrap();
+        let run = &runs[0];
+        assert_eq!(run.model.name, "llama3-70b");
+        assert_eq!((run.model.layers, run.model.seq_len), (80, 8192));
+        assert_eq!(run.gpus_per_node, Some(64));
+        assert_eq!(run.config.dp, 16);
+        // 128 sequences of 8,192 tokens over 128 GPUs at 4,000 each.
+        assert!((run.measured_s.unwrap() - 128.0 * 8192.0 / (4000.0 * 128.0)).abs() < 1e-9);
+        let unknown = RunTable::parse(
+            "model,gpus,global_batch,micro_batch,tp,pp\nllama3-7b,8,8,1,1,1\n",
+            "t.csv",
+        )
+        .unwrap();
+        let err = runs_from_table(&unknown, &defaults(), 8)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("column `model`") && err.contains("did you mean"),
+            "{err}"
+        );
+    }
+
+    /// Megatron-LM's account-for split holds the embedding and the loss as
+    /// a layer each: 126 + 2 layers over 8 stages of 8 chunks.
+    #[test]
+    fn the_account_for_split_counts_embedding_and_loss() {
+        assert_eq!(
+            crate::config::accounted_split(126, 8, 8, true, true),
+            Some((Some(15), Some(15)))
+        );
+        assert_eq!(
+            crate::config::accounted_split(127, 8, 8, true, false),
+            Some((Some(15), None))
+        );
+        assert_eq!(crate::config::accounted_split(126, 8, 4, true, false), None);
+        assert_eq!(crate::config::accounted_split(126, 1, 1, true, true), None);
     }
 
     #[test]

@@ -31,6 +31,7 @@ pub struct SearchSpace {
     pub overlap_param_gather: Option<Vec<bool>>,
     pub tp_comm_overlap: Option<Vec<bool>>,
     pub ep_comm_overlap: Option<Vec<bool>>,
+    pub fp8_param_gather: Option<Vec<bool>>,
     pub cuda_graphs: Option<Vec<bool>>,
     pub stage_order: Option<Vec<StageOrder>>,
     /// The one engine the search plans for.
@@ -90,6 +91,12 @@ pub fn default_splits_with(
     }
     if layers.is_multiple_of(pp * v) {
         splits.push((None, None));
+    }
+    // Megatron-LM's account-for-embedding-and-loss split, the one uneven
+    // split whose end stages need not hold whole chunks (Llama 3.1 405B's
+    // 126 layers at pp 8 x v 8 in NeMo's recipes: 15 + 16 x 6 + 15).
+    if let Some(split) = crate::config::accounted_split(layers, pp, v, true, true) {
+        splits.push(split);
     }
     if pp < 2 || !layers.is_multiple_of(v) {
         return splits;
@@ -701,6 +708,21 @@ impl<'a> InnerDims<'a> {
                 lend(switch(&space.ep_comm_overlap, runs))
             },
             |c, on| c.ep_comm_overlap = on,
+        );
+        // FP8 weights only save memory and all-gather bytes: where they
+        // run, the search keeps them (as NeMo's FP8 recipes do).
+        expand(
+            v,
+            sp,
+            |c| match (
+                &space.fp8_param_gather,
+                crate::config::fp8_param_gather_problem(c),
+            ) {
+                (Some(given), _) => lend(given),
+                (None, None) => lend(&[true]),
+                (None, Some(_)) => lend(&[false]),
+            },
+            |c, on| c.fp8_param_gather = on,
         );
     }
 }

@@ -260,6 +260,7 @@ mod tests {
                 global_batch: 64,
                 gpus: 8,
                 gpu: None,
+                gpus_per_node: None,
                 measured_s: Some(predict(&scenario, &c.config).iteration_s),
                 measured_memory: None,
             })
