@@ -105,8 +105,8 @@ coefficients! {
     elementwise_traffic_scale: "x counted bytes", [0.1, 10.0], 1.0, Carries,
         "multiplier on the bytes that layer norms, dropout, activations, residuals and softmax read and write",
         "1.0 means exactly the tensor reads and writes counted from Megatron-LM's fused kernels";
-    host_us_per_layer_pass: "microseconds", [0.0, 20000.0], 400.0, System,
-        "host (CPU) time to issue one layer's forward pass; backward counts twice",
+    host_us_per_layer_pass: "microseconds", [0.0, 20000.0], 400.0, Carries,
+        "host (CPU) time to issue one layer's forward pass; backward counts twice. Carried to other GPUs as fitted: it is the framework's dispatch (Python, PyTorch and Transformer Engine per operator) more than the GPU's, and the 400 us prior is below every host paratune has measured (762 us on DGX A100; Megatron-LM's CI runs fit 1,841 with their logging)",
         "about 35 PyTorch eager operators per Megatron layer forward at about 12 us of dispatch each (PyTorch profiler, typical)";
     host_sync_us_per_rank: "microseconds", [0.0, 5000.0], 5.0, System,
         "host-visible skew per tensor-parallel collective per extra rank, when launch-bound (ranks wait for the slowest)",
@@ -204,6 +204,12 @@ coefficients! {
     ep_overlap: "fraction", [0.0, 1.0], 0.8, Carries,
         "share of the paired micro-batch's compute under which Megatron-Core's batch-level overlap hides a stage's expert-parallel dispatch and combine",
         "DeepSeek-V3 (2024) hides its all-to-alls entirely under the paired micro-batch's compute (DualPipe), the scheme Megatron-Core 0.14's --overlap-moe-expert-parallel-comm adopts; 0.8 as for the other overlaps, the communication kernels taking some of the SMs";
+    moe_host_share: "x a dense layer's host time", [0.0, 20.0], 1.0, Carries,
+        "host launch work an MoE layer's router, token permutation and dispatch add to a layer pass, as a multiple of a dense layer's; launched eagerly, since the dispatcher's device-to-host copy of the token counts keeps it out of CUDA graphs",
+        "Megatron-Core's MoELayer issues about as many operators for routing (gating GEMM, top-k, auxiliary loss), permutation, the all-to-all's preprocess (a device-to-host sync of the token counts) and unpermutation as a dense layer's ~35 (megatron/core/transformer/moe/router.py, token_dispatcher.py, moe_utils.py)";
+    expert_host_share: "x a dense layer's host time", [0.0, 2.0], 0.08, Carries,
+        "host launch work each of a rank's local experts adds to an MoE layer pass, as a multiple of a dense layer's",
+        "Transformer Engine's GroupedLinear launches a GEMM per expert for each of its two linears, and in FP8 a quantisation of each expert's input, from its C++ loop at a few microseconds each: about 4 launches against a dense layer's ~35 eager operators";
     compile_elementwise_fraction: "fraction", [0.05, 1.0], 0.6, Carries,
         "share of the element-wise memory traffic left once torch.compile fuses the pointwise kernels",
         "TorchInductor fuses chains of pointwise kernels into one, reading and writing each tensor once (Ansel et al., ASPLOS'24, PyTorch 2: 1.4x mean training speed-up)";
@@ -577,7 +583,7 @@ impl CostModel {
         };
         carried.name = format!("{}@{gpu_name}", self.name);
         carried.description = format!(
-            "{}, carried to {gpu_name}: {datasheet_fractions}, host and latency coefficients at their priors",
+            "{}, carried to {gpu_name}: {datasheet_fractions}, the layer launch time kept, other host and latency coefficients at their priors",
             self.name
         );
         carried.provenance.retain(|key, _| {

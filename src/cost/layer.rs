@@ -499,6 +499,20 @@ fn recomputed_forwards(c: &ParallelConfig) -> f64 {
     }
 }
 
+/// Host launch work an MoE layer adds to a pass, as a multiple of a dense
+/// layer's: its routing and dispatch, and each local expert's GEMM
+/// launches (eager under CUDA graphs too; see the coefficients).
+fn moe_host_share(s: &Scenario, c: &ParallelConfig, kind: LayerKind) -> f64 {
+    match (kind, s.model.moe) {
+        (LayerKind::Moe, Some(moe)) => {
+            let k = s.coef();
+            let local_experts = (moe.experts / c.ep.max(1)) as f64;
+            k.moe_host_share + local_experts * k.expert_host_share
+        }
+        _ => 0.0,
+    }
+}
+
 /// `(a^k + b^k)^(1/k)`: the time of two streams of work that overlap, as
 /// asynchronous kernel launches overlap host and GPU.
 fn soft_max(a: f64, b: f64, k: f64) -> f64 {
@@ -711,7 +725,7 @@ pub fn layer_time_of(
     } else {
         1.0
     };
-    let host = (host_passes * k.host_us_per_layer_pass * launch
+    let host = (host_passes * k.host_us_per_layer_pass * (launch + moe_host_share(s, c, kind))
         + tensor_parallel_calls(s, c, kind) * (c.tp - 1) as f64 * k.host_sync_us_per_rank)
         * 1e-6;
     let gpu = gpu_compute + exposed;

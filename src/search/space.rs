@@ -114,8 +114,13 @@ pub fn default_splits_with(
                 continue;
             }
             let last = last as u64;
-            if first == middle && last == middle {
-                continue; // the even split
+            // The even split, whether the middle stages hold the even share
+            // or, at pp 2, there are none.
+            let even_share = (layers.is_multiple_of(pp * v)).then(|| layers / (pp * v));
+            if (first == middle && last == middle)
+                || (even_share == Some(first) && even_share == Some(last))
+            {
+                continue;
             }
             let split = (Some(first * v), Some(last * v));
             if !splits.contains(&split) {
