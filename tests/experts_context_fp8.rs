@@ -837,3 +837,45 @@ fn fp8_weights_save_two_bytes_a_weight_and_need_sharded_states() {
     ]);
     says(&ok(&plan), &["--fp8-param-gather", "fp8-weights"]);
 }
+
+/// DeepSeek-V3 at NeMo's pp 8 x v 4: its 61 layers, embedding, prediction
+/// module and loss make 64 slots of 2, which only a pipeline layout says.
+#[test]
+fn deepseek_v3_at_pp8_v4_plans_with_a_pipeline_layout() {
+    let out = ok(&[
+        "plan",
+        "--model",
+        "deepseek-v3",
+        "--gpu",
+        "h100-sxm",
+        "--nodes",
+        "128",
+        "--global-batch",
+        "8192",
+        "--tp",
+        "2",
+        "--pp",
+        "8",
+        "--ep",
+        "64",
+        "--schedule",
+        "interleaved",
+        "--virtual-stages",
+        "4",
+        "--optimizer-sharding",
+        "optimizer-states",
+        "--top",
+        "1",
+    ]);
+    says(
+        &out,
+        &[
+            "7/8/6",
+            "--pipeline-model-parallel-layout 'Et|(tt|)*22t|(tt|)*7tmL'",
+        ],
+    );
+    assert!(
+        !out.contains("--num-virtual-stages-per-pipeline-rank"),
+        "{out}"
+    );
+}

@@ -78,30 +78,15 @@ pub fn megatron_args(job: &LaunchJob) -> Result<Vec<String>, ExportError> {
         });
     }
 
+    // End stages short of whole chunks under interleaving: Megatron-LM's
+    // account-for flags express its own such split, a layout any other.
     let accounted = c.is_accounted_split(model.layers);
-    if c.uneven()
+    let layout = c.virtual_stages > 1
         && !accounted
-        && c.virtual_stages > 1
         && [c.first_stage_layers, c.last_stage_layers]
             .iter()
             .flatten()
-            .any(|n| !n.is_multiple_of(c.virtual_stages))
-    {
-        return Err(ExportError::Unsupported {
-            engine: ENGINE,
-            feature: format!(
-                "first/last stage layers {}/{} that are not multiples of the {} virtual stages",
-                c.first_stage_layers
-                    .map_or("even".into(), |n| n.to_string()),
-                c.last_stage_layers.map_or("even".into(), |n| n.to_string()),
-                c.virtual_stages
-            ),
-            hint: "Megatron-LM's --decoder-first/last-pipeline-num-layers need whole chunks with \
-                   interleaving; pick multiples of --virtual-stages, or the split Megatron-LM's \
-                   --account-for-embedding/loss-in-pipeline-split make"
-                .into(),
-        });
-    }
+            .any(|n| !n.is_multiple_of(c.virtual_stages));
 
     let mut args = Args::default();
     args.pair("--tensor-model-parallel-size", c.tp);
@@ -154,9 +139,12 @@ pub fn megatron_args(job: &LaunchJob) -> Result<Vec<String>, ExportError> {
         // The local experts' GEMMs run grouped, as paratune prices them.
         args.flag("--moe-grouped-gemm");
     }
-    if accounted && c.virtual_stages > 1 {
-        // End stages a layer short of whole chunks: only Megatron-LM's
-        // account-for split expresses them.
+    if layout {
+        args.pair(
+            "--pipeline-model-parallel-layout",
+            pipeline_layout(model, c),
+        );
+    } else if accounted && c.virtual_stages > 1 {
         args.flag("--account-for-embedding-in-pipeline-split");
         args.flag("--account-for-loss-in-pipeline-split");
     } else {
@@ -170,7 +158,9 @@ pub fn megatron_args(job: &LaunchJob) -> Result<Vec<String>, ExportError> {
     if c.schedule == ScheduleKind::Interleaved {
         // With an uneven split chunks differ in size, so Megatron-LM takes
         // the chunk count instead of the layers per chunk.
-        if c.uneven() {
+        if layout {
+            // The layout gives the chunks (Megatron-LM takes no count beside it).
+        } else if c.uneven() {
             args.pair("--num-virtual-stages-per-pipeline-rank", c.virtual_stages);
         } else {
             args.pair(
@@ -290,6 +280,70 @@ pub fn megatron_args(job: &LaunchJob) -> Result<Vec<String>, ExportError> {
         );
     }
     Ok(args.0)
+}
+
+/// Megatron-LM's `--pipeline-model-parallel-layout` for `c`'s split: its
+/// pp x v model chunks in Megatron's order (chunk j on stage j % pp, the
+/// stage's (j / pp)-th), each a run of decoder layers `t`, the embedding `E`
+/// first in the first chunk and the prediction modules `m` and the loss `L`
+/// last in the last. A stage's layers fill its chunks as evenly as they
+/// divide, the first stage's short chunks first and the others' last; runs
+/// of equal chunks are written `(tt|)*n`. Example: DeepSeek-V3 (61 layers, one
+/// prediction module) at pp 8 x v 4 with end stages of 7 and 6 layers is
+/// `Et|(tt|)*22t|(tt|)*7tmL` (the last stage's chunks hold 2, 2, 1 and 1).
+pub fn pipeline_layout(
+    model: &crate::model::ModelSpec,
+    c: &crate::config::ParallelConfig,
+) -> String {
+    let (pp, v) = (c.pp, c.virtual_stages.max(1));
+    let sizes: Vec<Vec<u64>> = (0..pp)
+        .map(|stage| {
+            let n = c.stage_layers(model.layers, stage);
+            let (q, r) = (n / v, n % v);
+            let mut sizes: Vec<u64> = (0..v).map(|j| q + u64::from(j < r)).collect();
+            if stage == 0 {
+                sizes.reverse(); // the embedding's chunk holds fewer
+            }
+            sizes
+        })
+        .collect();
+    let chunks: Vec<String> = (0..pp * v)
+        .map(|j| {
+            let mut chunk = String::new();
+            if j == 0 {
+                chunk.push('E');
+            }
+            chunk.push_str(&"t".repeat(sizes[(j % pp) as usize][(j / pp) as usize] as usize));
+            if j == pp * v - 1 {
+                chunk.push_str(&"m".repeat(model.mtp_layers as usize));
+                chunk.push('L');
+            }
+            chunk
+        })
+        .collect();
+    let mut out = String::new();
+    let mut i = 0;
+    while i < chunks.len() {
+        let run = chunks[i..].iter().take_while(|c| **c == chunks[i]).count();
+        let last = i + run == chunks.len();
+        let run = if last { run - 1 } else { run };
+        match run {
+            0 => {}
+            1 | 2 => {
+                for _ in 0..run {
+                    out.push_str(&chunks[i]);
+                    out.push('|');
+                }
+            }
+            n => out.push_str(&format!("({}|)*{n}", chunks[i])),
+        }
+        i += run;
+        if i == chunks.len() - 1 {
+            out.push_str(&chunks[i]);
+            break;
+        }
+    }
+    out
 }
 
 /// `--moe-layer-freq`'s list form, one entry per layer (1: experts, 0: a

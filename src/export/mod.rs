@@ -269,6 +269,14 @@ pub(crate) mod tests {
         "--pipeline-model-parallel-size",
         "--num-layers-per-virtual-pipeline-stage",
         "--num-virtual-stages-per-pipeline-rank",
+        "--pipeline-model-parallel-layout",
+        "--account-for-embedding-in-pipeline-split",
+        "--account-for-loss-in-pipeline-split",
+        "--decoder-first-pipeline-num-layers",
+        "--decoder-last-pipeline-num-layers",
+        "--microbatch-group-size-per-virtual-pipeline-stage",
+        "--fp8-param-gather",
+        "--mtp-num-layers",
         "--context-parallel-size",
         "--use-distributed-optimizer",
         "--overlap-grad-reduce",
@@ -288,6 +296,49 @@ pub(crate) mod tests {
                 "{arg} is not a Megatron-LM argument"
             );
         }
+    }
+
+    /// Megatron-LM's layout string for splits its other flags cannot say:
+    /// chunk j on stage j % pp, E first, the prediction module and loss
+    /// last, equal runs grouped.
+    #[test]
+    fn an_uneven_interleaved_split_exports_its_pipeline_layout() {
+        let mut model = llama3_8b();
+        model.layers = 31;
+        let c = ParallelConfig {
+            pp: 4,
+            virtual_stages: 2,
+            schedule: ScheduleKind::Interleaved,
+            first_stage_layers: Some(7),
+            last_stage_layers: Some(8),
+            ..llama_plan()
+        };
+        // Stages of 7, 8, 8, 8 layers in chunks [3, 4], [4, 4], [4, 4], [4, 4]
+        // (not the account-for split, which needs 33 to divide by 8).
+        assert_eq!(
+            crate::export::megatron::pipeline_layout(&model, &c),
+            "Ettt|(tttt|)*6ttttL"
+        );
+        model.mtp_layers = 1;
+        assert!(crate::export::megatron::pipeline_layout(&model, &c).ends_with("ttttmL"));
+        let args = megatron_args(&LaunchJob {
+            global_batch: 128,
+            ..job(&model, &c)
+        })
+        .unwrap();
+        let at = args
+            .iter()
+            .position(|a| a == "--pipeline-model-parallel-layout")
+            .unwrap();
+        assert_eq!(args[at + 1], "Ettt|(tttt|)*6ttttmL");
+        for excluded in [
+            "--num-virtual-stages-per-pipeline-rank",
+            "--num-layers-per-virtual-pipeline-stage",
+            "--decoder-first-pipeline-num-layers",
+        ] {
+            assert!(!args.iter().any(|a| a == excluded), "{excluded}");
+        }
+        assert_known_flags(&args);
     }
 
     #[test]

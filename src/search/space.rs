@@ -98,6 +98,16 @@ pub fn default_splits_with(
     if let Some(split) = crate::config::accounted_split(layers, pp, v, true, true) {
         splits.push(split);
     }
+    // The same with the last stage's prediction modules counted as layers
+    // (DeepSeek-V3's 61 + embedding + module + loss = 64 at pp 4 x v 4 or
+    // pp 8 x v 4 in NeMo's recipes), exported as a pipeline layout.
+    if last_extra > 0
+        && let Some((Some(first), Some(last))) =
+            crate::config::accounted_split(layers + last_extra, pp, v, true, true)
+        && last > last_extra
+    {
+        splits.push((Some(first), Some(last - last_extra)));
+    }
     if pp < 2 || !layers.is_multiple_of(v) {
         return splits;
     }
