@@ -44,24 +44,22 @@ impl PerGpu {
         base.nodes = base.nodes.max(1 << 10);
         let mut others: Vec<(NodeGroup, CostModel)> = Vec::new();
         for run in runs {
-            let gpu = run.gpu.as_deref().unwrap_or(&base.gpu.name);
-            let mut group = if gpu == base.gpu.name {
-                base.clone()
-            } else {
-                builtin_node(gpu, base.nodes).expect("run tables name built-in GPUs")
-            };
-            group.gpus_per_node = run.gpus_per_node.unwrap_or(group.gpus_per_node);
-            let same = |g: &NodeGroup| {
-                g.gpu.name == group.gpu.name && g.gpus_per_node == group.gpus_per_node
-            };
+            let (gpu, per_node) = node_of(&base, run);
+            let same = |g: &NodeGroup| g.gpu.name == gpu && g.gpus_per_node == per_node;
             if same(&base) || others.iter().any(|(g, _)| same(g)) {
                 continue;
             }
+            let mut group = if gpu == base.gpu.name {
+                base.clone()
+            } else {
+                builtin_node(&gpu, base.nodes).expect("run tables name built-in GPUs")
+            };
+            group.gpus_per_node = per_node;
             group.nodes = base.nodes;
             let cost = match choice {
                 CostModelChoice::Given => cost.clone(),
                 CostModelChoice::PerGpu if gpu == base.gpu.name => cost.clone(),
-                CostModelChoice::PerGpu => default_cost_model(gpu),
+                CostModelChoice::PerGpu => default_cost_model(&gpu),
             };
             others.push((group, cost));
         }
@@ -72,12 +70,9 @@ impl PerGpu {
     }
 
     pub fn of(&self, run: &Run) -> (&NodeGroup, &CostModel) {
-        let base = &self.base.0;
-        let gpu = run.gpu.as_deref().unwrap_or(&base.gpu.name);
-        let matches = |g: &NodeGroup| {
-            g.gpu.name == gpu && run.gpus_per_node.is_none_or(|n| n == g.gpus_per_node)
-        };
-        if matches(base) {
+        let (gpu, per_node) = node_of(&self.base.0, run);
+        let matches = |g: &NodeGroup| g.gpu.name == gpu && g.gpus_per_node == per_node;
+        if matches(&self.base.0) {
             return (&self.base.0, &self.base.1);
         }
         self.others
@@ -110,6 +105,20 @@ impl PerGpu {
             .collect::<Vec<_>>()
             .join(", ")
     }
+}
+
+/// The GPU a run is on and the GPUs per node it uses: its `gpu` and
+/// `gpus_per_node` columns, else the base's GPU and that GPU's node.
+fn node_of(base: &NodeGroup, run: &Run) -> (String, u64) {
+    let gpu = run.gpu.clone().unwrap_or_else(|| base.gpu.name.clone());
+    let per_node = run.gpus_per_node.unwrap_or_else(|| {
+        if gpu == base.gpu.name {
+            base.gpus_per_node
+        } else {
+            builtin_node(&gpu, 1).map_or(base.gpus_per_node, |n| n.gpus_per_node)
+        }
+    });
+    (gpu, per_node)
 }
 
 /// What `predict --runs` adds to every row: `predicted_peak_memory_gib` is
@@ -195,4 +204,47 @@ fn predicted_cells(
         gib(p.last_stage_reserved_bytes),
         p.fits.to_string(),
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::AttentionKind;
+    use crate::runs::{RowDefaults, runs_from_table};
+
+    /// Rows of one GPU on nodes of two sizes are each predicted on their
+    /// own: a row without `gpus_per_node` on the GPU's built-in node.
+    #[test]
+    fn rows_of_one_gpu_on_two_node_sizes_get_their_own_nodes() {
+        let text = "model,gpu,gpus,gpus_per_node,global_batch,micro_batch,tp,pp,iter_ms\n\
+                    llama3-8b,gb200,128,64,128,1,1,1,100\n\
+                    llama3-8b,gb200,72,,72,1,1,1,100\n\
+                    llama3-8b,h100-sxm,8,,8,1,1,1,100\n";
+        let table = RunTable::parse(text, "t.csv").unwrap();
+        let defaults = RowDefaults::gpt(
+            50257,
+            1024,
+            AttentionKind::Flash,
+            crate::config::Recompute::None,
+        );
+        let runs = runs_from_table(&table, &defaults, 8).unwrap();
+        let base = builtin_node("h100-sxm", 1).unwrap();
+        let cost = CostModel::datasheet();
+        let per = PerGpu::new(&runs, &base, &cost, CostModelChoice::PerGpu);
+        let nodes: Vec<(String, u64)> = runs
+            .iter()
+            .map(|r| {
+                let (g, _) = per.of(r);
+                (g.gpu.name.clone(), g.gpus_per_node)
+            })
+            .collect();
+        assert_eq!(
+            nodes,
+            [
+                ("gb200".to_string(), 64),
+                ("gb200".to_string(), 72),
+                ("h100-sxm".to_string(), 8)
+            ]
+        );
+    }
 }

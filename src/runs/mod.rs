@@ -401,7 +401,18 @@ fn parse_row(table: &RunTable, index: usize, defaults: &RowDefaults) -> Result<R
     };
 
     // A `model` column names a built-in model; the row's other model
-    // columns change it.
+    // columns change it. A row that leaves it empty needs them, or --model.
+    if !defaults.model_is_given
+        && table.headers.iter().any(|h| h == "model")
+        && cell("model").is_none()
+        && let Some(missing) = MODEL_COLUMNS.iter().find(|c| cell(c).is_none())
+    {
+        return Err(format!(
+            "column `model` is empty and so is `{missing}`; name a built-in model (see `paratune models`) or give the model's dimensions ({})",
+            MODEL_COLUMNS.join(", ")
+        )
+        .into());
+    }
     let mut model = match cell("model") {
         Some(name) => crate::model::builtin_model(name).ok_or_else(|| {
             format!(
@@ -1056,6 +1067,18 @@ mod tests {
         let err = runs_from_table(&unknown, &defaults(), 8)
             .unwrap_err()
             .to_string();
+        let empty = RunTable::parse(
+            "model,gpus,global_batch,micro_batch,tp,pp\n,8,8,1,1,1\n",
+            "t.csv",
+        )
+        .unwrap();
+        let empty = runs_from_table(&empty, &defaults(), 8)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            empty.contains("column `model` is empty and so is `hidden`"),
+            "{empty}"
+        );
         assert!(
             err.contains("column `model`") && err.contains("did you mean"),
             "{err}"
