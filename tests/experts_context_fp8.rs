@@ -25,6 +25,16 @@ const MIXTRAL_ON_64: [&str; 10] = [
     "4096",
 ];
 
+/// DeepSeek-V3 on 1,024 H100s.
+const DEEPSEEK_V3_ON_128_H100: [&str; 6] = [
+    "--model",
+    "deepseek-v3",
+    "--gpu",
+    "h100-sxm",
+    "--nodes",
+    "128",
+];
+
 /// A dense model on one node, for refusals.
 const LLAMA3_8B_ON_ONE_NODE: [&str; 8] = [
     "--model",
@@ -470,27 +480,23 @@ fn deepeps_flex_dispatcher_moves_each_token_once_per_node() {
     );
     let flex_unlimited = expert_parallel_ms(&ok(&with(&unlimited, &["--moe-dispatcher", "flex"])));
     assert!(flex_unlimited > flex, "{flex_unlimited} against {flex}");
-    let plan = ok(&[
-        "plan",
-        "--model",
-        "deepseek-v3",
-        "--gpu",
-        "h100-sxm",
-        "--nodes",
-        "128",
-        "--global-batch",
-        "512",
-        "--tp",
-        "1",
-        "--pp",
-        "16",
-        "--ep",
-        "64",
-        "--moe-dispatcher",
-        "flex",
-        "--top",
-        "1",
-    ]);
+    let plan = ok(&with(
+        &with(&["plan"], &DEEPSEEK_V3_ON_128_H100),
+        &[
+            "--global-batch",
+            "512",
+            "--tp",
+            "1",
+            "--pp",
+            "16",
+            "--ep",
+            "64",
+            "--moe-dispatcher",
+            "flex",
+            "--top",
+            "1",
+        ],
+    ));
     says(
         &plan,
         &[
@@ -791,24 +797,23 @@ fn a_pipeline_that_needs_the_account_for_split_plans_and_exports_it() {
 /// bytes a layer weight fewer. They need sharded optimizer states.
 #[test]
 fn fp8_weights_save_two_bytes_a_weight_and_need_sharded_states() {
-    let predict = |gather: &str, sharding: &str| {
-        let mut args = with(&["predict"], &LLAMA3_8B_ON_ONE_NODE);
-        args.extend([
-            "--precision",
-            "fp8",
-            "--optimizer-sharding",
-            sharding,
-            "--fp8-param-gather",
-            gather,
-            "--recompute",
-            "full",
-        ]);
-        args.iter().map(|s| s.to_string()).collect::<Vec<_>>()
+    let predict = |gather: &'static str, sharding: &'static str| {
+        with(
+            &with(&["predict"], &LLAMA3_8B_ON_ONE_NODE),
+            &[
+                "--precision",
+                "fp8",
+                "--optimizer-sharding",
+                sharding,
+                "--fp8-param-gather",
+                gather,
+                "--recompute",
+                "full",
+            ],
+        )
     };
-    let weights = |gather: &str| -> f64 {
-        let args = predict(gather, "optimizer-states");
-        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-        let out = ok(&refs);
+    let weights = |gather: &'static str| -> f64 {
+        let out = ok(&predict(gather, "optimizer-states"));
         let row = out
             .lines()
             .skip_while(|l| !l.contains("stage  weights"))
@@ -820,10 +825,8 @@ fn fp8_weights_save_two_bytes_a_weight_and_need_sharded_states() {
     // Llama 3 8B's layers hold 6.98 B weights: 2 bytes each is 13.0 GiB.
     let saved = off - on;
     assert!((saved - 13.0).abs() < 0.2, "on {on} off {off}");
-    let args = predict("on", "none");
-    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
     says(
-        &fails(&refs),
+        &fails(&predict("on", "none")),
         &["--fp8-param-gather on needs sharded optimizer states"],
     );
     let mut plan = with(&["plan"], &LLAMA3_8B_ON_ONE_NODE);
@@ -842,31 +845,27 @@ fn fp8_weights_save_two_bytes_a_weight_and_need_sharded_states() {
 /// module and loss make 64 slots of 2, which only a pipeline layout says.
 #[test]
 fn deepseek_v3_at_pp8_v4_plans_with_a_pipeline_layout() {
-    let out = ok(&[
-        "plan",
-        "--model",
-        "deepseek-v3",
-        "--gpu",
-        "h100-sxm",
-        "--nodes",
-        "128",
-        "--global-batch",
-        "8192",
-        "--tp",
-        "2",
-        "--pp",
-        "8",
-        "--ep",
-        "64",
-        "--schedule",
-        "interleaved",
-        "--virtual-stages",
-        "4",
-        "--optimizer-sharding",
-        "optimizer-states",
-        "--top",
-        "1",
-    ]);
+    let out = ok(&with(
+        &with(&["plan"], &DEEPSEEK_V3_ON_128_H100),
+        &[
+            "--global-batch",
+            "8192",
+            "--tp",
+            "2",
+            "--pp",
+            "8",
+            "--ep",
+            "64",
+            "--schedule",
+            "interleaved",
+            "--virtual-stages",
+            "4",
+            "--optimizer-sharding",
+            "optimizer-states",
+            "--top",
+            "1",
+        ],
+    ));
     says(
         &out,
         &[

@@ -156,10 +156,11 @@ pub fn megatron_args(job: &LaunchJob) -> Result<Vec<String>, ExportError> {
         }
     }
     if c.schedule == ScheduleKind::Interleaved {
-        // With an uneven split chunks differ in size, so Megatron-LM takes
-        // the chunk count instead of the layers per chunk.
+        // A layout gives the chunks itself (Megatron-LM takes no count
+        // beside it). With another uneven split chunks differ in size, so
+        // Megatron-LM takes the chunk count instead of the layers per chunk.
         if layout {
-            // The layout gives the chunks (Megatron-LM takes no count beside it).
+            // nothing to add
         } else if c.uneven() {
             args.pair("--num-virtual-stages-per-pipeline-rank", c.virtual_stages);
         } else {
@@ -321,28 +322,22 @@ pub fn pipeline_layout(
             chunk
         })
         .collect();
+    let (last, body) = chunks.split_last().expect("pp x v is at least 1");
     let mut out = String::new();
     let mut i = 0;
-    while i < chunks.len() {
-        let run = chunks[i..].iter().take_while(|c| **c == chunks[i]).count();
-        let last = i + run == chunks.len();
-        let run = if last { run - 1 } else { run };
-        match run {
-            0 => {}
-            1 | 2 => {
-                for _ in 0..run {
-                    out.push_str(&chunks[i]);
-                    out.push('|');
-                }
+    while i < body.len() {
+        let run = body[i..].iter().take_while(|c| **c == body[i]).count();
+        if run >= 3 {
+            out.push_str(&format!("({}|)*{run}", body[i]));
+        } else {
+            for chunk in &body[i..i + run] {
+                out.push_str(chunk);
+                out.push('|');
             }
-            n => out.push_str(&format!("({}|)*{n}", chunks[i])),
         }
         i += run;
-        if i == chunks.len() - 1 {
-            out.push_str(&chunks[i]);
-            break;
-        }
     }
+    out.push_str(last);
     out
 }
 
