@@ -147,6 +147,9 @@ coefficients! {
     bpipe_overlap: "fraction", [0.0, 1.0], 0.8, Carries,
         "share of an evictor's per-micro-batch compute under which BPipe's eviction and reload hide",
         "BPipe (Kim et al., ICML'23) sends evicted activations during the following micro-batches' computation";
+    host_copy_efficiency: "fraction of the link", [0.05, 1.0], 0.7, Carries,
+        "share of the GPU-to-host link's per-direction bandwidth that activation offloading's copies reach",
+        "nvbandwidth's device-to-host copies: 52.8 of 64 GB/s over PCIe Gen5 on H100 (NVIDIA/nvbandwidth#24), 295 of 450 GB/s over GH200's NVLink-C2C (vllm-project/vllm#6496); 0.7 between the two";
     tp_overlap_efficiency: "fraction", [0.0, 1.0], 0.8, Carries,
         "share of a layer's GEMM time under which --tp-comm-overlap hides the tensor-parallel all-gathers and reduce-scatters (the first of tp chunks is never hidden)",
         "Transformer Engine userbuffers pipeline each collective with its GEMM in chunks (Wang et al., ASPLOS'23, decomposition-based overlap, hides most of it)";

@@ -14,6 +14,7 @@ crate::named_choices!(
     StageOrder,
     CpComm,
     Precision,
+    GradReduce,
     Dispatcher,
     SyncMethod,
 );
@@ -310,6 +311,34 @@ impl Precision {
     }
 }
 
+/// The number format gradients are accumulated, kept and reduced in over
+/// data-parallel ranks. fp32 is Megatron-LM's default for bf16 training
+/// (`accumulate_allreduce_grads_in_fp32`) and torchtitan's
+/// (`mixed_precision_reduce = "float32"`); bf16 halves the gradient buffer
+/// and the bytes every gradient collective moves, at a cost in numerics
+/// the user decides on, so the search never picks it by itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GradReduce {
+    #[default]
+    Fp32,
+    /// Megatron-LM's `--grad-reduce-in-bf16` (Megatron-Bridge's
+    /// `grad_reduce_in_fp32 = False`), torchtitan's `mixed_precision_reduce
+    /// = "bfloat16"`.
+    Bf16,
+}
+
+impl GradReduce {
+    pub const ALL: [GradReduce; 2] = [GradReduce::Fp32, GradReduce::Bf16];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            GradReduce::Fp32 => "fp32",
+            GradReduce::Bf16 => "bf16",
+        }
+    }
+}
+
 /// How an MoE layer's tokens reach their experts (Megatron-LM's
 /// `--moe-token-dispatcher-type`).
 ///
@@ -498,6 +527,15 @@ pub struct ParallelConfig {
     /// a weight. Needs FP8 with Megatron-LM and sharded optimizer states.
     #[serde(default)]
     pub fp8_param_gather: bool,
+    /// The gradients' number format in their buffer and collectives.
+    #[serde(default)]
+    pub grad_reduce: GradReduce,
+    /// Megatron-LM's `--cpu-offloading-num-layers`: the activations the
+    /// first this many layers save for backward are copied to host memory
+    /// during the forward pass and back during the backward (Transformer
+    /// Engine's CPU offload); 0 keeps them all on the GPU.
+    #[serde(default)]
+    pub cpu_offload_layers: u64,
     /// CUDA graphs (`--cuda-graph-impl`; torch.compile's cudagraphs in
     /// torchtitan): each layer's kernels captured once and replayed, so the
     /// host launches a graph instead of every kernel.
@@ -562,6 +600,8 @@ impl Default for ParallelConfig {
             tp_comm_overlap: false,
             ep_comm_overlap: false,
             fp8_param_gather: false,
+            grad_reduce: GradReduce::Fp32,
+            cpu_offload_layers: 0,
             cuda_graphs: false,
             stage_order: StageOrder::Megatron,
             engine: Engine::Megatron,
@@ -823,6 +863,10 @@ impl ParallelConfig {
             (
                 Rule::Fp8ParamGatherNeeds,
                 c.fp8_param_gather && fp8_param_gather_problem(c).is_some(),
+            ),
+            (
+                Rule::CpuOffloadNeeds,
+                cpu_offload_problem(model, c).is_some(),
             ),
             (
                 Rule::BatchNotDivisible,
@@ -1105,6 +1149,7 @@ pub enum Rule {
     /// `TransformerConfig.__post_init__`).
     EpOverlapNeeds,
     Fp8ParamGatherNeeds,
+    CpuOffloadNeeds,
 }
 
 /// What keeps Megatron-LM from keeping `c`'s weights in FP8, if anything:
@@ -1119,6 +1164,27 @@ pub fn fp8_param_gather_problem(c: &ParallelConfig) -> Option<&'static str> {
         Some(
             "sharded optimizer states (`optimizer_sharding optimizer-states` or `optimizer_sharding full`)",
         )
+    } else {
+        None
+    }
+}
+
+/// What keeps Megatron-Core from offloading `c`'s activations, if
+/// anything: `TransformerConfig.__post_init__` refuses it with pipeline
+/// parallelism, with activation recomputation, and for all the layers or
+/// more; torchtitan has no activation offloading (its
+/// `enable_cpu_offload` moves FSDP's parameters).
+pub fn cpu_offload_problem(model: &ModelSpec, c: &ParallelConfig) -> Option<&'static str> {
+    if c.cpu_offload_layers == 0 {
+        None
+    } else if c.engine != Engine::Megatron {
+        Some("`engine megatron` (torchtitan offloads no activations)")
+    } else if c.pp > 1 {
+        Some("`pp 1` (Megatron-Core has no CPU offloading with pipeline parallelism)")
+    } else if c.recompute != Recompute::None {
+        Some("`recompute none` (Megatron-Core offloads no activations it recomputes)")
+    } else if c.cpu_offload_layers >= model.layers {
+        Some("fewer layers than the model has (Megatron-Core keeps the last one on the GPU)")
     } else {
         None
     }
@@ -1193,6 +1259,9 @@ impl Rule {
             }
             Rule::Fp8ParamGatherNeeds => {
                 "FP8 parameter gather needs FP8 with Megatron-LM and sharded optimizer states"
+            }
+            Rule::CpuOffloadNeeds => {
+                "CPU offloading needs Megatron-LM, pp 1, no recomputation and fewer layers than the model"
             }
         }
     }
@@ -1403,6 +1472,11 @@ impl Rule {
                 "`ep_comm_overlap on` needs {}, as Megatron-Core asserts; turn `ep_comm_overlap` off or change that",
                 ep_overlap_problem(model, c).unwrap_or("its settings")
             ),
+            Rule::CpuOffloadNeeds => format!(
+                "`cpu_offload_layers {}` needs {}; set `cpu_offload_layers 0` or change that",
+                c.cpu_offload_layers,
+                cpu_offload_problem(model, c).unwrap_or("its settings")
+            ),
             Rule::Fp8ParamGatherNeeds => format!(
                 "`fp8_param_gather on` needs {}; turn `fp8_param_gather` off or change that",
                 fp8_param_gather_problem(c).unwrap_or("its settings")
@@ -1501,6 +1575,12 @@ impl fmt::Display for ParallelConfig {
         }
         if self.fp8_param_gather {
             f.write_str(" fp8-weights")?;
+        }
+        if self.grad_reduce != GradReduce::Fp32 {
+            write!(f, " grad-reduce={}", self.grad_reduce.name())?;
+        }
+        if self.cpu_offload_layers > 0 {
+            write!(f, " offload={}", self.cpu_offload_layers)?;
         }
         if self.embedding_sync != SyncMethod::AllReduce {
             write!(f, " embedding-sync={}", self.embedding_sync.name())?;

@@ -878,3 +878,91 @@ fn deepseek_v3_at_pp8_v4_plans_with_a_pipeline_layout() {
         "{out}"
     );
 }
+
+/// Llama 3 70B on 64 GB200s without a pipeline, as Megatron-Bridge runs it.
+const LLAMA3_70B_ON_64_GB200: [&str; 12] = [
+    "--model",
+    "llama3-70b",
+    "--gpu",
+    "gb200",
+    "--gpus",
+    "64",
+    "--global-batch",
+    "128",
+    "--tp",
+    "1",
+    "--pp",
+    "1",
+];
+
+/// Gradients reduced in bf16 halve Megatron-LM's gradient buffer and
+/// export `--grad-reduce-in-bf16`; offloaded layers' activations leave the
+/// GPU, their copies show in the time, the plan exports the layer count,
+/// and what Megatron-Core refuses is refused with the flag named.
+#[test]
+fn bf16_gradients_and_cpu_offloading_predict_plan_and_export() {
+    let stage_cell = |out: &str, column: usize| -> f64 {
+        let row = out
+            .lines()
+            .skip_while(|l| !l.contains("stage  weights"))
+            .nth(1)
+            .unwrap_or_else(|| panic!("no stage row in:\n{out}"));
+        row.split_whitespace().nth(column).unwrap().parse().unwrap()
+    };
+    let predict = |extra: &[&'static str]| {
+        let mut args = with(&["predict"], &LLAMA3_70B_ON_64_GB200);
+        args.extend(["--optimizer-sharding", "full", "--micro-batch", "2"]);
+        args.extend(extra);
+        args
+    };
+    let fp32 = ok(&predict(&[]));
+    let bf16 = ok(&predict(&["--grad-reduce", "bf16"]));
+    let (g32, g16) = (stage_cell(&fp32, 2), stage_cell(&bf16, 2));
+    assert!((g16 - g32 / 2.0).abs() < 0.02, "gradients {g32} -> {g16}");
+    let offloaded = ok(&predict(&["--cpu-offload-layers", "40"]));
+    says(&offloaded, &["offload=40"]);
+    let (all, half) = (stage_cell(&fp32, 4), stage_cell(&offloaded, 4));
+    assert!(
+        half < 0.55 * all && half > 0.45 * all,
+        "activations {all} -> {half}"
+    );
+
+    let plan = ok(&[
+        "plan",
+        "--model",
+        "llama3-8b",
+        "--gpu",
+        "gb200",
+        "--gpus",
+        "8",
+        "--global-batch",
+        "16",
+        "--pp",
+        "1",
+        "--grad-reduce",
+        "bf16",
+        "--cpu-offload-layers",
+        "16",
+        "--optimizer-sharding",
+        "optimizer-states",
+        "--top",
+        "1",
+    ]);
+    says(
+        &plan,
+        &["--grad-reduce-in-bf16", "--cpu-offloading-num-layers 16"],
+    );
+
+    says(
+        &fails(&predict(&["--cpu-offload-layers", "80"])),
+        &["--cpu-offload-layers 80", "at most 79"],
+    );
+    let mut pipelined = predict(&["--cpu-offload-layers", "10"]);
+    let pp = pipelined.iter().position(|a| *a == "--pp").unwrap();
+    pipelined[pp + 1] = "2";
+    says(&fails(&pipelined), &["--cpu-offload-layers 10", "pp 1"]);
+    says(
+        &fails(&predict(&["--grad-reduce", "fp16"])),
+        &["--grad-reduce", "fp32, bf16"],
+    );
+}

@@ -231,6 +231,7 @@ struct Facts {
     pipeline: bool,
     data_parallel: bool,
     tensor_parallel: bool,
+    offload: bool,
 }
 
 impl Facts {
@@ -245,6 +246,7 @@ impl Facts {
             pipeline: any(&|r| r.run.config.pp > 1),
             data_parallel: any(&|r| r.run.config.dp > 1),
             tensor_parallel: any(&|r| r.run.config.tp > 1),
+            offload: any(&|r| r.run.config.cpu_offload_layers > 0),
         }
     }
 
@@ -262,6 +264,9 @@ impl Facts {
                 absent(self.standard, "no run uses standard (unfused) attention")
             }
             "bpipe_overlap" => absent(self.bpipe, "no run uses BPipe"),
+            "host_copy_efficiency" => {
+                absent(self.offload, "no run offloads activations to the CPU")
+            }
             "zero3_prefetch_overlap" => {
                 absent(self.zero3, "no run shards parameters (ZeRO-3/FSDP)")
             }

@@ -293,6 +293,17 @@ fn count(max: u64) -> impl Fn(&str) -> Result<u64, String> + Clone + Send + Sync
     }
 }
 
+/// A number of layers, 0 included.
+fn layer_count(text: &str) -> Result<u64, String> {
+    match text.trim().parse::<u64>() {
+        Ok(n) if n > 1 << 16 => Err(format!("{n} is more layers than paratune plans for")),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!(
+            "`{text}` is not a whole number; give one such as 8"
+        )),
+    }
+}
+
 /// More folds than this leave folds of a row or two, and each is a whole fit.
 const MAX_FOLDS: usize = 50;
 /// Each bootstrap sample is a whole fit (seconds each on the reference data):
@@ -415,6 +426,16 @@ pub struct SpaceArgs {
     /// FP8, MXFP8 on Blackwell; needs a GPU with FP8), or both to compare.
     #[arg(long, value_delimiter = ',')]
     pub precision: Option<Vec<String>>,
+    /// Number format gradients are kept and reduced in over data-parallel ranks: fp32
+    /// (default; Megatron-LM's main gradients), bf16 (--grad-reduce-in-bf16, torchtitan's
+    /// mixed_precision_reduce = "bfloat16"), or both to compare.
+    #[arg(long, value_delimiter = ',')]
+    pub grad_reduce: Option<Vec<String>>,
+    /// Layers whose saved activations are copied to host memory in the forward pass and
+    /// back in the backward (--cpu-offloading-num-layers; Megatron-LM with pp 1 and no
+    /// recomputation): 0 (default) keeps them on the GPU; a list to compare.
+    #[arg(long, value_delimiter = ',', value_parser = layer_count)]
+    pub cpu_offload_layers: Option<Vec<u64>>,
     /// How an untied input embedding's gradient is synchronised over the data-parallel
     /// ranks: all-reduce (default), sparse-all-gather, parameter-server, or all to let the
     /// search pick (Parallax; Megatron-LM and torchtitan run all-reduce only).

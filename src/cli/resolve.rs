@@ -10,8 +10,8 @@ use paratune::coefficients::{
     CostModel, builtin_cost_model, builtin_cost_model_names, default_cost_model, parse_cost_model,
 };
 use paratune::config::{
-    CpComm, Dispatcher, Engine, OptimizerSharding, ParallelConfig, Precision, Recompute, Rule,
-    ScheduleKind, StageOrder, SyncMethod,
+    CpComm, Dispatcher, Engine, GradReduce, OptimizerSharding, ParallelConfig, Precision,
+    Recompute, Rule, ScheduleKind, StageOrder, SyncMethod,
 };
 use paratune::evaluate::{CostModelChoice, PerGpu};
 use paratune::model::{
@@ -444,6 +444,8 @@ pub fn space(args: &SpaceArgs) -> Result<SearchSpace> {
         etp: positive("--etp", &args.etp)?,
         dispatcher: choices::<Dispatcher>("--moe-dispatcher", &args.moe_dispatcher)?,
         precision: choices::<Precision>("--precision", &args.precision)?,
+        grad_reduce: choices::<GradReduce>("--grad-reduce", &args.grad_reduce)?,
+        cpu_offload_layers: args.cpu_offload_layers.clone(),
         embedding_sync: embedding_sync(&args.embedding_sync)?,
     };
     check_engine_choices(&space)?;
@@ -462,7 +464,9 @@ fn embedding_sync(values: &Option<Vec<String>>) -> Result<Option<Vec<SyncMethod>
 }
 
 /// Choices the job cannot take, refused up front: `--moe-dispatcher` on a
-/// dense model, `--precision fp8` on a GPU without FP8 tensor cores.
+/// dense model, `--precision fp8` on a GPU without FP8 tensor cores,
+/// activation offloading on a GPU whose host link is unknown or of more
+/// layers than the model has.
 pub fn check_job_choices(space: &SearchSpace, job: &Job) -> Result<()> {
     if space.dispatcher.is_some() && job.model.moe.is_none() {
         bail!(
@@ -479,6 +483,23 @@ pub fn check_job_choices(space: &SearchSpace, job: &Job) -> Result<()> {
             "--precision fp8: the {} has no FP8 tensor cores (Hopper and later do); plan with --precision bf16, or give the GPU an fp8_peak_tflops in a cluster file",
             job.nodes.gpu.name
         );
+    }
+    let offload = space.cpu_offload_layers.as_deref().unwrap_or_default();
+    if let Some(&most) = offload.iter().max() {
+        if most >= job.model.layers {
+            bail!(
+                "--cpu-offload-layers {most}: model `{}` has {} layers and Megatron-Core keeps the last one on the GPU; give at most {}",
+                job.model.name,
+                job.model.layers,
+                job.model.layers.saturating_sub(1)
+            );
+        }
+        if most > 0 && job.nodes.gpu.host_link_bandwidth.is_none() {
+            bail!(
+                "--cpu-offload-layers: the {}'s link to host memory is unknown; give its GPU a host_link_bw (per direction, e.g. \"64GB/s\" for PCIe Gen5 x16) in a cluster file",
+                job.nodes.gpu.name
+            );
+        }
     }
     Ok(())
 }
@@ -621,6 +642,8 @@ pub fn single_config(args: &SpaceArgs, job: &Job) -> Result<ParallelConfig> {
             Dispatcher::of_engine(space.engine, job.model.moe.is_some()),
         )?,
         precision: single("--precision", &space.precision, Precision::Bf16)?,
+        grad_reduce: single("--grad-reduce", &space.grad_reduce, GradReduce::Fp32)?,
+        cpu_offload_layers: single("--cpu-offload-layers", &space.cpu_offload_layers, 0)?,
         embedding_sync: single(
             "--embedding-sync",
             &space.embedding_sync,

@@ -40,12 +40,13 @@ const NODE_KEYS: [&str; 5] = [
     "intra_node_bw",
     "inter_node_bw",
 ];
-const GPU_KEYS: [&str; 5] = [
+const GPU_KEYS: [&str; 6] = [
     "name",
     "peak_tflops",
     "memory",
     "hbm_bandwidth",
     "fp8_peak_tflops",
+    "host_link_bw",
 ];
 const DEFAULT_GPUS_PER_NODE: u64 = 8;
 
@@ -233,12 +234,19 @@ fn inline_gpu(table: &Table, at: &str) -> Result<GpuSpec, String> {
             ));
         }
     };
+    // Per direction, as the catalogue gives it; only activation
+    // offloading reads it.
+    let host_link_bandwidth = match table.get("host_link_bw") {
+        None => None,
+        Some(value) => Some(bandwidth(value, "host_link_bw", at)?.bytes_per_s()),
+    };
     Ok(GpuSpec {
         name,
         peak_flops: peak_tflops * 1e12,
         memory_bytes: memory,
         hbm_bandwidth: hbm.bytes_per_s(),
         fp8_peak_flops,
+        host_link_bandwidth,
     })
 }
 

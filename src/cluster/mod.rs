@@ -29,6 +29,11 @@ pub struct GpuSpec {
     /// and later; MXFP8 on Blackwell runs at the same peak).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fp8_peak_flops: Option<f64>,
+    /// Per-direction bandwidth between the GPU and its host's memory
+    /// (PCIe, or NVLink-C2C on Grace superchips), bytes/s, where known:
+    /// what activation offloading copies through.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_link_bandwidth: Option<f64>,
 }
 
 impl GpuSpec {

@@ -3,15 +3,15 @@
 //! switches the given keys rule out follow them.
 
 use super::{
-    CpComm, Dispatcher, OptimizerSharding, ParallelConfig, Precision, Recompute, ScheduleKind,
-    StageOrder, SyncMethod,
+    CpComm, Dispatcher, GradReduce, OptimizerSharding, ParallelConfig, Precision, Recompute,
+    ScheduleKind, StageOrder, SyncMethod,
 };
 use crate::choice::{Choice, parse_switch};
 use crate::model::AttentionKind;
 use crate::suggest::did_you_mean;
 
 /// The keys a specification may set; several have a short and a long name.
-pub const SPEC_KEYS: [&str; 44] = [
+pub const SPEC_KEYS: [&str; 47] = [
     "tp",
     "pp",
     "dp",
@@ -36,6 +36,9 @@ pub const SPEC_KEYS: [&str; 44] = [
     "tp_comm_overlap",
     "ep_comm_overlap",
     "fp8_param_gather",
+    "grad_reduce",
+    "cpu_offload_layers",
+    "offload",
     "cp_a2a",
     "cp-a2a",
     "cuda_graphs",
@@ -183,6 +186,8 @@ fn set(c: &mut ParallelConfig, key: &str, value: &str) -> Result<(), SpecError> 
         "cp_comm" | "cp-comm" => c.cp_comm = choice::<CpComm>(key, value)?,
         "dispatch" | "moe_dispatcher" => c.dispatcher = choice::<Dispatcher>(key, value)?,
         "precision" => c.precision = choice::<Precision>(key, value)?,
+        "grad_reduce" => c.grad_reduce = choice::<GradReduce>(key, value)?,
+        "cpu_offload_layers" | "offload" => c.cpu_offload_layers = number()?,
         "embedding_sync" | "embedding-sync" => c.embedding_sync = choice::<SyncMethod>(key, value)?,
         _ => {
             return Err(SpecError(format!(

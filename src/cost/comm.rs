@@ -16,7 +16,7 @@
 //! messages between nodes.
 
 use super::kernels::HALF;
-use super::memory::{ParamGroup, SyncMethod};
+use super::memory::{ParamGroup, SyncMethod, reduced_gradient_bytes};
 use super::{ProfileUsage, Scenario};
 use crate::cluster::GroupSpan;
 use crate::coefficients::CollectiveAlgorithm;
@@ -284,7 +284,7 @@ pub fn replica_all_reduce_per_microbatch(
         .iter()
         .filter(|g| !g.experts)
         .map(|g| {
-            let shard_bytes = g.params * s.coef().gradient_bytes_per_param / shard;
+            let shard_bytes = g.params * reduced_gradient_bytes(s, c) / shard;
             collective(s, Collective::AllReduce, span, shard_bytes, usage)
         })
         .sum()
@@ -486,9 +486,8 @@ pub fn dense_group_sync(
     group: &ParamGroup,
     usage: &mut ProfileUsage,
 ) -> (f64, f64) {
-    let k = s.coef();
     let span = group.span;
-    let grads = group.params * k.gradient_bytes_per_param;
+    let grads = group.params * reduced_gradient_bytes(s, c);
     let weights = gathered_weight_bytes(s, c, group);
     match c.optimizer_sharding {
         OptimizerSharding::None => (
@@ -519,7 +518,6 @@ pub fn zero3_per_microbatch(
     if !syncs_per_microbatch(c) {
         return (0.0, 0.0);
     }
-    let k = s.coef();
     let replica = replica_span(s, c);
     let shard = c.shard_degree() as f64;
     let gathers = match (c.optimizer_sharding, c.recompute) {
@@ -532,7 +530,7 @@ pub fn zero3_per_microbatch(
     for group in groups {
         let span = group.span;
         let weights = gathered_weight_bytes(s, c, group);
-        let grads = group.params * k.gradient_bytes_per_param;
+        let grads = group.params * reduced_gradient_bytes(s, c);
         let mut time = gathers * collective(s, Collective::AllGather, span, weights, usage)
             + collective(s, Collective::ReduceScatter, span, grads, usage);
         if c.replicas() > 1 && !group.experts {
@@ -591,8 +589,7 @@ pub fn embedding_group_sync(s: &Scenario, c: &ParallelConfig, stage: u64) -> f64
     if !shares_word_embedding(s, c) || (stage != 0 && stage != c.pp - 1) {
         return 0.0;
     }
-    let bytes =
-        super::vocab_per_rank(s, c) * s.model.hidden as f64 * s.coef().gradient_bytes_per_param;
+    let bytes = super::vocab_per_rank(s, c) * s.model.hidden as f64 * reduced_gradient_bytes(s, c);
     let crosses = !stages_share_node(s, c, 0, c.pp - 1);
     s.coef().collective_base_latency_us * 1e-6 + bytes / p2p_bw(s, crosses)
 }

@@ -10,8 +10,8 @@ use super::kernels::HALF;
 use super::layer::{LayerKind, dispatch_gathered_tokens, expert_rows, local_tokens};
 use crate::cluster::GroupSpan;
 use crate::config::{
-    CpComm, Dispatcher, Engine, OptimizerSharding, ParallelConfig, Precision, Recompute,
-    ScheduleKind,
+    CpComm, Dispatcher, Engine, GradReduce, OptimizerSharding, ParallelConfig, Precision,
+    Recompute, ScheduleKind,
 };
 use crate::model::{AttentionKind, ModelSpec};
 use serde::{Deserialize, Serialize};
@@ -251,12 +251,16 @@ pub struct StateBytes {
 /// torchtitan's FSDP2 keeps fp32 parameters (the master copy itself),
 /// fp32 gradients and Adam's two moments (4 + 4 + 8), with 16-bit copies
 /// gathered for compute (see [`gathered_weight_bytes`]).
+///
+/// Under `grad_reduce bf16` Megatron-LM's gradient buffer is bf16 (see
+/// [`reduced_gradient_bytes`]); torchtitan reduces in bf16 but keeps its
+/// gradient shards in the fp32 of its parameters.
 pub fn state_bytes(s: &Scenario, c: &ParallelConfig) -> StateBytes {
     let k = s.coef();
     match c.engine {
         Engine::Megatron => StateBytes {
             weights: k.weight_bytes_per_param,
-            gradients: k.gradient_bytes_per_param,
+            gradients: reduced_gradient_bytes(s, c),
             optimizer: k.optimizer_bytes_per_param,
         },
         Engine::Torchtitan => StateBytes {
@@ -264,6 +268,16 @@ pub fn state_bytes(s: &Scenario, c: &ParallelConfig) -> StateBytes {
             gradients: k.gradient_bytes_per_param,
             optimizer: (k.optimizer_bytes_per_param - 2.0 * k.weight_bytes_per_param).max(0.0),
         },
+    }
+}
+
+/// Bytes per parameter a gradient collective moves (and Megatron-LM's
+/// gradient buffer holds): the fitted `gradient_bytes_per_param`, fp32 by
+/// default, or a 16-bit weight's under `grad_reduce bf16`.
+pub fn reduced_gradient_bytes(s: &Scenario, c: &ParallelConfig) -> f64 {
+    match c.grad_reduce {
+        GradReduce::Fp32 => s.coef().gradient_bytes_per_param,
+        GradReduce::Bf16 => s.coef().weight_bytes_per_param,
     }
 }
 
@@ -374,6 +388,25 @@ fn layer_kept(s: &Scenario, c: &ParallelConfig, recompute: Recompute, kind: Laye
         Recompute::SelectiveOp => attention_io + (replicated + mlp) / 2.0,
         _ => replicated + attention_io + mlp + scores,
     }
+}
+
+/// Activation bytes per micro-batch that CPU offloading moves to host
+/// memory: what the first `cpu_offload_layers` layers keep (the model's
+/// leading dense layers first). Megatron-LM offloads only without a
+/// pipeline, so these are the one stage's first layers.
+pub fn offloaded_activation_bytes(s: &Scenario, c: &ParallelConfig) -> f64 {
+    let n = c.cpu_offload_layers;
+    if n == 0 {
+        return 0.0;
+    }
+    let (dense, moe) = super::stage_layer_kinds(s, c, 0);
+    let dense_off = n.min(dense);
+    let moe_off = (n - dense_off).min(moe);
+    let mut bytes = dense_off as f64 * layer_kept(s, c, c.recompute, LayerKind::Dense);
+    if moe_off > 0 {
+        bytes += moe_off as f64 * layer_kept(s, c, c.recompute, LayerKind::Moe);
+    }
+    bytes
 }
 
 /// Bytes per element of the input a GEMM keeps for its weight gradient:
@@ -579,7 +612,8 @@ pub fn stage_memory(s: &Scenario, c: &ParallelConfig, stage: u64) -> StageMemory
     let tokens = local_tokens(s, c);
     let h = model.hidden as f64;
     let held = in_flight(c, m, stage);
-    let mut activations = held * stage_activation_bytes(s, c, stage);
+    let mut activations =
+        held * (stage_activation_bytes(s, c, stage) - offloaded_activation_bytes(s, c));
     if c.recompute != Recompute::None && c.recompute != Recompute::Selective {
         // Recomputing rebuilds one layer's activations for one micro-batch:
         // the largest of the kinds of layer this stage holds (an all-dense

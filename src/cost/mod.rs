@@ -146,6 +146,9 @@ pub struct TimeBreakdown {
     pub data_parallel: f64,
     pub optimizer: f64,
     pub bpipe_transfer: f64,
+    /// Activation offloading's copies to and from host memory not hidden.
+    #[serde(default)]
+    pub offload: f64,
     /// Fixed per-iteration work.
     pub fixed: f64,
 }
@@ -162,11 +165,12 @@ impl TimeBreakdown {
             + self.data_parallel
             + self.optimizer
             + self.bpipe_transfer
+            + self.offload
             + self.fixed
     }
 
     /// Named parts, largest first not implied: in a fixed order for tables.
-    pub fn parts(&self) -> [(&'static str, f64); 11] {
+    pub fn parts(&self) -> [(&'static str, f64); 12] {
         [
             ("compute", self.compute),
             ("host overhead", self.host),
@@ -178,6 +182,7 @@ impl TimeBreakdown {
             ("data-parallel comm (exposed)", self.data_parallel),
             ("optimizer step", self.optimizer),
             ("BPipe transfer", self.bpipe_transfer),
+            ("activation offload", self.offload),
             ("fixed per iteration", self.fixed),
         ]
     }
@@ -362,6 +367,9 @@ pub struct StageTime {
     pub p2p: f64,
     /// BPipe's transfers not hidden behind the stage's compute.
     pub bpipe: f64,
+    /// Activation offloading's copies not hidden behind it.
+    #[serde(default)]
+    pub offload: f64,
     /// ZeRO-3's per-micro-batch gathers and reduce-scatters not hidden.
     #[serde(default)]
     pub data_parallel: f64,
@@ -376,6 +384,7 @@ impl StageTime {
             + self.context_parallel
             + self.p2p
             + self.bpipe
+            + self.offload
             + self.data_parallel
     }
 }
@@ -505,6 +514,7 @@ fn stage_time(
         context_parallel: work.context_parallel,
         p2p: if p > 1 { p2p } else { 0.0 },
         bpipe: 0.0,
+        offload: offload_exposed(s, c, &work),
         data_parallel: 0.0,
     };
     if i == 0 {
@@ -534,6 +544,31 @@ fn stage_time(
         t.compute += k.overlap_sm_cost * hidden;
     }
     t
+}
+
+/// Per micro-batch, what activation offloading's copies leave exposed:
+/// the offloaded layers' saved activations go to host memory during the
+/// forward pass and come back during the backward, on copy engines beside
+/// the compute (Transformer Engine's CPU offload), so each direction shows
+/// only where it outlasts its pass.
+fn offload_exposed(s: &Scenario, c: &ParallelConfig, work: &layer::LayerTime) -> f64 {
+    let bytes = memory::offloaded_activation_bytes(s, c);
+    if bytes <= 0.0 {
+        return 0.0;
+    }
+    let copy = bytes / host_copy_bandwidth(s);
+    let (to_host, _) = overlapped(copy, work.forward, 1.0, 0.0);
+    let (back, _) = overlapped(copy, work.backward, 1.0, 0.0);
+    to_host + back
+}
+
+/// The GPU-to-host bandwidth activation offloading reaches, per direction.
+/// A GPU without a known host link (a cluster file without
+/// `host_link_bw`) is taken to sit on PCIe Gen5 x16; the CLI refuses to
+/// offload on one.
+fn host_copy_bandwidth(s: &Scenario) -> f64 {
+    const PCIE_GEN5_X16: f64 = 64e9;
+    s.gpu.host_link_bandwidth.unwrap_or(PCIE_GEN5_X16) * s.coef().host_copy_efficiency
 }
 
 /// A stage's expert-parallel dispatch and combine per micro-batch under
@@ -577,7 +612,8 @@ pub fn predict_checked(s: &Scenario, c: &ParallelConfig, memory: &MemoryCheck) -
 
 /// `c` with the switches its layers' times do not read cleared (how data
 /// parallelism shards, overlaps and groups, BPipe and its stage order, the
-/// embedding's sync, the batch-level EP overlap, FP8 weights): two configurations with the same key have the same
+/// embedding's sync, the batch-level EP overlap, FP8 weights, the
+/// gradients' dtype, activation offloading): two configurations with the same key have the same
 /// [`layer_times`], so a search may work them out once for both.
 pub fn layer_key(c: &ParallelConfig) -> ParallelConfig {
     let plain = ParallelConfig::default();
@@ -591,6 +627,8 @@ pub fn layer_key(c: &ParallelConfig) -> ParallelConfig {
         embedding_sync: plain.embedding_sync,
         ep_comm_overlap: plain.ep_comm_overlap,
         fp8_param_gather: plain.fp8_param_gather,
+        grad_reduce: plain.grad_reduce,
+        cpu_offload_layers: plain.cpu_offload_layers,
         ..*c
     }
 }
@@ -663,6 +701,7 @@ fn predict_from(
         data_parallel: m * slowest.data_parallel + sync.exposed_comm,
         optimizer: sync.optimizer,
         bpipe_transfer: m * slowest.bpipe,
+        offload: m * slowest.offload,
         fixed: s.coef().iteration_overhead_ms * 1e-3,
     };
     // Overlap hides transfers behind compute, never behind each other: the

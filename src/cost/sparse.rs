@@ -17,7 +17,7 @@
 
 use super::comm::{self, Collective};
 use super::kernels::memory_pass;
-use super::memory::ParamGroup;
+use super::memory::{ParamGroup, reduced_gradient_bytes};
 use super::{ProfileUsage, Scenario};
 use crate::config::{ParallelConfig, SyncMethod};
 
@@ -230,8 +230,8 @@ pub fn embedding_sync_options(s: &Scenario, c: &ParallelConfig) -> Option<[Embed
 }
 
 /// The bytes of one gradient row as synchronised.
-fn row_bytes(s: &Scenario) -> f64 {
-    s.model.hidden as f64 * s.coef().gradient_bytes_per_param
+fn row_bytes(s: &Scenario, c: &ParallelConfig) -> f64 {
+    s.model.hidden as f64 * reduced_gradient_bytes(s, c)
 }
 
 /// `group` (the input embedding of stage 0) synchronised by `method` over
@@ -246,7 +246,7 @@ pub fn sparse_sync(
     let ranks = group.ranks;
     let rows = touched_rows(s, c);
     let table_rows = group.params / s.model.hidden as f64;
-    let row = row_bytes(s);
+    let row = row_bytes(s, c);
     let payload = rows * row;
     // Points measured between processes of one machine cover a group
     // within one node of as many ranks.
@@ -268,7 +268,7 @@ pub fn sparse_sync(
         SyncMethod::AllReduce => {
             // The dense sync as the sharding runs it: all-reduce, or
             // reduce-scatter and all-gather under the distributed optimizer.
-            let bytes = group.params * s.coef().gradient_bytes_per_param;
+            let bytes = group.params * reduced_gradient_bytes(s, c);
             let unsharded = c.optimizer_sharding == crate::config::OptimizerSharding::None;
             match measured(SyncMethod::AllReduce, 0, bytes).filter(|_| unsharded) {
                 Some(t) => (result.seconds, result.measured) = (t, true),
@@ -294,7 +294,7 @@ pub fn sparse_sync(
             }
         },
         SyncMethod::ParameterServer => {
-            let (partitions, seconds, from_profile) = parameter_server(s, group, rows, payload);
+            let (partitions, seconds, from_profile) = parameter_server(s, c, group, rows, payload);
             result.partitions = partitions;
             result.seconds = seconds;
             result.measured = from_profile;
@@ -309,7 +309,13 @@ pub fn sparse_sync(
 /// The parameter server's partition count and time: from the measured
 /// points of these ranks (fitted when three or more counts were measured,
 /// the best measured otherwise), or from the link's curve.
-fn parameter_server(s: &Scenario, group: &ParamGroup, rows: f64, payload: f64) -> (u64, f64, bool) {
+fn parameter_server(
+    s: &Scenario,
+    c: &ParallelConfig,
+    group: &ParamGroup,
+    rows: f64,
+    payload: f64,
+) -> (u64, f64, bool) {
     let ranks = group.ranks;
     if let Some(profile) = s.profile.filter(|_| group.span.nodes == 1) {
         // On the stack: predict does not allocate.
@@ -330,7 +336,7 @@ fn parameter_server(s: &Scenario, group: &ParamGroup, rows: f64, payload: f64) -
             return (p as u64, t, true);
         }
     }
-    let (p, t) = server_curve(s, group, rows, &mut ProfileUsage::default()).best(ranks);
+    let (p, t) = server_curve(s, c, group, rows, &mut ProfileUsage::default()).best(ranks);
     (p, t, false)
 }
 
@@ -342,11 +348,12 @@ fn parameter_server(s: &Scenario, group: &ParamGroup, rows: f64, payload: f64) -
 /// them too (c).
 pub fn server_curve(
     s: &Scenario,
+    c: &ParallelConfig,
     group: &ParamGroup,
     rows: f64,
     usage: &mut ProfileUsage,
 ) -> ServerCurve {
-    let row = row_bytes(s);
+    let row = row_bytes(s, c);
     let ranks = group.ranks as f64;
     let bandwidth = comm::point_to_point_bandwidth(s, group.span);
     let exchange = MESSAGES_PER_SERVER * comm::message_time(s, group.span, INDEX_BYTES, usage);

@@ -2364,3 +2364,167 @@ mod multi_token_prediction {
         assert!(predict(&sa, &c).iteration_s > predict(&sb, &c).iteration_s);
     }
 }
+
+// ---------------------------------------------------------------------------
+// Gradients reduced in bf16.
+
+mod grad_reduce {
+    use super::*;
+    use crate::config::{Engine, GradReduce};
+
+    fn with(c: &ParallelConfig, grad_reduce: GradReduce) -> ParallelConfig {
+        ParallelConfig { grad_reduce, ..*c }
+    }
+
+    /// Megatron-LM's bf16 gradient buffer holds 2 bytes a parameter where
+    /// the fp32 one holds 4; weights, optimizer states and activations do
+    /// not change.
+    #[test]
+    fn bf16_halves_megatron_gradients_and_nothing_else() {
+        let f = gpt175b_fixture();
+        let s = f.scenario();
+        for c in gpt175b_configs() {
+            let fp32 = memory_per_stage(&s, &c);
+            let bf16 = memory_per_stage(&s, &with(&c, GradReduce::Bf16));
+            for (a, b) in fp32.iter().zip(&bf16) {
+                let what = format!("{c}");
+                assert_close(b.gradients, a.gradients / 2.0, 1e-12, &what);
+                assert_eq!(b.weights, a.weights, "{what}");
+                assert_eq!(b.optimizer_states, a.optimizer_states, "{what}");
+                assert_eq!(b.activations, a.activations, "{what}");
+            }
+        }
+    }
+
+    /// Reducing half the bytes never slows an iteration nor raises a peak,
+    /// and where data-parallel ranks sync, it moves less.
+    #[test]
+    fn bf16_never_slows_nor_grows_and_shrinks_the_sync() {
+        let f = gpt175b_fixture();
+        let s = f.scenario();
+        for c in gpt175b_configs() {
+            let fp32 = predict(&s, &c);
+            let bf16 = predict(&s, &with(&c, GradReduce::Bf16));
+            let what = format!("{c}");
+            assert!(
+                bf16.iteration_s <= fp32.iteration_s * (1.0 + 1e-12),
+                "{what}"
+            );
+            assert!(bf16.peak_memory_bytes < fp32.peak_memory_bytes, "{what}");
+            let groups = memory::parameter_groups(&s, &c, 0);
+            let sync = |c: &ParallelConfig| {
+                comm::dense_group_sync(&s, c, &groups[0], &mut ProfileUsage::default()).0
+            };
+            assert!(sync(&with(&c, GradReduce::Bf16)) < sync(&c), "{what}");
+        }
+    }
+
+    /// torchtitan reduces in bf16 but keeps its gradient shards in the
+    /// fp32 of its parameters.
+    #[test]
+    fn torchtitan_keeps_fp32_gradient_shards() {
+        let f = gpt175b_fixture();
+        let s = f.scenario();
+        let c = ParallelConfig {
+            engine: Engine::Torchtitan,
+            optimizer_sharding: OptimizerSharding::Full,
+            ..config(8, 1, 128, 1)
+        };
+        let fp32 = memory_per_stage(&s, &c);
+        let bf16 = memory_per_stage(&s, &with(&c, GradReduce::Bf16));
+        assert_eq!(fp32[0].gradients, bf16[0].gradients);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Activation offloading to host memory.
+
+mod cpu_offload {
+    use super::*;
+    use crate::config::Rule;
+
+    fn llama70b_on_gb200() -> Fixture {
+        Fixture {
+            group: builtin_node("gb200", 1).unwrap(),
+            ..Fixture::new(builtin_model("llama3-70b").unwrap(), 64, 128)
+        }
+    }
+
+    fn offloading(n: u64) -> ParallelConfig {
+        ParallelConfig {
+            cpu_offload_layers: n,
+            micro_batch: 2,
+            ..config(1, 1, 64, 2)
+        }
+    }
+
+    /// Each offloaded layer takes its saved activations off the GPU, and
+    /// nothing else moves; the copies can only add time, and only where
+    /// they outlast the passes they hide under.
+    #[test]
+    fn offloaded_layers_leave_the_gpu_and_never_speed_it_up() {
+        let f = llama70b_on_gb200();
+        let s = f.scenario();
+        let none = memory_per_stage(&s, &offloading(0))[0];
+        let per_layer = memory::stage_activation_bytes(&s, &offloading(0), 0) / 80.0;
+        let mut last = predict(&s, &offloading(0));
+        for n in [10, 40, 79] {
+            let m = memory_per_stage(&s, &offloading(n))[0];
+            assert_close(
+                none.activations - m.activations,
+                n as f64 * per_layer,
+                1e-9,
+                "offloaded bytes",
+            );
+            assert_eq!(m.weights, none.weights);
+            assert_eq!(m.loss, none.loss);
+            let p = predict(&s, &offloading(n));
+            assert!(p.iteration_s >= last.iteration_s, "{n} layers");
+            assert!(p.time.offload >= last.time.offload, "{n} layers");
+            last = p;
+        }
+    }
+
+    /// Over NVLink-C2C the copies of 40 layers hide under the compute;
+    /// through PCIe Gen5 (a B200 board) they do not.
+    #[test]
+    fn a_slower_host_link_exposes_more_of_the_copies() {
+        let c2c = llama70b_on_gb200();
+        let mut pcie = llama70b_on_gb200();
+        pcie.group.gpu.host_link_bandwidth = Some(64e9);
+        let exposed = |f: &Fixture| predict(&f.scenario(), &offloading(40)).time.offload;
+        assert!(exposed(&pcie) > exposed(&c2c));
+        assert!(exposed(&pcie) > 0.0);
+    }
+
+    #[test]
+    fn megatron_refuses_offloading_with_a_pipeline_or_recomputation() {
+        let model = builtin_model("llama3-70b").unwrap();
+        let pipelined = ParallelConfig {
+            cpu_offload_layers: 10,
+            ..config(1, 2, 32, 1)
+        };
+        assert_eq!(
+            pipelined.violation(&model, 128, 64, 8),
+            Some(Rule::CpuOffloadNeeds)
+        );
+        let recomputed = ParallelConfig {
+            recompute: Recompute::Full,
+            ..offloading(10)
+        };
+        assert_eq!(
+            recomputed.violation(&model, 128, 64, 8),
+            Some(Rule::CpuOffloadNeeds)
+        );
+        assert_eq!(
+            offloading(80).violation(&model, 128, 64, 8),
+            Some(Rule::CpuOffloadNeeds)
+        );
+        assert_eq!(offloading(79).violation(&model, 128, 64, 8), None);
+        let why = Rule::CpuOffloadNeeds.explain(&pipelined, &model, 128, 64, 8);
+        assert!(
+            why.contains("pp 1") && why.contains("cpu_offload_layers"),
+            "{why}"
+        );
+    }
+}

@@ -23,6 +23,11 @@ pub struct RowError {
     pub kind: RunKind,
     /// The prediction's fits verdict; the run ran, so `false` is wrong.
     pub predicted_fits: bool,
+    /// The predicted peak stage's device memory and what the GPU leaves
+    /// usable, bytes: how far a wrong verdict is from the line.
+    pub predicted_peak_bytes: f64,
+    pub allocated_peak_bytes: f64,
+    pub usable_bytes: f64,
 }
 
 impl RowError {
@@ -150,6 +155,9 @@ pub fn evaluate_with<'a>(runs: &[Run], setting: impl Fn(&Run) -> Setting<'a>) ->
                 measured_s,
                 kind: RunKind::of(run),
                 predicted_fits: prediction.fits,
+                predicted_peak_bytes: prediction.peak_memory_bytes,
+                allocated_peak_bytes: prediction.peak_allocated_bytes,
+                usable_bytes: prediction.usable_memory_bytes,
             });
         }
         if let Some(measured) = run.measured_memory {

@@ -6,7 +6,7 @@
 //! release branches, which introduced `--attention-backend`.
 
 use super::{ExportError, LaunchJob, check_job, shell_quote};
-use crate::config::{OptimizerSharding, Precision, Recompute, ScheduleKind};
+use crate::config::{GradReduce, OptimizerSharding, Precision, Recompute, ScheduleKind};
 use crate::model::AttentionKind;
 
 const ENGINE: &str = "Megatron-LM";
@@ -184,6 +184,14 @@ pub fn megatron_args(job: &LaunchJob) -> Result<Vec<String>, ExportError> {
     }
     if c.fp8_param_gather {
         args.flag("--fp8-param-gather");
+    }
+    if c.cpu_offload_layers > 0 {
+        // Sets `cpu_offloading` itself (activations, not weights).
+        args.pair("--cpu-offloading-num-layers", c.cpu_offload_layers);
+    }
+    if c.grad_reduce == GradReduce::Bf16 {
+        // Sets `accumulate_allreduce_grads_in_fp32` off for bf16 training.
+        args.flag("--grad-reduce-in-bf16");
     }
     if c.ep_comm_overlap {
         // Megatron-Core 0.14's batch-level overlap; splitting out the

@@ -276,6 +276,8 @@ pub(crate) mod tests {
         "--decoder-last-pipeline-num-layers",
         "--microbatch-group-size-per-virtual-pipeline-stage",
         "--fp8-param-gather",
+        "--grad-reduce-in-bf16",
+        "--cpu-offloading-num-layers",
         "--mtp-num-layers",
         "--context-parallel-size",
         "--use-distributed-optimizer",

@@ -25,7 +25,7 @@
 //! and `torchtitan/distributed/pipeline_parallel.py` of those releases.
 
 use super::{ExportError, LaunchJob, check_job};
-use crate::config::{OptimizerSharding, Recompute, ScheduleKind};
+use crate::config::{GradReduce, OptimizerSharding, Recompute, ScheduleKind};
 use crate::model::AttentionKind;
 use crate::text::shell_quote;
 use std::fmt::Write;
@@ -276,6 +276,24 @@ fn dimensions(job: &LaunchJob) -> String {
     )
 }
 
+/// bf16 gradient reduction is FSDP2's `reduce_dtype`, but torchtitan's
+/// `training.mixed_precision_reduce` is typed `Literal["float32"]` in some
+/// releases and allows "bfloat16" in others: the export would not know
+/// whether the job starts, so it refuses.
+fn check_grad_reduce(job: &LaunchJob) -> Result<(), ExportError> {
+    if job.config.grad_reduce == GradReduce::Fp32 {
+        return Ok(());
+    }
+    Err(ExportError::Unsupported {
+        engine: ENGINE,
+        feature: "bf16 gradient reduction".into(),
+        hint: "torchtitan's training.mixed_precision_reduce accepts only \"float32\" in some \
+               releases; search again with --grad-reduce fp32, or set it by hand where your \
+               release allows \"bfloat16\""
+            .into(),
+    })
+}
+
 /// A torchtitan 0.2.2 job-config TOML fragment for the plan: the `[model]`,
 /// `[training]`, `[parallelism]`, `[compile]` and `[activation_checkpoint]`
 /// keys, starting with the comment line `# paratune plan: <plan>`. Merge it
@@ -293,6 +311,7 @@ fn dimensions(job: &LaunchJob) -> String {
 pub fn torchtitan_toml(job: &LaunchJob) -> Result<String, ExportError> {
     let layout = layout(job)?;
     check_experts_and_context(job, Release::V02)?;
+    check_grad_reduce(job)?;
     let (model, c) = (job.model, job.config);
     if c.cuda_graphs {
         return Err(ExportError::Unsupported {
@@ -572,6 +591,7 @@ impl TorchtitanFlags {
 pub fn torchtitan_flags(job: &LaunchJob) -> Result<TorchtitanFlags, ExportError> {
     let layout = layout(job)?;
     check_experts_and_context(job, Release::V03)?;
+    check_grad_reduce(job)?;
     if job.config.precision == crate::config::Precision::Fp8 {
         return Err(ExportError::Unsupported {
             engine: ENGINE,

@@ -90,8 +90,9 @@ pub fn measured_node(
             peak_flops: peak_tflops * 1e12,
             memory_bytes,
             hbm_bandwidth: copy.gbps * 1e9,
-            // No FP8 rate is measured yet.
+            // No FP8 rate is measured yet, nor the host link.
             fp8_peak_flops: None,
+            host_link_bandwidth: None,
         },
         nodes: shape.nodes,
         gpus_per_node: shape.gpus_per_node,

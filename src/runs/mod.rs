@@ -16,8 +16,8 @@ pub use table::{RunTable, merge_rows, write_csv, write_rows};
 
 use crate::choice::Choice;
 use crate::config::{
-    CpComm, Dispatcher, Engine, OptimizerSharding, ParallelConfig, Precision, Recompute,
-    ScheduleKind, StageOrder, SyncMethod,
+    CpComm, Dispatcher, Engine, GradReduce, OptimizerSharding, ParallelConfig, Precision,
+    Recompute, ScheduleKind, StageOrder, SyncMethod,
 };
 pub use crate::cost::MemoryRank;
 use crate::model::{AttentionKind, ModelSpec, MoeSpec};
@@ -671,6 +671,14 @@ fn parse_row(table: &RunTable, index: usize, defaults: &RowDefaults) -> Result<R
         ep_comm_overlap: switch("ep_comm_overlap", false)?,
         // Megatron-LM's default: 16-bit weights.
         fp8_param_gather: switch("fp8_param_gather", false)?,
+        grad_reduce: match cell("grad_reduce") {
+            Some(text) => GradReduce::parse("grad_reduce", text)?,
+            None => GradReduce::Fp32,
+        },
+        cpu_offload_layers: match cell("cpu_offload_layers") {
+            Some("0") | None => 0,
+            Some(_) => int("cpu_offload_layers")?.unwrap_or(0),
+        },
         cuda_graphs: switch("cuda_graphs", defaults.cuda_graphs)?,
         stage_order: match cell("stage_order") {
             Some(text) => StageOrder::parse("stage_order", text)?,
@@ -854,7 +862,7 @@ pub(crate) fn assert_row_columns_follow_the_schema(columns: &[&str]) {
 }
 
 /// Every column a run table may use; others are carried through untouched.
-pub const KNOWN_COLUMNS: [&str; 84] = [
+pub const KNOWN_COLUMNS: [&str; 86] = [
     "gpus",
     "global_batch",
     "micro_batch",
@@ -874,6 +882,8 @@ pub const KNOWN_COLUMNS: [&str; 84] = [
     "tp_comm_overlap",
     "ep_comm_overlap",
     "fp8_param_gather",
+    "grad_reduce",
+    "cpu_offload_layers",
     "cuda_graphs",
     "stage_order",
     "layers",

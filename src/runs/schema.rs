@@ -7,7 +7,7 @@ use crate::cost::Prediction;
 
 /// The configuration's columns, named as run tables name them (so a plan's
 /// CSV reads back as a run table).
-pub const CONFIG_COLUMNS: [&str; 28] = [
+pub const CONFIG_COLUMNS: [&str; 34] = [
     "tp",
     "pp",
     "dp",
@@ -36,6 +36,12 @@ pub const CONFIG_COLUMNS: [&str; 28] = [
     "etp",
     "moe_dispatcher",
     "embedding_sync",
+    "cp_a2a",
+    "precision",
+    "fp8_param_gather",
+    "ep_comm_overlap",
+    "grad_reduce",
+    "cpu_offload_layers",
 ];
 
 pub fn config_cells(c: &ParallelConfig) -> Vec<String> {
@@ -72,6 +78,12 @@ pub fn config_cells(c: &ParallelConfig) -> Vec<String> {
         c.etp.to_string(),
         c.dispatcher.name().into(),
         c.embedding_sync.name().into(),
+        c.cp_a2a.to_string(),
+        c.precision.name().into(),
+        on_off(c.fp8_param_gather).into(),
+        on_off(c.ep_comm_overlap).into(),
+        c.grad_reduce.name().into(),
+        c.cpu_offload_layers.to_string(),
     ]
 }
 

@@ -5,8 +5,8 @@
 
 use super::Job;
 use crate::config::{
-    CpComm, Dispatcher, Engine, OptimizerSharding, ParallelConfig, Precision, Recompute,
-    ScheduleKind, StageOrder, SyncMethod,
+    CpComm, Dispatcher, Engine, GradReduce, OptimizerSharding, ParallelConfig, Precision,
+    Recompute, ScheduleKind, StageOrder, SyncMethod,
 };
 use crate::model::{AttentionKind, ModelSpec};
 use std::borrow::Cow;
@@ -50,6 +50,10 @@ pub struct SearchSpace {
     pub dispatcher: Option<Vec<Dispatcher>>,
     /// bf16 unless given: FP8 changes the numerics, so it is the user's call.
     pub precision: Option<Vec<Precision>>,
+    /// fp32 unless given: reducing gradients in bf16 changes the numerics.
+    pub grad_reduce: Option<Vec<GradReduce>>,
+    /// Layers whose activations go to host memory: none unless given.
+    pub cpu_offload_layers: Option<Vec<u64>>,
     /// How an untied input embedding syncs: all-reduce unless given, the
     /// one method Megatron-LM and torchtitan run; tied embeddings and a
     /// single data-parallel rank always all-reduce.
@@ -467,6 +471,8 @@ struct InnerDims<'a> {
     default_frequency: [u64; 1],
     default_dispatcher: [Dispatcher; 1],
     precision: Vec<Precision>,
+    grad_reduce: Vec<GradReduce>,
+    cpu_offload_layers: Vec<u64>,
     sequence_parallel: Vec<bool>,
     sharding: Vec<OptimizerSharding>,
     /// The user's hybrid-sharding groups, dp itself as plain sharding.
@@ -528,6 +534,8 @@ impl<'a> InnerDims<'a> {
             default_frequency: [ParallelConfig::default().ac_frequency],
             default_dispatcher: [Dispatcher::default()],
             precision: space.precision.clone().unwrap_or(vec![Precision::Bf16]),
+            grad_reduce: space.grad_reduce.clone().unwrap_or(vec![GradReduce::Fp32]),
+            cpu_offload_layers: space.cpu_offload_layers.clone().unwrap_or(vec![0]),
             sequence_parallel,
             sharding,
             dp_shard_given,
@@ -614,6 +622,13 @@ impl<'a> InnerDims<'a> {
             |c, dispatcher| c.dispatcher = dispatcher,
         );
         expand(v, sp, |_| lend(&d.precision), |c, p| c.precision = p);
+        expand(v, sp, |_| lend(&d.grad_reduce), |c, g| c.grad_reduce = g);
+        expand(
+            v,
+            sp,
+            |_| lend(&d.cpu_offload_layers),
+            |c, n| c.cpu_offload_layers = n,
+        );
         expand(
             v,
             sp,

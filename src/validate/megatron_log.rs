@@ -182,6 +182,9 @@ pub struct MegatronConfig {
     pub cp_comm_type: Option<String>,
     /// `--fp8-format` (`hybrid`, `e4m3`) when FP8 is on.
     pub fp8: Option<String>,
+    /// `--grad-reduce-in-bf16`, or a bf16 run printing
+    /// `accumulate_allreduce_grads_in_fp32 False` (what that flag sets).
+    pub grad_reduce_in_bf16: bool,
     pub multi_latent_attention: bool,
     /// Every argument of the dump as printed, for what the fields above leave out.
     pub all: BTreeMap<String, String>,
@@ -891,6 +894,11 @@ fn config_from_arguments(
         expert_tensor_parallel_size: int("expert_tensor_parallel_size")?,
         cp_comm_type: text("cp_comm_type"),
         fp8: text("fp8"),
+        grad_reduce_in_bf16: flag("grad_reduce_in_bf16")?
+            || (flag("bf16")?
+                && args
+                    .get("accumulate_allreduce_grads_in_fp32")
+                    .is_some_and(|(v, _)| v == "False")),
         multi_latent_attention: flag("multi_latent_attention")?,
         all: args
             .iter()
@@ -1001,6 +1009,11 @@ impl MegatronConfig {
             } else {
                 crate::config::Precision::Bf16
             },
+            grad_reduce: if self.grad_reduce_in_bf16 {
+                crate::config::GradReduce::Bf16
+            } else {
+                crate::config::GradReduce::Fp32
+            },
             ..ParallelConfig::default()
         }
     }
@@ -1053,7 +1066,7 @@ impl MegatronConfig {
 /// The columns of the run-table row [`MegatronRun::row`] gives: paratune's
 /// run-table schema (see `runs::KNOWN_COLUMNS`), then measurements the
 /// schema does not read, carried through as the user's own columns.
-pub const ROW_COLUMNS: [&str; 41] = [
+pub const ROW_COLUMNS: [&str; 42] = [
     "gpus",
     "global_batch",
     "micro_batch",
@@ -1061,6 +1074,7 @@ pub const ROW_COLUMNS: [&str; 41] = [
     "heads",
     "kv_heads",
     "ffn_hidden",
+    "grad_reduce",
     "layers",
     "seq_len",
     "vocab",
@@ -1189,6 +1203,7 @@ impl MegatronRun {
             m.num_attention_heads.to_string(),
             m.kv_heads().to_string(),
             ffn.to_string(),
+            c.grad_reduce.name().to_string(),
             m.num_layers.to_string(),
             m.seq_length.to_string(),
             vocab.to_string(),
@@ -1539,6 +1554,34 @@ mod tests {
 
     /// A context-parallel and an MoE run become rows with their columns; a
     /// mixed key/value exchange and multi-latent attention are refused.
+    /// `--grad-reduce-in-bf16`, or what it sets in a bf16 run's dump.
+    #[test]
+    fn bf16_gradient_reduction_is_read_from_the_arguments() {
+        let grad_reduce = |extra: &[(&str, &str)]| {
+            parse(&log(extra, &[9.0, 3.0, 2.0]), "x.log", 2)
+                .unwrap()
+                .config
+                .parallel_config()
+                .grad_reduce
+        };
+        use crate::config::GradReduce;
+        assert_eq!(grad_reduce(&[]), GradReduce::Fp32);
+        assert_eq!(
+            grad_reduce(&[("grad_reduce_in_bf16", "True")]),
+            GradReduce::Bf16
+        );
+        let bf16 = [
+            ("bf16", "True"),
+            ("accumulate_allreduce_grads_in_fp32", "False"),
+        ];
+        assert_eq!(grad_reduce(&bf16), GradReduce::Bf16);
+        let fp32 = [
+            ("bf16", "True"),
+            ("accumulate_allreduce_grads_in_fp32", "True"),
+        ];
+        assert_eq!(grad_reduce(&fp32), GradReduce::Fp32);
+    }
+
     #[test]
     fn context_parallel_and_moe_runs_become_rows() {
         let row_of = |extra: &[(&str, &str)]| {

@@ -2118,6 +2118,12 @@ fn resolve(
         ac_frequency,
         // HSDP: replicas of a shard group.
         dp_shard: (replicate > 1 && shard > 1).then_some(shard),
+        // FSDP2's reduce dtype.
+        grad_reduce: if r.text("training.mixed_precision_reduce")?.as_deref() == Some("bfloat16") {
+            crate::config::GradReduce::Bf16
+        } else {
+            crate::config::GradReduce::Fp32
+        },
         ..ParallelConfig::default()
     };
     if pp > 1 {
