@@ -118,6 +118,121 @@ impl Recompute {
     }
 }
 
+/// What Megatron-LM's selective recomputation redoes
+/// (`--recompute-modules`, with `--recompute-granularity selective`): a
+/// set of the modules of `megatron/training/arguments.py`, the attention
+/// core alone by default. Each drops what the module keeps for backward
+/// and runs its forward again before its backward.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(into = "String", try_from = "String")]
+pub struct RecomputeModules(u8);
+
+impl RecomputeModules {
+    /// No module (what policies other than selective recompute by module).
+    pub const NONE: RecomputeModules = RecomputeModules(0);
+    /// The attention core (Korthikanti et al.'s selective recomputation).
+    pub const CORE_ATTN: u8 = 1;
+    /// The norm before an MoE layer's router (Megatron-Core recomputes only
+    /// norms not fused into the next linear, as Transformer Engine's dense
+    /// layers fuse theirs).
+    pub const LAYERNORM: u8 = 1 << 1;
+    /// The routed experts' activation function.
+    pub const MOE_ACT: u8 = 1 << 2;
+    /// A dense layer's whole MLP.
+    pub const MLP: u8 = 1 << 3;
+    /// An MoE layer's whole MLP part: router, dispatch, experts, combine.
+    pub const MOE: u8 = 1 << 4;
+    /// The shared experts.
+    pub const SHARED_EXPERTS: u8 = 1 << 5;
+    /// Multi-latent attention's up-projections of queries, keys and values.
+    pub const MLA_UP_PROJ: u8 = 1 << 6;
+
+    /// The modules by Megatron-LM's names.
+    pub const NAMES: [(&'static str, u8); 7] = [
+        ("core_attn", Self::CORE_ATTN),
+        ("layernorm", Self::LAYERNORM),
+        ("moe_act", Self::MOE_ACT),
+        ("mlp", Self::MLP),
+        ("moe", Self::MOE),
+        ("shared_experts", Self::SHARED_EXPERTS),
+        ("mla_up_proj", Self::MLA_UP_PROJ),
+    ];
+
+    pub fn has(self, module: u8) -> bool {
+        self.0 & module != 0
+    }
+
+    pub fn is_default(self) -> bool {
+        self == Self::default()
+    }
+
+    /// The modules named in `text`, separated by commas, spaces or `+`.
+    pub fn parse(field: &str, text: &str) -> Result<RecomputeModules, String> {
+        let choices: Vec<(&str, u8)> = Self::NAMES.to_vec();
+        let mut bits = 0;
+        for name in text
+            .split(|c: char| c == ',' || c == '+' || c.is_whitespace())
+            .filter(|n| !n.is_empty())
+        {
+            bits |= crate::choice::parse_choice(field, name, &choices)?;
+        }
+        if bits == 0 {
+            return Err(format!(
+                "`{field}` names no module; give some of core_attn, layernorm, moe_act, mlp, moe, shared_experts, mla_up_proj"
+            ));
+        }
+        Ok(RecomputeModules(bits))
+    }
+
+    /// Megatron-LM's names of the modules, in its order.
+    pub fn names(self) -> Vec<&'static str> {
+        Self::NAMES
+            .iter()
+            .filter(|(_, bit)| self.has(*bit))
+            .map(|(name, _)| *name)
+            .collect()
+    }
+
+    /// What keeps `model` from recomputing these modules: one it lacks.
+    pub fn problem(self, model: &ModelSpec) -> Option<&'static str> {
+        let moe = model.moe;
+        if moe.is_none()
+            && (self.has(Self::LAYERNORM) || self.has(Self::MOE_ACT) || self.has(Self::MOE))
+        {
+            Some("a mixture of experts for `layernorm`, `moe_act` and `moe`")
+        } else if self.has(Self::SHARED_EXPERTS) && moe.is_none_or(|m| m.shared_ffn_hidden == 0) {
+            Some("shared experts for `shared_experts`")
+        } else if self.has(Self::MLA_UP_PROJ) && model.mla.is_none() {
+            Some("multi-latent attention for `mla_up_proj`")
+        } else if self.has(Self::MLP)
+            && moe.is_some_and(|m| m.dense_layers == 0 && m.layer_freq == 1)
+        {
+            Some("dense MLP layers for `mlp`")
+        } else {
+            None
+        }
+    }
+}
+
+impl Default for RecomputeModules {
+    fn default() -> Self {
+        RecomputeModules(Self::CORE_ATTN)
+    }
+}
+
+impl From<RecomputeModules> for String {
+    fn from(m: RecomputeModules) -> String {
+        m.names().join(",")
+    }
+}
+
+impl TryFrom<String> for RecomputeModules {
+    type Error = String;
+    fn try_from(text: String) -> Result<Self, String> {
+        RecomputeModules::parse("recompute_modules", &text)
+    }
+}
+
 /// The training engine a configuration runs on: its memory and time
 /// semantics and its primary export.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
@@ -489,6 +604,9 @@ pub struct ParallelConfig {
     /// Model chunks per pipeline rank; 1 unless the schedule is interleaved.
     pub virtual_stages: u64,
     pub recompute: Recompute,
+    /// The modules [`Recompute::Selective`] redoes.
+    #[serde(default)]
+    pub recompute_modules: RecomputeModules,
     pub sequence_parallel: bool,
     pub optimizer_sharding: OptimizerSharding,
     /// BPipe activation balancing between pipeline stages x and p-1-x.
@@ -589,6 +707,7 @@ impl Default for ParallelConfig {
             schedule: ScheduleKind::OneFOneB,
             virtual_stages: 1,
             recompute: Recompute::None,
+            recompute_modules: RecomputeModules(RecomputeModules::CORE_ATTN),
             sequence_parallel: false,
             optimizer_sharding: OptimizerSharding::None,
             bpipe: false,
@@ -867,6 +986,13 @@ impl ParallelConfig {
             (
                 Rule::CpuOffloadNeeds,
                 cpu_offload_problem(model, c).is_some(),
+            ),
+            (
+                Rule::RecomputeModulesNeed,
+                !c.recompute_modules.is_default()
+                    && (c.recompute != Recompute::Selective
+                        || c.engine != Engine::Megatron
+                        || c.recompute_modules.problem(model).is_some()),
             ),
             (
                 Rule::BatchNotDivisible,
@@ -1150,6 +1276,7 @@ pub enum Rule {
     EpOverlapNeeds,
     Fp8ParamGatherNeeds,
     CpuOffloadNeeds,
+    RecomputeModulesNeed,
 }
 
 /// What keeps Megatron-LM from keeping `c`'s weights in FP8, if anything:
@@ -1262,6 +1389,9 @@ impl Rule {
             }
             Rule::CpuOffloadNeeds => {
                 "CPU offloading needs Megatron-LM, pp 1, no recomputation and fewer layers than the model"
+            }
+            Rule::RecomputeModulesNeed => {
+                "recompute modules need Megatron-LM's selective recomputation and the modules in the model"
             }
         }
     }
@@ -1472,6 +1602,13 @@ impl Rule {
                 "`ep_comm_overlap on` needs {}, as Megatron-Core asserts; turn `ep_comm_overlap` off or change that",
                 ep_overlap_problem(model, c).unwrap_or("its settings")
             ),
+            Rule::RecomputeModulesNeed => format!(
+                "`recompute_modules {}` needs {}; give `recompute selective` with modules the model has, or leave them out",
+                c.recompute_modules.names().join(","),
+                c.recompute_modules.problem(model).unwrap_or(
+                    "`recompute selective` with `engine megatron` (other policies recompute no modules)"
+                )
+            ),
             Rule::CpuOffloadNeeds => format!(
                 "`cpu_offload_layers {}` needs {}; set `cpu_offload_layers 0` or change that",
                 c.cpu_offload_layers,
@@ -1581,6 +1718,9 @@ impl fmt::Display for ParallelConfig {
         }
         if self.cpu_offload_layers > 0 {
             write!(f, " offload={}", self.cpu_offload_layers)?;
+        }
+        if !self.recompute_modules.is_default() {
+            write!(f, " modules={}", self.recompute_modules.names().join("+"))?;
         }
         if self.embedding_sync != SyncMethod::AllReduce {
             write!(f, " embedding-sync={}", self.embedding_sync.name())?;

@@ -966,3 +966,56 @@ fn bf16_gradients_and_cpu_offloading_predict_plan_and_export() {
         &["--grad-reduce", "fp32, bf16"],
     );
 }
+
+/// gpt-oss's recipe recomputes its norms and its experts' activation:
+/// they keep less, the plan exports Megatron-LM's --recompute-modules, and
+/// a module the model lacks or a misspelt one is refused by its flag.
+#[test]
+fn recompute_modules_keep_less_and_export() {
+    let base = [
+        "--model",
+        "gpt-oss-20b",
+        "--gpu",
+        "h100-sxm",
+        "--nodes",
+        "1",
+        "--global-batch",
+        "64",
+        "--tp",
+        "1",
+        "--pp",
+        "1",
+        "--ep",
+        "8",
+        "--recompute",
+        "selective",
+    ];
+    let activations = |out: &str| -> f64 {
+        let row = out
+            .lines()
+            .skip_while(|l| !l.contains("stage  weights"))
+            .nth(1)
+            .unwrap_or_else(|| panic!("no stage row in:\n{out}"));
+        row.split_whitespace().nth(4).unwrap().parse().unwrap()
+    };
+    let core = ok(&with(&["predict"], &base));
+    let mut args = with(&["predict"], &base);
+    args.extend(["--recompute-modules", "layernorm,moe_act"]);
+    let modules = ok(&args);
+    says(&modules, &["modules=layernorm+moe_act"]);
+    assert!(activations(&modules) < activations(&core));
+
+    let mut plan = with(&["plan"], &base);
+    plan.extend(["--recompute-modules", "layernorm,moe_act", "--top", "1"]);
+    says(&ok(&plan), &["--recompute-modules layernorm moe_act"]);
+
+    let mut dense = with(&["predict"], &LLAMA3_8B_ON_ONE_NODE);
+    dense.extend(["--recompute", "selective", "--recompute-modules", "moe_act"]);
+    says(
+        &fails(&dense),
+        &["--recompute-modules moe_act", "mixture of experts"],
+    );
+    let mut misspelt = with(&["predict"], &base);
+    misspelt.extend(["--recompute-modules", "moe_acts"]);
+    says(&fails(&misspelt), &["--recompute-modules", "moe_act"]);
+}

@@ -349,6 +349,11 @@ pub struct SpaceArgs {
     /// Activation recomputation: none, selective, full.
     #[arg(long, value_delimiter = ',')]
     pub recompute: Option<Vec<String>>,
+    /// What --recompute selective redoes (Megatron-LM's --recompute-modules), one set
+    /// for every candidate: some of core_attn (default), layernorm, moe_act, mlp, moe,
+    /// shared_experts, mla_up_proj, e.g. layernorm,moe_act.
+    #[arg(long)]
+    pub recompute_modules: Option<String>,
     /// Sequence parallelism: on, off.
     #[arg(long, value_delimiter = ',')]
     pub sequence_parallel: Option<Vec<String>>,

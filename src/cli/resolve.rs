@@ -11,7 +11,7 @@ use paratune::coefficients::{
 };
 use paratune::config::{
     CpComm, Dispatcher, Engine, GradReduce, OptimizerSharding, ParallelConfig, Precision,
-    Recompute, Rule, ScheduleKind, StageOrder, SyncMethod,
+    Recompute, RecomputeModules, Rule, ScheduleKind, StageOrder, SyncMethod,
 };
 use paratune::evaluate::{CostModelChoice, PerGpu};
 use paratune::model::{
@@ -418,6 +418,12 @@ pub fn space(args: &SpaceArgs) -> Result<SearchSpace> {
         schedule: choices::<ScheduleKind>("--schedule", &args.schedule)?,
         virtual_stages: positive("--virtual-stages", &args.virtual_stages)?,
         recompute: choices::<Recompute>("--recompute", &args.recompute)?,
+        recompute_modules: args
+            .recompute_modules
+            .as_deref()
+            .map(|text| RecomputeModules::parse("--recompute-modules", text))
+            .transpose()
+            .map_err(|e| anyhow!(e))?,
         sequence_parallel: switches("--sequence-parallel", &args.sequence_parallel)?,
         optimizer_sharding: choices::<OptimizerSharding>(
             "--optimizer-sharding",
@@ -609,6 +615,7 @@ pub fn single_config(args: &SpaceArgs, job: &Job) -> Result<ParallelConfig> {
         schedule,
         virtual_stages,
         recompute: single("--recompute", &space.recompute, Recompute::None)?,
+        recompute_modules: space.recompute_modules.unwrap_or_default(),
         sequence_parallel: single("--sequence-parallel", &space.sequence_parallel, false)?,
         optimizer_sharding: single(
             "--optimizer-sharding",

@@ -4,14 +4,14 @@
 
 use super::{
     CpComm, Dispatcher, GradReduce, OptimizerSharding, ParallelConfig, Precision, Recompute,
-    ScheduleKind, StageOrder, SyncMethod,
+    RecomputeModules, ScheduleKind, StageOrder, SyncMethod,
 };
 use crate::choice::{Choice, parse_switch};
 use crate::model::AttentionKind;
 use crate::suggest::did_you_mean;
 
 /// The keys a specification may set; several have a short and a long name.
-pub const SPEC_KEYS: [&str; 47] = [
+pub const SPEC_KEYS: [&str; 49] = [
     "tp",
     "pp",
     "dp",
@@ -39,6 +39,8 @@ pub const SPEC_KEYS: [&str; 47] = [
     "grad_reduce",
     "cpu_offload_layers",
     "offload",
+    "modules",
+    "recompute_modules",
     "cp_a2a",
     "cp-a2a",
     "cuda_graphs",
@@ -159,7 +161,15 @@ fn set(c: &mut ParallelConfig, key: &str, value: &str) -> Result<(), SpecError> 
                 c.virtual_stages = 1;
             }
         }
-        "recompute" => c.recompute = choice::<Recompute>(key, value)?,
+        "recompute" => {
+            c.recompute = choice::<Recompute>(key, value)?;
+            if c.recompute != Recompute::Selective {
+                c.recompute_modules = RecomputeModules::default();
+            }
+        }
+        "modules" | "recompute_modules" => {
+            c.recompute_modules = RecomputeModules::parse(key, value).map_err(SpecError)?
+        }
         "sp" | "sequence_parallel" => c.sequence_parallel = switch(key, value)?,
         "sharding" | "optimizer_sharding" => {
             c.optimizer_sharding = choice::<OptimizerSharding>(key, value)?

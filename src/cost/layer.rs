@@ -17,7 +17,7 @@
 use super::kernels::{self, HALF};
 use super::{ProfileUsage, Scenario, comm};
 use crate::cluster::GroupSpan;
-use crate::config::{ChunkLayout, CpComm, Dispatcher, ParallelConfig, Recompute};
+use crate::config::{ChunkLayout, CpComm, Dispatcher, ParallelConfig, Recompute, RecomputeModules};
 use crate::model::{AttentionKind, Split};
 use crate::profile::{LayerArch, LayerShape};
 
@@ -499,6 +499,109 @@ fn recomputed_forwards(c: &ParallelConfig) -> f64 {
     }
 }
 
+/// A dense layer's eager operators in a forward pass (Megatron-Core with
+/// Transformer Engine: norms, projections, attention, activation,
+/// residuals; the count [`RecomputeModules`]' host shares are taken from).
+const LAYER_OPERATORS: f64 = 35.0;
+
+/// What Megatron-LM's selective recomputation runs again in one layer of
+/// `kind`: (host passes, GPU time, of which GEMMs). A layer's forward,
+/// backward and optimizer-free bookkeeping are 3 passes of host work; each
+/// recomputed module adds its share of a forward's operators: the attention
+/// core a quarter, a norm or an activation one operator, an MLP or the
+/// shared experts six (two or three GEMMs, their casts, the activation),
+/// MLA's up-projections four (two GEMMs, RoPE, the concatenation), an MoE
+/// layer's whole MLP part half a pass (router, permutation, dispatch,
+/// experts, combine).
+fn selective_recompute(
+    s: &Scenario,
+    c: &ParallelConfig,
+    kind: LayerKind,
+    fwd: &PassTime,
+) -> (f64, f64, f64) {
+    let modules = c.recompute_modules;
+    let model = s.model;
+    let k = s.coef();
+    let t = c.tp as f64;
+    let h = model.hidden as f64;
+    let tokens = local_tokens(s, c);
+    let sp = if c.sequence_parallel { t } else { 1.0 };
+    let pass = |bytes: f64| kernels::memory_pass(s, bytes) * k.elementwise_traffic_scale;
+    // An activation reads its input (both projections when gated) and
+    // writes its output.
+    let activation = if model.gated_mlp { 3.0 } else { 2.0 } * HALF;
+    let operator = 1.0 / LAYER_OPERATORS;
+    let (mut host, mut gpu, mut gemm) = (3.0, 0.0, 0.0);
+    if modules.has(RecomputeModules::CORE_ATTN) {
+        host += 0.25;
+        gpu += fwd.attention + fwd.score_passes;
+    }
+    let moe = model.moe.filter(|_| kind == LayerKind::Moe);
+    if modules.has(RecomputeModules::LAYERNORM) {
+        let norms = f64::from(u8::from(moe.is_some()) + u8::from(model.mla.is_some()));
+        host += norms * operator;
+        gpu += norms * pass(2.0 * HALF * tokens * h / sp);
+    }
+    match moe {
+        Some(moe) => {
+            let rows = expert_rows(s, c);
+            let width = moe.ffn_hidden as f64 / c.etp as f64;
+            if modules.has(RecomputeModules::MOE) {
+                let (forward, _) = moe_gemms(s, c);
+                host += 0.5;
+                gpu += forward + pass(activation * rows * width + 4.0 * HALF * rows * h);
+                gemm += forward;
+            } else {
+                if modules.has(RecomputeModules::MOE_ACT) {
+                    host += operator;
+                    gpu += pass(activation * rows * width);
+                }
+                if modules.has(RecomputeModules::SHARED_EXPERTS) && moe.shared_ffn_hidden > 0 {
+                    let shared = moe.shared_ffn_hidden as f64;
+                    let (forward, _) = mlp_gemms(s, c, tokens, shared, t);
+                    host += 6.0 * operator;
+                    gpu += forward + pass(activation * tokens * shared / t);
+                    gemm += forward;
+                }
+            }
+        }
+        None if modules.has(RecomputeModules::MLP) => {
+            let f = model.ffn_hidden as f64;
+            let (forward, _) = mlp_gemms(s, c, tokens, f, t);
+            host += 6.0 * operator;
+            gpu += forward + pass(activation * tokens * f / t);
+            gemm += forward;
+        }
+        None => {}
+    }
+    if modules.has(RecomputeModules::MLA_UP_PROJ) && model.mla.is_some() {
+        // The column-parallel projections out of the latents: the queries'
+        // (with a query rank) and the keys' and values'.
+        let projections = model.attention_projections();
+        for &(input, output, _) in [&projections[1], &projections[3]] {
+            if input == 0 {
+                continue;
+            }
+            let (forward, _) = kernels::layer_linear(s, c, tokens, input as f64, output as f64 / t);
+            gpu += forward;
+            gemm += forward;
+        }
+        host += 4.0 * operator;
+    }
+    (host, gpu, gemm)
+}
+
+/// Dispatches and combines an MoE layer runs again per micro-batch when
+/// selective recomputation redoes its whole MLP part (`moe`): one
+/// forward's worth.
+fn recomputed_dispatches(s: &Scenario, c: &ParallelConfig, kind: LayerKind) -> f64 {
+    let redone = c.recompute == Recompute::Selective
+        && c.recompute_modules.has(RecomputeModules::MOE)
+        && kind == LayerKind::Moe
+        && s.model.moe.is_some();
+    f64::from(u8::from(redone))
+}
+
 /// Host launch work an MoE layer adds to a pass, as a multiple of a dense
 /// layer's: its routing and dispatch, and each local expert's GEMM
 /// launches (eager under CUDA graphs too; see the coefficients).
@@ -636,7 +739,7 @@ pub fn layer_time_of(
     let (fwd, bwd) = layer_passes(s, c, kind);
     let tp_fwd = tensor_parallel_forward(s, c, kind, usage);
     let tp_total = tensor_parallel_total(tp_fwd, c);
-    let passes = 2.0 + recomputed_forwards(c);
+    let passes = 2.0 + recomputed_forwards(c) + recomputed_dispatches(s, c, kind);
     let (a2a_fwd, etp_fwd) = match kind {
         LayerKind::Moe => expert_parallel_forward(s, c, usage),
         LayerKind::Dense => (0.0, 0.0),
@@ -677,7 +780,7 @@ pub fn layer_time_of(
         Recompute::None => (3.0, 0.0, 0.0),
         // Selective recomputation redoes the attention core: about a quarter
         // of a layer's operators.
-        Recompute::Selective => (3.25, fwd.attention + fwd.score_passes, 0.0),
+        Recompute::Selective => selective_recompute(s, c, kind, &fwd),
         Recompute::Full => (4.0, fwd.total(), fwd.gemm),
         // Every other matrix multiply and the element-wise work between.
         Recompute::SelectiveOp => (3.5, fwd.gemm / 2.0 + fwd.elementwise, fwd.gemm / 2.0),

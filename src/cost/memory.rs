@@ -11,7 +11,7 @@ use super::layer::{LayerKind, dispatch_gathered_tokens, expert_rows, local_token
 use crate::cluster::GroupSpan;
 use crate::config::{
     CpComm, Dispatcher, Engine, GradReduce, OptimizerSharding, ParallelConfig, Precision,
-    Recompute, ScheduleKind,
+    Recompute, RecomputeModules, ScheduleKind,
 };
 use crate::model::{AttentionKind, ModelSpec};
 use serde::{Deserialize, Serialize};
@@ -327,14 +327,33 @@ fn layer_kept(s: &Scenario, c: &ParallelConfig, recompute: Recompute, kind: Laye
     // Two 1-byte dropout masks per hidden element, where the model has dropout.
     let masks = if model.dropout { 2.0 } else { 0.0 };
     let input = saved_gemm_input_bytes(s, c);
+    // What Megatron-LM's selective recomputation redoes, and so drops.
+    let modules = match recompute {
+        Recompute::Selective => c.recompute_modules,
+        _ => RecomputeModules::NONE,
+    };
+    let recomputed = |module| modules.has(module);
     // Layer-norm inputs (2 x 2 bytes), QKV and MLP inputs (2 x `input`), the
-    // masks: replicated over tp without SP.
-    let replicated = (2.0 * HALF + 2.0 * input + masks) * sb * h / sp;
+    // masks: replicated over tp without SP. Recomputed norms drop their
+    // outputs: the one before an MoE layer's router, and under MLA the one
+    // before its down-projections (the norms Megatron-Core keeps apart from
+    // the next linear).
+    let recomputed_norms = if recomputed(RecomputeModules::LAYERNORM) {
+        f64::from(u8::from(kind == LayerKind::Moe) + u8::from(model.mla.is_some()))
+    } else {
+        0.0
+    };
+    let replicated = (2.0 * HALF + (2.0 - recomputed_norms) * input + masks) * sb * h / sp;
     // Q, K, V and the attention output (the projection's input)...
     // (MLA also keeps its latents, whole on every tp rank, for the
-    // up-projections' backward.) In FP8 the projection keeps its own FP8
-    // copy of the output beside the attention kernel's.
-    let widths = model.q_width() + model.kv_width() + model.v_width();
+    // up-projections' backward; recomputing the up-projections drops the
+    // queries, keys and values they make.) In FP8 the projection keeps its
+    // own FP8 copy of the output beside the attention kernel's.
+    let widths = if recomputed(RecomputeModules::MLA_UP_PROJ) {
+        model.v_width()
+    } else {
+        model.q_width() + model.kv_width() + model.v_width()
+    };
     let projection_copy = if input < HALF {
         input * model.v_width() as f64
     } else {
@@ -352,10 +371,12 @@ fn layer_kept(s: &Scenario, c: &ParallelConfig, recompute: Recompute, kind: Laye
     // bits, the activation's output (the second GEMM's input) as kept.
     let per_width = HALF * (mlp_width - 1.0) + input;
     let mlp = match (kind, model.moe) {
+        (LayerKind::Moe, Some(_)) if recomputed(RecomputeModules::MOE) => 0.0,
         // Each routed row keeps its permuted input to the expert and the
-        // expert's activation input and output (E / ep experts, 1/etp wide);
-        // the shared experts keep theirs over the tokens, and the router its
-        // fp32 probabilities.
+        // expert's activation input and output (E / ep experts, 1/etp wide;
+        // the output not when the activation is recomputed); the shared
+        // experts keep theirs over the tokens, and the router its fp32
+        // probabilities.
         (LayerKind::Moe, Some(moe)) => {
             let rows = expert_rows(s, c);
             // The all-gather dispatcher keeps the gathered hidden states of
@@ -366,17 +387,31 @@ fn layer_kept(s: &Scenario, c: &ParallelConfig, recompute: Recompute, kind: Laye
                 // PyTorch's allocator (not counted here; see README).
                 Dispatcher::AllToAll | Dispatcher::Flex => 0.0,
             };
-            rows * (input * h + per_width * moe.ffn_hidden as f64 / c.etp as f64)
-                + sb * per_width * moe.shared_ffn_hidden as f64 / t
+            let expert_width = if recomputed(RecomputeModules::MOE_ACT) {
+                per_width - input
+            } else {
+                per_width
+            };
+            let shared = if recomputed(RecomputeModules::SHARED_EXPERTS) {
+                0.0
+            } else {
+                sb * per_width * moe.shared_ffn_hidden as f64 / t
+            };
+            rows * (input * h + expert_width * moe.ffn_hidden as f64 / c.etp as f64)
+                + shared
                 + 4.0 * sb * moe.experts as f64 / sp
                 + gathered
         }
+        _ if recomputed(RecomputeModules::MLP) => 0.0,
         _ => sb * per_width * f / t,
     };
     // Softmax output (2 bytes), with dropout its mask (1) and output (2),
-    // over this rank's queries and every key.
-    let scores = match (c.attention, recompute) {
-        (AttentionKind::Standard, Recompute::None) => {
+    // over this rank's queries and every key, unless the attention core is
+    // recomputed.
+    let keeps_scores = recompute == Recompute::None
+        || (recompute == Recompute::Selective && !recomputed(RecomputeModules::CORE_ATTN));
+    let scores = match c.attention {
+        AttentionKind::Standard if keeps_scores => {
             (if model.dropout { 5.0 } else { 2.0 }) * model.heads as f64 * seq * sb / t
         }
         _ => 0.0,

@@ -2528,3 +2528,98 @@ mod cpu_offload {
         );
     }
 }
+
+// ---------------------------------------------------------------------------
+// Selective recomputation by module (Megatron-LM's --recompute-modules).
+
+mod recompute_modules {
+    use super::*;
+    use crate::config::{RecomputeModules, Rule};
+
+    fn selective(modules: &str) -> ParallelConfig {
+        ParallelConfig {
+            recompute: Recompute::Selective,
+            recompute_modules: RecomputeModules::parse("modules", modules).unwrap(),
+            ep: 8,
+            etp: 1,
+            dispatcher: crate::config::Dispatcher::AllToAll,
+            ..config(1, 1, 256, 1)
+        }
+    }
+
+    /// Recomputing more modules never keeps more activations nor runs
+    /// faster, and each module named drops something: on DeepSeek-V3 (MLA,
+    /// dense and MoE layers, shared experts) every module applies.
+    #[test]
+    fn more_modules_keep_less_and_take_longer() {
+        let f = Fixture {
+            group: builtin_node("h100-sxm", 32).unwrap(),
+            ..Fixture::new(builtin_model("deepseek-v3").unwrap(), 256, 1024)
+        };
+        let s = f.scenario();
+        let chain = [
+            "core_attn",
+            "core_attn,layernorm",
+            "core_attn,layernorm,moe_act",
+            "core_attn,layernorm,moe_act,mla_up_proj",
+            "core_attn,layernorm,moe_act,mla_up_proj,shared_experts",
+            "core_attn,layernorm,moe_act,mla_up_proj,shared_experts,mlp",
+            "core_attn,layernorm,moe_act,mla_up_proj,shared_experts,mlp,moe",
+        ];
+        let mut last: Option<(f64, f64)> = None;
+        for modules in chain {
+            let c = selective(modules);
+            assert_eq!(c.violation(&f.model, 1024, 256, 8), None, "{modules}");
+            let kept = memory::stage_activation_bytes(&s, &c, 0);
+            let time = predict(&s, &c).iteration_s;
+            if let Some((kept_before, time_before)) = last {
+                assert!(kept < kept_before, "{modules}: {kept} >= {kept_before}");
+                assert!(time >= time_before, "{modules}: {time} < {time_before}");
+            }
+            last = Some((kept, time));
+        }
+    }
+
+    #[test]
+    fn modules_the_model_lacks_or_another_policy_are_refused() {
+        let llama = builtin_model("llama3-8b").unwrap();
+        let dense = ParallelConfig {
+            ep: 1,
+            ..selective("moe_act")
+        };
+        assert_eq!(
+            dense.violation(&llama, 1024, 256, 8),
+            Some(Rule::RecomputeModulesNeed)
+        );
+        let why = Rule::RecomputeModulesNeed.explain(&dense, &llama, 1024, 256, 8);
+        assert!(why.contains("mixture of experts"), "{why}");
+        let full = ParallelConfig {
+            recompute: Recompute::Full,
+            ..dense
+        };
+        assert_eq!(
+            full.violation(&llama, 1024, 256, 8),
+            Some(Rule::RecomputeModulesNeed)
+        );
+        let mlp = ParallelConfig {
+            ep: 1,
+            ..selective("mlp")
+        };
+        assert_eq!(mlp.violation(&llama, 1024, 256, 8), None);
+    }
+
+    #[test]
+    fn module_names_read_as_megatron_lm_writes_them_and_name_the_field() {
+        let m = RecomputeModules::parse("recompute_modules", "moe_act layernorm").unwrap();
+        assert_eq!(m.names(), ["layernorm", "moe_act"]);
+        assert_eq!(
+            RecomputeModules::parse("x", "layernorm+moe_act").unwrap(),
+            m
+        );
+        let err = RecomputeModules::parse("recompute_modules", "moe_acts").unwrap_err();
+        assert!(
+            err.contains("`recompute_modules`") && err.contains("moe_act"),
+            "{err}"
+        );
+    }
+}

@@ -267,7 +267,12 @@ pub fn megatron_args(job: &LaunchJob) -> Result<Vec<String>, ExportError> {
             });
         }
         Recompute::None => {}
-        Recompute::Selective => args.pair("--recompute-granularity", "selective"),
+        Recompute::Selective => {
+            args.pair("--recompute-granularity", "selective");
+            if !c.recompute_modules.is_default() {
+                args.values("--recompute-modules", c.recompute_modules.names());
+            }
+        }
         Recompute::Full => {
             args.pair("--recompute-granularity", "full");
             args.pair("--recompute-method", "uniform");

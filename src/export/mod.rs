@@ -278,6 +278,7 @@ pub(crate) mod tests {
         "--fp8-param-gather",
         "--grad-reduce-in-bf16",
         "--cpu-offloading-num-layers",
+        "--recompute-modules",
         "--mtp-num-layers",
         "--context-parallel-size",
         "--use-distributed-optimizer",

@@ -17,7 +17,7 @@ pub use table::{RunTable, merge_rows, write_csv, write_rows};
 use crate::choice::Choice;
 use crate::config::{
     CpComm, Dispatcher, Engine, GradReduce, OptimizerSharding, ParallelConfig, Precision,
-    Recompute, ScheduleKind, StageOrder, SyncMethod,
+    Recompute, RecomputeModules, ScheduleKind, StageOrder, SyncMethod,
 };
 pub use crate::cost::MemoryRank;
 use crate::model::{AttentionKind, ModelSpec, MoeSpec};
@@ -344,6 +344,28 @@ fn unsupported(cell: &dyn Fn(&str) -> Option<String>) -> Option<String> {
             ));
         }
     }
+    // Megatron-LM runs such a split only from a pipeline layout, which a
+    // run table does not carry (Megatron-LM's CI tables drop it).
+    let count = |name: &str| cell(name).and_then(|v| v.parse::<u64>().ok());
+    let given = |name: &str| cell(name).is_some_and(|v| v != "false" && v != "0");
+    if let (Some(layers), Some(pp), Some(v)) =
+        (count("layers"), count("pp"), count("virtual_stages"))
+        && pp * v > 1
+        && !layers.is_multiple_of(pp * v)
+        && ![
+            "first_stage_layers",
+            "last_stage_layers",
+            "account_for_embedding_in_split",
+            "account_for_loss_in_split",
+        ]
+        .iter()
+        .any(|c| given(c))
+    {
+        return Some(
+            "an uneven pipeline split the row does not give (a layout; no first_stage_layers or last_stage_layers)"
+                .into(),
+        );
+    }
     let method = cell("recompute_method");
     let layers = cell("recompute_num_layers");
     if cell("recompute").as_deref() == Some("full")
@@ -355,11 +377,6 @@ fn unsupported(cell: &dyn Fn(&str) -> Option<String>) -> Option<String> {
             method.unwrap_or_default(),
             layers.unwrap_or_default()
         ));
-    }
-    if cell("recompute").as_deref() == Some("selective")
-        && cell("recompute_modules").is_some_and(|m| m != "core_attn")
-    {
-        return Some("selective recomputation of other modules than the attention core".into());
     }
     None
 }
@@ -655,6 +672,13 @@ fn parse_row(table: &RunTable, index: usize, defaults: &RowDefaults) -> Result<R
         recompute: match cell("recompute") {
             Some(text) => Recompute::parse("recompute", text)?,
             None => defaults.recompute,
+        },
+        // Megatron-LM reads the modules under selective recomputation only.
+        recompute_modules: match (cell("recompute"), cell("recompute_modules")) {
+            (Some(r), Some(text)) if r.eq_ignore_ascii_case("selective") => {
+                RecomputeModules::parse("recompute_modules", text)?
+            }
+            _ => RecomputeModules::default(),
         },
         sequence_parallel: match cell("sequence_parallel") {
             Some(text) => parse_switch("sequence_parallel", text)?,

@@ -7,7 +7,7 @@ use crate::cost::Prediction;
 
 /// The configuration's columns, named as run tables name them (so a plan's
 /// CSV reads back as a run table).
-pub const CONFIG_COLUMNS: [&str; 34] = [
+pub const CONFIG_COLUMNS: [&str; 35] = [
     "tp",
     "pp",
     "dp",
@@ -42,6 +42,7 @@ pub const CONFIG_COLUMNS: [&str; 34] = [
     "ep_comm_overlap",
     "grad_reduce",
     "cpu_offload_layers",
+    "recompute_modules",
 ];
 
 pub fn config_cells(c: &ParallelConfig) -> Vec<String> {
@@ -84,6 +85,7 @@ pub fn config_cells(c: &ParallelConfig) -> Vec<String> {
         on_off(c.ep_comm_overlap).into(),
         c.grad_reduce.name().into(),
         c.cpu_offload_layers.to_string(),
+        c.recompute_modules.names().join(","),
     ]
 }
 

@@ -6,7 +6,7 @@
 use super::Job;
 use crate::config::{
     CpComm, Dispatcher, Engine, GradReduce, OptimizerSharding, ParallelConfig, Precision,
-    Recompute, ScheduleKind, StageOrder, SyncMethod,
+    Recompute, RecomputeModules, ScheduleKind, StageOrder, SyncMethod,
 };
 use crate::model::{AttentionKind, ModelSpec};
 use std::borrow::Cow;
@@ -20,6 +20,8 @@ pub struct SearchSpace {
     pub schedule: Option<Vec<ScheduleKind>>,
     pub virtual_stages: Option<Vec<u64>>,
     pub recompute: Option<Vec<Recompute>>,
+    /// What selective recomputation redoes: the attention core unless given.
+    pub recompute_modules: Option<RecomputeModules>,
     pub sequence_parallel: Option<Vec<bool>>,
     pub optimizer_sharding: Option<Vec<OptimizerSharding>>,
     pub bpipe: Option<Vec<bool>>,
@@ -640,7 +642,19 @@ impl<'a> InnerDims<'a> {
             },
             |c, m| c.embedding_sync = m,
         );
-        expand(v, sp, |_| lend(&d.recompute), |c, r| c.recompute = r);
+        let modules = space.recompute_modules.unwrap_or_default();
+        expand(
+            v,
+            sp,
+            |_| lend(&d.recompute),
+            |c, r| {
+                c.recompute = r;
+                c.recompute_modules = match r {
+                    Recompute::Selective => modules,
+                    _ => RecomputeModules::default(),
+                };
+            },
+        );
         expand(
             v,
             sp,
