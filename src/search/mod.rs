@@ -21,6 +21,7 @@ use crate::profile::Measurements;
 use rayon::prelude::*;
 use recent::Recent;
 use std::collections::BTreeMap;
+use std::ops::ControlFlow;
 use std::sync::Arc;
 
 /// A training job: what to train, how big a batch, on which GPUs.
@@ -146,37 +147,38 @@ pub fn search(job: &Job, space: &SearchSpace, cost: &CostModel) -> SearchResult 
             let mut states: Recent<ParallelConfig, bool> = Recent::default();
             // and the layers' times by layer key, for the timing.
             let mut layers: Recent<ParallelConfig, LayerTimes> = Recent::default();
-            for config in space.inner(job, outer) {
+            let _: ControlFlow<()> = space.for_each_inner(job, outer, |config| {
                 tally.considered += 1;
                 if let Some(rule) =
                     config.violation(&job.model, job.global_batch, job.gpus, gpus_per_node)
                 {
                     *tally.invalid.entry(rule).or_default() += 1;
-                    continue;
+                    return ControlFlow::Continue(());
                 }
                 // The model state alone rules most misfits out, and it moves
                 // with few of the dimensions.
-                let too_big = states.get_or_insert_with(state_key(&config), || {
-                    state_floor(&scenario, &config) > scenario.usable_memory()
+                let too_big = states.get_or_insert_with(state_key(config), || {
+                    state_floor(&scenario, config) > scenario.usable_memory()
                 });
                 if too_big {
                     tally.out_of_memory += 1;
-                    continue;
+                    return ControlFlow::Continue(());
                 }
-                let memory = recent.get_or_insert_with(memory_key(&config), || {
-                    peak_memory_if_fits(&scenario, &config)
+                let memory = recent.get_or_insert_with(memory_key(config), || {
+                    peak_memory_if_fits(&scenario, config)
                 });
                 let Some(memory) = memory else {
                     tally.out_of_memory += 1;
-                    continue;
+                    return ControlFlow::Continue(());
                 };
                 let layer = layers
-                    .lend_or_insert_with(layer_key(&config), || layer_times(&scenario, &config));
+                    .lend_or_insert_with(layer_key(config), || layer_times(&scenario, config));
                 tally.candidates.push(Candidate {
-                    config,
-                    prediction: predict_checked_from(&scenario, &config, &memory, layer),
+                    config: *config,
+                    prediction: predict_checked_from(&scenario, config, &memory, layer),
                 });
-            }
+                ControlFlow::Continue(())
+            });
             tally
         })
         .collect::<Vec<Tally>>();
@@ -229,12 +231,19 @@ pub fn anything_fits(job: &Job, space: &SearchSpace, cost: &CostModel) -> bool {
     let scenario = job.scenario(cost);
     let gpus_per_node = job.gpus_per_node();
     space.outer(job).into_par_iter().any(|outer| {
-        space.inner(job, outer).any(|config| {
-            config
-                .violation(&job.model, job.global_batch, job.gpus, gpus_per_node)
-                .is_none()
-                && peak_memory_if_fits(&scenario, &config).is_some()
-        })
+        space
+            .for_each_inner(job, outer, |config| {
+                let fits = config
+                    .violation(&job.model, job.global_batch, job.gpus, gpus_per_node)
+                    .is_none()
+                    && peak_memory_if_fits(&scenario, config).is_some();
+                if fits {
+                    ControlFlow::Break(())
+                } else {
+                    ControlFlow::Continue(())
+                }
+            })
+            .is_break()
     })
 }
 

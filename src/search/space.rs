@@ -10,6 +10,7 @@ use crate::config::{
 };
 use crate::model::{AttentionKind, ModelSpec};
 use std::borrow::Cow;
+use std::ops::ControlFlow;
 
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct SearchSpace {
@@ -147,42 +148,68 @@ pub fn default_splits_with(
     splits
 }
 
-/// Replaces every configuration of `configs` by one per value `values`
-/// gives for it, set with `set`: one dimension of the cartesian product,
-/// whose values may depend on the dimensions already set. `spare` is the
-/// buffer the expanded configurations are written to (it swaps with
-/// `configs`), so a chain of dimensions reuses two allocations; `values`
-/// mostly lends lists made once per outer point, so nothing allocates per
-/// configuration.
-fn expand<'v, T: Clone + 'v>(
-    configs: &mut Vec<ParallelConfig>,
-    spare: &mut Vec<ParallelConfig>,
-    values: impl Fn(&ParallelConfig) -> Cow<'v, [T]>,
-    set: impl Fn(&mut ParallelConfig, T),
-) {
-    // A dimension with one value for every configuration (most of them, for
-    // most models) is set in place; copying starts at the first
-    // configuration with another count of values.
-    let mut single = 0;
-    while let Some(config) = configs.get_mut(single) {
-        let v = values(config);
-        let [value] = &v[..] else { break };
-        set(config, value.clone());
-        single += 1;
-    }
-    if single == configs.len() {
-        return;
-    }
-    spare.clear();
-    spare.extend_from_slice(&configs[..single]);
-    for config in &configs[single..] {
-        for value in values(config).iter() {
-            let mut next = *config;
-            set(&mut next, value.clone());
-            spare.push(next);
+/// Walks configurations depth first, calling `f` with each in order.
+/// Built as a chain of dimensions ([`Walk::then`]) that starts from one
+/// configuration: every dimension visits the values it gives for each
+/// configuration the dimensions before it made, in order, so the
+/// configurations come in the order of the cartesian product with the
+/// first dimension outermost. Nothing is held but the path to the current
+/// configuration: the search used to write each level of the product out
+/// into a buffer, and copying those buffers cost about a tenth of a search.
+trait Walk: Sized {
+    fn walk<B>(&self, f: &mut impl FnMut(&ParallelConfig) -> ControlFlow<B>) -> ControlFlow<B>;
+
+    /// This walk with one more dimension: every configuration of it, once
+    /// per value `values` gives for it, set with `set`. The values may
+    /// depend on the dimensions already set; `values` mostly lends lists
+    /// made once per outer point, so nothing allocates per configuration.
+    fn then<'v, T, V, S>(self, values: V, set: S) -> Then<Self, V, S>
+    where
+        T: Clone + 'v,
+        V: Fn(&ParallelConfig) -> Cow<'v, [T]>,
+        S: Fn(&mut ParallelConfig, T),
+    {
+        Then {
+            before: self,
+            values,
+            set,
         }
     }
-    std::mem::swap(configs, spare);
+}
+
+/// The configuration a walk starts from.
+struct Start(ParallelConfig);
+
+impl Walk for Start {
+    fn walk<B>(&self, f: &mut impl FnMut(&ParallelConfig) -> ControlFlow<B>) -> ControlFlow<B> {
+        f(&self.0)
+    }
+}
+
+/// A walk and one more dimension (see [`Walk::then`]).
+struct Then<W, V, S> {
+    before: W,
+    values: V,
+    set: S,
+}
+
+impl<'v, T, W, V, S> Walk for Then<W, V, S>
+where
+    T: Clone + 'v,
+    W: Walk,
+    V: Fn(&ParallelConfig) -> Cow<'v, [T]>,
+    S: Fn(&mut ParallelConfig, T),
+{
+    fn walk<B>(&self, f: &mut impl FnMut(&ParallelConfig) -> ControlFlow<B>) -> ControlFlow<B> {
+        self.before.walk(&mut |config| {
+            for value in (self.values)(config).iter() {
+                let mut next = *config;
+                (self.set)(&mut next, value.clone());
+                f(&next)?;
+            }
+            ControlFlow::Continue(())
+        })
+    }
 }
 
 /// `values`, lent.
@@ -363,12 +390,14 @@ impl SearchSpace {
         }
     }
 
-    /// Every combination of the remaining dimensions for one outer point.
-    pub fn inner<'a>(
-        &'a self,
-        job: &'a Job,
+    /// Calls `f` with every combination of the remaining dimensions for one
+    /// outer point, in order, until it breaks.
+    pub fn for_each_inner<B>(
+        &self,
+        job: &Job,
         o: Outer,
-    ) -> impl Iterator<Item = ParallelConfig> + 'a {
+        mut f: impl FnMut(&ParallelConfig) -> ControlFlow<B>,
+    ) -> ControlFlow<B> {
         let schedules: Vec<(ScheduleKind, u64)> = self
             .schedule
             .clone()
@@ -395,53 +424,20 @@ impl SearchSpace {
             })
             .collect();
         let dims = InnerDims::new(self, job, o);
-        let stems: Vec<Stem> = schedules
-            .iter()
-            .flat_map(|&(schedule, virtual_stages)| {
+        for &(schedule, virtual_stages) in &schedules {
+            for (first_stage_layers, last_stage_layers) in
                 self.splits(&job.model, o.pp, virtual_stages)
-                    .into_iter()
-                    .map(move |(first_stage_layers, last_stage_layers)| Stem {
-                        schedule,
-                        virtual_stages,
-                        first_stage_layers,
-                        last_stage_layers,
-                    })
-            })
-            .collect();
-        InnerConfigs {
-            dims,
-            stems: stems.into_iter(),
-            current: Vec::new(),
-            spare: Vec::new(),
-            next: 0,
+            {
+                let stem = Stem {
+                    schedule,
+                    virtual_stages,
+                    first_stage_layers,
+                    last_stage_layers,
+                };
+                dims.variants(stem, &mut f)?;
+            }
         }
-    }
-}
-
-/// The inner configurations of one outer point, one stem's at a time (the
-/// outer point's whole product is never held at once), made in two
-/// buffers that every stem reuses.
-struct InnerConfigs<'a> {
-    dims: InnerDims<'a>,
-    stems: std::vec::IntoIter<Stem>,
-    current: Vec<ParallelConfig>,
-    spare: Vec<ParallelConfig>,
-    /// The next configuration of `current` to yield.
-    next: usize,
-}
-
-impl Iterator for InnerConfigs<'_> {
-    type Item = ParallelConfig;
-
-    fn next(&mut self) -> Option<ParallelConfig> {
-        while self.next == self.current.len() {
-            let stem = self.stems.next()?;
-            self.dims.variants(stem, &mut self.current, &mut self.spare);
-            self.next = 0;
-        }
-        let config = self.current[self.next];
-        self.next += 1;
-        Some(config)
+        ControlFlow::Continue(())
     }
 }
 
@@ -549,14 +545,13 @@ impl<'a> InnerDims<'a> {
         }
     }
 
-    /// Every configuration of one stem, in the order of the dimensions,
-    /// into `configs` (`spare` is the other buffer `expand` writes to).
-    fn variants(
+    /// Calls `f` with every configuration of one stem, in the order of the
+    /// dimensions, until it breaks.
+    fn variants<B>(
         &self,
         stem: Stem,
-        configs: &mut Vec<ParallelConfig>,
-        spare: &mut Vec<ParallelConfig>,
-    ) {
+        f: &mut impl FnMut(&ParallelConfig) -> ControlFlow<B>,
+    ) -> ControlFlow<B> {
         let d = self;
         let (space, job, o, torchtitan) = (d.space, d.job, d.o, d.torchtitan);
         let gpus_per_node = job.gpus_per_node();
@@ -567,8 +562,8 @@ impl<'a> InnerDims<'a> {
                 &[false]
             },
         );
-        configs.clear();
-        configs.push(ParallelConfig {
+        let modules = space.recompute_modules.unwrap_or_default();
+        Start(ParallelConfig {
             tp: o.tp,
             pp: o.pp,
             cp: o.cp,
@@ -580,11 +575,8 @@ impl<'a> InnerDims<'a> {
             last_stage_layers: stem.last_stage_layers,
             engine: space.engine,
             ..ParallelConfig::default()
-        });
-        let (v, sp) = (configs, spare);
-        expand(
-            v,
-            sp,
+        })
+        .then(
             |c| match (&space.cp_comm, c.cp) {
                 (_, 1) => lend(&[CpComm::P2p]),
                 (Some(given), _) => lend(given),
@@ -594,22 +586,16 @@ impl<'a> InnerDims<'a> {
                 c.cp_comm = comm;
                 c.cp_a2a = c.default_cp_a2a(gpus_per_node);
             },
-        );
-        expand(
-            v,
-            sp,
+        )
+        .then(
             |c| Cow::Owned(space.expert_tensor_degrees(job, c)),
             |c, etp| c.etp = etp,
-        );
-        expand(
-            v,
-            sp,
+        )
+        .then(
             |c| Cow::Owned(space.expert_degrees(job, c)),
             |c, ep| c.ep = ep,
-        );
-        expand(
-            v,
-            sp,
+        )
+        .then(
             // With one expert rank no token moves, and the gathering
             // dispatcher only keeps more: it is tried where it gathers.
             // A dense model holds the default, which it never uses.
@@ -622,18 +608,14 @@ impl<'a> InnerDims<'a> {
                 (None, None) => lend(&d.default_dispatcher),
             },
             |c, dispatcher| c.dispatcher = dispatcher,
-        );
-        expand(v, sp, |_| lend(&d.precision), |c, p| c.precision = p);
-        expand(v, sp, |_| lend(&d.grad_reduce), |c, g| c.grad_reduce = g);
-        expand(
-            v,
-            sp,
+        )
+        .then(|_| lend(&d.precision), |c, p| c.precision = p)
+        .then(|_| lend(&d.grad_reduce), |c, g| c.grad_reduce = g)
+        .then(
             |_| lend(&d.cpu_offload_layers),
             |c, n| c.cpu_offload_layers = n,
-        );
-        expand(
-            v,
-            sp,
+        )
+        .then(
             |c| match &space.embedding_sync {
                 Some(given) if !job.model.tied_embeddings && c.dense_sync_degree() > 1 => {
                     lend(given)
@@ -641,11 +623,8 @@ impl<'a> InnerDims<'a> {
                 _ => lend(&[SyncMethod::AllReduce]),
             },
             |c, m| c.embedding_sync = m,
-        );
-        let modules = space.recompute_modules.unwrap_or_default();
-        expand(
-            v,
-            sp,
+        )
+        .then(
             |_| lend(&d.recompute),
             |c, r| {
                 c.recompute = r;
@@ -654,43 +633,30 @@ impl<'a> InnerDims<'a> {
                     _ => RecomputeModules::default(),
                 };
             },
-        );
-        expand(
-            v,
-            sp,
+        )
+        .then(
             |c| match c.recompute {
                 Recompute::SelectiveLayer => lend(&d.frequencies),
                 _ => lend(&d.default_frequency),
             },
             |c, n| c.ac_frequency = n,
-        );
-        expand(
-            v,
-            sp,
+        )
+        .then(
             |_| lend(&d.sequence_parallel),
             |c, on| c.sequence_parallel = on,
-        );
-        expand(
-            v,
-            sp,
-            |_| lend(&d.sharding),
-            |c, z| c.optimizer_sharding = z,
-        );
-        expand(
-            v,
-            sp,
+        )
+        .then(|_| lend(&d.sharding), |c, z| c.optimizer_sharding = z)
+        .then(
             |c| match &d.dp_shard_given {
                 Some(given) => lend(given),
                 None if c.optimizer_sharding != OptimizerSharding::None => lend(&d.sharded_groups),
                 None => lend(&[None]),
             },
             |c, n| c.dp_shard = n,
-        );
-        expand(v, sp, |_| lend(bpipe), |c, b| c.bpipe = b);
+        )
+        .then(|_| lend(bpipe), |c, b| c.bpipe = b)
         // BPipe's pairs share a node only if two stages fit in one.
-        expand(
-            v,
-            sp,
+        .then(
             |c| {
                 let pairs_fit = c.bpipe && 2 * o.tp * o.dp <= gpus_per_node;
                 match &space.stage_order {
@@ -700,17 +666,13 @@ impl<'a> InnerDims<'a> {
                 }
             },
             |c, order| c.stage_order = order,
-        );
-        expand(v, sp, |_| lend(&d.attention), |c, a| c.attention = a);
-        expand(
-            v,
-            sp,
+        )
+        .then(|_| lend(&d.attention), |c, a| c.attention = a)
+        .then(
             |_| lend(&d.grad_overlaps),
             |c, on| c.overlap_grad_reduce = on,
-        );
-        expand(
-            v,
-            sp,
+        )
+        .then(
             |c| {
                 let applies = c.overlap_grad_reduce
                     && c.optimizer_sharding == OptimizerSharding::OptimizerStates
@@ -718,12 +680,10 @@ impl<'a> InnerDims<'a> {
                 lend(switch(&space.overlap_param_gather, applies))
             },
             |c, on| c.overlap_param_gather = on,
-        );
-        expand(v, sp, |_| lend(&d.compiles), |c, on| c.compile = on);
+        )
+        .then(|_| lend(&d.compiles), |c, on| c.compile = on)
         // torchtitan runs its tensor-parallel overlap compiled only.
-        expand(
-            v,
-            sp,
+        .then(
             |c| {
                 lend(switch(
                     &space.tp_comm_overlap,
@@ -731,33 +691,27 @@ impl<'a> InnerDims<'a> {
                 ))
             },
             |c, on| c.tp_comm_overlap = on,
-        );
+        )
         // Megatron-LM's CUDA graphs do not capture full recomputation.
-        expand(
-            v,
-            sp,
+        .then(
             |c| match (&space.cuda_graphs, c.recompute) {
                 (None, Recompute::Full) if !torchtitan => lend(&[false]),
                 _ => lend(&d.graphs),
             },
             |c, on| c.cuda_graphs = on,
-        );
+        )
         // Tried where Megatron-Core can run it (after the graphs, which
         // exclude it).
-        expand(
-            v,
-            sp,
+        .then(
             |c| {
                 let runs = crate::config::ep_overlap_problem(&job.model, c).is_none();
                 lend(switch(&space.ep_comm_overlap, runs))
             },
             |c, on| c.ep_comm_overlap = on,
-        );
+        )
         // FP8 weights only save memory and all-gather bytes: where they
         // run, the search keeps them (as NeMo's FP8 recipes do).
-        expand(
-            v,
-            sp,
+        .then(
             |c| match (
                 &space.fp8_param_gather,
                 crate::config::fp8_param_gather_problem(c),
@@ -767,6 +721,7 @@ impl<'a> InnerDims<'a> {
                 (None, Some(_)) => lend(&[false]),
             },
             |c, on| c.fp8_param_gather = on,
-        );
+        )
+        .walk(f)
     }
 }
