@@ -55,15 +55,15 @@ pub const GROUP_NAMES: [&str; 4] = [
 pub fn parameter_groups(s: &Scenario, c: &ParallelConfig, stage: u64) -> [ParamGroup; 4] {
     let model = s.model;
     let (dense_layers, moe_layers) = super::stage_layer_kinds(s, c, stage);
-    let mut layers = dense_layers as f64 * layer_params_per_rank(model, c.tp)
-        + moe_layers as f64 * moe_layer_params_per_rank(model, c);
+    let mut layers = dense_layers as f64 * layer_params_per_rank(s, c.tp)
+        + moe_layers as f64 * moe_layer_params_per_rank(s, c);
     if stage == c.pp - 1 {
         // The prediction modules' projections (column-parallel over tp)
         // and norms; their layers are among the stage's.
         let h = model.hidden as f64;
         layers += model.mtp_layers as f64 * (2.0 * h * h / c.tp as f64 + 3.0 * h);
     }
-    let experts = moe_layers as f64 * expert_params_per_rank(model, c);
+    let experts = moe_layers as f64 * expert_params_per_rank(s, c);
     let table = super::vocab_per_rank(s, c) * model.hidden as f64;
     let mut embeddings = 0.0;
     let mut input_embedding = 0.0;
@@ -116,24 +116,55 @@ pub fn parameter_groups(s: &Scenario, c: &ParallelConfig, stage: u64) -> [ParamG
     ]
 }
 
+/// The per-layer parameter counts of a model that [`parameter_groups`]
+/// splits over the ranks: they depend on the model alone, and a search asks
+/// for them for every stage of every configuration, so [`Scenario::new`]
+/// works them out once (each as the model's own method computes it).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LayerParams {
+    /// One layer's parameters that no rank splits (layer norms,
+    /// row-parallel biases).
+    replicated: f64,
+    /// One dense layer's.
+    dense_layer: f64,
+    /// One MoE layer's apart from its experts, and those of them kept whole
+    /// (the replicated ones and the router); `None` for a dense model.
+    moe_rest: Option<(f64, f64)>,
+    /// One routed expert's MLP.
+    expert: f64,
+}
+
+impl LayerParams {
+    pub fn of(model: &ModelSpec) -> Self {
+        let replicated = model.replicated_params_per_layer();
+        LayerParams {
+            replicated,
+            dense_layer: model.dense_layer_params(),
+            moe_rest: model.moe_layer_params().map(|(_, rest)| {
+                let router = model.moe.map_or(0, |m| m.experts * model.hidden) as f64;
+                (rest, replicated + router)
+            }),
+            expert: model.moe.map_or(0.0, |m| model.mlp_params(m.ffn_hidden)),
+        }
+    }
+}
+
 /// Parameters of one MoE layer on one rank apart from its experts:
 /// attention, router and shared experts, split over tp where Megatron-Core
 /// splits them (the router is replicated).
-fn moe_layer_params_per_rank(model: &ModelSpec, c: &ParallelConfig) -> f64 {
-    let Some((_, rest)) = model.moe_layer_params() else {
+fn moe_layer_params_per_rank(s: &Scenario, c: &ParallelConfig) -> f64 {
+    let Some((rest, replicated)) = s.layer_params.moe_rest else {
         return 0.0;
     };
-    let router = model.moe.map_or(0, |m| m.experts * model.hidden) as f64;
-    let replicated = model.replicated_params_per_layer() + router;
     (rest - replicated) / c.tp as f64 + replicated
 }
 
 /// One MoE layer's routed-expert parameters on one rank: E / ep experts,
 /// each split etp ways.
-fn expert_params_per_rank(model: &ModelSpec, c: &ParallelConfig) -> f64 {
-    model.moe.map_or(0.0, |m| {
+fn expert_params_per_rank(s: &Scenario, c: &ParallelConfig) -> f64 {
+    s.model.moe.map_or(0.0, |m| {
         let local = (m.experts / c.ep.max(1)) as f64;
-        local * model.mlp_params(m.ffn_hidden) / c.etp as f64
+        local * s.layer_params.expert / c.etp as f64
     })
 }
 
@@ -156,8 +187,8 @@ pub fn gathered_weight_bytes(s: &Scenario, c: &ParallelConfig, stage: u64) -> f6
             } else {
                 0.0
             };
-            let layer = layer_params_per_rank(s.model, c.tp)
-                .max(moe_layer_params_per_rank(s.model, c) + expert_params_per_rank(s.model, c));
+            let layer = layer_params_per_rank(s, c.tp)
+                .max(moe_layer_params_per_rank(s, c) + expert_params_per_rank(s, c));
             (2.0 * layer + table) * w
         }
         (Engine::Torchtitan, OptimizerSharding::OptimizerStates) => stage_params(s, c, stage) * w,
@@ -168,9 +199,9 @@ pub fn gathered_weight_bytes(s: &Scenario, c: &ParallelConfig, stage: u64) -> f6
 /// Parameters of one layer on one tensor-parallel rank: the split ones
 /// divided by tp, the replicated ones (layer norms, row-parallel biases)
 /// whole.
-fn layer_params_per_rank(model: &ModelSpec, tp: u64) -> f64 {
-    let replicated = model.replicated_params_per_layer();
-    (model.dense_layer_params() - replicated) / tp as f64 + replicated
+fn layer_params_per_rank(s: &Scenario, tp: u64) -> f64 {
+    let replicated = s.layer_params.replicated;
+    (s.layer_params.dense_layer - replicated) / tp as f64 + replicated
 }
 
 /// Bytes of one stage on one GPU at its peak, by kind.

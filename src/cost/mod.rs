@@ -65,6 +65,8 @@ pub struct Scenario<'a> {
     /// measured (1 without one): set by [`Scenario::with_profile`].
     pub measured_gemm_scale: f64,
     pub measured_hbm_scale: f64,
+    /// `model`'s per-layer parameter counts, worked out once.
+    pub(crate) layer_params: memory::LayerParams,
 }
 
 impl<'a> Scenario<'a> {
@@ -88,6 +90,7 @@ impl<'a> Scenario<'a> {
             profile: None,
             measured_gemm_scale: 1.0,
             measured_hbm_scale: 1.0,
+            layer_params: memory::LayerParams::of(model),
         }
     }
 
