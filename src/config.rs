@@ -1144,6 +1144,16 @@ impl ChunkLayout {
     pub fn chunk(&self, stage: u64, chunk: u64) -> std::ops::Range<u64> {
         let v = self.v;
         let own = self.stage_layers(stage);
+        // Without interleaving the one chunk is the stage, after the
+        // stages before it: what the rounds below come to at v = 1, without
+        // their divisions (asked for every stage of every configuration).
+        if v == 1 && chunk == 0 {
+            let start = match stage {
+                0 => 0,
+                _ => self.first + (stage - 1) * self.middle,
+            };
+            return start..start + own;
+        }
         // One round of chunks: one chunk of every stage.
         let round = match self.pp {
             1 => own / v,

@@ -462,13 +462,20 @@ fn model_layer_kinds(
     layout: Option<&ChunkLayout>,
     stage: u64,
 ) -> (u64, u64) {
-    let layers = c.stage_layers(s.model.layers, stage);
     let Some(moe) = s.model.moe else {
-        return (layers, 0);
+        return (c.stage_layers(s.model.layers, stage), 0);
     };
-    let layout = layout
-        .copied()
-        .unwrap_or_else(|| c.chunk_layout(s.model.layers));
+    // The layout holds the stage's layers too ([`ChunkLayout::stage_layers`]
+    // is `c.stage_layers`): read there, not worked out again (the search
+    // asks for every stage of every configuration, and the divisions
+    // showed).
+    let (layers, layout) = match layout {
+        Some(given) => (c.stage_layers(s.model.layers, stage), *given),
+        None => {
+            let own = c.chunk_layout(s.model.layers);
+            (own.stage_layers(stage), own)
+        }
+    };
     let moe_layers: u64 = (0..c.virtual_stages.max(1))
         .map(|j| {
             let chunk = layout.chunk(stage, j);
