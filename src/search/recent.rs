@@ -15,6 +15,10 @@ pub struct Recent<K, V> {
     slots: [Option<(K, V)>; CAPACITY],
     /// The slot the next insert fills: the oldest once all are full.
     next: usize,
+    /// The slot that answered the last lookup, looked at first: a search
+    /// asks for one key many times in a row (the innermost switches leave
+    /// it alone), and comparing keys is most of a lookup's cost.
+    last: usize,
 }
 
 impl<K: Copy + PartialEq, V: Copy> Default for Recent<K, V> {
@@ -22,6 +26,7 @@ impl<K: Copy + PartialEq, V: Copy> Default for Recent<K, V> {
         Recent {
             slots: [None; CAPACITY],
             next: 0,
+            last: 0,
         }
     }
 }
@@ -59,14 +64,21 @@ impl<K: Copy + PartialEq, V: Copy> Recent<K, V> {
     /// [`get_or_insert_with`](Self::get_or_insert_with), lent rather than
     /// copied (for values too large to copy on every lookup).
     pub fn lend_or_insert_with(&mut self, key: K, compute: impl FnOnce() -> V) -> &V {
-        let slot = match self.slot_of(&key) {
-            Some(slot) => slot,
-            None => {
-                let slot = self.next;
-                self.insert(key, compute());
-                slot
-            }
+        let last_answers = self.slots[self.last]
+            .as_ref()
+            .is_some_and(|(k, _)| *k == key);
+        let slot = match last_answers {
+            true => self.last,
+            false => match self.slot_of(&key) {
+                Some(slot) => slot,
+                None => {
+                    let slot = self.next;
+                    self.insert(key, compute());
+                    slot
+                }
+            },
         };
+        self.last = slot;
         let (_, value) = self.slots[slot].as_ref().expect("a filled slot");
         value
     }
