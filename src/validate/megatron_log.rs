@@ -156,6 +156,8 @@ pub struct MegatronConfig {
     /// `uniform`, `block` or absent.
     pub recompute_method: Option<String>,
     pub recompute_num_layers: Option<u64>,
+    /// `--recompute-modules` as printed (`['core_attn']`, `['moe_act', 'layernorm']`).
+    pub recompute_modules: Option<String>,
     pub sequence_parallel: bool,
     pub use_distributed_optimizer: bool,
     /// Megatron FSDP or PyTorch FSDP2 (weights, gradients and optimizer
@@ -875,6 +877,7 @@ fn config_from_arguments(
         recompute_granularity: text("recompute_granularity"),
         recompute_method: text("recompute_method"),
         recompute_num_layers: int("recompute_num_layers")?,
+        recompute_modules: text("recompute_modules"),
         sequence_parallel: flag("sequence_parallel")?,
         use_distributed_optimizer: flag("use_distributed_optimizer")?,
         fully_sharded: flag("use_megatron_fsdp")? || flag("use_torch_fsdp2")?,
@@ -929,6 +932,16 @@ impl MegatronConfig {
             .max(1)
     }
 
+    /// The modules selective recomputation redoes: the printed list's
+    /// names (Megatron-LM's default, the attention core, when absent or
+    /// unreadable, or under another policy).
+    pub fn recompute_modules(&self) -> crate::config::RecomputeModules {
+        match (self.recompute(), self.recompute_modules.as_deref()) {
+            (Recompute::Selective, Some(printed)) => printed_modules(printed).unwrap_or_default(),
+            _ => crate::config::RecomputeModules::default(),
+        }
+    }
+
     pub fn recompute(&self) -> Recompute {
         match self.recompute_granularity.as_deref() {
             Some("full") => Recompute::Full,
@@ -972,6 +985,7 @@ impl MegatronConfig {
             },
             virtual_stages: v,
             recompute: self.recompute(),
+            recompute_modules: self.recompute_modules(),
             sequence_parallel: self.sequence_parallel && self.tensor_model_parallel_size > 1,
             optimizer_sharding: if dp < 2 {
                 OptimizerSharding::None
@@ -1066,7 +1080,7 @@ impl MegatronConfig {
 /// The columns of the run-table row [`MegatronRun::row`] gives: paratune's
 /// run-table schema (see `runs::KNOWN_COLUMNS`), then measurements the
 /// schema does not read, carried through as the user's own columns.
-pub const ROW_COLUMNS: [&str; 42] = [
+pub const ROW_COLUMNS: [&str; 43] = [
     "gpus",
     "global_batch",
     "micro_batch",
@@ -1103,6 +1117,7 @@ pub const ROW_COLUMNS: [&str; 42] = [
     "moe_layer_freq",
     "moe_dispatcher",
     "precision",
+    "recompute_modules",
     "iter_ms_mean",
     "tflops_per_gpu_measured",
     "steady_iterations",
@@ -1110,6 +1125,15 @@ pub const ROW_COLUMNS: [&str; 42] = [
     "nan_iterations",
     "source_log",
 ];
+
+/// `--recompute-modules` as the argument dump prints a list
+/// (`['moe_act', 'layernorm']`).
+fn printed_modules(printed: &str) -> Result<crate::config::RecomputeModules, String> {
+    crate::config::RecomputeModules::parse(
+        "recompute_modules",
+        &printed.replace(['[', ']', '\'', '"'], " "),
+    )
+}
 
 /// A count's cell, empty when absent.
 fn optional_count(n: Option<u64>) -> String {
@@ -1186,6 +1210,15 @@ impl MegatronRun {
                 ));
             }
         }
+        if m.recompute() == Recompute::Selective
+            && let Some(printed) = &m.recompute_modules
+            && printed_modules(printed).is_err()
+        {
+            return Err(unsupported(
+                format!("recomputation of the modules {printed}"),
+                "paratune models core_attn, layernorm, moe_act, mlp, moe, shared_experts and mla_up_proj; measure with those",
+            ));
+        }
         let vocab = m.vocab().ok_or_else(|| MegatronLogError::MissingArguments {
             path: path.into(),
             names: vec!["padded_vocab_size".into(), "vocab_size".into()],
@@ -1248,6 +1281,7 @@ impl MegatronRun {
                 String::new()
             },
             c.precision.name().to_string(),
+            c.recompute_modules.names().join(","),
             format!("{:.3}", self.steady_mean_ms),
             optional(self.tflops_per_gpu, 2),
             self.steady_iterations.to_string(),
@@ -1554,6 +1588,42 @@ mod tests {
 
     /// A context-parallel and an MoE run become rows with their columns; a
     /// mixed key/value exchange and multi-latent attention are refused.
+    /// The printed list of `--recompute-modules` under selective
+    /// recomputation; a module paratune does not model refuses the row.
+    #[test]
+    fn recompute_modules_are_read_from_the_printed_list() {
+        let run = |modules: &str| {
+            parse(
+                &log(
+                    &[
+                        ("recompute_granularity", "selective"),
+                        ("recompute_modules", modules),
+                    ],
+                    &[9.0, 3.0, 2.0],
+                ),
+                "x.log",
+                2,
+            )
+            .unwrap()
+        };
+        let read = run("['moe_act', 'layernorm']");
+        assert_eq!(
+            read.config.parallel_config().recompute_modules.names(),
+            ["layernorm", "moe_act"]
+        );
+        let cells = read.row("x.log", "x.log").unwrap();
+        let at = ROW_COLUMNS
+            .iter()
+            .position(|c| *c == "recompute_modules")
+            .unwrap();
+        assert_eq!(cells[at], "layernorm,moe_act");
+        let err = run("['mhc']")
+            .row("x.log", "x.log")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("['mhc']"), "{err}");
+    }
+
     /// `--grad-reduce-in-bf16`, or what it sets in a bf16 run's dump.
     #[test]
     fn bf16_gradient_reduction_is_read_from_the_arguments() {
