@@ -47,6 +47,16 @@ const LLAMA3_8B_ON_ONE_NODE: [&str; 8] = [
     "8",
 ];
 
+/// Column `column` of stage 0's row in predict's memory table.
+fn stage_zero_cell(out: &str, column: usize) -> f64 {
+    let row = out
+        .lines()
+        .skip_while(|l| !l.contains("stage  weights"))
+        .nth(1)
+        .unwrap_or_else(|| panic!("no stage row in:\n{out}"));
+    row.split_whitespace().nth(column).unwrap().parse().unwrap()
+}
+
 fn with<'a>(base: &[&'a str], extra: &[&'a str]) -> Vec<&'a str> {
     base.iter().chain(extra).copied().collect()
 }
@@ -812,15 +822,8 @@ fn fp8_weights_save_two_bytes_a_weight_and_need_sharded_states() {
             ],
         )
     };
-    let weights = |gather: &'static str| -> f64 {
-        let out = ok(&predict(gather, "optimizer-states"));
-        let row = out
-            .lines()
-            .skip_while(|l| !l.contains("stage  weights"))
-            .nth(1)
-            .unwrap_or_else(|| panic!("no stage row in:\n{out}"));
-        row.split_whitespace().nth(1).unwrap().parse().unwrap()
-    };
+    let weights =
+        |gather: &'static str| stage_zero_cell(&ok(&predict(gather, "optimizer-states")), 1);
     let (on, off) = (weights("on"), weights("off"));
     // Llama 3 8B's layers hold 6.98 B weights: 2 bytes each is 13.0 GiB.
     let saved = off - on;
@@ -901,14 +904,6 @@ const LLAMA3_70B_ON_64_GB200: [&str; 12] = [
 /// and what Megatron-Core refuses is refused with the flag named.
 #[test]
 fn bf16_gradients_and_cpu_offloading_predict_plan_and_export() {
-    let stage_cell = |out: &str, column: usize| -> f64 {
-        let row = out
-            .lines()
-            .skip_while(|l| !l.contains("stage  weights"))
-            .nth(1)
-            .unwrap_or_else(|| panic!("no stage row in:\n{out}"));
-        row.split_whitespace().nth(column).unwrap().parse().unwrap()
-    };
     let predict = |extra: &[&'static str]| {
         let mut args = with(&["predict"], &LLAMA3_70B_ON_64_GB200);
         args.extend(["--optimizer-sharding", "full", "--micro-batch", "2"]);
@@ -917,11 +912,11 @@ fn bf16_gradients_and_cpu_offloading_predict_plan_and_export() {
     };
     let fp32 = ok(&predict(&[]));
     let bf16 = ok(&predict(&["--grad-reduce", "bf16"]));
-    let (g32, g16) = (stage_cell(&fp32, 2), stage_cell(&bf16, 2));
+    let (g32, g16) = (stage_zero_cell(&fp32, 2), stage_zero_cell(&bf16, 2));
     assert!((g16 - g32 / 2.0).abs() < 0.02, "gradients {g32} -> {g16}");
     let offloaded = ok(&predict(&["--cpu-offload-layers", "40"]));
     says(&offloaded, &["offload=40"]);
-    let (all, half) = (stage_cell(&fp32, 4), stage_cell(&offloaded, 4));
+    let (all, half) = (stage_zero_cell(&fp32, 4), stage_zero_cell(&offloaded, 4));
     assert!(
         half < 0.55 * all && half > 0.45 * all,
         "activations {all} -> {half}"
@@ -990,14 +985,7 @@ fn recompute_modules_keep_less_and_export() {
         "--recompute",
         "selective",
     ];
-    let activations = |out: &str| -> f64 {
-        let row = out
-            .lines()
-            .skip_while(|l| !l.contains("stage  weights"))
-            .nth(1)
-            .unwrap_or_else(|| panic!("no stage row in:\n{out}"));
-        row.split_whitespace().nth(4).unwrap().parse().unwrap()
-    };
+    let activations = |out: &str| stage_zero_cell(out, 4);
     let core = ok(&with(&["predict"], &base));
     let mut args = with(&["predict"], &base);
     args.extend(["--recompute-modules", "layernorm,moe_act"]);
