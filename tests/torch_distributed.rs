@@ -260,6 +260,10 @@ fn job(parallel: serde_json::Value) -> serde_json::Value {
 
 #[test]
 fn the_worker_maps_degrees_schedules_and_sharding_as_planned() {
+    // No ranks, but two Python processes importing torch: on a two-core CI
+    // machine they slow a timed test's ranks beside them (a measured 128 KB
+    // all-reduce took ten times its usual time), so they wait their turn.
+    let _ranks = ranks_to_myself();
     // Interleaved 1F1B over two pipeline ranks, two chunks each: chunk c on
     // rank c mod 2, as Megatron-LM interleaves.
     let interleaved = describe(
