@@ -1925,8 +1925,9 @@ mod experts_and_context {
     }
 
     /// The closed form of the MoE layers per stage against walking the
-    /// model chunks layer by layer, for DeepSeek-V3's three dense layers
-    /// and for every other layer an MoE one, even and uneven, interleaved.
+    /// model chunks layer by layer, for DeepSeek-V3's three dense layers,
+    /// for thirty (past the first round of chunks), none, and every other
+    /// layer an MoE one, even and uneven, interleaved.
     #[test]
     fn moe_layers_per_stage_match_walking_the_chunks() {
         let group = builtin_node("h100-sxm", 8).unwrap();
@@ -1937,10 +1938,24 @@ mod experts_and_context {
             moe.dense_layers = 1;
             moe.layer_freq = 2;
         }
-        for model in [builtin_model("deepseek-v3").unwrap(), alternating] {
+        // Dense layers past the first round of chunks, and none at all.
+        let with_dense = |n| {
+            let mut model = builtin_model("deepseek-v3").unwrap();
+            if let Some(moe) = model.moe.as_mut() {
+                moe.dense_layers = n;
+            }
+            model
+        };
+        let models = [
+            builtin_model("deepseek-v3").unwrap(),
+            alternating,
+            with_dense(30),
+            with_dense(0),
+        ];
+        for model in models {
             let s = scenario_for(&model, &group, 64, &cost);
             let moe = model.moe.unwrap();
-            for (pp, v) in [(1, 1), (4, 1), (8, 1), (4, 2), (8, 3)] {
+            for (pp, v) in [(1, 1), (4, 1), (8, 1), (4, 2), (8, 3), (16, 2)] {
                 for (first, last) in splits(model.layers, pp, v) {
                     let c = ParallelConfig {
                         pp,
