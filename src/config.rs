@@ -88,16 +88,21 @@ impl Recompute {
     }
 
     /// FLOPs per token of one layer of `model` this policy runs again (the
-    /// attention core for Megatron-LM's selective policy, the whole forward
+    /// `modules` under Megatron-LM's selective policy, the whole forward
     /// pass under full recomputation, every other matrix multiply under
     /// torchtitan's per-op policy, the whole forward of one layer in
-    /// `ac_frequency` under its per-layer policy).
-    pub fn recomputed_flops_per_token(self, model: &ModelSpec, ac_frequency: u64) -> f64 {
+    /// `ac_frequency` under its per-layer policy), averaged over the layers.
+    fn recomputed_flops_with(
+        self,
+        model: &ModelSpec,
+        ac_frequency: u64,
+        modules: RecomputeModules,
+    ) -> f64 {
         let attention = model.counted_attention_flops_per_token();
         let gemm = model.layer_gemm_flops_per_token();
         match self {
             Recompute::None => 0.0,
-            Recompute::Selective => attention,
+            Recompute::Selective => modules.recomputed_flops_per_token(model),
             Recompute::Full => gemm + attention,
             Recompute::SelectiveOp => gemm / 2.0,
             Recompute::SelectiveLayer => (gemm + attention) / ac_frequency.max(1) as f64,
@@ -160,6 +165,38 @@ impl RecomputeModules {
 
     pub fn has(self, module: u8) -> bool {
         self.0 & module != 0
+    }
+
+    /// FLOPs per token of one layer of `model`, averaged over its layers,
+    /// that these modules run again: the attention core's score products,
+    /// MLA's up-projections, a dense layer's MLP, an MoE layer's router,
+    /// experts and shared experts (or the shared experts alone). Norms and
+    /// activations run no matrix multiply.
+    pub fn recomputed_flops_per_token(self, model: &ModelSpec) -> f64 {
+        let layers = model.layers.max(1) as f64;
+        let moe_share = model.moe_layers() as f64 / layers;
+        let mut flops = 0.0;
+        if self.has(Self::CORE_ATTN) {
+            flops += model.counted_attention_flops_per_token();
+        }
+        if self.has(Self::MLA_UP_PROJ) && model.mla.is_some() {
+            let projections = model.attention_projections();
+            flops += [projections[1], projections[3]]
+                .iter()
+                .map(|&(input, output, _)| 2.0 * (input * output) as f64)
+                .sum::<f64>();
+        }
+        if self.has(Self::MLP) {
+            flops += (1.0 - moe_share) * model.mlp_flops_per_token(model.ffn_hidden);
+        }
+        if let Some(moe) = model.moe {
+            if self.has(Self::MOE) {
+                flops += moe_share * model.moe_mlp_flops_per_token().unwrap_or(0.0);
+            } else if self.has(Self::SHARED_EXPERTS) {
+                flops += moe_share * model.mlp_flops_per_token(moe.shared_ffn_hidden);
+            }
+        }
+        flops
     }
 
     pub fn is_default(self) -> bool {
@@ -732,6 +769,16 @@ impl Default for ParallelConfig {
 }
 
 impl ParallelConfig {
+    /// FLOPs per token, over all of `model`'s layers, that this
+    /// configuration's recomputation runs again (its modules where it
+    /// recomputes selectively).
+    pub fn recomputed_flops_per_token(&self, model: &ModelSpec) -> f64 {
+        model.layers as f64
+            * self
+                .recompute
+                .recomputed_flops_with(model, self.ac_frequency, self.recompute_modules)
+    }
+
     /// The data-parallel ranks the sharded state is spread over: all of dp,
     /// or the shard group under hybrid sharding.
     /// Context-parallel ranks hold the same weights, so they shard the
@@ -885,6 +932,10 @@ impl ParallelConfig {
         let c = self;
         let m = c.micro_batches(global_batch);
         let tp_spans_nodes = c.tp > gpus_per_node;
+        // Checks that several rules read, done once.
+        let tensor_split = tensor_split_problem(model, c.tp);
+        let layer_split = c.split_problem(model.layers);
+        let sequence_split = sequence_split_problem(model, c.tp, c.sequence_parallel);
         let rules = [
             (
                 Rule::ZeroDegree,
@@ -909,11 +960,11 @@ impl ParallelConfig {
             ),
             (
                 Rule::HeadsNotDivisible,
-                tensor_split_problem(model, c.tp) == Some(Rule::HeadsNotDivisible),
+                tensor_split == Some(Rule::HeadsNotDivisible),
             ),
             (
                 Rule::FfnNotDivisible,
-                tensor_split_problem(model, c.tp) == Some(Rule::FfnNotDivisible),
+                tensor_split == Some(Rule::FfnNotDivisible),
             ),
             (
                 Rule::ContextNotDivisible,
@@ -1008,31 +1059,26 @@ impl ParallelConfig {
             ),
             (
                 Rule::LayersNotDivisible,
-                c.split_problem(model.layers) == Some(Rule::LayersNotDivisible),
+                layer_split == Some(Rule::LayersNotDivisible),
             ),
             (
                 Rule::UnevenWithoutPipeline,
-                c.split_problem(model.layers) == Some(Rule::UnevenWithoutPipeline),
+                layer_split == Some(Rule::UnevenWithoutPipeline),
             ),
-            (
-                Rule::UnevenSplit,
-                c.split_problem(model.layers) == Some(Rule::UnevenSplit),
-            ),
+            (Rule::UnevenSplit, layer_split == Some(Rule::UnevenSplit)),
             (
                 Rule::InterleavedMicroBatches,
                 c.schedule == ScheduleKind::Interleaved && c.microbatch_group(m).is_none(),
             ),
             (
                 Rule::SequenceParallelWithoutTp,
-                sequence_split_problem(model, c.tp, c.sequence_parallel)
-                    == Some(Rule::SequenceParallelWithoutTp),
+                sequence_split == Some(Rule::SequenceParallelWithoutTp),
             ),
             (
                 // Each context-parallel rank's share of the sequence is split
                 // again over tp.
                 Rule::SequenceNotSplit,
-                sequence_split_problem(model, c.tp, c.sequence_parallel)
-                    == Some(Rule::SequenceNotSplit)
+                sequence_split == Some(Rule::SequenceNotSplit)
                     || (c.sequence_parallel
                         && !(model.seq_len / c.cp.max(1)).is_multiple_of(c.tp.max(1))),
             ),
@@ -1859,5 +1905,43 @@ mod tests {
                 assert_eq!(held[stage as usize], c.stage_layers(layers, stage), "{c}");
             }
         }
+    }
+
+    /// Selective recomputation's FLOPs are its modules' matrix multiplies:
+    /// norms and activations add none, the attention core its score
+    /// products, an MoE layer's MLP part its active experts on MoE layers.
+    #[test]
+    fn selective_recomputation_counts_the_flops_of_its_modules() {
+        use super::{Recompute, RecomputeModules};
+        use crate::model::builtin_model;
+        let selective = |model: &ModelSpec, modules: &str| {
+            let c = ParallelConfig {
+                recompute: Recompute::Selective,
+                recompute_modules: RecomputeModules::parse("modules", modules).unwrap(),
+                ..ParallelConfig::default()
+            };
+            c.recomputed_flops_per_token(model)
+        };
+        let close = |a: f64, b: f64| assert!((a - b).abs() <= 1e-12 * b.abs(), "{a} vs {b}");
+        let gpt_oss = builtin_model("gpt-oss-120b").unwrap();
+        let layers = gpt_oss.layers as f64;
+        assert_eq!(selective(&gpt_oss, "layernorm,moe_act"), 0.0);
+        let core = selective(&gpt_oss, "core_attn");
+        close(core, layers * gpt_oss.counted_attention_flops_per_token());
+        let experts = layers * gpt_oss.moe_mlp_flops_per_token().unwrap();
+        close(selective(&gpt_oss, "moe"), experts);
+        close(selective(&gpt_oss, "core_attn,moe"), core + experts);
+        // DeepSeek-V3: the MLP of its three dense layers, and MLA's two
+        // up-projections (queries from 1536, keys and values from 512).
+        let deepseek = builtin_model("deepseek-v3").unwrap();
+        close(
+            selective(&deepseek, "mlp"),
+            3.0 * deepseek.mlp_flops_per_token(deepseek.ffn_hidden),
+        );
+        let up = 2.0 * (1536 * 128 * 192 + 512 * 128 * 256) as f64;
+        close(
+            selective(&deepseek, "mla_up_proj"),
+            deepseek.layers as f64 * up,
+        );
     }
 }

@@ -6,7 +6,8 @@
 use paratune::cluster::{NodeGroup, builtin_node};
 use paratune::coefficients::{Coefficients, CollectiveAlgorithm, CostModel};
 use paratune::config::{
-    Engine, OptimizerSharding, ParallelConfig, Precision, Recompute, ScheduleKind, StageOrder,
+    Engine, OptimizerSharding, ParallelConfig, Precision, Recompute, RecomputeModules,
+    ScheduleKind, StageOrder,
 };
 use paratune::cost::{Scenario, busiest_link_seconds, memory_per_stage, peak_memory, predict};
 use paratune::model::{AttentionKind, ModelSpec, builtin_model, builtin_model_names};
@@ -661,7 +662,8 @@ proptest! {
         // Attention passes per token and layer: forward and backward (3),
         // and the recomputed forward where the policy recomputes it.
         let recomputed = match c.recompute {
-            Recompute::Selective | Recompute::Full => 1.0,
+            Recompute::Selective if c.recompute_modules.has(RecomputeModules::CORE_ATTN) => 1.0,
+            Recompute::Full => 1.0,
             Recompute::SelectiveLayer => 1.0 / c.ac_frequency.max(1) as f64,
             _ => 0.0,
         };
@@ -675,7 +677,7 @@ proptest! {
         };
         let run = p.mfu * (full - skipped(3.0)) / full;
         prop_assert!(at_most(run, 1.0), "MFU {} ({} of the FLOPs run) for {}", p.mfu, run, c);
-        let hardware = full + tokens * m.layers as f64 * c.recompute.recomputed_flops_per_token(m, c.ac_frequency);
+        let hardware = full + tokens * c.recomputed_flops_per_token(m);
         let run_tflops = p.tflops_per_gpu * (hardware - skipped(3.0 + recomputed)) / hardware;
         prop_assert!(
             at_most(run_tflops, peak_tflops),

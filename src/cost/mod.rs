@@ -970,13 +970,8 @@ pub fn hardware_flops(s: &Scenario, c: &ParallelConfig) -> f64 {
 /// [`hardware_flops`] given the model FLOPs of an iteration (a prediction
 /// has them at hand).
 fn hardware_flops_of(s: &Scenario, c: &ParallelConfig, model_flops: f64) -> f64 {
-    let model = s.model;
-    let tokens = (s.global_batch * model.seq_len) as f64;
-    let layers = model.layers as f64;
-    let recomputed_per_token = layers
-        * c.recompute
-            .recomputed_flops_per_token(model, c.ac_frequency);
-    model_flops + tokens * recomputed_per_token
+    let tokens = (s.global_batch * s.model.seq_len) as f64;
+    model_flops + tokens * c.recomputed_flops_per_token(s.model)
 }
 
 struct SyncTime {

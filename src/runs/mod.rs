@@ -840,11 +840,8 @@ fn column_limit(name: &str) -> u64 {
 
 fn measured_flops(model: &ModelSpec, config: &ParallelConfig, global_batch: u64) -> f64 {
     let tokens = (global_batch * model.seq_len) as f64;
-    let layers = model.layers as f64;
-    let recomputed = config
-        .recompute
-        .recomputed_flops_per_token(model, config.ac_frequency);
-    model.model_flops_per_iteration(global_batch) + tokens * layers * recomputed
+    model.model_flops_per_iteration(global_batch)
+        + tokens * config.recomputed_flops_per_token(model)
 }
 
 pub use crate::choice::{parse_choice, parse_switch};
