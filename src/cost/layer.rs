@@ -17,7 +17,7 @@
 use super::kernels::{self, HALF};
 use super::{ProfileUsage, Scenario, comm};
 use crate::cluster::GroupSpan;
-use crate::config::{ChunkLayout, CpComm, Dispatcher, ParallelConfig, Recompute, RecomputeModules};
+use crate::config::{CpComm, Dispatcher, ParallelConfig, Recompute, RecomputeModules};
 use crate::model::{AttentionKind, Split};
 use crate::profile::{LayerArch, LayerShape};
 
@@ -675,6 +675,8 @@ pub struct LayerTimes {
     pub dense: LayerTime,
     pub moe: Option<LayerTime>,
     kept: [LayerTime; KEPT_STAGES],
+    /// Each kept stage's (dense, MoE) layers.
+    kept_kinds: [(u64, u64); KEPT_STAGES],
     kept_stages: usize,
 }
 
@@ -688,6 +690,7 @@ impl LayerTimes {
                 .moe
                 .map(|_| layer_time_of(s, c, LayerKind::Moe, usage)),
             kept: [dense.times(0.0); KEPT_STAGES],
+            kept_kinds: [(0, 0); KEPT_STAGES],
             kept_stages: 0,
         };
         let stages = c.pp as usize;
@@ -695,7 +698,9 @@ impl LayerTimes {
             // Every stage asks where the MoE layers lie: work it out once.
             let layout = s.model.moe.map(|_| c.chunk_layout(s.model.layers));
             for i in 0..stages {
-                times.kept[i] = times.summed_in(s, c, layout.as_ref(), i as u64);
+                let kinds = super::stage_layer_kinds_in(s, c, layout.as_ref(), i as u64);
+                times.kept_kinds[i] = kinds;
+                times.kept[i] = times.summed_of(kinds);
             }
             times.kept_stages = stages;
         }
@@ -710,18 +715,19 @@ impl LayerTimes {
         }
     }
 
-    fn summed(&self, s: &Scenario, c: &ParallelConfig, stage: u64) -> LayerTime {
-        self.summed_in(s, c, None, stage)
+    /// Stage `stage`'s (dense, MoE) layers ([`super::stage_layer_kinds`]).
+    pub fn stage_kinds(&self, s: &Scenario, c: &ParallelConfig, stage: u64) -> (u64, u64) {
+        match self.kept_kinds.get(stage as usize) {
+            Some(&kinds) if (stage as usize) < self.kept_stages => kinds,
+            _ => super::stage_layer_kinds(s, c, stage),
+        }
     }
 
-    fn summed_in(
-        &self,
-        s: &Scenario,
-        c: &ParallelConfig,
-        layout: Option<&ChunkLayout>,
-        stage: u64,
-    ) -> LayerTime {
-        let (dense, moe) = super::stage_layer_kinds_in(s, c, layout, stage);
+    fn summed(&self, s: &Scenario, c: &ParallelConfig, stage: u64) -> LayerTime {
+        self.summed_of(super::stage_layer_kinds(s, c, stage))
+    }
+
+    fn summed_of(&self, (dense, moe): (u64, u64)) -> LayerTime {
         match self.moe {
             Some(m) if moe > 0 => self.dense.times(dense as f64).plus(&m.times(moe as f64)),
             _ => self.dense.times((dense + moe) as f64),

@@ -465,6 +465,17 @@ fn model_layer_kinds(
     let Some(moe) = s.model.moe else {
         return (c.stage_layers(s.model.layers, stage), 0);
     };
+    // Every layer after the dense ones an MoE layer, and the dense ones all
+    // within the first stage's first chunk (DeepSeek-V3's three, Qwen3's
+    // and gpt-oss's none): no chunk to look at.
+    if moe.layer_freq <= 1 {
+        let first = c.stage_layers(s.model.layers, 0);
+        if moe.dense_layers * c.virtual_stages.max(1) <= first {
+            let layers = c.stage_layers(s.model.layers, stage);
+            let dense = if stage == 0 { moe.dense_layers } else { 0 };
+            return (dense, layers - dense);
+        }
+    }
     // The layout holds the stage's layers too ([`ChunkLayout::stage_layers`]
     // is `c.stage_layers`): read there, not worked out again (the search
     // asks for every stage of every configuration, and the divisions
@@ -690,8 +701,27 @@ fn predict_from(
     let first = stage_time(0);
     let mut slowest = first;
     let mut sum = 0.0;
+    // A middle stage's time depends on its place only through BPipe's
+    // pairs and the batch-level EP overlap's warm-up; otherwise middle
+    // stages of the same layer kinds take the same time: worked out once.
+    let by_kinds = !c.bpipe && !c.ep_comm_overlap;
+    let mut last_middle: Option<((u64, u64), StageTime)> = None;
     for i in 0..p {
-        let t = if i == 0 { first } else { stage_time(i) };
+        let t = if i == 0 {
+            first
+        } else if by_kinds && i + 1 < p {
+            let kinds = layer.stage_kinds(s, c, i);
+            match last_middle {
+                Some((seen, t)) if seen == kinds => t,
+                _ => {
+                    let t = stage_time(i);
+                    last_middle = Some((kinds, t));
+                    t
+                }
+            }
+        } else {
+            stage_time(i)
+        };
         sum += t.total();
         if t.total() > slowest.total() {
             slowest = t;
