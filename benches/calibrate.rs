@@ -10,7 +10,7 @@ use paratune::cluster::builtin_node;
 use paratune::coefficients::CostModel;
 use paratune::config::Recompute;
 use paratune::model::AttentionKind;
-use paratune::runs::{RowDefaults, RunTable, runs_from_table};
+use paratune::runs::{BaseNode, RowDefaults, RunTable, runs_from_table};
 use std::hint::black_box;
 use std::path::Path;
 
@@ -23,7 +23,15 @@ fn single_node_dataset() -> Dataset {
     let table = RunTable::read(&reference().join("a100_single_node_runs.csv")).expect("reads");
     Dataset {
         name: "a100_single_node_runs".into(),
-        runs: runs_from_table(&table, &defaults, 8).expect("valid rows"),
+        runs: runs_from_table(
+            &table,
+            &defaults,
+            BaseNode {
+                gpu: "a100-80gb",
+                gpus_per_node: 8,
+            },
+        )
+        .expect("valid rows"),
         group: builtin_node("a100-80gb", 1).expect("built-in"),
     }
 }

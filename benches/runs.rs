@@ -9,7 +9,7 @@
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use paratune::config::Recompute;
 use paratune::model::AttentionKind;
-use paratune::runs::{RowDefaults, RunTable, runs_from_table};
+use paratune::runs::{BaseNode, RowDefaults, RunTable, runs_from_table};
 use std::fmt::Write as _;
 use std::hint::black_box;
 
@@ -58,7 +58,15 @@ fn read_runs(c: &mut Criterion) {
     group.bench_function("parse and check 100,000 rows", |b| {
         b.iter(|| {
             let table = RunTable::parse(black_box(&text), "bench.csv").expect("valid");
-            runs_from_table(&table, &defaults, 8).expect("valid rows")
+            runs_from_table(
+                &table,
+                &defaults,
+                BaseNode {
+                    gpu: "a100-80gb",
+                    gpus_per_node: 8,
+                },
+            )
+            .expect("valid rows")
         })
     });
     group.finish();

@@ -5,7 +5,7 @@
 
 use paratune::config::{OptimizerSharding, Recompute, ScheduleKind};
 use paratune::model::AttentionKind;
-use paratune::runs::{RowDefaults, runs_from_table};
+use paratune::runs::{BaseNode, RowDefaults, runs_from_table};
 
 mod common;
 use common::{fails, number, ok_output as ok, read_table, says, test_data, text};
@@ -93,7 +93,15 @@ fn four_logs_become_four_rows_that_read_back_as_runs() {
     }
 
     let defaults = RowDefaults::gpt(50257, 1024, AttentionKind::Flash, Recompute::None);
-    let runs = runs_from_table(&t, &defaults, 8).unwrap_or_else(|e| panic!("{e}"));
+    let runs = runs_from_table(
+        &t,
+        &defaults,
+        BaseNode {
+            gpu: "a100-80gb",
+            gpus_per_node: 8,
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
     let c = &runs[0].config;
     assert_eq!((c.tp, c.pp, c.dp, c.micro_batch), (2, 2, 2, 2));
     assert_eq!(c.optimizer_sharding, OptimizerSharding::OptimizerStates);

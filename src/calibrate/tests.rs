@@ -13,7 +13,7 @@ fn load(file: &str, name: &str, vocab: u64, seq: u64) -> Dataset {
     let defaults = RowDefaults::gpt(vocab, seq, AttentionKind::Standard, Recompute::Full);
     let table = RunTable::read(&path).unwrap();
     let group = builtin_node("a100-80gb", 400).unwrap();
-    let runs = runs_from_table(&table, &defaults, group.gpus_per_node).unwrap();
+    let runs = runs_from_table(&table, &defaults, (&group).into()).unwrap();
     Dataset {
         name: name.into(),
         runs,

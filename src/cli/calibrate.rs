@@ -91,7 +91,7 @@ fn datasets(spec: &Path, args: &CalibrateArgs) -> Result<Vec<Dataset>> {
         group.inter_node_bw = bw;
     }
     let defaults = resolve::row_defaults(&space_args, resolve::row_model(&model_args)?)?;
-    let all = runs_and_skipped(&table, &defaults, group.gpus_per_node)?;
+    let all = runs_and_skipped(&table, &defaults, (&group).into())?;
     if let Some(note) = all.skipped_summary() {
         eprintln!("note: {}: {note}", file.display());
     }

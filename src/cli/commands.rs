@@ -542,7 +542,7 @@ fn predict_runs(args: &PredictArgs, path: &std::path::Path) -> Result<()> {
     let cost = resolve::cost_model(args.common.cost_model.as_deref(), &nodes.gpu.name)?;
     let profile = profile_cli::load(args.profile.as_deref(), &nodes.gpu.name)?;
     let measurements = profile.as_ref().map(|p| p.measurements.as_ref());
-    let all = runs_and_skipped(&table, &defaults, nodes.gpus_per_node)?;
+    let all = runs_and_skipped(&table, &defaults, (&nodes).into())?;
     let settings = resolve::per_gpu(&all.runs, &nodes, &cost, &args.common);
     let (headers, rows) = predicted_rows(&table, &all, &settings, measurements);
     match args.common.format {
@@ -571,7 +571,7 @@ pub fn evaluate_command(args: &EvaluateArgs) -> Result<()> {
     let cost = resolve::cost_model(args.common.cost_model.as_deref(), &nodes.gpu.name)?;
     let profile = profile_cli::load(args.profile.as_deref(), &nodes.gpu.name)?;
     let measurements = profile.as_ref().map(|p| p.measurements.as_ref());
-    let all = runs_and_skipped(&table, &defaults, nodes.gpus_per_node)?;
+    let all = runs_and_skipped(&table, &defaults, (&nodes).into())?;
     if let Some(note) = all.skipped_summary() {
         eprintln!("note: {}: {note}", args.runs.display());
     }

@@ -6,7 +6,7 @@ use crate::cluster::{NodeGroup, builtin_node};
 use crate::coefficients::{CostModel, default_cost_model};
 use crate::cost::{Scenario, predict};
 use crate::profile::Measurements;
-use crate::runs::{Run, RunTable, Runs};
+use crate::runs::{BaseNode, Run, RunTable, Runs};
 use std::collections::HashMap;
 
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
@@ -107,18 +107,11 @@ impl PerGpu {
     }
 }
 
-/// The GPU a run is on and the GPUs per node it uses: its `gpu` and
-/// `gpus_per_node` columns, else the base's GPU and that GPU's node.
+/// The GPU a run is on and the GPUs per node it uses
+/// ([`BaseNode::gpus_per_node_of`], as the rows were checked).
 fn node_of(base: &NodeGroup, run: &Run) -> (String, u64) {
-    let gpu = run.gpu.clone().unwrap_or_else(|| base.gpu.name.clone());
-    let per_node = run.gpus_per_node.unwrap_or_else(|| {
-        if gpu == base.gpu.name {
-            base.gpus_per_node
-        } else {
-            builtin_node(&gpu, 1).map_or(base.gpus_per_node, |n| n.gpus_per_node)
-        }
-    });
-    (gpu, per_node)
+    let base = BaseNode::from(base);
+    (base.gpu_of(run).to_string(), base.gpus_per_node_of(run))
 }
 
 /// What `predict --runs` adds to every row: `predicted_peak_memory_gib` is
@@ -227,7 +220,15 @@ mod tests {
             AttentionKind::Flash,
             crate::config::Recompute::None,
         );
-        let runs = runs_from_table(&table, &defaults, 8).unwrap();
+        let runs = runs_from_table(
+            &table,
+            &defaults,
+            BaseNode {
+                gpu: "a100-80gb",
+                gpus_per_node: 8,
+            },
+        )
+        .unwrap();
         let base = builtin_node("h100-sxm", 1).unwrap();
         let cost = CostModel::datasheet();
         let per = PerGpu::new(&runs, &base, &cost, CostModelChoice::PerGpu);

@@ -207,15 +207,55 @@ impl From<String> for RowProblem {
     }
 }
 
+/// The node a table's rows run on where a row does not say: the GPU and
+/// GPUs per node of the cluster given (a cluster file's, or a built-in
+/// node's).
+#[derive(Debug, Clone, Copy)]
+pub struct BaseNode<'a> {
+    pub gpu: &'a str,
+    pub gpus_per_node: u64,
+}
+
+impl<'a> From<&'a crate::cluster::NodeGroup> for BaseNode<'a> {
+    fn from(group: &'a crate::cluster::NodeGroup) -> Self {
+        BaseNode {
+            gpu: &group.gpu.name,
+            gpus_per_node: group.gpus_per_node,
+        }
+    }
+}
+
+impl BaseNode<'_> {
+    /// The GPU `run` is on: its `gpu` column, else the base's.
+    pub fn gpu_of<'r>(&'r self, run: &'r Run) -> &'r str {
+        run.gpu.as_deref().unwrap_or(self.gpu)
+    }
+
+    /// The GPUs per node `run` uses: its `gpus_per_node` column; else, on
+    /// the base's GPU, the base's count (a cluster file's node); else its
+    /// GPU's built-in node; else the base's count.
+    pub fn gpus_per_node_of(&self, run: &Run) -> u64 {
+        let gpu = self.gpu_of(run);
+        run.gpus_per_node.unwrap_or_else(|| {
+            if gpu == self.gpu {
+                self.gpus_per_node
+            } else {
+                crate::cluster::builtin_node(gpu, 1)
+                    .map_or(self.gpus_per_node, |node| node.gpus_per_node)
+            }
+        })
+    }
+}
+
 /// Turns every row of `table` into a [`Run`]. A row whose configuration is
 /// impossible, or one paratune cannot express, is reported by its line
 /// number.
 pub fn runs_from_table(
     table: &RunTable,
     defaults: &RowDefaults,
-    gpus_per_node: u64,
+    base: BaseNode,
 ) -> Result<Vec<Run>, RunsError> {
-    let runs = runs_and_skipped(table, defaults, gpus_per_node)?;
+    let runs = runs_and_skipped(table, defaults, base)?;
     if let Some(first) = runs.skipped.first() {
         return Err(RunsError::Row {
             path: table.path.clone(),
@@ -241,7 +281,7 @@ pub fn runs_from_table(
 pub fn runs_and_skipped(
     table: &RunTable,
     defaults: &RowDefaults,
-    gpus_per_node: u64,
+    base: BaseNode,
 ) -> Result<Runs, RunsError> {
     check_column_names(table)?;
     let names_models = table.headers.iter().any(|h| h == "model");
@@ -277,12 +317,7 @@ pub fn runs_and_skipped(
             Err(RowProblem::Invalid(message)) => return Err(row_error(message)),
         };
         run.model.check().map_err(row_error)?;
-        let per_node = run.gpus_per_node.unwrap_or_else(|| {
-            run.gpu
-                .as_deref()
-                .and_then(|g| crate::cluster::builtin_node(g, 1))
-                .map_or(gpus_per_node, |node| node.gpus_per_node)
-        });
+        let per_node = base.gpus_per_node_of(&run);
         run.config
             .check(&run.model, run.global_batch, run.gpus, per_node)
             .map_err(row_error)?;
@@ -1030,6 +1065,11 @@ fn contradictions(runs: &[Run]) -> Vec<(usize, String)> {
 
 #[cfg(test)]
 mod tests {
+    /// The node the tables below run on where a row does not say.
+    const EIGHT_A100S: BaseNode = BaseNode {
+        gpu: "a100-80gb",
+        gpus_per_node: 8,
+    };
     use super::*;
 
     fn defaults() -> RowDefaults {
@@ -1042,7 +1082,7 @@ mod tests {
     fn rows_become_runs_with_defaults_for_absent_columns() {
         let text = format!("{HEADER},iter_ms,note\n8,16,2,1024,16,24,1024,2,2,2,219.7,first\n");
         let table = RunTable::parse(&text, "t.csv").unwrap();
-        let runs = runs_from_table(&table, &defaults(), 8).unwrap();
+        let runs = runs_from_table(&table, &defaults(), EIGHT_A100S).unwrap();
         assert_eq!(runs[0].config.recompute, Recompute::Full);
         assert_eq!(runs[0].config.micro_batches(16), 4);
         assert!((runs[0].measured_s.unwrap() - 0.2197).abs() < 1e-12);
@@ -1058,7 +1098,7 @@ mod tests {
             "{HEADER},num_experts,moe_topk,sequence_parallel,ep,iter_ms\n8,16,2,1024,16,24,1024,2,4,1,8,2,on,2,100\n"
         );
         let table = RunTable::parse(&text, "t.csv").unwrap();
-        let runs = runs_from_table(&table, &defaults(), 8).unwrap();
+        let runs = runs_from_table(&table, &defaults(), EIGHT_A100S).unwrap();
         let c = runs[0].config;
         assert_eq!(c.dispatcher, ParallelConfig::default().dispatcher);
         assert_eq!(c.dispatcher, Dispatcher::AllGather);
@@ -1069,10 +1109,36 @@ mod tests {
                 "{HEADER},moe_dispatcher,iter_ms\n8,16,2,1024,16,24,1024,2,2,2,{cell},100\n"
             );
             let table = RunTable::parse(&text, "t.csv").unwrap();
-            let runs = runs_from_table(&table, &defaults(), 8).unwrap();
+            let runs = runs_from_table(&table, &defaults(), EIGHT_A100S).unwrap();
             assert_eq!(runs[0].config.dispatcher, Dispatcher::default(), "{cell}");
             assert_eq!(runs[0].config.etp, 1);
         }
+    }
+
+    /// A row on the base node's GPU without `gpus_per_node` uses the base
+    /// node (a cluster file's six A100s a node), not the GPU's built-in
+    /// eight; a row on another GPU uses that GPU's built-in node.
+    #[test]
+    fn a_row_without_its_node_size_takes_the_base_node_of_its_gpu() {
+        let text = "model,gpu,gpus,global_batch,micro_batch,seq_len,tp,pp\n\
+                    llama3-8b,a100-80gb,8,8,1,8192,4,1\n\
+                    llama3-8b,gb200,144,144,1,8192,1,1\n";
+        let table = RunTable::parse(text, "t.csv").unwrap();
+        let six = BaseNode {
+            gpu: "a100-80gb",
+            gpus_per_node: 6,
+        };
+        let runs = runs_and_skipped(&table, &defaults(), EIGHT_A100S).unwrap();
+        assert_eq!(EIGHT_A100S.gpus_per_node_of(&runs.runs[0]), 8);
+        assert_eq!(six.gpus_per_node_of(&runs.runs[0]), 6);
+        assert_eq!(six.gpus_per_node_of(&runs.runs[1]), 72);
+        // Four-way tensor parallelism neither divides a six-GPU node nor
+        // spans whole ones: the row is checked against the node it will be
+        // predicted on.
+        let err = runs_from_table(&table, &defaults(), six)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("line 2") && err.contains("tp"), "{err}");
     }
 
     /// A published benchmark's row: a built-in model by name, its rate in
@@ -1082,7 +1148,7 @@ mod tests {
         let text = "model,gpu,gpus,gpus_per_node,global_batch,micro_batch,seq_len,tp,pp,tokens_per_s_per_gpu,note\n\
                     llama3-70b,gb200,128,64,128,1,8192,4,2,4000,published\n";
         let table = RunTable::parse(text, "t.csv").unwrap();
-        let runs = runs_from_table(&table, &defaults(), 8).unwrap();
+        let runs = runs_from_table(&table, &defaults(), EIGHT_A100S).unwrap();
         let run = &runs[0];
         assert_eq!(run.model.name, "llama3-70b");
         assert_eq!((run.model.layers, run.model.seq_len), (80, 8192));
@@ -1095,7 +1161,7 @@ mod tests {
             "t.csv",
         )
         .unwrap();
-        let err = runs_from_table(&unknown, &defaults(), 8)
+        let err = runs_from_table(&unknown, &defaults(), EIGHT_A100S)
             .unwrap_err()
             .to_string();
         let empty = RunTable::parse(
@@ -1103,7 +1169,7 @@ mod tests {
             "t.csv",
         )
         .unwrap();
-        let empty = runs_from_table(&empty, &defaults(), 8)
+        let empty = runs_from_table(&empty, &defaults(), EIGHT_A100S)
             .unwrap_err()
             .to_string();
         assert!(
@@ -1136,7 +1202,7 @@ mod tests {
     fn a_mistyped_column_is_named_with_the_known_one() {
         let text = format!("{HEADER},recompte\n8,16,2,1024,16,24,1024,2,2,2,none\n");
         let table = RunTable::parse(&text, "t.csv").unwrap();
-        let err = runs_from_table(&table, &defaults(), 8)
+        let err = runs_from_table(&table, &defaults(), EIGHT_A100S)
             .unwrap_err()
             .to_string();
         assert!(
@@ -1151,7 +1217,7 @@ mod tests {
             "{HEADER},iter_ms\n8,16,2,1024,16,24,1024,2,2,2,219.7\n8,16,2,1024,16,24,1024,2,2,4,219.7\n"
         );
         let table = RunTable::parse(&text, "t.csv").unwrap();
-        let err = runs_from_table(&table, &defaults(), 8)
+        let err = runs_from_table(&table, &defaults(), EIGHT_A100S)
             .unwrap_err()
             .to_string();
         assert!(
@@ -1166,13 +1232,13 @@ mod tests {
             "{HEADER},iter_ms\n8,16,2,1024,16,24,1024,2,2,2,200\n8,16,2,1024,16,24,1024,2,2,2,400\n"
         );
         let table = RunTable::parse(&text, "t.csv").unwrap();
-        let err = runs_from_table(&table, &defaults(), 8)
+        let err = runs_from_table(&table, &defaults(), EIGHT_A100S)
             .unwrap_err()
             .to_string();
         assert!(err.contains("line 3") && err.contains("line 2"), "{err}");
         let text = format!("{HEADER},iter_ms\n8,16,2,1024,16,24,1024,2,2,2,-5\n");
         let table = RunTable::parse(&text, "t.csv").unwrap();
-        let err = runs_from_table(&table, &defaults(), 8)
+        let err = runs_from_table(&table, &defaults(), EIGHT_A100S)
             .unwrap_err()
             .to_string();
         assert!(err.contains("iter_ms") && err.contains("positive"), "{err}");

@@ -682,10 +682,11 @@ fn measured_runs(plan: &PlanFile, history: &Path) -> Result<Option<Vec<Run>>, Cl
             Recompute::None,
         )
     };
+    let job = job_of(plan);
     Ok(Some(runs_from_table(
         &table,
         &defaults,
-        job_of(plan).gpus_per_node(),
+        (&job.nodes).into(),
     )?))
 }
 
