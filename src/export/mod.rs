@@ -61,6 +61,14 @@ pub enum ExportError {
         feature: String,
         hint: String,
     },
+    /// The target framework cannot run the model itself, whatever the
+    /// configuration: no other candidate is worth trying.
+    #[error("{engine} cannot run {feature}; {hint}")]
+    UnsupportedModel {
+        engine: &'static str,
+        feature: String,
+        hint: String,
+    },
     /// The plan itself does not fit the job (model, batch or GPU count).
     #[error("the plan cannot run this job: {0}")]
     InvalidPlan(String),
@@ -129,6 +137,11 @@ pub fn best_export<T>(
     let winner = candidates.first()?;
     Some(match export(&LaunchJob::of(job, &winner.config)) {
         Ok(text) => BestExport::Winner(text),
+        // No candidate of this model can run: none is tried.
+        Err(why @ ExportError::UnsupportedModel { .. }) => BestExport::Fallback {
+            why,
+            runnable: None,
+        },
         Err(why) => BestExport::Fallback {
             why,
             runnable: candidates
@@ -912,5 +925,41 @@ pub(crate) mod tests {
         let at = |name: &str| &words[words.iter().position(|w| w == name).unwrap() + 1];
         assert_eq!(at("--parallelism.data_parallel_replicate_degree"), "8");
         assert_eq!(at("--parallelism.data_parallel_shard_degree"), "8");
+    }
+
+    /// A model torchtitan cannot run at all (multi-token prediction) is
+    /// refused for the winner, and no other candidate is tried in vain.
+    #[test]
+    fn a_model_the_engine_cannot_run_tries_no_other_candidate() {
+        let mut model = crate::model::builtin_model("llama3-8b").unwrap();
+        model.mtp_layers = 1;
+        let job = crate::search::Job {
+            model,
+            global_batch: 64,
+            gpus: 8,
+            nodes: crate::cluster::builtin_node("h100-sxm", 1).unwrap(),
+            memory_limit: None,
+            profile: None,
+        };
+        let space = crate::search::SearchSpace {
+            engine: crate::config::Engine::Torchtitan,
+            ..crate::search::SearchSpace::default()
+        };
+        let cost = crate::coefficients::CostModel::datasheet();
+        let result = crate::search::search(&job, &space, &cost);
+        assert!(result.candidates.len() > 1);
+        let tries = std::cell::Cell::new(0);
+        let export = |launch: &LaunchJob| {
+            tries.set(tries.get() + 1);
+            torchtitan_flags(launch)
+        };
+        match best_export(&job, &result.candidates, export) {
+            Some(BestExport::Fallback {
+                why: ExportError::UnsupportedModel { feature, .. },
+                runnable: None,
+            }) => assert_eq!(feature, "multi-token prediction"),
+            _ => panic!("expected the model refused"),
+        }
+        assert_eq!(tries.get(), 1);
     }
 }

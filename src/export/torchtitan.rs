@@ -165,6 +165,19 @@ enum Release {
     V03,
 }
 
+/// What torchtitan cannot run of the model, whatever the configuration:
+/// checked first, so that a plan's other candidates are not tried in vain.
+fn check_model(job: &LaunchJob) -> Result<(), ExportError> {
+    if job.model.mtp_layers > 0 {
+        return Err(ExportError::UnsupportedModel {
+            engine: ENGINE,
+            feature: "multi-token prediction".into(),
+            hint: "torchtitan's models have no multi-token prediction; plan with --mtp-layers 0 to train without them".into(),
+        });
+    }
+    Ok(())
+}
+
 /// What a release cannot run of the plan's expert and context parallelism.
 fn check_experts_and_context(job: &LaunchJob, release: Release) -> Result<(), ExportError> {
     let c = job.config;
@@ -175,12 +188,6 @@ fn check_experts_and_context(job: &LaunchJob, release: Release) -> Result<(), Ex
             hint: hint.into(),
         })
     };
-    if job.model.mtp_layers > 0 {
-        return unsupported(
-            "multi-token prediction".into(),
-            "torchtitan's models have no multi-token prediction; plan with --mtp-layers 0 to train without them",
-        );
-    }
     let shard = c.dp_shard.unwrap_or(c.dp);
     if job.model.moe.is_some() {
         let (etp, carved) = match release {
@@ -309,6 +316,7 @@ fn check_grad_reduce(job: &LaunchJob) -> Result<(), ExportError> {
 /// Errors: the plan fails [`ParallelConfig::check`](crate::config::ParallelConfig::check)
 /// for the job, or uses BPipe or CUDA graphs, which 0.2 does not have.
 pub fn torchtitan_toml(job: &LaunchJob) -> Result<String, ExportError> {
+    check_model(job)?;
     let layout = layout(job)?;
     check_experts_and_context(job, Release::V02)?;
     check_grad_reduce(job)?;
@@ -589,6 +597,7 @@ impl TorchtitanFlags {
 /// without pipelines), and the per-layer selective policy, which 0.3.0
 /// removed.
 pub fn torchtitan_flags(job: &LaunchJob) -> Result<TorchtitanFlags, ExportError> {
+    check_model(job)?;
     let layout = layout(job)?;
     check_experts_and_context(job, Release::V03)?;
     check_grad_reduce(job)?;
