@@ -929,12 +929,19 @@ impl ParallelConfig {
         gpus: u64,
         gpus_per_node: u64,
     ) -> Option<Rule> {
+        let stem = StemChecks::of(self, model, global_batch, gpus_per_node);
+        self.violation_with(&stem, model, gpus)
+    }
+
+    /// [`violation`](Self::violation) with the checks of this
+    /// configuration's stem already made (`stem` must be this
+    /// configuration's, [`StemChecks::holds_for`], for the same model,
+    /// global batch and node size). The search makes them
+    /// once for every inner configuration of a stem; they hold most of
+    /// the rules' integer divisions.
+    pub fn violation_with(&self, stem: &StemChecks, model: &ModelSpec, gpus: u64) -> Option<Rule> {
+        debug_assert!(stem.holds_for(self), "stem checks of another stem");
         let c = self;
-        let m = c.micro_batches(global_batch);
-        let tp_spans_nodes = c.tp > gpus_per_node;
-        // Checks that several rules read, done once.
-        let tensor_split = tensor_split_problem(model, c.tp);
-        let layer_split = c.split_problem(model.layers);
         let sequence_split = sequence_split_problem(model, c.tp, c.sequence_parallel);
         let rules = [
             (
@@ -950,26 +957,16 @@ impl ParallelConfig {
             ),
             (Rule::GpuCount, c.gpus() != gpus),
             // Megatron-LM runs tensor parallelism over whole nodes too.
-            (
-                Rule::TensorParallelOutsideNode,
-                if tp_spans_nodes {
-                    !c.tp.is_multiple_of(gpus_per_node)
-                } else {
-                    !gpus_per_node.is_multiple_of(c.tp)
-                },
-            ),
+            (Rule::TensorParallelOutsideNode, stem.tp_outside_node),
             (
                 Rule::HeadsNotDivisible,
-                tensor_split == Some(Rule::HeadsNotDivisible),
+                stem.tensor_split == Some(Rule::HeadsNotDivisible),
             ),
             (
                 Rule::FfnNotDivisible,
-                tensor_split == Some(Rule::FfnNotDivisible),
+                stem.tensor_split == Some(Rule::FfnNotDivisible),
             ),
-            (
-                Rule::ContextNotDivisible,
-                c.cp > 1 && !model.seq_len.is_multiple_of(2 * c.cp),
-            ),
+            (Rule::ContextNotDivisible, stem.context_not_divisible),
             (Rule::CpCommWithoutCp, c.cp == 1 && c.cp_comm != CpComm::P2p),
             (
                 Rule::HierarchicalCp,
@@ -1045,10 +1042,7 @@ impl ParallelConfig {
                         || c.engine != Engine::Megatron
                         || c.recompute_modules.problem(model).is_some()),
             ),
-            (
-                Rule::BatchNotDivisible,
-                !global_batch.is_multiple_of(c.micro_batch.saturating_mul(c.dp)),
-            ),
+            (Rule::BatchNotDivisible, stem.batch_not_divisible),
             (
                 Rule::InterleavedShape,
                 c.schedule == ScheduleKind::Interleaved && (c.pp < 2 || c.virtual_stages < 2),
@@ -1059,16 +1053,19 @@ impl ParallelConfig {
             ),
             (
                 Rule::LayersNotDivisible,
-                layer_split == Some(Rule::LayersNotDivisible),
+                stem.layer_split == Some(Rule::LayersNotDivisible),
             ),
             (
                 Rule::UnevenWithoutPipeline,
-                layer_split == Some(Rule::UnevenWithoutPipeline),
+                stem.layer_split == Some(Rule::UnevenWithoutPipeline),
             ),
-            (Rule::UnevenSplit, layer_split == Some(Rule::UnevenSplit)),
+            (
+                Rule::UnevenSplit,
+                stem.layer_split == Some(Rule::UnevenSplit),
+            ),
             (
                 Rule::InterleavedMicroBatches,
-                c.schedule == ScheduleKind::Interleaved && c.microbatch_group(m).is_none(),
+                stem.interleaved_group_missing,
             ),
             (
                 Rule::SequenceParallelWithoutTp,
@@ -1156,6 +1153,105 @@ impl ParallelConfig {
             None => Ok(()),
             Some(rule) => Err(rule.explain(self, model, global_batch, gpus, gpus_per_node)),
         }
+    }
+}
+
+/// The dimensions the search holds fixed over a batch of inner
+/// configurations: the degrees, the micro-batch, the schedule and the layer
+/// split.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct StemKey {
+    tp: u64,
+    pp: u64,
+    cp: u64,
+    dp: u64,
+    micro_batch: u64,
+    schedule: ScheduleKind,
+    virtual_stages: u64,
+    first_stage_layers: Option<u64>,
+    last_stage_layers: Option<u64>,
+}
+
+impl StemKey {
+    fn of(c: &ParallelConfig) -> StemKey {
+        StemKey {
+            tp: c.tp,
+            pp: c.pp,
+            cp: c.cp,
+            dp: c.dp,
+            micro_batch: c.micro_batch,
+            schedule: c.schedule,
+            virtual_stages: c.virtual_stages,
+            first_stage_layers: c.first_stage_layers,
+            last_stage_layers: c.last_stage_layers,
+        }
+    }
+
+    /// A configuration with these dimensions and every other at its
+    /// default, so that what is worked out from it reads these alone.
+    fn config(&self) -> ParallelConfig {
+        ParallelConfig {
+            tp: self.tp,
+            pp: self.pp,
+            cp: self.cp,
+            dp: self.dp,
+            micro_batch: self.micro_batch,
+            schedule: self.schedule,
+            virtual_stages: self.virtual_stages,
+            first_stage_layers: self.first_stage_layers,
+            last_stage_layers: self.last_stage_layers,
+            ..ParallelConfig::default()
+        }
+    }
+}
+
+/// What [`ParallelConfig::violation`]'s rules work out from a stem's
+/// dimensions alone, for one model, global batch and node size: most of
+/// their integer divisions.
+#[derive(Debug, Clone, Copy)]
+pub struct StemChecks {
+    key: StemKey,
+    tp_outside_node: bool,
+    tensor_split: Option<Rule>,
+    context_not_divisible: bool,
+    batch_not_divisible: bool,
+    layer_split: Option<Rule>,
+    interleaved_group_missing: bool,
+}
+
+impl StemChecks {
+    pub fn of(
+        c: &ParallelConfig,
+        model: &ModelSpec,
+        global_batch: u64,
+        gpus_per_node: u64,
+    ) -> StemChecks {
+        let key = StemKey::of(c);
+        let stem = key.config();
+        // Megatron-LM runs tensor parallelism over whole nodes too.
+        let tp_outside_node = if stem.tp > gpus_per_node {
+            !stem.tp.is_multiple_of(gpus_per_node)
+        } else {
+            !gpus_per_node.is_multiple_of(stem.tp)
+        };
+        StemChecks {
+            key,
+            tp_outside_node,
+            tensor_split: tensor_split_problem(model, stem.tp),
+            context_not_divisible: stem.cp > 1 && !model.seq_len.is_multiple_of(2 * stem.cp),
+            batch_not_divisible: !global_batch
+                .is_multiple_of(stem.micro_batch.saturating_mul(stem.dp)),
+            layer_split: stem.split_problem(model.layers),
+            interleaved_group_missing: stem.schedule == ScheduleKind::Interleaved
+                && stem
+                    .microbatch_group(stem.micro_batches(global_batch))
+                    .is_none(),
+        }
+    }
+
+    /// Whether these are `c`'s stem's checks.
+    pub fn holds_for(&self, c: &ParallelConfig) -> bool {
+        self.key == StemKey::of(c)
     }
 }
 

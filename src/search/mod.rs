@@ -11,7 +11,7 @@ pub use space::{SearchSpace, default_splits};
 
 use crate::cluster::NodeGroup;
 use crate::coefficients::CostModel;
-use crate::config::{ParallelConfig, Rule};
+use crate::config::{ParallelConfig, Rule, StemChecks};
 use crate::cost::{
     LayerTimes, MemoryCheck, Prediction, Scenario, layer_key, layer_times, memory_key,
     peak_memory_if_fits, predict_checked_from, state_floor, state_key,
@@ -147,11 +147,20 @@ pub fn search(job: &Job, space: &SearchSpace, cost: &CostModel) -> SearchResult 
             let mut states: Recent<ParallelConfig, bool> = Recent::default();
             // and the layers' times by layer key, for the timing.
             let mut layers: Recent<ParallelConfig, LayerTimes> = Recent::default();
+            // The rules' checks of the stem, made once for its inner ones.
+            let mut stem: Option<StemChecks> = None;
             let _: ControlFlow<()> = space.for_each_inner(job, outer, |config| {
                 tally.considered += 1;
-                if let Some(rule) =
-                    config.violation(&job.model, job.global_batch, job.gpus, gpus_per_node)
-                {
+                let checks = match stem {
+                    Some(checks) if checks.holds_for(config) => checks,
+                    _ => *stem.insert(StemChecks::of(
+                        config,
+                        &job.model,
+                        job.global_batch,
+                        gpus_per_node,
+                    )),
+                };
+                if let Some(rule) = config.violation_with(&checks, &job.model, job.gpus) {
                     *tally.invalid.entry(rule).or_default() += 1;
                     return ControlFlow::Continue(());
                 }

@@ -280,3 +280,45 @@ fn kept_memory_and_layer_times_predict_as_a_fresh_prediction() {
         }
     }
 }
+
+/// The search checks the rules with its stem's checks made once per stem:
+/// for every configuration of whole spaces (dense, interleaved and uneven
+/// pipelines, MoE on Megatron-LM, long-context with cp, torchtitan) that
+/// gives the rule `violation` gives.
+#[test]
+fn stem_checks_made_once_give_the_rules_violation_gives() {
+    let mut long_context = job("llama3-8b", 4, 32);
+    long_context.model.seq_len = 32768;
+    let mut moe = job("qwen3-30b-a3b", 8, 256);
+    moe.nodes = builtin_node("h100-sxm", 8).unwrap();
+    let torchtitan = SearchSpace {
+        engine: crate::config::Engine::Torchtitan,
+        ..SearchSpace::default()
+    };
+    let cases = [
+        (job("gpt3-175b", 16, 256), SearchSpace::default()),
+        (moe, SearchSpace::default()),
+        (long_context, SearchSpace::default()),
+        (job("llama3-8b", 2, 64), torchtitan),
+    ];
+    for (job, space) in cases {
+        let per_node = job.gpus_per_node();
+        let (mut considered, mut broken) = (0, 0);
+        for outer in space.outer(&job) {
+            let mut stem: Option<StemChecks> = None;
+            let _: ControlFlow<()> = space.for_each_inner(&job, outer, |c| {
+                let checks = match stem {
+                    Some(checks) if checks.holds_for(c) => checks,
+                    _ => *stem.insert(StemChecks::of(c, &job.model, job.global_batch, per_node)),
+                };
+                let cached = c.violation_with(&checks, &job.model, job.gpus);
+                let fresh = c.violation(&job.model, job.global_batch, job.gpus, per_node);
+                assert_eq!(cached, fresh, "{c}");
+                considered += 1;
+                broken += usize::from(fresh.is_some());
+                ControlFlow::Continue(())
+            });
+        }
+        assert!(considered > 1000 && broken > 0, "{considered} {broken}");
+    }
+}
