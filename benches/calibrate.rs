@@ -23,15 +23,7 @@ fn single_node_dataset() -> Dataset {
     let table = RunTable::read(&reference().join("a100_single_node_runs.csv")).expect("reads");
     Dataset {
         name: "a100_single_node_runs".into(),
-        runs: runs_from_table(
-            &table,
-            &defaults,
-            BaseNode {
-                gpu: "a100-80gb",
-                gpus_per_node: 8,
-            },
-        )
-        .expect("valid rows"),
+        runs: runs_from_table(&table, &defaults, BaseNode::DGX_A100).expect("valid rows"),
         group: builtin_node("a100-80gb", 1).expect("built-in"),
     }
 }

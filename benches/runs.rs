@@ -58,15 +58,7 @@ fn read_runs(c: &mut Criterion) {
     group.bench_function("parse and check 100,000 rows", |b| {
         b.iter(|| {
             let table = RunTable::parse(black_box(&text), "bench.csv").expect("valid");
-            runs_from_table(
-                &table,
-                &defaults,
-                BaseNode {
-                    gpu: "a100-80gb",
-                    gpus_per_node: 8,
-                },
-            )
-            .expect("valid rows")
+            runs_from_table(&table, &defaults, BaseNode::DGX_A100).expect("valid rows")
         })
     });
     group.finish();

@@ -179,11 +179,11 @@ impl RecomputeModules {
         if self.has(Self::CORE_ATTN) {
             flops += model.counted_attention_flops_per_token();
         }
-        if self.has(Self::MLA_UP_PROJ) && model.mla.is_some() {
-            let projections = model.attention_projections();
-            flops += [projections[1], projections[3]]
+        if self.has(Self::MLA_UP_PROJ) {
+            flops += model
+                .mla_up_projections()
                 .iter()
-                .map(|&(input, output, _)| 2.0 * (input * output) as f64)
+                .map(|&(input, output)| 2.0 * (input * output) as f64)
                 .sum::<f64>();
         }
         if self.has(Self::MLP) {

@@ -93,15 +93,7 @@ fn four_logs_become_four_rows_that_read_back_as_runs() {
     }
 
     let defaults = RowDefaults::gpt(50257, 1024, AttentionKind::Flash, Recompute::None);
-    let runs = runs_from_table(
-        &t,
-        &defaults,
-        BaseNode {
-            gpu: "a100-80gb",
-            gpus_per_node: 8,
-        },
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
+    let runs = runs_from_table(&t, &defaults, BaseNode::DGX_A100).unwrap_or_else(|e| panic!("{e}"));
     let c = &runs[0].config;
     assert_eq!((c.tp, c.pp, c.dp, c.micro_batch), (2, 2, 2, 2));
     assert_eq!(c.optimizer_sharding, OptimizerSharding::OptimizerStates);

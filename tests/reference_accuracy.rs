@@ -17,15 +17,7 @@ fn reference_runs(file: &str, vocab: u64, seq_len: u64) -> Vec<Run> {
         .join("tests/data/reference")
         .join(file);
     let table = RunTable::read(&path).expect("reference table reads");
-    runs_from_table(
-        &table,
-        &defaults,
-        BaseNode {
-            gpu: "a100-80gb",
-            gpus_per_node: 8,
-        },
-    )
-    .expect("reference rows are valid")
+    runs_from_table(&table, &defaults, BaseNode::DGX_A100).expect("reference rows are valid")
 }
 
 fn summary(file: &str, vocab: u64, seq_len: u64, cost: &CostModel) -> Summary {
@@ -201,15 +193,7 @@ fn memory_on_megatrons_ci_runs_is_within_five_percent_and_no_fit_verdict_is_wron
     let table = RunTable::read(&path).unwrap();
     let mut defaults = RowDefaults::gpt(50257, 1024, AttentionKind::Flash, Recompute::None);
     defaults.memory_rank = MemoryRank::Last;
-    let runs = runs_and_skipped(
-        &table,
-        &defaults,
-        BaseNode {
-            gpu: "a100-80gb",
-            gpus_per_node: 8,
-        },
-    )
-    .unwrap();
+    let runs = runs_and_skipped(&table, &defaults, BaseNode::DGX_A100).unwrap();
     assert!(runs.runs.len() >= 110, "{} runs", runs.runs.len());
     let a100 = builtin_node("a100-80gb", 1).unwrap();
     let h100 = builtin_node("h100-sxm", 1).unwrap();

@@ -119,15 +119,8 @@ fn a_job_toml_and_its_log_become_a_row_timed_by_tps() {
     }
     assert!(t.cell(0, "source_log").unwrap().ends_with(FSDP8));
 
-    let runs = runs_from_table(
-        &t,
-        &defaults(),
-        BaseNode {
-            gpu: "a100-80gb",
-            gpus_per_node: 8,
-        },
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
+    let runs =
+        runs_from_table(&t, &defaults(), BaseNode::DGX_A100).unwrap_or_else(|e| panic!("{e}"));
     let run = &runs[0];
     assert_eq!(run.model.name, "h4096-L32");
     assert_eq!((run.model.vocab, run.model.seq_len), (128256, 8192));
@@ -166,15 +159,8 @@ fn a_printed_configuration_is_enough_and_a_pipeline_is_split_as_torchtitan_split
     assert_eq!(t.cell(0, "last_stage_layers"), Some("3"));
     // CUDA graphs are torchtitan 0.3's default, off with a pipeline.
     assert_eq!(t.cell(0, "cuda_graphs"), Some("off"));
-    let runs = runs_from_table(
-        &t,
-        &defaults(),
-        BaseNode {
-            gpu: "a100-80gb",
-            gpus_per_node: 8,
-        },
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
+    let runs =
+        runs_from_table(&t, &defaults(), BaseNode::DGX_A100).unwrap_or_else(|e| panic!("{e}"));
     let c = &runs[0].config;
     assert_eq!((c.tp, c.pp, c.dp, c.micro_batch), (2, 2, 2, 2));
     assert_eq!(
@@ -258,15 +244,8 @@ fn a_garbled_log_of_every_rank_is_read_from_rank_zeros_lines() {
     assert_eq!(number(&t, 0, "peak_reserved_gib"), 38.5);
     assert_eq!(t.cell(0, "cuda_graphs"), Some("on"));
     assert_eq!(t.cell(0, "compile"), Some("on"));
-    let runs = runs_from_table(
-        &t,
-        &defaults(),
-        BaseNode {
-            gpu: "a100-80gb",
-            gpus_per_node: 8,
-        },
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
+    let runs =
+        runs_from_table(&t, &defaults(), BaseNode::DGX_A100).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(runs[0].gpus, 4);
 }
 

@@ -575,10 +575,7 @@ fn selective_recompute(
         None => {}
     }
     if modules.has(RecomputeModules::MLA_UP_PROJ) && model.mla.is_some() {
-        // The column-parallel projections out of the latents: the queries'
-        // (with a query rank) and the keys' and values'.
-        let projections = model.attention_projections();
-        for &(input, output, _) in [&projections[1], &projections[3]] {
+        for (input, output) in model.mla_up_projections() {
             if input == 0 {
                 continue;
             }

@@ -220,15 +220,7 @@ mod tests {
             AttentionKind::Flash,
             crate::config::Recompute::None,
         );
-        let runs = runs_from_table(
-            &table,
-            &defaults,
-            BaseNode {
-                gpu: "a100-80gb",
-                gpus_per_node: 8,
-            },
-        )
-        .unwrap();
+        let runs = runs_from_table(&table, &defaults, BaseNode::DGX_A100).unwrap();
         let base = builtin_node("h100-sxm", 1).unwrap();
         let cost = CostModel::datasheet();
         let per = PerGpu::new(&runs, &base, &cost, CostModelChoice::PerGpu);

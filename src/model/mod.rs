@@ -327,6 +327,20 @@ impl ModelSpec {
         ]
     }
 
+    /// MLA's column-parallel up-projections out of its latents, (input,
+    /// output) features: the queries' (with a query rank; (0, 0) without)
+    /// and the keys' and values'. Empty without MLA.
+    pub fn mla_up_projections(&self) -> Vec<(u64, u64)> {
+        if self.mla.is_none() {
+            return Vec::new();
+        }
+        let projections = self.attention_projections();
+        [projections[1], projections[3]]
+            .iter()
+            .map(|&(input, output, _)| (input, output))
+            .collect()
+    }
+
     /// Widths per token of the latents MLA keeps between its down- and
     /// up-projections (0 without MLA).
     pub fn latent_width(&self) -> u64 {

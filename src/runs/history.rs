@@ -450,15 +450,7 @@ mod tests {
     fn read_back(path: &Path) -> Vec<crate::runs::Run> {
         let table = RunTable::read(path).unwrap();
         let defaults = RowDefaults::gpt(50257, 1024, AttentionKind::Flash, Recompute::Full);
-        runs_from_table(
-            &table,
-            &defaults,
-            crate::runs::BaseNode {
-                gpu: "a100-80gb",
-                gpus_per_node: 8,
-            },
-        )
-        .unwrap()
+        runs_from_table(&table, &defaults, crate::runs::BaseNode::DGX_A100).unwrap()
     }
 
     #[test]

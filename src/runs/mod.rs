@@ -225,6 +225,15 @@ impl<'a> From<&'a crate::cluster::NodeGroup> for BaseNode<'a> {
     }
 }
 
+impl BaseNode<'static> {
+    /// Eight A100-80GBs a node (a DGX A100), where the reference runs and
+    /// the SC'21 table ran.
+    pub const DGX_A100: BaseNode<'static> = BaseNode {
+        gpu: "a100-80gb",
+        gpus_per_node: 8,
+    };
+}
+
 impl BaseNode<'_> {
     /// The GPU `run` is on: its `gpu` column, else the base's.
     pub fn gpu_of<'r>(&'r self, run: &'r Run) -> &'r str {
@@ -1066,10 +1075,7 @@ fn contradictions(runs: &[Run]) -> Vec<(usize, String)> {
 #[cfg(test)]
 mod tests {
     /// The node the tables below run on where a row does not say.
-    const EIGHT_A100S: BaseNode = BaseNode {
-        gpu: "a100-80gb",
-        gpus_per_node: 8,
-    };
+    const EIGHT_A100S: BaseNode = BaseNode::DGX_A100;
     use super::*;
 
     fn defaults() -> RowDefaults {

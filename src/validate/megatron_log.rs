@@ -1568,15 +1568,7 @@ mod tests {
             let text = String::from_utf8(buffer).unwrap();
             let table = RunTable::parse(&text, "runs.csv").unwrap();
             let defaults = RowDefaults::gpt(1000, 128, AttentionKind::Standard, Recompute::Full);
-            let runs = runs_from_table(
-                &table,
-                &defaults,
-                crate::runs::BaseNode {
-                    gpu: "a100-80gb",
-                    gpus_per_node: 8,
-                },
-            )
-            .unwrap();
+            let runs = runs_from_table(&table, &defaults, crate::runs::BaseNode::DGX_A100).unwrap();
             assert_eq!(runs[0].config, run.config.parallel_config());
             assert_eq!(runs[0].gpus, 8);
             assert_eq!(runs[0].global_batch, run.config.global_batch_size);

@@ -3824,15 +3824,7 @@ mod tests {
             write_csv(&mut buffer, &headers, &[row]).unwrap();
             let table = RunTable::parse(&String::from_utf8(buffer).unwrap(), "runs.csv").unwrap();
             let defaults = RowDefaults::gpt(1000, 128, AttentionKind::Standard, Recompute::Full);
-            let runs = runs_from_table(
-                &table,
-                &defaults,
-                crate::runs::BaseNode {
-                    gpu: "a100-80gb",
-                    gpus_per_node: 8,
-                },
-            )
-            .unwrap();
+            let runs = runs_from_table(&table, &defaults, crate::runs::BaseNode::DGX_A100).unwrap();
             assert_eq!(runs[0].config, run.config, "{parallelism}");
             assert_eq!(runs[0].gpus, gpus);
             assert_eq!(runs[0].global_batch, run.global_batch);
