@@ -600,7 +600,10 @@ impl SyncMethod {
 }
 
 /// One parallel training configuration.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+// The equality below compares every field exactly, as the derived one
+// would, only in another order: the derived hash agrees with it.
+#[allow(clippy::derived_hash_with_manual_eq)]
+#[derive(Debug, Clone, Copy, Eq, Hash, Serialize, Deserialize)]
 pub struct ParallelConfig {
     pub tp: u64,
     pub pp: u64,
@@ -714,6 +717,89 @@ pub struct ParallelConfig {
     /// `data_parallel_replicate_degree`). `None`: over all of dp.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dp_shard: Option<u64>,
+}
+
+/// Every field compared, the ones a search varies fastest first: its
+/// caches compare a configuration with the keys of its neighbours, which
+/// differ in those, and a derived comparison (in declaration order) walks
+/// most of the struct before it finds them. Naming every field makes a new
+/// one a compile error here until it is compared.
+impl PartialEq for ParallelConfig {
+    fn eq(&self, o: &Self) -> bool {
+        let ParallelConfig {
+            tp,
+            pp,
+            dp,
+            cp,
+            cp_comm,
+            cp_a2a,
+            ep,
+            etp,
+            dispatcher,
+            precision,
+            embedding_sync,
+            micro_batch,
+            schedule,
+            virtual_stages,
+            recompute,
+            recompute_modules,
+            sequence_parallel,
+            optimizer_sharding,
+            bpipe,
+            attention,
+            first_stage_layers,
+            last_stage_layers,
+            overlap_grad_reduce,
+            overlap_param_gather,
+            tp_comm_overlap,
+            ep_comm_overlap,
+            fp8_param_gather,
+            grad_reduce,
+            cpu_offload_layers,
+            cuda_graphs,
+            stage_order,
+            engine,
+            compile,
+            ac_frequency,
+            dp_shard,
+        } = self;
+        // In the search's nesting order, innermost first (search/space.rs).
+        *fp8_param_gather == o.fp8_param_gather
+            && *ep_comm_overlap == o.ep_comm_overlap
+            && *cuda_graphs == o.cuda_graphs
+            && *tp_comm_overlap == o.tp_comm_overlap
+            && *compile == o.compile
+            && *overlap_param_gather == o.overlap_param_gather
+            && *overlap_grad_reduce == o.overlap_grad_reduce
+            && *attention == o.attention
+            && *stage_order == o.stage_order
+            && *bpipe == o.bpipe
+            && *dp_shard == o.dp_shard
+            && *optimizer_sharding == o.optimizer_sharding
+            && *sequence_parallel == o.sequence_parallel
+            && *ac_frequency == o.ac_frequency
+            && *recompute == o.recompute
+            && *recompute_modules == o.recompute_modules
+            && *embedding_sync == o.embedding_sync
+            && *cpu_offload_layers == o.cpu_offload_layers
+            && *grad_reduce == o.grad_reduce
+            && *precision == o.precision
+            && *dispatcher == o.dispatcher
+            && *ep == o.ep
+            && *etp == o.etp
+            && *cp_comm == o.cp_comm
+            && *cp_a2a == o.cp_a2a
+            && *first_stage_layers == o.first_stage_layers
+            && *last_stage_layers == o.last_stage_layers
+            && *virtual_stages == o.virtual_stages
+            && *schedule == o.schedule
+            && *micro_batch == o.micro_batch
+            && *dp == o.dp
+            && *cp == o.cp
+            && *pp == o.pp
+            && *tp == o.tp
+            && *engine == o.engine
+    }
 }
 
 fn default_ac_frequency() -> u64 {

@@ -26,6 +26,8 @@ pub use layer::{EndsTime, LayerTimes};
 mod memory;
 mod routing;
 pub mod sparse;
+mod sync_parts;
+pub use sync_parts::{SyncParts, sync_key};
 
 pub use memory::{
     StageMemory, gathered_weight_bytes, in_flight, layer_activation_bytes, schedule_in_flight,
@@ -34,9 +36,7 @@ pub use memory::{
 
 use crate::cluster::{GpuSpec, NodeGroup, Placement};
 use crate::coefficients::{Coefficients, CollectiveAlgorithm, CostModel};
-use crate::config::{
-    ChunkLayout, OptimizerSharding, ParallelConfig, Recompute, ScheduleKind, SyncMethod,
-};
+use crate::config::{ChunkLayout, ParallelConfig, Recompute, ScheduleKind, SyncMethod};
 use crate::model::ModelSpec;
 use crate::profile::Measurements;
 use serde::{Deserialize, Serialize};
@@ -510,8 +510,9 @@ pub fn stage_times(s: &Scenario, c: &ParallelConfig) -> Vec<StageTime> {
     let layer = layer::LayerTimes::of(s, c, &mut usage);
     let ends = layer::pipeline_ends_time(s, c);
     let p2p = comm::pipeline_p2p_per_microbatch(s, c, &mut usage);
+    let parts = SyncParts::of(s, c, &mut usage);
     (0..c.pp)
-        .map(|i| stage_time(s, c, &layer, &ends, p2p, i))
+        .map(|i| stage_time(s, c, &layer, &parts, &ends, p2p, i))
         .collect()
 }
 
@@ -519,6 +520,7 @@ fn stage_time(
     s: &Scenario,
     c: &ParallelConfig,
     times: &layer::LayerTimes,
+    parts: &SyncParts,
     ends: &layer::EndsTime,
     p2p: f64,
     i: u64,
@@ -557,9 +559,13 @@ fn stage_time(
         t.compute += k.overlap_sm_cost * hidden;
     }
     if comm::syncs_per_microbatch(c) {
-        let groups = memory::parameter_groups(s, c, i);
-        let (gathers, unhidden) =
-            comm::zero3_per_microbatch(s, c, &groups, layers, &mut ProfileUsage::default());
+        let (gathers, unhidden) = match parts.kept(i) {
+            Some(kept) => kept.zero3,
+            None => {
+                let groups = memory::parameter_groups(s, c, i);
+                comm::zero3_per_microbatch(s, c, &groups, layers, &mut ProfileUsage::default())
+            }
+        };
         let (exposed, hidden) = overlapped(gathers, window, k.zero3_prefetch_overlap, unhidden);
         t.data_parallel = exposed;
         t.compute += k.overlap_sm_cost * hidden;
@@ -660,15 +666,24 @@ pub fn layer_times(s: &Scenario, c: &ParallelConfig) -> LayerTimes {
     LayerTimes::of(s, c, &mut ProfileUsage::default())
 }
 
-/// [`predict_checked`] from the configuration's [`layer_times`], which a
-/// search keeps for the configurations that share a [`layer_key`].
+/// The parts of `c`'s data-parallel synchronisation that no layer time
+/// moves, which a search keeps for the configurations that share a
+/// [`sync_key`].
+pub fn sync_parts(s: &Scenario, c: &ParallelConfig) -> SyncParts {
+    SyncParts::of(s, c, &mut ProfileUsage::default())
+}
+
+/// [`predict_checked`] from the configuration's [`layer_times`] and
+/// [`sync_parts`], which a search keeps for the configurations that share a
+/// [`layer_key`] and a [`sync_key`].
 pub fn predict_checked_from(
     s: &Scenario,
     c: &ParallelConfig,
     memory: &MemoryCheck,
     layer: &LayerTimes,
+    sync: &SyncParts,
 ) -> Prediction {
-    predict_from(s, c, Some(*memory), layer, ProfileUsage::default()).0
+    predict_from(s, c, Some(*memory), layer, sync, ProfileUsage::default()).0
 }
 
 fn predict_with(
@@ -678,15 +693,18 @@ fn predict_with(
 ) -> (Prediction, ProfileUsage) {
     let mut usage = ProfileUsage::default();
     let layer = LayerTimes::of(s, c, &mut usage);
-    predict_from(s, c, memory, &layer, usage)
+    let sync = SyncParts::of(s, c, &mut usage);
+    predict_from(s, c, memory, &layer, &sync, usage)
 }
 
-/// [`predict_with`] from the layer times, with the profile's use so far.
+/// [`predict_with`] from the layer times and the sync's parts, with the
+/// profile's use so far.
 fn predict_from(
     s: &Scenario,
     c: &ParallelConfig,
     memory: Option<MemoryCheck>,
     layer: &LayerTimes,
+    parts: &SyncParts,
     mut usage: ProfileUsage,
 ) -> (Prediction, ProfileUsage) {
     let m = c.micro_batches(s.global_batch) as f64;
@@ -697,7 +715,7 @@ fn predict_from(
 
     // Per-micro-batch time of every stage; the slowest sets the pace and the
     // sum sets the fill/drain (generalises (m + p - 1) t to unequal stages).
-    let stage_time = |i: u64| stage_time(s, c, layer, &ends, p2p, i);
+    let stage_time = |i: u64| stage_time(s, c, layer, parts, &ends, p2p, i);
     let first = stage_time(0);
     let mut slowest = first;
     let mut sum = 0.0;
@@ -729,7 +747,7 @@ fn predict_from(
     }
     let bubble = (sum - slowest.total()) / v;
 
-    let sync = data_parallel_and_optimizer(s, c, layer, &mut usage);
+    let sync = data_parallel_and_optimizer(s, c, layer, parts, &mut usage);
     let mut time = TimeBreakdown {
         compute: m * slowest.compute,
         host: m * slowest.host,
@@ -793,7 +811,8 @@ pub fn busiest_link_seconds(s: &Scenario, c: &ParallelConfig) -> f64 {
     let m = c.micro_batches(s.global_batch) as f64;
     let layer = layer::LayerTimes::of(s, c, &mut usage);
     let p2p = comm::pipeline_p2p_per_microbatch(s, c, &mut usage);
-    let sync = data_parallel_and_optimizer(s, c, &layer, &mut usage);
+    let parts = SyncParts::of(s, c, &mut usage);
+    let sync = data_parallel_and_optimizer(s, c, &layer, &parts, &mut usage);
     let links = link_busy(s, c, &layer, m, p2p, &sync);
     links.intra.max(links.inter)
 }
@@ -1029,6 +1048,7 @@ fn data_parallel_and_optimizer(
     s: &Scenario,
     c: &ParallelConfig,
     times: &layer::LayerTimes,
+    parts: &SyncParts,
     usage: &mut ProfileUsage,
 ) -> SyncTime {
     let k = s.coef();
@@ -1052,9 +1072,8 @@ fn data_parallel_and_optimizer(
     let m = c.micro_batches(s.global_batch) as f64;
     // Forward and backward time of all stages' layers, once needed.
     let mut total: Option<(f64, f64)> = None;
-    for stage in memory::peak_candidates(s, c) {
-        let groups = memory::parameter_groups(s, c, stage);
-        let layers = c.stage_layers(s.model.layers, stage) as f64;
+    parts.each(s, c, usage, |part| {
+        let (stage, groups, sync) = (part.stage, &part.groups, &part.sync);
         let work = times.stage(s, c, stage);
         // The layers of the stages before this one, forward and backward.
         // Summed from the nearer end: the candidates sit at the ends.
@@ -1072,7 +1091,6 @@ fn data_parallel_and_optimizer(
             let (after_f, after_b) = sum(stage..c.pp);
             (all_f - after_f, all_b - after_b)
         };
-        let sync = comm::stage_sync(s, c, &groups, usage);
         let same_link = sync.link == tp_link;
         // Gradients: bucketed under the last backward on the first stage.
         let grads = if c.overlap_grad_reduce && stage == 0 {
@@ -1119,33 +1137,13 @@ fn data_parallel_and_optimizer(
             sync.gather
         };
         let sparse = sync.sparse_seconds();
-        let comm = grads + gather + sparse + comm::embedding_group_sync(s, c, stage);
-        let owned: f64 = groups
-            .iter()
-            .map(|g| match (g.sync, c.optimizer_sharding) {
-                // A server updates its shard of the table.
-                (SyncMethod::ParameterServer, _) => {
-                    g.params / sync.sparse.map_or(1, |e| e.partitions.max(1)) as f64
-                }
-                (_, OptimizerSharding::None) => g.params,
-                _ => g.params / g.ranks.max(1) as f64,
-            })
-            .sum();
-        // In FP8, each updated layer weight is cast again with its
-        // transpose once per iteration (read 2 bytes, write 1 + 1).
-        let recast = match (c.precision, s.gpu.fp8_peak_flops, c.engine) {
-            (crate::config::Precision::Fp8, Some(_), crate::config::Engine::Megatron) => {
-                4.0 * memory::layer_weights(&groups)
-            }
-            _ => 0.0,
-        };
-        let optimizer = (owned * k.optimizer_step_bytes_per_param + recast)
-            / (s.gpu.hbm_bandwidth * k.hbm_efficiency * s.measured_hbm_scale);
+        let comm = grads + gather + sparse + part.embedding;
+        let optimizer = part.optimizer;
         // Stage `stage` ended its schedule this much before stage 0.
         let slack = before_backward / v;
         let tail = comm + optimizer - slack;
-        let (zero3, _) = comm::zero3_per_microbatch(s, c, &groups, layers, usage);
-        let replica = m * comm::replica_all_reduce_per_microbatch(s, c, &groups, usage);
+        let (zero3, _) = part.zero3;
+        let replica = m * part.replica_per_microbatch;
         let link_seconds = sync.grads + sync.gather + sparse + m * zero3 - replica;
         if link_seconds > worst.link_seconds {
             worst.link_seconds = link_seconds;
@@ -1157,7 +1155,7 @@ fn data_parallel_and_optimizer(
             worst.optimizer = optimizer;
             worst.exposed_comm = tail.max(0.0) - optimizer;
         }
-    }
+    });
     worst.exposed_comm += gather_ahead;
     worst
 }

@@ -5,6 +5,7 @@
 
 use super::*;
 use crate::cluster::builtin_node;
+use crate::config::OptimizerSharding;
 use crate::model::{AttentionKind, builtin_model};
 
 /// A job whose scenario the tests borrow.
@@ -858,8 +859,14 @@ mod profiled {
         let k = s.coef();
         let ends = layer::pipeline_ends_time(&s, &c);
         let layer_t = layer::LayerTimes::of(&s, &c, &mut ProfileUsage::default());
-        let optimizer =
-            data_parallel_and_optimizer(&s, &c, &layer_t, &mut ProfileUsage::default()).optimizer;
+        let optimizer = data_parallel_and_optimizer(
+            &s,
+            &c,
+            &layer_t,
+            &sync_parts(&s, &c),
+            &mut ProfileUsage::default(),
+        )
+        .optimizer;
         let expected = 4.0
             * (24.0 * 0.030 + ends.first + ends.last + k.microbatch_overhead_ms * 1e-3)
             + optimizer
@@ -1448,7 +1455,8 @@ mod overlap_and_layout {
         let s = f.scenario();
         let mut usage = ProfileUsage::default();
         let layer_t = layer::LayerTimes::of(&s, &c, &mut usage);
-        let sync = data_parallel_and_optimizer(&s, &c, &layer_t, &mut usage);
+        let parts = SyncParts::of(&s, &c, &mut usage);
+        let sync = data_parallel_and_optimizer(&s, &c, &layer_t, &parts, &mut usage);
         let groups = memory::parameter_groups(&s, &c, c.pp - 1);
         let last = comm::stage_sync(&s, &c, &groups, &mut usage);
         let first = comm::stage_sync(&s, &c, &memory::parameter_groups(&s, &c, 0), &mut usage);

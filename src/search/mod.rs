@@ -13,8 +13,8 @@ use crate::cluster::NodeGroup;
 use crate::coefficients::CostModel;
 use crate::config::{ParallelConfig, Rule, StemChecks};
 use crate::cost::{
-    LayerTimes, MemoryCheck, Prediction, Scenario, layer_key, layer_times, memory_key,
-    peak_memory_if_fits, predict_checked_from, state_floor, state_key,
+    LayerTimes, MemoryCheck, Prediction, Scenario, SyncParts, layer_key, layer_times, memory_key,
+    peak_memory_if_fits, predict_checked_from, state_floor, state_key, sync_key, sync_parts,
 };
 use crate::model::ModelSpec;
 use crate::profile::Measurements;
@@ -147,6 +147,8 @@ pub fn search(job: &Job, space: &SearchSpace, cost: &CostModel) -> SearchResult 
             let mut states: Recent<ParallelConfig, bool> = Recent::default();
             // and the layers' times by layer key, for the timing.
             let mut layers: Recent<ParallelConfig, LayerTimes> = Recent::default();
+            // and the data-parallel sync's parts by sync key.
+            let mut syncs: Recent<ParallelConfig, SyncParts> = Recent::default();
             // The rules' checks of the stem, made once for its inner ones.
             let mut stem: Option<StemChecks> = None;
             let _: ControlFlow<()> = space.for_each_inner(job, outer, |config| {
@@ -182,9 +184,11 @@ pub fn search(job: &Job, space: &SearchSpace, cost: &CostModel) -> SearchResult 
                 };
                 let layer = layers
                     .lend_or_insert_with(layer_key(config), || layer_times(&scenario, config));
+                let sync =
+                    syncs.lend_or_insert_with(sync_key(config), || sync_parts(&scenario, config));
                 tally.candidates.push(Candidate {
                     config: *config,
-                    prediction: predict_checked_from(&scenario, config, &memory, layer),
+                    prediction: predict_checked_from(&scenario, config, &memory, layer, sync),
                 });
                 ControlFlow::Continue(())
             });

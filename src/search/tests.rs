@@ -322,3 +322,76 @@ fn stem_checks_made_once_give_the_rules_violation_gives() {
         assert!(considered > 1000 && broken > 0, "{considered} {broken}");
     }
 }
+
+/// A search lends each prediction the sync parts it worked out for the
+/// first configuration of the same [`sync_key`]: over whole spaces (dense
+/// GPT-3 with every sharding, an MoE with expert parallelism, a long
+/// context with cp, torchtitan's FSDP and HSDP) every configuration is
+/// predicted exactly as from its own parts, and exactly as `predict` does.
+#[test]
+fn sync_parts_shared_by_key_predict_what_each_configurations_own_do() {
+    use crate::config::{GradReduce, Precision, SyncMethod};
+    use crate::cost::{peak_memory, predict};
+    use std::collections::HashMap;
+    let mut long_context = job("llama3-8b", 4, 32);
+    long_context.model.seq_len = 32768;
+    let mut moe = job("qwen3-30b-a3b", 8, 256);
+    moe.nodes = builtin_node("h100-sxm", 8).unwrap();
+    let torchtitan = SearchSpace {
+        engine: crate::config::Engine::Torchtitan,
+        ..SearchSpace::default()
+    };
+    // The switches the default space holds at one value, opened.
+    let every_sync = SearchSpace {
+        precision: Some(vec![Precision::Bf16, Precision::Fp8]),
+        grad_reduce: Some(vec![GradReduce::Fp32, GradReduce::Bf16]),
+        embedding_sync: Some(vec![SyncMethod::AllReduce, SyncMethod::SparseAllGather]),
+        cpu_offload_layers: Some(vec![0, 2]),
+        ..SearchSpace::default()
+    };
+    let cases = [
+        (job("gpt3-175b", 16, 256), SearchSpace::default()),
+        (moe, every_sync),
+        (long_context, SearchSpace::default()),
+        (job("llama3-8b", 2, 64), torchtitan),
+    ];
+    let cost = CostModel::datasheet();
+    for (job, space) in cases {
+        let s = job.scenario(&cost);
+        let per_node = job.gpus_per_node();
+        let mut first_of_key: HashMap<ParallelConfig, SyncParts> = HashMap::new();
+        let (mut predicted, mut shared) = (0, 0);
+        for outer in space.outer(&job) {
+            let _: ControlFlow<()> = space.for_each_inner(&job, outer, |c| {
+                if c.violation(&job.model, job.global_batch, job.gpus, per_node)
+                    .is_some()
+                {
+                    return ControlFlow::Continue(());
+                }
+                let key = sync_key(c);
+                let own = sync_parts(&s, c);
+                shared += usize::from(first_of_key.contains_key(&key));
+                let kept = *first_of_key.entry(key).or_insert(own);
+                // Every fifth configuration, to keep the walk short.
+                predicted += 1;
+                if predicted % 5 != 0 {
+                    return ControlFlow::Continue(());
+                }
+                let memory = peak_memory(&s, c);
+                let layer = layer_times(&s, c);
+                let from_kept = predict_checked_from(&s, c, &memory, &layer, &kept);
+                assert_eq!(
+                    from_kept,
+                    predict_checked_from(&s, c, &memory, &layer, &own),
+                    "{c}"
+                );
+                assert_eq!(from_kept, predict(&s, c), "{c}");
+                ControlFlow::Continue(())
+            });
+        }
+        assert!(
+            predicted > 1000 && shared > predicted / 2,
+            "{predicted} {shared}"
+        );
+    }
+}
