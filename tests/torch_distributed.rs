@@ -969,6 +969,12 @@ fn context_parallel_trial(exchange: &str, says: &str) {
 
 /// Runs the worker's train mode on `world` ranks of `job`; rank 0's report.
 fn train(job: &serde_json::Value, world: u64) -> serde_json::Value {
+    train_report(job, world, 0)
+}
+
+/// [`train`], reading rank `rank`'s report (the last pipeline stage's ranks
+/// are the highest and alone report a loss).
+fn train_report(job: &serde_json::Value, world: u64, rank: u64) -> serde_json::Value {
     let dir = tempfile::tempdir().unwrap();
     let mut job = job.clone();
     let report_dir = dir.path().join("report");
@@ -995,7 +1001,7 @@ fn train(job: &serde_json::Value, world: u64) -> serde_json::Value {
         "{}",
         String::from_utf8_lossy(&output.stderr)
     );
-    let text = std::fs::read_to_string(report_dir.join("rank-0.json")).unwrap();
+    let text = std::fs::read_to_string(report_dir.join(format!("rank-{rank}.json"))).unwrap();
     serde_json::from_str(&text).unwrap()
 }
 
@@ -1087,6 +1093,61 @@ fn context_parallel_ranks_train_to_the_losses_of_one_rank() {
         serde_json::json!({"pp": 0, "dp": 1, "cp": 0, "tp": 0})
     );
     assert_eq!(ranks[1]["context"]["chunks"], serde_json::json!([1, 2]));
+}
+
+/// Context parallelism under a pipeline is exact: two stages whose two cp
+/// ranks each run their own ring (4 ranks; the tied word embedding summed
+/// over each (dp, cp)'s first and last stage) train to the losses of the
+/// same two stages with one cp rank each, step after step.
+#[test]
+fn context_parallel_ranks_under_a_pipeline_train_to_the_losses_of_cp_1() {
+    let _ranks = ranks_to_myself();
+    let mut base = job(serde_json::json!({
+        "tp": 1, "pp": 2, "dp": 1, "dp_shard": null, "micro_batch": 1, "global_batch": 2,
+        "schedule": "1f1b", "virtual_stages": 1, "stage_layers": [1, 1],
+        "sequence_parallel": false, "optimizer_sharding": "full",
+        "recompute": "selective", "ac_frequency": 1, "cp": 1, "cp_comm": "p2p"
+    }));
+    base["dtype"] = "fp32".into();
+    base["warmup"] = 0.into();
+    base["iterations"] = 3.into();
+    let m = &mut base["model"];
+    m["layers"] = 2.into();
+    m["seq_len"] = 32.into();
+    m["kv_heads"] = 2.into();
+    m["learned_positions"] = false.into();
+    m["gated_mlp"] = true.into();
+    m["dropout"] = false.into();
+    let mut context = base.clone();
+    context["parallel"]["cp"] = 2.into();
+    // The last stage's first rank: rank 1 of two, rank 2 of four.
+    let one = train_report(&base, 2, 1);
+    let two = train_report(&context, 4, 2);
+    assert_eq!(two["degrees"]["cp"], 2, "{two}");
+    assert_eq!(two["degrees"]["pp"], 2, "{two}");
+    assert_eq!(
+        two["mesh_coords"],
+        serde_json::json!({"pp": 1, "dp": 0, "cp": 0, "tp": 0})
+    );
+    assert_eq!(two["context"]["ring_steps"], 1, "{two}");
+    let losses = |r: &serde_json::Value| -> Vec<f64> {
+        r["loss"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| l.as_f64().unwrap())
+            .collect()
+    };
+    let (a, b) = (losses(&one), losses(&two));
+    println!("losses pp2 cp1 {a:?}, pp2 cp2 {b:?}");
+    assert_eq!(a.len(), 3);
+    assert!(a[2] < a[0], "the loss falls: {a:?}");
+    for (x, y) in a.iter().zip(&b) {
+        assert!(
+            (x - y).abs() <= 1e-5 * x.abs(),
+            "pp2 cp1 {a:?} against pp2 cp2 {b:?}"
+        );
+    }
 }
 
 /// Both of Megatron-Core's token dispatchers are exact: in fp32, a mixture

@@ -327,8 +327,8 @@ fn experts_unsupported(
 /// cannot: it runs Megatron-LM's p2p ring (ring attention over the cp
 /// ranks), its a2a exchange (DeepSpeed-Ulysses's all-to-all of heads for
 /// tokens) or its allgather exchange (every cp rank's keys and values
-/// gathered) for a dense model without tensor or pipeline parallelism, HSDP
-/// or dropout.
+/// gathered) for a dense model without tensor parallelism, HSDP or dropout,
+/// under a pipeline too (each stage's cp ranks their own ring).
 fn context_unsupported(
     model: &crate::model::ModelSpec,
     c: &ParallelConfig,
@@ -343,10 +343,6 @@ fn context_unsupported(
     } else if c.tp > 1 {
         Some(
             "context parallelism beside tensor parallelism (tp > 1) is not run by the worker yet; plan with `tp 1`",
-        )
-    } else if c.pp > 1 {
-        Some(
-            "context parallelism beside pipeline parallelism (pp > 1) is not run by the worker yet; plan with `pp 1`",
         )
     } else if c.dp_shard.is_some() {
         Some("HSDP (`dp_shard`) beside context parallelism is not run by the worker")
@@ -1770,12 +1766,9 @@ mod tests {
             "{}",
             reason(model, tensor)
         );
+        // Each stage's cp ranks run their own ring.
         let pipeline = ParallelConfig { pp: 2, dp: 2, ..c };
-        assert!(
-            reason(model, pipeline).contains("`pp 1`"),
-            "{}",
-            reason(model, pipeline)
-        );
+        assert_eq!(unsupported(model, &pipeline), None);
         let hsdp = ParallelConfig {
             dp_shard: Some(2),
             optimizer_sharding: OptimizerSharding::Full,

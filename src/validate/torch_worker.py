@@ -177,10 +177,14 @@ Dense gradients sync over dp x cp (Megatron-LM's data-parallel
 group with context parallelism): the all-reduce of local gradients, or
 fully_shard over the flattened (dp, cp) mesh as torchtitan does, as means
 over dp x cp; each cp rank's loss is the mean over its tokens, and the loss
-reported is the mean over the cp group (the whole sequence's).  The worker
-runs cp with tp 1, pp 1, a dense model, no HSDP, all-reduce embedding sync,
-without dropout (context-parallel attention computes the softmax without
-a dropout mask) and any cp_comm; a job asking for others is refused
+reported is the mean over the cp group (the whole sequence's).  Under a
+pipeline each stage's cp ranks form their own ring, and the stages pass
+the hidden states of their own tokens (seq_len / cp of them) to the next
+stage's rank of the same (dp, cp) coordinate; a tied word embedding sums
+its two copies' gradients over the first and last stage of each (dp, cp).
+The worker runs cp with tp 1, a dense model, no HSDP, all-reduce embedding
+sync, without dropout (context-parallel attention computes the softmax
+without a dropout mask) and any cp_comm; a job asking for others is refused
 (JobError).
 
 Training: AdamW (lr 1e-3, foreach=False), with sparse-all-gather
@@ -586,7 +590,7 @@ def parse_layout(job, model, world):
         raise JobError(f"parallel.sequence_parallel: model.seq_len = {model.seq_len} is not divisible by tp = {tp}")
     embedding_sync = parse_embedding_sync(job, par, model, tp, pp, dp, sharding)
     ep, etp, dispatcher = parse_experts(par, model, tp, dp)
-    cp_comm = parse_context(par, model, cp, tp, pp, dp_shard, embedding_sync)
+    cp_comm = parse_context(par, model, cp, tp, dp_shard, embedding_sync)
     return Layout(
         tp=tp, pp=pp, dp=dp, dp_shard=dp_shard, dp_replicate=dp_replicate,
         virtual_stages=virtual, stage_layers=list(stage_layers), chunk_first_layer=first,
@@ -601,7 +605,7 @@ def parse_layout(job, model, world):
     )
 
 
-def parse_context(par, model, cp, tp, pp, dp_shard, embedding_sync):
+def parse_context(par, model, cp, tp, dp_shard, embedding_sync):
     """parallel.cp_comm, "p2p" when absent; what the worker runs of cp > 1 is checked."""
     p = "parallel."
     cp_comm = _get(par, "cp_comm", p, str, choices=CP_COMMS, optional=True) or "p2p"
@@ -612,8 +616,6 @@ def parse_context(par, model, cp, tp, pp, dp_shard, embedding_sync):
         why.append(f"cp_comm a2a with heads {model.heads}, kv_heads {model.kv_heads} (cp = {cp} must divide both)")
     if tp > 1:
         why.append(f"tp = {tp} (context parallelism is run with tp 1 only)")
-    if pp > 1:
-        why.append(f"pp = {pp} (context parallelism is run without a pipeline)")
     if dp_shard is not None:
         why.append("dp_shard (HSDP beside context parallelism is not run)")
     if model.moe is not None:
@@ -1737,16 +1739,18 @@ def build_expert_mesh(layout, device, rank):
 
 
 def tied_embedding_group(layout, coords):
-    """Megatron's embedding group: first and last pipeline rank of each (dp, tp) pair."""
+    """Megatron's embedding group: first and last pipeline rank of each (dp, cp, tp)."""
     import torch.distributed as dist
 
     mine = None
     for dp_j in range(layout.dp):
-        for tp_k in range(layout.tp):
-            ranks = [rank_of_coords(0, dp_j, tp_k, layout), rank_of_coords(layout.pp - 1, dp_j, tp_k, layout)]
-            group = dist.new_group(ranks)  # every rank must create every group
-            if (dp_j, tp_k) == (coords["dp"], coords["tp"]):
-                mine = group
+        for cp_c in range(layout.cp):
+            for tp_k in range(layout.tp):
+                ranks = [rank_of_coords(0, dp_j, tp_k, layout, cp_c),
+                         rank_of_coords(layout.pp - 1, dp_j, tp_k, layout, cp_c)]
+                group = dist.new_group(ranks)  # every rank must create every group
+                if (dp_j, cp_c, tp_k) == (coords["dp"], coords["cp"], coords["tp"]):
+                    mine = group
     return mine
 
 
@@ -1970,7 +1974,8 @@ class Trainer:
         (sequence-sharded under SP) between chunks, logits out of the last.
         ModelChunk casts its output to exactly these dtypes.
         """
-        mb, s = self.layout.micro_batch, self.cfg.seq_len
+        # Each cp rank holds its own seq_len / cp tokens.
+        mb, s = self.layout.micro_batch, self.cfg.seq_len // self.layout.cp
         local_s = s // self.layout.tp if self.layout.sequence_parallel else s
         hidden = (mb, local_s, self.cfg.hidden)
         if chunk == 0:
@@ -1989,7 +1994,8 @@ class Trainer:
         Returns the mean loss over micro-batches, or None on ranks without the head.
         """
         loss = self.pipeline_pass() if self.schedule is not None else self.accumulation_pass()
-        if self.ring is not None:
+        # A stage without the head has no loss; its cp ranks are of its stage.
+        if self.ring is not None and loss is not None:
             # Each cp rank's loss is the mean over its tokens: the sequence's is their mean.
             t = torch.tensor([loss], dtype=torch.float64 if self.d.device.type == "cpu" else torch.float32,
                              device=self.d.device)
