@@ -196,47 +196,65 @@ pub fn search(job: &Job, space: &SearchSpace, cost: &CostModel) -> SearchResult 
         })
         .collect::<Vec<Tally>>();
     // Candidates are large and a big search finds hundreds of thousands:
-    // sort their keys and move each once, from its tally to the result.
-    let mut parts = Vec::with_capacity(tallies.len());
+    // move each part into one list as it is merged (each part freed once
+    // moved), then sort the list in place.
+    let total = tallies.iter().map(|t| t.candidates.len()).sum();
+    let mut candidates = Vec::with_capacity(total);
     let mut tally = Tally::default();
     for mut part in tallies {
-        parts.push(std::mem::take(&mut part.candidates));
+        candidates.append(&mut part.candidates);
         tally = tally.merge(part);
     }
+    sort_fastest_first(&mut candidates);
     SearchResult {
-        candidates: fastest_first(&parts),
+        candidates,
         considered: tally.considered,
         invalid: tally.invalid,
         out_of_memory: tally.out_of_memory,
     }
 }
 
-/// The candidates of `parts` by iteration time, then peak memory, ties in
-/// their order (part by part, as if the parts were one list).
-fn fastest_first(parts: &[Vec<Candidate>]) -> Vec<Candidate> {
-    let mut order: Vec<(f64, f64, usize, usize)> = parts
+/// Sorts `candidates` by iteration time, then peak memory, ties in their
+/// order. The keys are sorted apart (small and contiguous) and the
+/// candidates then moved once each, along the permutation's cycles, with
+/// no second list: a big search's candidates run to hundreds of megabytes.
+fn sort_fastest_first(candidates: &mut [Candidate]) {
+    let mut order: Vec<(f64, f64, usize)> = candidates
         .iter()
         .enumerate()
-        .flat_map(|(p, part)| {
-            part.iter().enumerate().map(move |(i, c)| {
-                (
-                    c.prediction.iteration_s,
-                    c.prediction.peak_memory_bytes,
-                    p,
-                    i,
-                )
-            })
-        })
+        .map(|(i, c)| (c.prediction.iteration_s, c.prediction.peak_memory_bytes, i))
         .collect();
     order.par_sort_unstable_by(|a, b| {
         a.0.total_cmp(&b.0)
             .then(a.1.total_cmp(&b.1))
-            .then((a.2, a.3).cmp(&(b.2, b.3)))
+            .then(a.2.cmp(&b.2))
     });
-    order
-        .into_par_iter()
-        .map(|(_, _, p, i)| parts[p][i])
-        .collect()
+    let mut source: Vec<usize> = order.into_iter().map(|(_, _, i)| i).collect();
+    place_by(candidates, &mut source);
+}
+
+/// Rearranges `items` so that position j holds what position `source[j]`
+/// held, moving each item once; `source` (a permutation) is used up.
+fn place_by<T: Copy>(items: &mut [T], source: &mut [usize]) {
+    const DONE: usize = usize::MAX;
+    for start in 0..items.len() {
+        if source[start] == DONE {
+            continue;
+        }
+        // Walk the cycle through `start`: each position takes its source's
+        // item, and the last takes the first's, kept aside.
+        let first = items[start];
+        let mut at = start;
+        loop {
+            let from = std::mem::replace(&mut source[at], DONE);
+            if from == start {
+                items[at] = first;
+                break;
+            }
+            items[at] = items[from];
+            at = from;
+        }
+    }
 }
 
 /// Whether any configuration of `space` fits memory for `job` (no timing).

@@ -395,3 +395,25 @@ fn sync_parts_shared_by_key_predict_what_each_configurations_own_do() {
         );
     }
 }
+
+/// Moving along the permutation's cycles puts every item where a copy by
+/// the permutation would, for permutations with fixed points, one long
+/// cycle, and many short ones.
+#[test]
+fn placing_by_a_permutation_moves_each_item_to_its_place() {
+    let n = 1000usize;
+    let permutations: [Vec<usize>; 4] = [
+        (0..n).collect(),
+        (0..n).map(|j| (j + 1) % n).collect(),
+        (0..n).map(|j| j ^ 1).collect(),
+        (0..n).map(|j| (j * 7 + 3) % n).collect(), // 7 is prime to 1000
+    ];
+    for source in permutations {
+        let items: Vec<u64> = (0..n as u64).map(|i| i * 10).collect();
+        let expected: Vec<u64> = source.iter().map(|&i| items[i]).collect();
+        let mut placed = items.clone();
+        let mut used = source.clone();
+        place_by(&mut placed, &mut used);
+        assert_eq!(placed, expected);
+    }
+}
