@@ -1150,6 +1150,63 @@ fn context_parallel_ranks_under_a_pipeline_train_to_the_losses_of_cp_1() {
     }
 }
 
+/// Context parallelism beside tensor parallelism is exact: two tp ranks
+/// (sequence-parallel) of two cp ranks each (4 ranks) train to the losses
+/// of the same two tp ranks alone, step after step, over the p2p ring and
+/// over the all-to-all of each tp rank's heads.
+#[test]
+fn context_parallel_ranks_beside_tensor_parallelism_train_to_the_losses_of_cp_1() {
+    let _ranks = ranks_to_myself();
+    let mut base = job(serde_json::json!({
+        "tp": 2, "pp": 1, "dp": 1, "dp_shard": null, "micro_batch": 1, "global_batch": 2,
+        "schedule": "1f1b", "virtual_stages": 1, "stage_layers": [2],
+        "sequence_parallel": true, "optimizer_sharding": "full",
+        "recompute": "selective", "ac_frequency": 1, "cp": 1, "cp_comm": "p2p"
+    }));
+    base["dtype"] = "fp32".into();
+    base["warmup"] = 0.into();
+    base["iterations"] = 3.into();
+    let m = &mut base["model"];
+    m["layers"] = 2.into();
+    m["seq_len"] = 32.into();
+    m["kv_heads"] = 4.into();
+    m["learned_positions"] = false.into();
+    m["gated_mlp"] = true.into();
+    m["dropout"] = false.into();
+    let mut ring = base.clone();
+    ring["parallel"]["cp"] = 2.into();
+    let mut a2a = ring.clone();
+    a2a["parallel"]["cp_comm"] = "a2a".into();
+    let one = train(&base, 2);
+    let two = train(&ring, 4);
+    let heads = train(&a2a, 4);
+    assert_eq!(two["degrees"]["cp"], 2, "{two}");
+    assert_eq!(two["degrees"]["tp"], 2, "{two}");
+    assert_eq!(heads["context"]["attention"], "all-to-all", "{heads}");
+    let losses = |r: &serde_json::Value| -> Vec<f64> {
+        r["loss"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| l.as_f64().unwrap())
+            .collect()
+    };
+    let (a, b, h) = (losses(&one), losses(&two), losses(&heads));
+    println!("losses tp2 cp1 {a:?}, tp2 cp2 p2p {b:?}, tp2 cp2 a2a {h:?}");
+    assert_eq!(a.len(), 3);
+    assert!(a[2] < a[0], "the loss falls: {a:?}");
+    for (x, (y, z)) in a.iter().zip(b.iter().zip(&h)) {
+        assert!(
+            (x - y).abs() <= 1e-5 * x.abs(),
+            "tp2 cp1 {a:?} against tp2 cp2 p2p {b:?}"
+        );
+        assert!(
+            (x - z).abs() <= 1e-5 * x.abs(),
+            "tp2 cp1 {a:?} against tp2 cp2 a2a {h:?}"
+        );
+    }
+}
+
 /// Both of Megatron-Core's token dispatchers are exact: in fp32, a mixture
 /// of experts (4 experts, top-2, a shared expert, RoPE, FSDP, attention
 /// recomputed) trained on two data-parallel ranks with its experts split

@@ -327,8 +327,9 @@ fn experts_unsupported(
 /// cannot: it runs Megatron-LM's p2p ring (ring attention over the cp
 /// ranks), its a2a exchange (DeepSpeed-Ulysses's all-to-all of heads for
 /// tokens) or its allgather exchange (every cp rank's keys and values
-/// gathered) for a dense model without tensor parallelism, HSDP or dropout,
-/// under a pipeline too (each stage's cp ranks their own ring).
+/// gathered) for a dense model without HSDP or dropout, beside tensor and
+/// pipeline parallelism too (each tp rank's heads, each stage's cp ranks,
+/// their own exchange).
 fn context_unsupported(
     model: &crate::model::ModelSpec,
     c: &ParallelConfig,
@@ -339,10 +340,6 @@ fn context_unsupported(
     if c.cp_comm == CpComm::A2aP2p {
         Some(
             "the worker exchanges keys and values with Megatron-LM's p2p ring, a2a or allgather, not the hierarchical a2a+p2p; plan with one of them",
-        )
-    } else if c.tp > 1 {
-        Some(
-            "context parallelism beside tensor parallelism (tp > 1) is not run by the worker yet; plan with `tp 1`",
         )
     } else if c.dp_shard.is_some() {
         Some("HSDP (`dp_shard`) beside context parallelism is not run by the worker")
@@ -1761,11 +1758,7 @@ mod tests {
         .unwrap();
         assert_eq!(job.parallel.cp_comm, "allgather");
         let tensor = ParallelConfig { tp: 2, dp: 2, ..c };
-        assert!(
-            reason(model, tensor).contains("`tp 1`"),
-            "{}",
-            reason(model, tensor)
-        );
+        assert_eq!(unsupported(model, &tensor), None);
         // Each stage's cp ranks run their own ring.
         let pipeline = ParallelConfig { pp: 2, dp: 2, ..c };
         assert_eq!(unsupported(model, &pipeline), None);

@@ -182,10 +182,11 @@ pipeline each stage's cp ranks form their own ring, and the stages pass
 the hidden states of their own tokens (seq_len / cp of them) to the next
 stage's rank of the same (dp, cp) coordinate; a tied word embedding sums
 its two copies' gradients over the first and last stage of each (dp, cp).
-The worker runs cp with tp 1, a dense model, no HSDP, all-reduce embedding
-sync, without dropout (context-parallel attention computes the softmax
-without a dropout mask) and any cp_comm; a job asking for others is refused
-(JobError).
+Beside tensor parallelism each tp rank's heads (heads / tp) run the
+exchange over the cp ranks of its tp coordinate.  The worker runs cp for a
+dense model, without HSDP, with all-reduce embedding sync, without dropout
+(context-parallel attention computes the softmax without a dropout mask)
+and any cp_comm; a job asking for others is refused (JobError).
 
 Training: AdamW (lr 1e-3, foreach=False), with sparse-all-gather
 torch.optim.SparseAdam (lr 1e-3) for the token embedding's table and AdamW
@@ -612,10 +613,10 @@ def parse_context(par, model, cp, tp, dp_shard, embedding_sync):
     if cp == 1:
         return cp_comm
     why = []
-    if cp_comm == "a2a" and (model.heads % cp or model.kv_heads % cp):
-        why.append(f"cp_comm a2a with heads {model.heads}, kv_heads {model.kv_heads} (cp = {cp} must divide both)")
-    if tp > 1:
-        why.append(f"tp = {tp} (context parallelism is run with tp 1 only)")
+    # Under tp each rank holds heads / tp of them, which a2a splits over cp.
+    if cp_comm == "a2a" and ((model.heads // tp) % cp or (model.kv_heads // tp) % cp):
+        why.append(f"cp_comm a2a with heads {model.heads}, kv_heads {model.kv_heads} over tp = {tp} "
+                   f"(cp = {cp} must divide both per tp rank)")
     if dp_shard is not None:
         why.append("dp_shard (HSDP beside context parallelism is not run)")
     if model.moe is not None:
