@@ -97,15 +97,19 @@ impl SyncParts {
             kept: [None; KEPT],
             every_stage: false,
         };
+        // The stages first: where there are more than are kept, none is
+        // worked out here (`each` works out every stage, once).
+        let mut stages = [None; KEPT];
         let mut candidates = memory::peak_candidates(s, c);
-        for slot in &mut parts.kept {
-            match candidates.next() {
-                Some(stage) => *slot = Some(StageSyncParts::of(s, c, stage, usage)),
-                None => return parts,
-            }
+        for slot in &mut stages {
+            *slot = candidates.next();
         }
         if candidates.next().is_some() {
             parts.every_stage = true;
+            return parts;
+        }
+        for (slot, stage) in parts.kept.iter_mut().zip(stages) {
+            *slot = stage.map(|stage| StageSyncParts::of(s, c, stage, usage));
         }
         parts
     }

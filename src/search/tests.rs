@@ -326,8 +326,9 @@ fn stem_checks_made_once_give_the_rules_violation_gives() {
 /// A search lends each prediction the sync parts it worked out for the
 /// first configuration of the same [`sync_key`]: over whole spaces (dense
 /// GPT-3 with every sharding, an MoE with expert parallelism, a long
-/// context with cp, torchtitan's FSDP and HSDP) every configuration is
-/// predicted exactly as from its own parts, and exactly as `predict` does.
+/// context with cp, torchtitan's FSDP and HSDP, MoE layers alternating with
+/// dense ones) every configuration is predicted exactly as from its own
+/// parts, and exactly as `predict` does.
 #[test]
 fn sync_parts_shared_by_key_predict_what_each_configurations_own_do() {
     use crate::config::{GradReduce, Precision, SyncMethod};
@@ -349,11 +350,18 @@ fn sync_parts_shared_by_key_predict_what_each_configurations_own_do() {
         cpu_offload_layers: Some(vec![0, 2]),
         ..SearchSpace::default()
     };
+    // MoE layers alternating with dense ones: every stage a candidate.
+    let mut alternating = job("qwen3-30b-a3b", 8, 256);
+    alternating.nodes = builtin_node("h100-sxm", 8).unwrap();
+    if let Some(moe) = alternating.model.moe.as_mut() {
+        moe.layer_freq = 2;
+    }
     let cases = [
         (job("gpt3-175b", 16, 256), SearchSpace::default()),
         (moe, every_sync),
         (long_context, SearchSpace::default()),
         (job("llama3-8b", 2, 64), torchtitan),
+        (alternating, SearchSpace::default()),
     ];
     let cost = CostModel::datasheet();
     for (job, space) in cases {
