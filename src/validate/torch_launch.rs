@@ -298,10 +298,6 @@ fn experts_unsupported(
         Some(
             "expert tensor parallelism (etp > 1) is not run by the worker: it holds each expert whole; plan with `etp 1`",
         )
-    } else if c.cp > 1 {
-        Some(
-            "context parallelism beside a mixture of experts is not run by the worker; plan with `cp 1`",
-        )
     } else if c.tp > 1 {
         Some(
             "mixture-of-experts layers beside tensor parallelism (tp > 1) are not run by the worker yet; plan with `tp 1`",
@@ -1779,13 +1775,14 @@ mod tests {
             "{}",
             reason(&dropout, c)
         );
+        // Experts beside cp: each cp rank routes its own tokens.
         let mut experts = model.clone();
         experts.moe = Some(crate::model::MoeSpec::megatron_defaults(8, 2048));
-        assert!(
-            reason(&experts, c).contains("`cp 1`"),
-            "{}",
-            reason(&experts, c)
-        );
+        let routed = ParallelConfig {
+            dispatcher: Dispatcher::AllToAll,
+            ..c
+        };
+        assert_eq!(unsupported(&experts, &routed), None);
         // FSDP shards over dp x cp: run.
         let sharded = ParallelConfig {
             optimizer_sharding: OptimizerSharding::Full,

@@ -118,7 +118,7 @@ capacity limit), `experts` routed MLPs of width moe.ffn_hidden of the dense
 MLP's kind (gated or not, biases as the model's linears), and a shared MLP
 of width shared_ffn_hidden on every token when that is non-zero.  Expert
 parallelism: the expert mesh (pp, edp, ep, etp) over the same ranks, etp
-fastest (Megatron-Core's expert order; edp = tp*dp/(etp*ep)); the ep ranks
+fastest (Megatron-Core's expert order; edp = tp*cp*dp/(etp*ep)); the ep ranks
 each hold experts/ep consecutive experts.  moe_dispatcher "alltoall",
 Megatron-Core's all-to-all dispatcher: token copies sorted by expert, the
 counts exchanged by all_to_all_single over the ep group, then the tokens
@@ -136,11 +136,12 @@ probability, sums them per gathered token and reduce-scatters the sums in
 fp32 back to the tokens' owners (reduce_scatter_tensor, whose backward
 all-gathers).
 The routed experts' gradients sync over the edp group, every other
-parameter's over dp (both as means over dp: an expert's gradient already
-sums its ep group's losses); so a mixture of experts is never wrapped in
-DDP ("all-reduce of local gradients" without sharding; with FSDP the
-experts are fully_shard over the edp mesh with a gradient divide factor of
-dp).  The worker runs etp 1 and tp 1; a job asking for others, or for
+parameter's over dp x cp (both as means over dp x cp: an expert's gradient
+already sums its ep group's losses); so a mixture of experts is never
+wrapped in DDP ("all-reduce of local gradients" without sharding; with FSDP
+the experts are fully_shard over the edp mesh with a gradient divide factor
+of dp x cp).  Beside context parallelism each cp rank routes its own
+tokens, and the ep ranks are drawn from the stage's cp x dp ranks.  The worker runs etp 1 and tp 1; a job asking for others, or for
 ep > 1 without model.moe, is refused (JobError).  Router
 and shared expert are drawn from the block's seed, routed expert g of layer
 i from seed + 1000000 + i*experts + g.
@@ -184,7 +185,7 @@ stage's rank of the same (dp, cp) coordinate; a tied word embedding sums
 its two copies' gradients over the first and last stage of each (dp, cp).
 Beside tensor parallelism each tp rank's heads (heads / tp) run the
 exchange over the cp ranks of its tp coordinate.  The worker runs cp for a
-dense model, without HSDP, with all-reduce embedding sync, without dropout
+dense model or a mixture of experts, without HSDP, with all-reduce embedding sync, without dropout
 (context-parallel attention computes the softmax without a dropout mask)
 and any cp_comm; a job asking for others is refused (JobError).
 
@@ -458,8 +459,8 @@ class Layout:
 
     @property
     def edp(self):
-        """Expert-data-parallel degree: the stage's ranks over etp x ep."""
-        return self.tp * self.dp // (self.etp * self.ep)
+        """Expert-data-parallel degree: the stage's ranks (tp x cp x dp) over etp x ep."""
+        return self.tp * self.cp * self.dp // (self.etp * self.ep)
 
     @property
     def sparse_embedding(self):
@@ -590,7 +591,7 @@ def parse_layout(job, model, world):
     if sp and model.seq_len % tp:
         raise JobError(f"parallel.sequence_parallel: model.seq_len = {model.seq_len} is not divisible by tp = {tp}")
     embedding_sync = parse_embedding_sync(job, par, model, tp, pp, dp, sharding)
-    ep, etp, dispatcher = parse_experts(par, model, tp, dp)
+    ep, etp, dispatcher = parse_experts(par, model, tp, cp, dp)
     cp_comm = parse_context(par, model, cp, tp, dp_shard, embedding_sync)
     return Layout(
         tp=tp, pp=pp, dp=dp, dp_shard=dp_shard, dp_replicate=dp_replicate,
@@ -619,8 +620,6 @@ def parse_context(par, model, cp, tp, dp_shard, embedding_sync):
                    f"(cp = {cp} must divide both per tp rank)")
     if dp_shard is not None:
         why.append("dp_shard (HSDP beside context parallelism is not run)")
-    if model.moe is not None:
-        why.append("model.moe (context parallelism is run for dense models only)")
     if embedding_sync != "all-reduce":
         why.append(f"embedding_sync {embedding_sync} (DDP's, and cp syncs by all-reduce over dp x cp)")
     if model.dropout:
@@ -632,12 +631,12 @@ def parse_context(par, model, cp, tp, dp_shard, embedding_sync):
     return cp_comm
 
 
-def parse_experts(par, model, tp, dp):
+def parse_experts(par, model, tp, cp, dp):
     """(ep, etp, moe_dispatcher): 1, 1, "alltoall" when absent (jobs older than the fields).
 
     The experts' ranks follow Megatron-Core: etp fastest, then ep, then
-    expert-data parallelism, over a pipeline stage's tp x dp ranks.  The
-    worker runs etp 1, tp 1 and the all-to-all dispatcher.
+    expert-data parallelism, over a pipeline stage's tp x cp x dp ranks.
+    The worker runs etp 1 and tp 1.
     """
     p = "parallel."
     ep = _get(par, "ep", p, int, minimum=1, optional=True) or 1
@@ -652,8 +651,8 @@ def parse_experts(par, model, tp, dp):
         raise JobError(f"parallel.etp: {etp}; expert tensor parallelism is not run by the worker (etp 1 only)")
     if tp > 1:
         raise JobError(f"parallel.tp: {tp}; mixture-of-experts layers are run with tp 1 only")
-    if dp % ep:
-        raise JobError(f"parallel.ep: {ep} does not divide tp*dp = {tp * dp}, the stage's ranks")
+    if (cp * dp) % ep:
+        raise JobError(f"parallel.ep: {ep} does not divide tp*cp*dp = {tp * cp * dp}, the stage's ranks")
     if moe.experts % ep:
         raise JobError(f"parallel.ep: {ep} does not divide model.moe.experts = {moe.experts}")
     return ep, etp, dispatcher
@@ -775,8 +774,9 @@ def data_parallel_name(layout, model=None):
 
 
 def expert_coords_of_rank(rank, layout):
-    """Megatron-Core's expert order over a stage's ranks: etp fastest, then ep, then expert-data."""
-    within = rank % (layout.tp * layout.dp)
+    """Megatron-Core's expert order over a stage's tp x cp x dp ranks: etp fastest, then ep, then
+    expert-data."""
+    within = rank % (layout.tp * layout.cp * layout.dp)
     return {"etp": within % layout.etp, "ep": (within // layout.etp) % layout.ep,
             "edp": within // (layout.etp * layout.ep)}
 
@@ -1608,16 +1608,17 @@ def apply_fully_shard(chunk_module, dp_mesh, layout, compute_dtype, edp_mesh=Non
             # group (torchtitan's dp_mod_ep mesh), the rest of the block over dp.
             experts = fully_shard(block.feed_forward.experts, mesh=edp_mesh, mp_policy=policy,
                                   reshard_after_forward=reshard)
-            set_expert_gradient_divide_factor(experts, edp_mesh.size(), layout.dp)
+            set_expert_gradient_divide_factor(experts, edp_mesh.size(), layout.dense_sync)
         fully_shard(block, mesh=dp_mesh, mp_policy=policy, reshard_after_forward=reshard)
     return fully_shard(chunk_module, mesh=dp_mesh, mp_policy=policy, reshard_after_forward=reshard)
 
 
-def set_expert_gradient_divide_factor(module, edp, dp):
+def set_expert_gradient_divide_factor(module, edp, ranks):
     """An expert's gradient sums the losses of its ep group's tokens; the model's
-    is the mean over dp ranks, so the sum over edp replicas is divided by dp
-    (torchtitan's divide factor), as a sum and a division (gloo has no premul-sum)."""
-    module.set_gradient_divide_factor(float(dp))
+    is the mean over the dp x cp ranks, so the sum over edp replicas is divided by
+    their number (torchtitan's divide factor), as a sum and a division (gloo has no
+    premul-sum)."""
+    module.set_gradient_divide_factor(float(ranks))
     if edp > 1:
         module.set_force_sum_reduction_for_comms(True)
 
@@ -2064,10 +2065,10 @@ class Trainer:
                     elif self.edp_group is not None:
                         self.dist.all_reduce(g, group=self.edp_group)
                     # An expert's gradient already sums its ep group's tokens'
-                    # losses: over its edp replicas it covers all dp ranks.
-                    # A dense one is the mean over dp x cp (cp 1 without experts
-                    # beside it: context parallelism runs dense models only).
-                    g.div_(self.layout.dp if id(p) in self.expert_params else self.layout.dense_sync)
+                    # losses: over its edp replicas it covers all dp x cp
+                    # ranks. A dense one is the mean over dp x cp. Both are
+                    # divided by their number.
+                    g.div_(self.layout.dense_sync)
 
     def cp_comm(self):
         """The key/value exchange this rank's attention layers ran (the planned one with cp 1)."""
