@@ -1268,6 +1268,68 @@ fn experts_beside_context_parallelism_train_to_the_losses_of_one_rank() {
     }
 }
 
+/// A mixture of experts beside tensor parallelism is exact: two
+/// sequence-parallel tp ranks, each routing its own tokens, with the experts
+/// whole on both (ep 1) and split over them (ep 2), train to the losses of
+/// one rank holding everything, step after step.
+#[test]
+fn experts_beside_tensor_parallelism_train_to_the_losses_of_one_rank() {
+    let _ranks = ranks_to_myself();
+    let mut base = job(serde_json::json!({
+        "tp": 1, "pp": 1, "dp": 1, "dp_shard": null, "micro_batch": 1, "global_batch": 2,
+        "schedule": "1f1b", "virtual_stages": 1, "stage_layers": [2],
+        "sequence_parallel": false, "optimizer_sharding": "full",
+        "recompute": "selective", "ac_frequency": 1,
+        "ep": 1, "etp": 1, "moe_dispatcher": "alltoall"
+    }));
+    base["dtype"] = "fp32".into();
+    base["warmup"] = 0.into();
+    base["iterations"] = 3.into();
+    let m = &mut base["model"];
+    m["layers"] = 2.into();
+    m["seq_len"] = 32.into();
+    m["kv_heads"] = 2.into();
+    m["learned_positions"] = false.into();
+    m["gated_mlp"] = true.into();
+    m["dropout"] = false.into();
+    m["moe"] = serde_json::json!({"experts": 4, "topk": 2, "ffn_hidden": 64,
+        "shared_ffn_hidden": 32, "dense_layers": 0, "layer_freq": 1});
+    let mut tensor = base.clone();
+    tensor["parallel"]["tp"] = 2.into();
+    tensor["parallel"]["sequence_parallel"] = true.into();
+    let mut split = tensor.clone();
+    split["parallel"]["ep"] = 2.into();
+    let one = train(&base, 1);
+    let whole = train(&tensor, 2);
+    let spread = train(&split, 2);
+    assert_eq!(spread["degrees"]["tp"], 2, "{spread}");
+    assert_eq!(spread["experts"]["ep"], 2, "{spread}");
+    assert_eq!(spread["experts"]["local_experts"], 2, "{spread}");
+    assert_eq!(whole["experts"]["edp"], 2, "{whole}");
+    let losses = |r: &serde_json::Value| -> Vec<f64> {
+        r["loss"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| l.as_f64().unwrap())
+            .collect()
+    };
+    let (a, b, c) = (losses(&one), losses(&whole), losses(&spread));
+    println!("losses tp1 ep1 {a:?}, tp2 ep1 {b:?}, tp2 ep2 {c:?}");
+    assert_eq!(a.len(), 3);
+    assert!(a[2] < a[0], "the loss falls: {a:?}");
+    for (x, (y, z)) in a.iter().zip(b.iter().zip(&c)) {
+        assert!(
+            (x - y).abs() <= 1e-5 * x.abs(),
+            "tp1 ep1 {a:?} against tp2 ep1 {b:?}"
+        );
+        assert!(
+            (x - z).abs() <= 1e-5 * x.abs(),
+            "tp1 ep1 {a:?} against tp2 ep2 {c:?}"
+        );
+    }
+}
+
 /// Both of Megatron-Core's token dispatchers are exact: in fp32, a mixture
 /// of experts (4 experts, top-2, a shared expert, RoPE, FSDP, attention
 /// recomputed) trained on two data-parallel ranks with its experts split

@@ -298,9 +298,9 @@ fn experts_unsupported(
         Some(
             "expert tensor parallelism (etp > 1) is not run by the worker: it holds each expert whole; plan with `etp 1`",
         )
-    } else if c.tp > 1 {
+    } else if c.tp > 1 && !c.sequence_parallel {
         Some(
-            "mixture-of-experts layers beside tensor parallelism (tp > 1) are not run by the worker yet; plan with `tp 1`",
+            "mixture-of-experts layers beside tensor parallelism (tp > 1) are run by the worker with sequence parallelism only, as Megatron-Core runs them; plan with `sequence_parallel on`",
         )
     } else if c.dispatcher == Dispatcher::AllGather {
         Some(
@@ -1497,14 +1497,26 @@ mod tests {
             "{}",
             reason(etp)
         );
+        // Beside cp, and beside tp with sequence parallelism, the experts run
+        // (whatever else the worker refuses is not about them).
         let context = ParallelConfig { cp: 2, dp: 4, ..c };
+        assert_eq!(experts_unsupported(model, &context), None);
+        let tensor = ParallelConfig {
+            tp: 2,
+            dp: 4,
+            sequence_parallel: false,
+            ..c
+        };
         assert!(
-            reason(context).contains("context parallelism"),
+            reason(tensor).contains("`sequence_parallel on`"),
             "{}",
-            reason(context)
+            reason(tensor)
         );
-        let tensor = ParallelConfig { tp: 2, dp: 4, ..c };
-        assert!(reason(tensor).contains("`tp 1`"), "{}", reason(tensor));
+        let sequence = ParallelConfig {
+            sequence_parallel: true,
+            ..tensor
+        };
+        assert_eq!(experts_unsupported(model, &sequence), None);
         // The worker runs the allgather dispatcher, but only Megatron-LM plans
         // it, and the worker trials torchtitan's candidates.
         let gather = ParallelConfig {

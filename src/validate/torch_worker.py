@@ -141,7 +141,13 @@ already sums its ep group's losses); so a mixture of experts is never
 wrapped in DDP ("all-reduce of local gradients" without sharding; with FSDP
 the experts are fully_shard over the edp mesh with a gradient divide factor
 of dp x cp).  Beside context parallelism each cp rank routes its own
-tokens, and the ep ranks are drawn from the stage's cp x dp ranks.  The worker runs etp 1 and tp 1; a job asking for others, or for
+tokens, and the ep ranks are drawn from the stage's cp x dp ranks.  Beside
+tensor parallelism (sequence-parallel only, as Megatron-Core runs it) an MoE
+layer takes its tp rank's own tokens (its sequence shard, local) and hands
+back theirs; the router and the shared expert are whole on every tp rank and
+their gradients are summed over tp (Megatron-Core's sequence-parallel
+parameters), the ep ranks drawn from tp x cp x dp.  The worker runs etp 1;
+a job asking for others, or for
 ep > 1 without model.moe, is refused (JobError).  Router
 and shared expert are drawn from the block's seed, routed expert g of layer
 i from seed + 1000000 + i*experts + g.
@@ -591,7 +597,7 @@ def parse_layout(job, model, world):
     if sp and model.seq_len % tp:
         raise JobError(f"parallel.sequence_parallel: model.seq_len = {model.seq_len} is not divisible by tp = {tp}")
     embedding_sync = parse_embedding_sync(job, par, model, tp, pp, dp, sharding)
-    ep, etp, dispatcher = parse_experts(par, model, tp, cp, dp)
+    ep, etp, dispatcher = parse_experts(par, model, tp, cp, dp, sp)
     cp_comm = parse_context(par, model, cp, tp, dp_shard, embedding_sync)
     return Layout(
         tp=tp, pp=pp, dp=dp, dp_shard=dp_shard, dp_replicate=dp_replicate,
@@ -631,12 +637,12 @@ def parse_context(par, model, cp, tp, dp_shard, embedding_sync):
     return cp_comm
 
 
-def parse_experts(par, model, tp, cp, dp):
+def parse_experts(par, model, tp, cp, dp, sp):
     """(ep, etp, moe_dispatcher): 1, 1, "alltoall" when absent (jobs older than the fields).
 
     The experts' ranks follow Megatron-Core: etp fastest, then ep, then
     expert-data parallelism, over a pipeline stage's tp x cp x dp ranks.
-    The worker runs etp 1 and tp 1.
+    The worker runs etp 1, and tp > 1 with sequence parallelism only.
     """
     p = "parallel."
     ep = _get(par, "ep", p, int, minimum=1, optional=True) or 1
@@ -649,9 +655,10 @@ def parse_experts(par, model, tp, cp, dp):
         return ep, etp, dispatcher
     if etp > 1:
         raise JobError(f"parallel.etp: {etp}; expert tensor parallelism is not run by the worker (etp 1 only)")
-    if tp > 1:
-        raise JobError(f"parallel.tp: {tp}; mixture-of-experts layers are run with tp 1 only")
-    if (cp * dp) % ep:
+    if tp > 1 and not sp:
+        raise JobError(f"parallel.sequence_parallel: mixture-of-experts layers beside tp = {tp} are run "
+                       "with sequence parallelism only")
+    if (tp * cp * dp) % ep:
         raise JobError(f"parallel.ep: {ep} does not divide tp*cp*dp = {tp * cp * dp}, the stage's ranks")
     if moe.experts % ep:
         raise JobError(f"parallel.ep: {ep} does not divide model.moe.experts = {moe.experts}")
@@ -823,8 +830,8 @@ def tensor_parallel_plan(model, layout, chunk):
         return {}
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
-        ColwiseParallel, PrepareModuleInput, PrepareModuleOutput, RowwiseParallel,
-        SequenceParallel,
+        ColwiseParallel, PrepareModuleInput, PrepareModuleInputOutput, PrepareModuleOutput,
+        RowwiseParallel, SequenceParallel,
     )
 
     sp = layout.sequence_parallel
@@ -845,18 +852,30 @@ def tensor_parallel_plan(model, layout, chunk):
             )
     for layer in chunk_layers(layout, chunk):
         b = f"layers.{layer}."
+        # An MoE layer (sequence parallelism on, parse_experts checks) takes
+        # its rank's own tokens and hands back theirs (Megatron-Core), local
+        # as the residual stream between the blocks is.
+        moe = model.moe is not None and model.moe.is_moe_layer(layer)
         if sp:
             plan[b + "attention_norm"] = SequenceParallel()
             plan[b + "attention"] = PrepareModuleInput(
                 input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
             )
             plan[b + "ffn_norm"] = SequenceParallel()
-            plan[b + "feed_forward"] = PrepareModuleInput(
-                input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
-            )
+            if moe:
+                plan[b + "feed_forward"] = PrepareModuleInputOutput(
+                    input_layouts=(Shard(1),), desired_input_layouts=(Shard(1),), use_local_input=True,
+                    output_layouts=(Shard(1),), desired_output_layouts=(Shard(1),), use_local_output=True,
+                )
+            else:
+                plan[b + "feed_forward"] = PrepareModuleInput(
+                    input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
+                )
         for proj in ("wq", "wk", "wv"):
             plan[b + "attention." + proj] = ColwiseParallel()
         plan[b + "attention.wo"] = RowwiseParallel(output_layouts=hidden_layout)
+        if moe:
+            continue
         plan[b + "feed_forward.w1"] = ColwiseParallel()
         if model.gated_mlp:
             plan[b + "feed_forward.w3"] = ColwiseParallel()
@@ -1920,6 +1939,15 @@ class Trainer:
         # The routed experts' gradients sync over the expert-data-parallel
         # group (none when ep covers dp), the other parameters' over dp.
         self.expert_params = {id(p) for layer in self.moe_layers for p in layer.experts.parameters()}
+        # Beside tp the MoE layers' router and shared expert are whole on
+        # every tp rank, each seeing its own tokens: their gradients are
+        # summed over tp (Megatron-Core's sequence-parallel parameters).
+        self.tp_summed = []
+        self.tp_group = None
+        if layout.tp > 1 and self.moe_layers:
+            self.tp_group = d.mesh["tp"].get_group()
+            self.tp_summed = [p for layer in self.moe_layers for p in layer.parameters()
+                              if id(p) not in self.expert_params]
         self.edp_group = None
         if self.dp_group is not None and d.experts is not None and layout.edp > 1:
             self.edp_group = d.experts.edp_mesh.get_group()
@@ -2050,6 +2078,9 @@ class Trainer:
         return float(total)
 
     def sync_gradients(self):
+        for p in self.tp_summed:
+            if p.grad is not None:
+                self.dist.all_reduce(local_tensor(p.grad), group=self.tp_group)
         if self.tie_group is not None:
             # Megatron sums the word-embedding gradient of the first stage and
             # the head gradient of the last so both copies stay equal.
