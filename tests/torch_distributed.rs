@@ -1005,6 +1005,38 @@ fn train_report(job: &serde_json::Value, world: u64, rank: u64) -> serde_json::V
     serde_json::from_str(&text).unwrap()
 }
 
+/// Makes `job` one the exactness tests compare: fp32, no warm-up, three
+/// iterations of a two-layer model with RoPE, a gated MLP, no dropout, 32
+/// tokens and `kv_heads` key/value heads.
+fn make_exact(job: &mut serde_json::Value, kv_heads: u64) {
+    job["dtype"] = "fp32".into();
+    job["warmup"] = 0.into();
+    job["iterations"] = 3.into();
+    let m = &mut job["model"];
+    m["layers"] = 2.into();
+    m["seq_len"] = 32.into();
+    m["kv_heads"] = kv_heads.into();
+    m["learned_positions"] = false.into();
+    m["gated_mlp"] = true.into();
+    m["dropout"] = false.into();
+}
+
+/// Gives `job`'s model 4 routed experts (top-2, 64 wide) and a shared one.
+fn add_experts(job: &mut serde_json::Value) {
+    job["model"]["moe"] = serde_json::json!({"experts": 4, "topk": 2, "ffn_hidden": 64,
+        "shared_ffn_hidden": 32, "dense_layers": 0, "layer_freq": 1});
+}
+
+/// The per-iteration losses of a rank's report.
+fn losses(r: &serde_json::Value) -> Vec<f64> {
+    r["loss"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l.as_f64().unwrap())
+        .collect()
+}
+
 /// Ring attention and the a2a and allgather exchanges are exact: without
 /// dropout, in fp32, two cp ranks train a model (RoPE, grouped-query
 /// attention, FSDP over dp x cp, attention recomputed) to the losses one
@@ -1019,16 +1051,7 @@ fn context_parallel_ranks_train_to_the_losses_of_one_rank() {
         "sequence_parallel": false, "optimizer_sharding": "full",
         "recompute": "selective", "ac_frequency": 1, "cp": 1, "cp_comm": "p2p"
     }));
-    base["dtype"] = "fp32".into();
-    base["warmup"] = 0.into();
-    base["iterations"] = 3.into();
-    let m = &mut base["model"];
-    m["layers"] = 2.into();
-    m["seq_len"] = 32.into();
-    m["kv_heads"] = 2.into();
-    m["learned_positions"] = false.into();
-    m["gated_mlp"] = true.into();
-    m["dropout"] = false.into();
+    make_exact(&mut base, 2);
     let mut context = base.clone();
     context["parallel"]["cp"] = 2.into();
     let mut a2a = context.clone();
@@ -1045,14 +1068,6 @@ fn context_parallel_ranks_train_to_the_losses_of_one_rank() {
     assert_eq!(gathered["cp_comm"], "allgather", "{gathered}");
     assert_eq!(gathered["context"]["attention"], "all-gather", "{gathered}");
     assert_eq!(gathered["context"]["ring_steps"], 0, "{gathered}");
-    let losses = |r: &serde_json::Value| -> Vec<f64> {
-        r["loss"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|l| l.as_f64().unwrap())
-            .collect()
-    };
     let (a, b, h, g) = (
         losses(&one),
         losses(&two),
@@ -1108,16 +1123,7 @@ fn context_parallel_ranks_under_a_pipeline_train_to_the_losses_of_cp_1() {
         "sequence_parallel": false, "optimizer_sharding": "full",
         "recompute": "selective", "ac_frequency": 1, "cp": 1, "cp_comm": "p2p"
     }));
-    base["dtype"] = "fp32".into();
-    base["warmup"] = 0.into();
-    base["iterations"] = 3.into();
-    let m = &mut base["model"];
-    m["layers"] = 2.into();
-    m["seq_len"] = 32.into();
-    m["kv_heads"] = 2.into();
-    m["learned_positions"] = false.into();
-    m["gated_mlp"] = true.into();
-    m["dropout"] = false.into();
+    make_exact(&mut base, 2);
     let mut context = base.clone();
     context["parallel"]["cp"] = 2.into();
     // The last stage's first rank: rank 1 of two, rank 2 of four.
@@ -1130,14 +1136,6 @@ fn context_parallel_ranks_under_a_pipeline_train_to_the_losses_of_cp_1() {
         serde_json::json!({"pp": 1, "dp": 0, "cp": 0, "tp": 0})
     );
     assert_eq!(two["context"]["ring_steps"], 1, "{two}");
-    let losses = |r: &serde_json::Value| -> Vec<f64> {
-        r["loss"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|l| l.as_f64().unwrap())
-            .collect()
-    };
     let (a, b) = (losses(&one), losses(&two));
     println!("losses pp2 cp1 {a:?}, pp2 cp2 {b:?}");
     assert_eq!(a.len(), 3);
@@ -1163,16 +1161,7 @@ fn context_parallel_ranks_beside_tensor_parallelism_train_to_the_losses_of_cp_1(
         "sequence_parallel": true, "optimizer_sharding": "full",
         "recompute": "selective", "ac_frequency": 1, "cp": 1, "cp_comm": "p2p"
     }));
-    base["dtype"] = "fp32".into();
-    base["warmup"] = 0.into();
-    base["iterations"] = 3.into();
-    let m = &mut base["model"];
-    m["layers"] = 2.into();
-    m["seq_len"] = 32.into();
-    m["kv_heads"] = 4.into();
-    m["learned_positions"] = false.into();
-    m["gated_mlp"] = true.into();
-    m["dropout"] = false.into();
+    make_exact(&mut base, 4);
     let mut ring = base.clone();
     ring["parallel"]["cp"] = 2.into();
     let mut a2a = ring.clone();
@@ -1183,14 +1172,6 @@ fn context_parallel_ranks_beside_tensor_parallelism_train_to_the_losses_of_cp_1(
     assert_eq!(two["degrees"]["cp"], 2, "{two}");
     assert_eq!(two["degrees"]["tp"], 2, "{two}");
     assert_eq!(heads["context"]["attention"], "all-to-all", "{heads}");
-    let losses = |r: &serde_json::Value| -> Vec<f64> {
-        r["loss"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|l| l.as_f64().unwrap())
-            .collect()
-    };
     let (a, b, h) = (losses(&one), losses(&two), losses(&heads));
     println!("losses tp2 cp1 {a:?}, tp2 cp2 p2p {b:?}, tp2 cp2 a2a {h:?}");
     assert_eq!(a.len(), 3);
@@ -1221,18 +1202,8 @@ fn experts_beside_context_parallelism_train_to_the_losses_of_one_rank() {
         "recompute": "selective", "ac_frequency": 1, "cp": 1, "cp_comm": "p2p",
         "ep": 1, "etp": 1, "moe_dispatcher": "alltoall"
     }));
-    base["dtype"] = "fp32".into();
-    base["warmup"] = 0.into();
-    base["iterations"] = 3.into();
-    let m = &mut base["model"];
-    m["layers"] = 2.into();
-    m["seq_len"] = 32.into();
-    m["kv_heads"] = 2.into();
-    m["learned_positions"] = false.into();
-    m["gated_mlp"] = true.into();
-    m["dropout"] = false.into();
-    m["moe"] = serde_json::json!({"experts": 4, "topk": 2, "ffn_hidden": 64,
-        "shared_ffn_hidden": 32, "dense_layers": 0, "layer_freq": 1});
+    make_exact(&mut base, 2);
+    add_experts(&mut base);
     let mut context = base.clone();
     context["parallel"]["cp"] = 2.into();
     let mut split = context.clone();
@@ -1244,14 +1215,6 @@ fn experts_beside_context_parallelism_train_to_the_losses_of_one_rank() {
     assert_eq!(spread["experts"]["ep"], 2, "{spread}");
     assert_eq!(spread["experts"]["local_experts"], 2, "{spread}");
     assert_eq!(whole["experts"]["edp"], 2, "{whole}");
-    let losses = |r: &serde_json::Value| -> Vec<f64> {
-        r["loss"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|l| l.as_f64().unwrap())
-            .collect()
-    };
     let (a, b, c) = (losses(&one), losses(&whole), losses(&spread));
     println!("losses cp1 ep1 {a:?}, cp2 ep1 {b:?}, cp2 ep2 {c:?}");
     assert_eq!(a.len(), 3);
@@ -1282,18 +1245,8 @@ fn experts_beside_tensor_parallelism_train_to_the_losses_of_one_rank() {
         "recompute": "selective", "ac_frequency": 1,
         "ep": 1, "etp": 1, "moe_dispatcher": "alltoall"
     }));
-    base["dtype"] = "fp32".into();
-    base["warmup"] = 0.into();
-    base["iterations"] = 3.into();
-    let m = &mut base["model"];
-    m["layers"] = 2.into();
-    m["seq_len"] = 32.into();
-    m["kv_heads"] = 2.into();
-    m["learned_positions"] = false.into();
-    m["gated_mlp"] = true.into();
-    m["dropout"] = false.into();
-    m["moe"] = serde_json::json!({"experts": 4, "topk": 2, "ffn_hidden": 64,
-        "shared_ffn_hidden": 32, "dense_layers": 0, "layer_freq": 1});
+    make_exact(&mut base, 2);
+    add_experts(&mut base);
     let mut tensor = base.clone();
     tensor["parallel"]["tp"] = 2.into();
     tensor["parallel"]["sequence_parallel"] = true.into();
@@ -1306,14 +1259,6 @@ fn experts_beside_tensor_parallelism_train_to_the_losses_of_one_rank() {
     assert_eq!(spread["experts"]["ep"], 2, "{spread}");
     assert_eq!(spread["experts"]["local_experts"], 2, "{spread}");
     assert_eq!(whole["experts"]["edp"], 2, "{whole}");
-    let losses = |r: &serde_json::Value| -> Vec<f64> {
-        r["loss"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|l| l.as_f64().unwrap())
-            .collect()
-    };
     let (a, b, c) = (losses(&one), losses(&whole), losses(&spread));
     println!("losses tp1 ep1 {a:?}, tp2 ep1 {b:?}, tp2 ep2 {c:?}");
     assert_eq!(a.len(), 3);
@@ -1346,18 +1291,8 @@ fn expert_parallel_ranks_train_to_the_losses_of_ep_1_over_both_dispatchers() {
         "recompute": "selective", "ac_frequency": 1,
         "ep": 1, "etp": 1, "moe_dispatcher": "alltoall"
     }));
-    base["dtype"] = "fp32".into();
-    base["warmup"] = 0.into();
-    base["iterations"] = 3.into();
-    let m = &mut base["model"];
-    m["layers"] = 2.into();
-    m["seq_len"] = 32.into();
-    m["kv_heads"] = 2.into();
-    m["learned_positions"] = false.into();
-    m["gated_mlp"] = true.into();
-    m["dropout"] = false.into();
-    m["moe"] = serde_json::json!({"experts": 4, "topk": 2, "ffn_hidden": 64,
-        "shared_ffn_hidden": 32, "dense_layers": 0, "layer_freq": 1});
+    make_exact(&mut base, 2);
+    add_experts(&mut base);
     let mut all_to_all = base.clone();
     all_to_all["parallel"]["ep"] = 2.into();
     let mut all_gather = all_to_all.clone();
@@ -1386,14 +1321,6 @@ fn expert_parallel_ranks_train_to_the_losses_of_ep_1_over_both_dispatchers() {
         a2a["experts"]["tokens_received_per_step"],
         gathered["experts"]["tokens_received_per_step"]
     );
-    let losses = |r: &serde_json::Value| -> Vec<f64> {
-        r["loss"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|l| l.as_f64().unwrap())
-            .collect()
-    };
     let (a, b, g) = (losses(&one), losses(&a2a), losses(&gathered));
     println!("losses ep1 {a:?}, ep2 alltoall {b:?}, ep2 allgather {g:?}");
     assert_eq!(a.len(), 3);
