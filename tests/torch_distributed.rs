@@ -1037,6 +1037,22 @@ fn losses(r: &serde_json::Value) -> Vec<f64> {
         .collect()
 }
 
+/// Asserts that the reference run's three losses fall and that every other
+/// run's match them step after step, to 1e-5 relative.
+fn assert_losses_match(reference: (&str, &[f64]), runs: &[(&str, &[f64])]) {
+    let (name, a) = reference;
+    assert_eq!(a.len(), 3);
+    assert!(a[2] < a[0], "the loss falls: {a:?}");
+    for (other, b) in runs {
+        for (x, y) in a.iter().zip(b.iter()) {
+            assert!(
+                (x - y).abs() <= 1e-5 * x.abs(),
+                "{name} {a:?} against {other} {b:?}"
+            );
+        }
+    }
+}
+
 /// Ring attention and the a2a and allgather exchanges are exact: without
 /// dropout, in fp32, two cp ranks train a model (RoPE, grouped-query
 /// attention, FSDP over dp x cp, attention recomputed) to the losses one
@@ -1075,24 +1091,10 @@ fn context_parallel_ranks_train_to_the_losses_of_one_rank() {
         losses(&gathered),
     );
     println!("losses cp1 {a:?}, cp2 p2p {b:?}, cp2 a2a {h:?}, cp2 allgather {g:?}");
-    assert_eq!(a.len(), 3);
-    assert!(a[2] < a[0], "the loss falls: {a:?}");
-    for (x, w) in a.iter().zip(&g) {
-        assert!(
-            (x - w).abs() <= 1e-5 * x.abs(),
-            "cp1 {a:?} against cp2 allgather {g:?}"
-        );
-    }
-    for (x, (y, z)) in a.iter().zip(b.iter().zip(&h)) {
-        assert!(
-            (x - y).abs() <= 1e-5 * x.abs(),
-            "cp1 {a:?} against cp2 p2p {b:?}"
-        );
-        assert!(
-            (x - z).abs() <= 1e-5 * x.abs(),
-            "cp1 {a:?} against cp2 a2a {h:?}"
-        );
-    }
+    assert_losses_match(
+        ("cp1", &a),
+        &[("cp2 allgather", &g), ("cp2 p2p", &b), ("cp2 a2a", &h)],
+    );
     // The mapping: cp between tp and dp in the rank order.
     let mut four = context.clone();
     four["parallel"]["dp"] = 2.into();
@@ -1138,14 +1140,7 @@ fn context_parallel_ranks_under_a_pipeline_train_to_the_losses_of_cp_1() {
     assert_eq!(two["context"]["ring_steps"], 1, "{two}");
     let (a, b) = (losses(&one), losses(&two));
     println!("losses pp2 cp1 {a:?}, pp2 cp2 {b:?}");
-    assert_eq!(a.len(), 3);
-    assert!(a[2] < a[0], "the loss falls: {a:?}");
-    for (x, y) in a.iter().zip(&b) {
-        assert!(
-            (x - y).abs() <= 1e-5 * x.abs(),
-            "pp2 cp1 {a:?} against pp2 cp2 {b:?}"
-        );
-    }
+    assert_losses_match(("pp2 cp1", &a), &[("pp2 cp2", &b)]);
 }
 
 /// Context parallelism beside tensor parallelism is exact: two tp ranks
@@ -1174,18 +1169,7 @@ fn context_parallel_ranks_beside_tensor_parallelism_train_to_the_losses_of_cp_1(
     assert_eq!(heads["context"]["attention"], "all-to-all", "{heads}");
     let (a, b, h) = (losses(&one), losses(&two), losses(&heads));
     println!("losses tp2 cp1 {a:?}, tp2 cp2 p2p {b:?}, tp2 cp2 a2a {h:?}");
-    assert_eq!(a.len(), 3);
-    assert!(a[2] < a[0], "the loss falls: {a:?}");
-    for (x, (y, z)) in a.iter().zip(b.iter().zip(&h)) {
-        assert!(
-            (x - y).abs() <= 1e-5 * x.abs(),
-            "tp2 cp1 {a:?} against tp2 cp2 p2p {b:?}"
-        );
-        assert!(
-            (x - z).abs() <= 1e-5 * x.abs(),
-            "tp2 cp1 {a:?} against tp2 cp2 a2a {h:?}"
-        );
-    }
+    assert_losses_match(("tp2 cp1", &a), &[("tp2 cp2 p2p", &b), ("tp2 cp2 a2a", &h)]);
 }
 
 /// A mixture of experts beside context parallelism is exact: two cp ranks,
@@ -1217,18 +1201,7 @@ fn experts_beside_context_parallelism_train_to_the_losses_of_one_rank() {
     assert_eq!(whole["experts"]["edp"], 2, "{whole}");
     let (a, b, c) = (losses(&one), losses(&whole), losses(&spread));
     println!("losses cp1 ep1 {a:?}, cp2 ep1 {b:?}, cp2 ep2 {c:?}");
-    assert_eq!(a.len(), 3);
-    assert!(a[2] < a[0], "the loss falls: {a:?}");
-    for (x, (y, z)) in a.iter().zip(b.iter().zip(&c)) {
-        assert!(
-            (x - y).abs() <= 1e-5 * x.abs(),
-            "cp1 ep1 {a:?} against cp2 ep1 {b:?}"
-        );
-        assert!(
-            (x - z).abs() <= 1e-5 * x.abs(),
-            "cp1 ep1 {a:?} against cp2 ep2 {c:?}"
-        );
-    }
+    assert_losses_match(("cp1 ep1", &a), &[("cp2 ep1", &b), ("cp2 ep2", &c)]);
 }
 
 /// A mixture of experts beside tensor parallelism is exact: two
@@ -1261,18 +1234,7 @@ fn experts_beside_tensor_parallelism_train_to_the_losses_of_one_rank() {
     assert_eq!(whole["experts"]["edp"], 2, "{whole}");
     let (a, b, c) = (losses(&one), losses(&whole), losses(&spread));
     println!("losses tp1 ep1 {a:?}, tp2 ep1 {b:?}, tp2 ep2 {c:?}");
-    assert_eq!(a.len(), 3);
-    assert!(a[2] < a[0], "the loss falls: {a:?}");
-    for (x, (y, z)) in a.iter().zip(b.iter().zip(&c)) {
-        assert!(
-            (x - y).abs() <= 1e-5 * x.abs(),
-            "tp1 ep1 {a:?} against tp2 ep1 {b:?}"
-        );
-        assert!(
-            (x - z).abs() <= 1e-5 * x.abs(),
-            "tp1 ep1 {a:?} against tp2 ep2 {c:?}"
-        );
-    }
+    assert_losses_match(("tp1 ep1", &a), &[("tp2 ep1", &b), ("tp2 ep2", &c)]);
 }
 
 /// Both of Megatron-Core's token dispatchers are exact: in fp32, a mixture
@@ -1323,16 +1285,5 @@ fn expert_parallel_ranks_train_to_the_losses_of_ep_1_over_both_dispatchers() {
     );
     let (a, b, g) = (losses(&one), losses(&a2a), losses(&gathered));
     println!("losses ep1 {a:?}, ep2 alltoall {b:?}, ep2 allgather {g:?}");
-    assert_eq!(a.len(), 3);
-    assert!(a[2] < a[0], "the loss falls: {a:?}");
-    for (x, (y, z)) in a.iter().zip(b.iter().zip(&g)) {
-        assert!(
-            (x - y).abs() <= 1e-5 * x.abs(),
-            "ep1 {a:?} against ep2 alltoall {b:?}"
-        );
-        assert!(
-            (x - z).abs() <= 1e-5 * x.abs(),
-            "ep1 {a:?} against ep2 allgather {g:?}"
-        );
-    }
+    assert_losses_match(("ep1", &a), &[("ep2 alltoall", &b), ("ep2 allgather", &g)]);
 }

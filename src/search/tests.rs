@@ -281,27 +281,38 @@ fn kept_memory_and_layer_times_predict_as_a_fresh_prediction() {
     }
 }
 
+/// Whole spaces the per-stem and per-key shortcuts are checked over: dense
+/// GPT-3 (interleaved and uneven pipelines, every sharding), Qwen3-MoE on
+/// H100s, Llama 3 8B at 32K tokens (cp opened) and torchtitan's space.
+fn whole_spaces() -> Vec<(Job, SearchSpace)> {
+    let mut long_context = job("llama3-8b", 4, 32);
+    long_context.model.seq_len = 32768;
+    let torchtitan = SearchSpace {
+        engine: crate::config::Engine::Torchtitan,
+        ..SearchSpace::default()
+    };
+    vec![
+        (job("gpt3-175b", 16, 256), SearchSpace::default()),
+        (moe_on_h100(), SearchSpace::default()),
+        (long_context, SearchSpace::default()),
+        (job("llama3-8b", 2, 64), torchtitan),
+    ]
+}
+
+/// Qwen3-30B-A3B on 8 DGX H100 nodes, global batch 256.
+fn moe_on_h100() -> Job {
+    let mut moe = job("qwen3-30b-a3b", 8, 256);
+    moe.nodes = builtin_node("h100-sxm", 8).unwrap();
+    moe
+}
+
 /// The search checks the rules with its stem's checks made once per stem:
 /// for every configuration of whole spaces (dense, interleaved and uneven
 /// pipelines, MoE on Megatron-LM, long-context with cp, torchtitan) that
 /// gives the rule `violation` gives.
 #[test]
 fn stem_checks_made_once_give_the_rules_violation_gives() {
-    let mut long_context = job("llama3-8b", 4, 32);
-    long_context.model.seq_len = 32768;
-    let mut moe = job("qwen3-30b-a3b", 8, 256);
-    moe.nodes = builtin_node("h100-sxm", 8).unwrap();
-    let torchtitan = SearchSpace {
-        engine: crate::config::Engine::Torchtitan,
-        ..SearchSpace::default()
-    };
-    let cases = [
-        (job("gpt3-175b", 16, 256), SearchSpace::default()),
-        (moe, SearchSpace::default()),
-        (long_context, SearchSpace::default()),
-        (job("llama3-8b", 2, 64), torchtitan),
-    ];
-    for (job, space) in cases {
+    for (job, space) in whole_spaces() {
         let per_node = job.gpus_per_node();
         let (mut considered, mut broken) = (0, 0);
         for outer in space.outer(&job) {
@@ -334,16 +345,9 @@ fn sync_parts_shared_by_key_predict_what_each_configurations_own_do() {
     use crate::config::{GradReduce, Precision, SyncMethod};
     use crate::cost::{peak_memory, predict};
     use std::collections::HashMap;
-    let mut long_context = job("llama3-8b", 4, 32);
-    long_context.model.seq_len = 32768;
-    let mut moe = job("qwen3-30b-a3b", 8, 256);
-    moe.nodes = builtin_node("h100-sxm", 8).unwrap();
-    let torchtitan = SearchSpace {
-        engine: crate::config::Engine::Torchtitan,
-        ..SearchSpace::default()
-    };
-    // The switches the default space holds at one value, opened.
-    let every_sync = SearchSpace {
+    let mut cases = whole_spaces();
+    // The MoE's with the switches the default space holds at one value opened.
+    cases[1].1 = SearchSpace {
         precision: Some(vec![Precision::Bf16, Precision::Fp8]),
         grad_reduce: Some(vec![GradReduce::Fp32, GradReduce::Bf16]),
         embedding_sync: Some(vec![SyncMethod::AllReduce, SyncMethod::SparseAllGather]),
@@ -351,18 +355,11 @@ fn sync_parts_shared_by_key_predict_what_each_configurations_own_do() {
         ..SearchSpace::default()
     };
     // MoE layers alternating with dense ones: every stage a candidate.
-    let mut alternating = job("qwen3-30b-a3b", 8, 256);
-    alternating.nodes = builtin_node("h100-sxm", 8).unwrap();
+    let mut alternating = moe_on_h100();
     if let Some(moe) = alternating.model.moe.as_mut() {
         moe.layer_freq = 2;
     }
-    let cases = [
-        (job("gpt3-175b", 16, 256), SearchSpace::default()),
-        (moe, every_sync),
-        (long_context, SearchSpace::default()),
-        (job("llama3-8b", 2, 64), torchtitan),
-        (alternating, SearchSpace::default()),
-    ];
+    cases.push((alternating, SearchSpace::default()));
     let cost = CostModel::datasheet();
     for (job, space) in cases {
         let s = job.scenario(&cost);
