@@ -1237,6 +1237,57 @@ fn experts_beside_tensor_parallelism_train_to_the_losses_of_one_rank() {
     assert_losses_match(("tp1 ep1", &a), &[("tp2 ep1", &b), ("tp2 ep2", &c)]);
 }
 
+/// Expert tensor parallelism is exact: in fp32, four data-parallel ranks
+/// with every expert split over two etp ranks (fc1 by rows, fc2 by columns)
+/// and the experts over two ep ranks reach the losses of the same ranks
+/// holding every expert whole (ep 1, etp 1), step after step, over the
+/// all-to-all dispatcher (exchange over ep, gather over etp) and the
+/// all-gather dispatcher (over ep x etp).
+#[test]
+fn expert_tensor_parallel_ranks_train_to_the_losses_of_whole_experts() {
+    let _ranks = ranks_to_myself();
+    let mut base = job(serde_json::json!({
+        "tp": 1, "pp": 1, "dp": 4, "dp_shard": null, "micro_batch": 1, "global_batch": 8,
+        "schedule": "1f1b", "virtual_stages": 1, "stage_layers": [2],
+        "sequence_parallel": false, "optimizer_sharding": "full",
+        "recompute": "selective", "ac_frequency": 1,
+        "ep": 1, "etp": 1, "moe_dispatcher": "alltoall"
+    }));
+    make_exact(&mut base, 2);
+    add_experts(&mut base);
+    let mut all_to_all = base.clone();
+    all_to_all["parallel"]["ep"] = 2.into();
+    all_to_all["parallel"]["etp"] = 2.into();
+    let mut all_gather = all_to_all.clone();
+    all_gather["parallel"]["moe_dispatcher"] = "allgather".into();
+    let whole = train(&base, 4);
+    let a2a = train(&all_to_all, 4);
+    let gathered = train(&all_gather, 4);
+    for r in [&a2a, &gathered] {
+        assert_eq!(r["experts"]["etp"], 2, "{r}");
+        assert_eq!(r["experts"]["ep"], 2, "{r}");
+        assert_eq!(r["experts"]["edp"], 1, "{r}");
+        assert_eq!(r["experts"]["local_experts"], 2, "{r}");
+    }
+    // The all-to-all dispatcher gathers the arrived tokens over etp and
+    // reduce-scatters the partial outputs back.
+    for kind in ["all_to_all", "all_gather", "reduce_scatter"] {
+        assert!(a2a["collectives_ms"].get(kind).is_some(), "{a2a}");
+    }
+    // Each rank's shards compute the token copies of its etp group's
+    // ranks, whichever dispatcher brought them.
+    assert_eq!(
+        a2a["experts"]["tokens_received_per_step"],
+        gathered["experts"]["tokens_received_per_step"]
+    );
+    let (a, b, g) = (losses(&whole), losses(&a2a), losses(&gathered));
+    println!("losses ep1 etp1 {a:?}, ep2 etp2 alltoall {b:?}, ep2 etp2 allgather {g:?}");
+    assert_losses_match(
+        ("ep1 etp1", &a),
+        &[("ep2 etp2 alltoall", &b), ("ep2 etp2 allgather", &g)],
+    );
+}
+
 /// Both of Megatron-Core's token dispatchers are exact: in fp32, a mixture
 /// of experts (4 experts, top-2, a shared expert, RoPE, FSDP, attention
 /// recomputed) trained on two data-parallel ranks with its experts split

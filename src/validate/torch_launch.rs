@@ -284,8 +284,8 @@ pub fn unsupported(model: &crate::model::ModelSpec, c: &ParallelConfig) -> Optio
 
 /// Why the worker cannot run `c`'s experts as planned, if it cannot: it
 /// runs Megatron-Core's all-to-all or all-gather dispatcher over the ep
-/// ranks, each expert whole (etp 1), beside dense layers without tensor
-/// parallelism; but it trials only torchtitan's candidates, whose experts
+/// ranks, each expert whole or split over its etp ranks, beside tensor
+/// parallelism with sequence parallelism; but it trials only torchtitan's candidates, whose experts
 /// dispatch all-to-all (`Rule::EngineCannotRun`), so an allgather candidate
 /// (Megatron-LM's) is refused for its engine, said here in the dispatcher's
 /// terms.
@@ -294,11 +294,7 @@ fn experts_unsupported(
     c: &ParallelConfig,
 ) -> Option<&'static str> {
     model.moe?;
-    if c.etp > 1 {
-        Some(
-            "expert tensor parallelism (etp > 1) is not run by the worker: it holds each expert whole; plan with `etp 1`",
-        )
-    } else if c.tp > 1 && !c.sequence_parallel {
+    if c.tp > 1 && !c.sequence_parallel {
         Some(
             "mixture-of-experts layers beside tensor parallelism (tp > 1) are run by the worker with sequence parallelism only, as Megatron-Core runs them; plan with `sequence_parallel on`",
         )
@@ -1414,14 +1410,16 @@ mod tests {
         );
         let mut experts = model.clone();
         experts.moe = crate::model::builtin_model("mixtral-8x7b").unwrap().moe;
-        // Experts run (expert parallelism, all-to-all dispatch); what of them
-        // the worker does not run is refused with the reason.
-        let split = ParallelConfig { etp: 2, ..base };
-        assert!(
-            unsupported(&experts, &split)
-                .unwrap()
-                .contains("expert tensor parallelism")
-        );
+        // Experts run (expert parallelism, all-to-all dispatch), split over
+        // etp ranks too; what of them the worker does not run is refused
+        // with the reason.
+        let split = ParallelConfig {
+            etp: 2,
+            dp: 2,
+            dispatcher: Dispatcher::AllToAll,
+            ..base
+        };
+        assert_eq!(experts_unsupported(&experts, &split), None);
         assert_eq!(unsupported(&model, &base), None);
     }
 
@@ -1491,16 +1489,13 @@ mod tests {
 
         // What the worker does not run of a mixture of experts is refused, naming the key.
         let reason = |c: ParallelConfig| unsupported(model, &c).unwrap_or_default();
-        let etp = ParallelConfig { etp: 2, ..c };
-        assert!(
-            reason(etp).contains("etp > 1") && reason(etp).contains("`etp 1`"),
-            "{}",
-            reason(etp)
-        );
-        // Beside cp, and beside tp with sequence parallelism, the experts run
+        // Split over etp ranks, beside cp, and beside tp with sequence
+        // parallelism, the experts run
         // (whatever else the worker refuses is not about them).
         let context = ParallelConfig { cp: 2, dp: 4, ..c };
         assert_eq!(experts_unsupported(model, &context), None);
+        let split = ParallelConfig { etp: 2, ..c };
+        assert_eq!(experts_unsupported(model, &split), None);
         let tensor = ParallelConfig {
             tp: 2,
             dp: 4,

@@ -126,7 +126,7 @@ counts exchanged by all_to_all_single over the ep group, then the tokens
 back by the reverse all_to_all_single (torch.distributed.nn.functional, so
 the backward is the reverse exchange), summed per token weighted by the
 router's probabilities.  "allgather", Megatron-Core's
-MoEAllGatherTokenDispatcher (over the ep group: etp and tp are 1): the
+MoEAllGatherTokenDispatcher (over the ep group when etp is 1): the
 hidden states (compute dtype) and the routing probabilities (fp32) are
 all-gathered over the ep group (all_gather_into_tensor, whose backward
 reduce-scatters the gradients to their owners), the chosen experts too
@@ -137,7 +137,7 @@ fp32 back to the tokens' owners (reduce_scatter_tensor, whose backward
 all-gathers).
 The routed experts' gradients sync over the edp group, every other
 parameter's over dp x cp (both as means over dp x cp: an expert's gradient
-already sums its ep group's losses); so a mixture of experts is never
+already sums its ep x etp group's losses); so a mixture of experts is never
 wrapped in DDP ("all-reduce of local gradients" without sharding; with FSDP
 the experts are fully_shard over the edp mesh with a gradient divide factor
 of dp x cp).  Beside context parallelism each cp rank routes its own
@@ -146,9 +146,18 @@ tensor parallelism (sequence-parallel only, as Megatron-Core runs it) an MoE
 layer takes its tp rank's own tokens (its sequence shard, local) and hands
 back theirs; the router and the shared expert are whole on every tp rank and
 their gradients are summed over tp (Megatron-Core's sequence-parallel
-parameters), the ep ranks drawn from tp x cp x dp.  The worker runs etp 1;
-a job asking for others, or for
-ep > 1 without model.moe, is refused (JobError).  Router
+parameters), the ep ranks drawn from tp x cp x dp.  Expert tensor
+parallelism (etp > 1, Megatron-Core's): each routed expert is split over
+its etp ranks, fc1 (and fc3) by rows, fc2 by columns, fc2's bias on etp
+rank 0 alone, every shard cut from the whole expert drawn from its seed.
+The all-to-all dispatcher exchanges over the ep group (the ranks of one
+etp coordinate), all-gathers the arrived token copies over the etp group
+(uneven, padded), runs the shards on all of them and reduce-scatters the
+partial outputs back before the reverse exchange; the all-gather
+dispatcher gathers over ep x etp (its tp_ep group) and its reduce-scatter
+sums the shards' partial outputs.  A rank's token counts are those its
+shards computed.  ep*etp must divide tp*cp*dp and etp the expert width;
+ep > 1 or etp > 1 without model.moe is refused (JobError).  Router
 and shared expert are drawn from the block's seed, routed expert g of layer
 i from seed + 1000000 + i*experts + g.
 
@@ -642,7 +651,7 @@ def parse_experts(par, model, tp, cp, dp, sp):
 
     The experts' ranks follow Megatron-Core: etp fastest, then ep, then
     expert-data parallelism, over a pipeline stage's tp x cp x dp ranks.
-    The worker runs etp 1, and tp > 1 with sequence parallelism only.
+    Each expert is split over its etp ranks; tp > 1 runs with sequence parallelism only.
     """
     p = "parallel."
     ep = _get(par, "ep", p, int, minimum=1, optional=True) or 1
@@ -653,15 +662,18 @@ def parse_experts(par, model, tp, cp, dp, sp):
         if ep > 1 or etp > 1:
             raise JobError(f"parallel.ep: ep = {ep} and etp = {etp} need model.moe (the model has no experts)")
         return ep, etp, dispatcher
-    if etp > 1:
-        raise JobError(f"parallel.etp: {etp}; expert tensor parallelism is not run by the worker (etp 1 only)")
     if tp > 1 and not sp:
         raise JobError(f"parallel.sequence_parallel: mixture-of-experts layers beside tp = {tp} are run "
                        "with sequence parallelism only")
     if (tp * cp * dp) % ep:
         raise JobError(f"parallel.ep: {ep} does not divide tp*cp*dp = {tp * cp * dp}, the stage's ranks")
+    if (tp * cp * dp) % (ep * etp):
+        raise JobError(f"parallel.etp: ep*etp = {ep * etp} does not divide tp*cp*dp = {tp * cp * dp}, "
+                       "the stage's ranks")
     if moe.experts % ep:
         raise JobError(f"parallel.ep: {ep} does not divide model.moe.experts = {moe.experts}")
+    if moe.ffn_hidden % etp:
+        raise JobError(f"parallel.etp: {etp} does not divide model.moe.ffn_hidden = {moe.ffn_hidden}")
     return ep, etp, dispatcher
 
 
@@ -1308,6 +1320,54 @@ class ReduceScatterFirstDim(torch.autograd.Function):
         return GatherFirstDim.apply(grad, ctx.group), None
 
 
+def _padded(x, rows):
+    """`x` with zero rows appended up to `rows` (the collectives below move equal shares)."""
+    if x.shape[0] == rows:
+        return x.contiguous()
+    return torch.cat([x, x.new_zeros((rows - x.shape[0],) + tuple(x.shape[1:]))])
+
+
+class GatherUneven(torch.autograd.Function):
+    """All-gather along the first dimension over `group` when group rank r holds sizes[r] rows (each
+    padded to the most for the collective); the backward reduce-scatters (sums) the gradient back to
+    each rank's rows: Megatron-Core's gather_from_sequence_parallel_region with output_split_sizes."""
+
+    @staticmethod
+    def forward(ctx, x, sizes, group):
+        import torch.distributed as dist
+
+        ctx.sizes, ctx.group = sizes, group
+        most = max(max(sizes), 1)
+        out = x.new_empty((len(sizes) * most,) + tuple(x.shape[1:]))
+        dist.all_gather_into_tensor(out, _padded(x, most), group=group)
+        return torch.cat([part[:n] for part, n in zip(out.split(most), sizes)])
+
+    @staticmethod
+    def backward(ctx, grad):
+        return ReduceScatterUneven.apply(grad, ctx.sizes, ctx.group), None, None
+
+
+class ReduceScatterUneven(torch.autograd.Function):
+    """Reduce-scatter (sum) along the first dimension over `group`, group rank r keeping the r-th of
+    blocks of sizes[r] rows; the backward all-gathers the gradient: Megatron-Core's
+    reduce_scatter_to_sequence_parallel_region with input_split_sizes."""
+
+    @staticmethod
+    def forward(ctx, x, sizes, group):
+        import torch.distributed as dist
+
+        ctx.sizes, ctx.group = sizes, group
+        most = max(max(sizes), 1)
+        padded = torch.cat([_padded(part, most) for part in x.split(sizes)])
+        out = x.new_empty((most,) + tuple(x.shape[1:]))
+        dist.reduce_scatter_tensor(out, padded, group=group)
+        return out[: sizes[dist.get_rank(group)]]
+
+    @staticmethod
+    def backward(ctx, grad):
+        return GatherUneven.apply(grad, ctx.sizes, ctx.group), None, None
+
+
 def all_to_all(x, output_splits, input_splits, group):
     """torch.distributed.all_to_all_single with autograd (the backward sends the gradients back)."""
     from torch.distributed.nn.functional import all_to_all_single
@@ -1316,16 +1376,50 @@ def all_to_all(x, output_splits, input_splits, group):
     return all_to_all_single(out, x.contiguous(), output_splits, input_splits, group=group)
 
 
+class ExpertShard(nn.Module):
+    """One etp rank's share of a routed expert (Megatron-Core's expert tensor parallelism): fc1's
+    (and a gated MLP's fc3's) rows `part` of `parts` (column-parallel), fc2's matching columns
+    (row-parallel), fc2's bias on part 0 alone, so that the parts' outputs sum to the whole
+    expert's."""
+
+    def __init__(self, whole, part, parts):
+        super().__init__()
+        width = whole.w1.out_features // parts
+        rows = slice(part * width, (part + 1) * width)
+        self.gated = whole.gated
+        self.w1 = self._rows(whole.w1, rows)
+        self.w3 = self._rows(whole.w3, rows) if whole.gated else None
+        self.w2 = nn.Linear(width, whole.w2.out_features, bias=whole.w2.bias is not None and part == 0)
+        with torch.no_grad():
+            self.w2.weight.copy_(whole.w2.weight[:, rows])
+            if self.w2.bias is not None:
+                self.w2.bias.copy_(whole.w2.bias)
+
+    @staticmethod
+    def _rows(linear, rows):
+        shard = nn.Linear(linear.in_features, rows.stop - rows.start, bias=linear.bias is not None)
+        with torch.no_grad():
+            shard.weight.copy_(linear.weight[rows])
+            if linear.bias is not None:
+                shard.bias.copy_(linear.bias[rows])
+        return shard
+
+    forward = FeedForward.forward
+
+
 class LocalExperts(nn.Module):
     """The routed experts one rank holds, run on their tokens (sorted by expert) in one module
-    (so that FSDP gathers them around one forward, as torchtitan's GroupedExperts)."""
+    (so that FSDP gathers them around one forward, as torchtitan's GroupedExperts); with etp > 1
+    each is this rank's ExpertShard of it, drawn whole from its seed first, so that every split
+    trains the same experts."""
 
-    def __init__(self, cfg, layer, expert_ids, seed):
+    def __init__(self, cfg, layer, expert_ids, seed, etp=1, etp_rank=0):
         super().__init__()
         self.mlps = nn.ModuleList()
         for g in expert_ids:
             torch.manual_seed(expert_seed(seed, layer, g, cfg.moe.experts))
-            self.mlps.append(FeedForward(cfg, cfg.moe.ffn_hidden))
+            whole = FeedForward(cfg, cfg.moe.ffn_hidden)
+            self.mlps.append(whole if etp == 1 else ExpertShard(whole, etp_rank, etp))
 
     def forward(self, x, tokens_per_expert):
         chunks = torch.split(x, tokens_per_expert)
@@ -1350,17 +1444,20 @@ class MoeLayer(nn.Module):
     token beside them.
     """
 
-    def __init__(self, cfg, layer, expert_ids, ep, seed):
+    def __init__(self, cfg, layer, expert_ids, ep, seed, etp=1, etp_rank=0):
         super().__init__()
         moe = cfg.moe
-        self.topk, self.experts_total, self.ep = moe.topk, moe.experts, ep
+        self.topk, self.experts_total, self.ep, self.etp = moe.topk, moe.experts, ep, etp
         self.local = len(expert_ids)
         self.first_expert = expert_ids[0] if expert_ids else 0
         self.dispatcher = "alltoall"  # set from parallel.moe_dispatcher with the expert mesh
         self.router = nn.Linear(cfg.hidden, moe.experts, bias=False)
         self.shared = FeedForward(cfg, moe.shared_ffn_hidden) if moe.shared_ffn_hidden else None
-        self.experts = LocalExperts(cfg, layer, expert_ids, seed)
-        self.ep_group = None  # set once the expert mesh is built
+        self.experts = LocalExperts(cfg, layer, expert_ids, seed, etp, etp_rank)
+        # Set once the expert mesh is built: the ep group (ranks of this etp
+        # coordinate), the etp group (ranks splitting the same experts) and
+        # both together (the all-gather dispatcher's, Megatron-Core's tp_ep group).
+        self.ep_group = self.etp_group = self.tp_ep_group = None
         # Forward passes of training (recomputation excluded): tokens this
         # rank's experts received, in all and per local expert, and sent.
         self.received = 0
@@ -1397,13 +1494,10 @@ class MoeLayer(nn.Module):
         else:
             received = counts.view(1, self.local)
             arrived = dispatched
-        # Arrived tokens are grouped by source rank, then expert: sort by expert.
-        expert_of = torch.arange(self.local, device=counts.device).repeat(self.ep)
-        expert_of = expert_of.repeat_interleave(received.flatten())
-        by_expert = torch.argsort(expert_of, stable=True)
-        per_expert = received.sum(0).tolist()
-        out = self.experts(arrived.index_select(0, by_expert), per_expert)
-        out = out.index_select(0, torch.argsort(by_expert))
+        if self.etp > 1:
+            out, per_expert = self._split_experts(arrived, received)
+        else:
+            out, per_expert = self._run_experts(arrived, received), received.sum(0).tolist()
         if self.ep > 1:
             out = all_to_all(out, send_splits, recv_splits, self.ep_group)
         weights = probs.reshape(-1).index_select(0, order).to(out.dtype)
@@ -1411,21 +1505,50 @@ class MoeLayer(nn.Module):
         combined = combined.index_add(0, token_of, out * weights[:, None])
         return self._finish(x, tokens, combined, per_expert, flat.numel())
 
+    def _run_experts(self, arrived, received):
+        """The local experts' outputs on `arrived`, token copies grouped by source ep rank, then by
+        expert, `received[q][e]` of them from rank q for local expert e; in the same order."""
+        expert_of = torch.arange(self.local, device=received.device).repeat(received.shape[0])
+        expert_of = expert_of.repeat_interleave(received.flatten())
+        by_expert = torch.argsort(expert_of, stable=True)
+        out = self.experts(arrived.index_select(0, by_expert), received.sum(0).tolist())
+        return out.index_select(0, torch.argsort(by_expert))
+
+    def _split_experts(self, arrived, received):
+        """Expert tensor parallelism (Megatron-Core's all-to-all dispatcher with etp > 1): the token
+        copies the etp ranks' all-to-alls brought are all-gathered over the etp group, each rank runs
+        its shard of the experts on all of them, and the partial outputs are reduce-scattered (summed)
+        back to the ranks they arrived at.  (this rank's outputs, token copies per local expert its
+        shards computed)."""
+        import torch.distributed as dist
+
+        everyone = received.new_empty((self.etp * received.shape[0], received.shape[1]))
+        dist.all_gather_into_tensor(everyone, received.contiguous(), group=self.etp_group)
+        everyone = everyone.view((self.etp,) + tuple(received.shape))
+        sizes = everyone.sum((1, 2)).tolist()
+        gathered = GatherUneven.apply(arrived, sizes, self.etp_group)
+        outs = [self._run_experts(rows, counts) for rows, counts in zip(gathered.split(sizes), everyone)]
+        out = ReduceScatterUneven.apply(torch.cat(outs), sizes, self.etp_group)
+        return out, everyone.sum((0, 1)).tolist()
+
     def _all_gather_dispatch(self, tokens, probs, top_experts):
-        """Megatron-Core's MoEAllGatherTokenDispatcher over the ep group: (this rank's tokens' summed expert
-        outputs, token copies per local expert)."""
+        """Megatron-Core's MoEAllGatherTokenDispatcher over the ep x etp ranks (its tp_ep group): (this
+        rank's tokens' summed expert outputs, token copies per local expert).  With etp > 1 each rank
+        computes its shards' partial outputs, which the reduce-scatter sums with the other shards'."""
         dispatched = tokens
         if torch.is_autocast_enabled(dispatched.device.type):
             # The hidden states are gathered in the compute dtype, the probabilities in fp32.
             dispatched = dispatched.to(torch.get_autocast_dtype(dispatched.device.type))
-        if self.ep > 1:
+        ranks = self.ep * self.etp
+        group = self.ep_group if self.etp == 1 else self.tp_ep_group
+        if ranks > 1:
             import torch.distributed as dist
 
             # The gathers' backward reduce-scatters the gradients to their owners (summed).
-            dispatched = GatherFirstDim.apply(dispatched, self.ep_group)
-            probs = GatherFirstDim.apply(probs, self.ep_group)
-            chosen = top_experts.new_empty((self.ep * top_experts.shape[0], self.topk))
-            dist.all_gather_into_tensor(chosen, top_experts.contiguous(), group=self.ep_group)
+            dispatched = GatherFirstDim.apply(dispatched, group)
+            probs = GatherFirstDim.apply(probs, group)
+            chosen = top_experts.new_empty((ranks * top_experts.shape[0], self.topk))
+            dist.all_gather_into_tensor(chosen, top_experts.contiguous(), group=group)
             top_experts = chosen
         # The gathered token copies routed to this rank's experts, grouped by expert, in token order within each.
         flat = top_experts.reshape(-1)
@@ -1438,9 +1561,9 @@ class MoeLayer(nn.Module):
         weights = probs.reshape(-1).index_select(0, mine)
         summed = torch.zeros((top_experts.shape[0], tokens.shape[-1]), dtype=torch.float32, device=tokens.device)
         summed = summed.index_add(0, token_of, out.float() * weights[:, None])
-        if self.ep > 1:
+        if ranks > 1:
             # Reduce-scattered in the probabilities' dtype (fp32), as Megatron-Core does.
-            summed = ReduceScatterFirstDim.apply(summed, self.ep_group)
+            summed = ReduceScatterFirstDim.apply(summed, group)
         return summed.to(out.dtype), per_expert
 
     def _finish(self, x, tokens, combined, per_expert, sent):
@@ -1460,7 +1583,7 @@ def make_norm(cfg):
 
 class Block(nn.Module):
     def __init__(self, cfg, moe=None):
-        """moe: None for a dense MLP, else (layer, expert_ids, ep, seed) of an MoE layer."""
+        """moe: None for a dense MLP, else (layer, expert_ids, ep, seed, etp, etp_rank) of an MoE layer."""
         super().__init__()
         self.attention_norm = make_norm(cfg)
         self.attention = Attention(cfg)
@@ -1537,13 +1660,13 @@ def cross_entropy(logits, targets):
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(0, 1))
 
 
-def build_chunk(cfg, layout, chunk, seed, expert_ids=()):
+def build_chunk(cfg, layout, chunk, seed, expert_ids=(), etp_rank=0):
     """Build one chunk so that every parameter is the same whatever the partition.
 
     Each component is drawn from its own seed (embedding table seed+1,
     positions seed+2, untied head seed+3, block i seed+101+i, routed expert
     g of MoE layer i seed+1000000+i*experts+g; `expert_ids`: the experts this
-    rank holds), so that all candidates train the same model; the
+    rank holds, `etp_rank` its share of each), so that all candidates train the same model; the
     untied-by-pipeline head copy of a tied table is drawn from the table's
     seed.
     """
@@ -1554,7 +1677,7 @@ def build_chunk(cfg, layout, chunk, seed, expert_ids=()):
         torch.manual_seed(seed + 101 + i)
         moe = None
         if cfg.moe is not None and cfg.moe.is_moe_layer(i):
-            moe = (i, expert_ids, layout.ep, seed)
+            moe = (i, expert_ids, layout.ep, seed, layout.etp, etp_rank)
         chunk_module.layers[str(i)] = Block(cfg, moe)
     with torch.no_grad():
         if is_first:
@@ -1739,6 +1862,8 @@ def build_mesh(layout, device, rank, world, local_rank):
 @dataclass
 class ExpertMesh:
     ep_group: object
+    etp_group: object
+    tp_ep_group: object  # ep x etp, etp fastest (the all-gather dispatcher's)
     edp_mesh: object
     degrees: dict  # {"ep", "etp", "edp"}, read back from the live mesh
     coords: dict  # {"edp", "ep", "etp"}
@@ -1756,7 +1881,8 @@ def build_expert_mesh(layout, device, rank):
     if coords != expected:
         raise RuntimeError(f"expert mesh puts rank {rank} at {coords}, Megatron-Core's order expects {expected}")
     degrees = {"ep": mesh["ep"].size(), "etp": mesh["etp"].size(), "edp": mesh["edp"].size()}
-    return ExpertMesh(mesh["ep"].get_group(), mesh["edp"], degrees, coords)
+    tp_ep = mesh["ep", "etp"]._flatten("tp_ep").get_group()
+    return ExpertMesh(mesh["ep"].get_group(), mesh["etp"].get_group(), tp_ep, mesh["edp"], degrees, coords)
 
 
 def tied_embedding_group(layout, coords):
@@ -1884,8 +2010,9 @@ class Trainer:
         self.checkpointed_blocks = 0
         self.modules = []
         self.expert_ids = local_experts_of_rank(d.rank, model, layout)
+        etp_rank = expert_coords_of_rank(d.rank, layout)["etp"]
         for c in self.chunks:
-            m = build_chunk(model, layout, c, seed, self.expert_ids).to(d.device)
+            m = build_chunk(model, layout, c, seed, self.expert_ids, etp_rank).to(d.device)
             plan = tensor_parallel_plan(model, layout, c)
             apply_tensor_parallel(m, plan, tp_mesh, tie_in_chunk)
             self.tensor_parallel.update(plan_style_names(plan))
@@ -1908,6 +2035,8 @@ class Trainer:
                     block.attention.cp_comm = layout.cp_comm
         for layer in self.moe_layers:
             layer.ep_group = d.experts.ep_group
+            layer.etp_group = d.experts.etp_group
+            layer.tp_ep_group = d.experts.tp_ep_group
             layer.dispatcher = layout.moe_dispatcher
         self.data_parallel = data_parallel_name(layout, model)
         edp_mesh = d.experts.edp_mesh if d.experts is not None else None
@@ -2095,7 +2224,7 @@ class Trainer:
                         self.dist.all_reduce(g, group=self.dp_group)
                     elif self.edp_group is not None:
                         self.dist.all_reduce(g, group=self.edp_group)
-                    # An expert's gradient already sums its ep group's tokens'
+                    # An expert's gradient already sums its ep x etp group's tokens'
                     # losses: over its edp replicas it covers all dp x cp
                     # ranks. A dense one is the mean over dp x cp. Both are
                     # divided by their number.
