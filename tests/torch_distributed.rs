@@ -1027,6 +1027,22 @@ fn add_experts(job: &mut serde_json::Value) {
         "shared_ffn_hidden": 32, "dense_layers": 0, "layer_freq": 1});
 }
 
+/// An exactness job ([`make_exact`], [`add_experts`]) on `dp`
+/// data-parallel ranks, two sequences each, every other degree 1 (the
+/// experts whole, dispatched all-to-all), FSDP and attention recomputed.
+fn exact_experts_job(dp: u64) -> serde_json::Value {
+    let mut job = job(serde_json::json!({
+        "tp": 1, "pp": 1, "dp": dp, "dp_shard": null, "micro_batch": 1, "global_batch": 2 * dp,
+        "schedule": "1f1b", "virtual_stages": 1, "stage_layers": [2],
+        "sequence_parallel": false, "optimizer_sharding": "full",
+        "recompute": "selective", "ac_frequency": 1, "cp": 1, "cp_comm": "p2p",
+        "ep": 1, "etp": 1, "moe_dispatcher": "alltoall"
+    }));
+    make_exact(&mut job, 2);
+    add_experts(&mut job);
+    job
+}
+
 /// The per-iteration losses of a rank's report.
 fn losses(r: &serde_json::Value) -> Vec<f64> {
     r["loss"]
@@ -1179,15 +1195,7 @@ fn context_parallel_ranks_beside_tensor_parallelism_train_to_the_losses_of_cp_1(
 #[test]
 fn experts_beside_context_parallelism_train_to_the_losses_of_one_rank() {
     let _ranks = ranks_to_myself();
-    let mut base = job(serde_json::json!({
-        "tp": 1, "pp": 1, "dp": 1, "dp_shard": null, "micro_batch": 1, "global_batch": 2,
-        "schedule": "1f1b", "virtual_stages": 1, "stage_layers": [2],
-        "sequence_parallel": false, "optimizer_sharding": "full",
-        "recompute": "selective", "ac_frequency": 1, "cp": 1, "cp_comm": "p2p",
-        "ep": 1, "etp": 1, "moe_dispatcher": "alltoall"
-    }));
-    make_exact(&mut base, 2);
-    add_experts(&mut base);
+    let base = exact_experts_job(1);
     let mut context = base.clone();
     context["parallel"]["cp"] = 2.into();
     let mut split = context.clone();
@@ -1211,15 +1219,7 @@ fn experts_beside_context_parallelism_train_to_the_losses_of_one_rank() {
 #[test]
 fn experts_beside_tensor_parallelism_train_to_the_losses_of_one_rank() {
     let _ranks = ranks_to_myself();
-    let mut base = job(serde_json::json!({
-        "tp": 1, "pp": 1, "dp": 1, "dp_shard": null, "micro_batch": 1, "global_batch": 2,
-        "schedule": "1f1b", "virtual_stages": 1, "stage_layers": [2],
-        "sequence_parallel": false, "optimizer_sharding": "full",
-        "recompute": "selective", "ac_frequency": 1,
-        "ep": 1, "etp": 1, "moe_dispatcher": "alltoall"
-    }));
-    make_exact(&mut base, 2);
-    add_experts(&mut base);
+    let base = exact_experts_job(1);
     let mut tensor = base.clone();
     tensor["parallel"]["tp"] = 2.into();
     tensor["parallel"]["sequence_parallel"] = true.into();
@@ -1246,15 +1246,7 @@ fn experts_beside_tensor_parallelism_train_to_the_losses_of_one_rank() {
 #[test]
 fn expert_tensor_parallel_ranks_train_to_the_losses_of_whole_experts() {
     let _ranks = ranks_to_myself();
-    let mut base = job(serde_json::json!({
-        "tp": 1, "pp": 1, "dp": 4, "dp_shard": null, "micro_batch": 1, "global_batch": 8,
-        "schedule": "1f1b", "virtual_stages": 1, "stage_layers": [2],
-        "sequence_parallel": false, "optimizer_sharding": "full",
-        "recompute": "selective", "ac_frequency": 1,
-        "ep": 1, "etp": 1, "moe_dispatcher": "alltoall"
-    }));
-    make_exact(&mut base, 2);
-    add_experts(&mut base);
+    let base = exact_experts_job(4);
     let mut all_to_all = base.clone();
     all_to_all["parallel"]["ep"] = 2.into();
     all_to_all["parallel"]["etp"] = 2.into();
@@ -1297,15 +1289,7 @@ fn expert_tensor_parallel_ranks_train_to_the_losses_of_whole_experts() {
 #[test]
 fn expert_parallel_ranks_train_to_the_losses_of_ep_1_over_both_dispatchers() {
     let _ranks = ranks_to_myself();
-    let mut base = job(serde_json::json!({
-        "tp": 1, "pp": 1, "dp": 2, "dp_shard": null, "micro_batch": 1, "global_batch": 4,
-        "schedule": "1f1b", "virtual_stages": 1, "stage_layers": [2],
-        "sequence_parallel": false, "optimizer_sharding": "full",
-        "recompute": "selective", "ac_frequency": 1,
-        "ep": 1, "etp": 1, "moe_dispatcher": "alltoall"
-    }));
-    make_exact(&mut base, 2);
-    add_experts(&mut base);
+    let base = exact_experts_job(2);
     let mut all_to_all = base.clone();
     all_to_all["parallel"]["ep"] = 2.into();
     let mut all_gather = all_to_all.clone();
