@@ -174,6 +174,12 @@ coefficients! {
     logit_bytes: "bytes", [0.0, 32.0], 6.0, Carries,
         "resident bytes per output logit on the last stage (16-bit logits plus an fp32 copy)",
         "Megatron-LM's vocab-parallel cross-entropy upcasts the logits to fp32";
+    native_cross_entropy_transient_bytes: "bytes", [0.0, 32.0], 4.0, Carries,
+        "bytes per output logit the native fused cross-entropy (--cross-entropy-loss-fusion) allocates beyond the unfused one's at its peak",
+        "Megatron-Core's fusions/fused_cross_entropy.py runs its in-place steps (subtract the max, exp, normalise) inside jit-fused functions that also reduce over the result, which TorchInductor materialises in a fresh fp32 [s, b, v] buffer (the file's own note, added with the rewrite that splits them out); one fp32 logit, 4 bytes";
+    te_cross_entropy_traffic_share: "fraction", [0.05, 1.0], 0.42, Carries,
+        "memory traffic of Transformer Engine's fused cross-entropy (--cross-entropy-fusion-impl te) as a share of the unfused one's (cross_entropy_bytes_per_logit)",
+        "transformer_engine/pytorch/triton/cross_entropy.py: an online max and sum-of-exp pass over the 16-bit logits (2 bytes), a second pass reading them and writing the gradient in place (4), the backward scaling it (4): 10 bytes against the unfused fp32 passes' 24";
     runtime_overhead_gib: "GiB", [0.0, 32.0], 2.0, Carries,
         "device memory outside PyTorch's caching allocator per GPU: the CUDA context and NCCL's own buffers",
         "CUDA context about 0.5-1 GiB (CUDA programming guide, lazy loading), NCCL's buffers about 1 GiB for the communicators of a 3D-parallel job (NCCL_BUFFSIZE 4 MiB per channel and peer)";

@@ -15,6 +15,7 @@ crate::named_choices!(
     CpComm,
     Precision,
     GradReduce,
+    CrossEntropyFusion,
     Dispatcher,
     SyncMethod,
 );
@@ -491,6 +492,45 @@ impl GradReduce {
     }
 }
 
+/// How the loss's cross-entropy runs over the last stage's logits
+/// (Megatron-LM's `--cross-entropy-loss-fusion` and
+/// `--cross-entropy-fusion-impl`). It changes the bytes held per logit and
+/// the passes over them, not the numerics a user would notice, but Megatron-LM
+/// defaults to off, so the search tries what it is given (off unless told).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CrossEntropyFusion {
+    /// Megatron-Core's `vocab_parallel_cross_entropy`: the 16-bit logits are
+    /// upcast to an fp32 copy that becomes the softmax and its gradient.
+    #[default]
+    Off,
+    /// `--cross-entropy-loss-fusion` with the `native` implementation (its
+    /// default): the same fp32 steps in jit-fused functions, which at the
+    /// Megatron-Core of Megatron-LM's CI runs allocated a further fp32
+    /// logits-sized buffer (`native_cross_entropy_transient_bytes`).
+    Native,
+    /// `--cross-entropy-fusion-impl te`: Transformer Engine's
+    /// `parallel_cross_entropy`, a Triton kernel that reads the 16-bit
+    /// logits and writes their gradient in place, with no fp32 copy.
+    Te,
+}
+
+impl CrossEntropyFusion {
+    pub const ALL: [CrossEntropyFusion; 3] = [
+        CrossEntropyFusion::Off,
+        CrossEntropyFusion::Native,
+        CrossEntropyFusion::Te,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            CrossEntropyFusion::Off => "off",
+            CrossEntropyFusion::Native => "native",
+            CrossEntropyFusion::Te => "te",
+        }
+    }
+}
+
 /// How an MoE layer's tokens reach their experts (Megatron-LM's
 /// `--moe-token-dispatcher-type`).
 ///
@@ -688,6 +728,9 @@ pub struct ParallelConfig {
     /// The gradients' number format in their buffer and collectives.
     #[serde(default)]
     pub grad_reduce: GradReduce,
+    /// How the loss's cross-entropy runs over the logits.
+    #[serde(default)]
+    pub cross_entropy_fusion: CrossEntropyFusion,
     /// Megatron-LM's `--cpu-offloading-num-layers`: the activations the
     /// first this many layers save for backward are copied to host memory
     /// during the forward pass and back during the backward (Transformer
@@ -755,6 +798,7 @@ impl PartialEq for ParallelConfig {
             ep_comm_overlap,
             fp8_param_gather,
             grad_reduce,
+            cross_entropy_fusion,
             cpu_offload_layers,
             cuda_graphs,
             stage_order,
@@ -782,6 +826,7 @@ impl PartialEq for ParallelConfig {
             && *recompute_modules == o.recompute_modules
             && *embedding_sync == o.embedding_sync
             && *cpu_offload_layers == o.cpu_offload_layers
+            && *cross_entropy_fusion == o.cross_entropy_fusion
             && *grad_reduce == o.grad_reduce
             && *precision == o.precision
             && *dispatcher == o.dispatcher
@@ -843,6 +888,7 @@ impl Default for ParallelConfig {
             ep_comm_overlap: false,
             fp8_param_gather: false,
             grad_reduce: GradReduce::Fp32,
+            cross_entropy_fusion: CrossEntropyFusion::Off,
             cpu_offload_layers: 0,
             cuda_graphs: false,
             stage_order: StageOrder::Megatron,
@@ -1207,6 +1253,7 @@ impl ParallelConfig {
                     && (c.bpipe
                         || (c.tp_comm_overlap && !c.compile)
                         || (c.cuda_graphs && c.pp > 1)
+                        || c.cross_entropy_fusion != CrossEntropyFusion::Off
                         || (model.moe.is_some() && c.dispatcher != Dispatcher::AllToAll)),
             ),
             (
@@ -1767,6 +1814,11 @@ impl Rule {
                     "BPipe (`bpipe off`)".to_string()
                 } else if c.tp_comm_overlap && !c.compile {
                     "tensor-parallel overlap without torch.compile (its async tensor parallelism needs `compile on`)".to_string()
+                } else if c.cross_entropy_fusion != CrossEntropyFusion::Off {
+                    format!(
+                        "Megatron-LM's fused cross-entropy (`cross_entropy_fusion {}`; its loss is PyTorch's cross-entropy: `cross_entropy_fusion off`)",
+                        c.cross_entropy_fusion.name()
+                    )
                 } else if model.moe.is_some() && c.dispatcher != Dispatcher::AllToAll {
                     format!(
                         "the {} token dispatcher (its expert parallelism dispatches with all-to-all: `moe_dispatcher alltoall`)",
@@ -1953,6 +2005,9 @@ impl fmt::Display for ParallelConfig {
         }
         if self.grad_reduce != GradReduce::Fp32 {
             write!(f, " grad-reduce={}", self.grad_reduce.name())?;
+        }
+        if self.cross_entropy_fusion != CrossEntropyFusion::Off {
+            write!(f, " ce-fusion={}", self.cross_entropy_fusion.name())?;
         }
         if self.cpu_offload_layers > 0 {
             write!(f, " offload={}", self.cpu_offload_layers)?;

@@ -1007,3 +1007,110 @@ fn recompute_modules_keep_less_and_export() {
     misspelt.extend(["--recompute-modules", "moe_acts"]);
     says(&fails(&misspelt), &["--recompute-modules", "moe_act"]);
 }
+
+/// Megatron-LM's fused cross-entropy: Transformer Engine's kernel keeps
+/// the 16-bit logits alone (a third of the unfused loss's 6 bytes a logit),
+/// the plan exports its two flags, and torchtitan, whose loss is PyTorch's,
+/// is refused with the flag named.
+#[test]
+fn fused_cross_entropy_keeps_a_third_of_the_logits_and_exports() {
+    let predict = |extra: &[&'static str]| {
+        let mut args = with(&["predict"], &LLAMA3_8B_ON_ONE_NODE);
+        args.extend(["--tp", "1", "--pp", "1", "--micro-batch", "1"]);
+        args.extend(extra);
+        args
+    };
+    let loss_column = 6;
+    let off = stage_zero_cell(&ok(&predict(&[])), loss_column);
+    let te = ok(&predict(&["--cross-entropy-fusion", "te"]));
+    says(&te, &["ce-fusion=te"]);
+    let fused = stage_zero_cell(&te, loss_column);
+    assert!(
+        (fused - off / 3.0).abs() < 0.02,
+        "loss memory {off} -> {fused}"
+    );
+    let native = stage_zero_cell(
+        &ok(&predict(&["--cross-entropy-fusion", "native"])),
+        loss_column,
+    );
+    assert!(native > off, "native {native} against unfused {off}");
+
+    let plan = ok(&with(
+        &["plan"],
+        &with(
+            &LLAMA3_8B_ON_ONE_NODE,
+            &["--cross-entropy-fusion", "te", "--top", "1"],
+        ),
+    ));
+    says(
+        &plan,
+        &[
+            "--cross-entropy-loss-fusion",
+            "--cross-entropy-fusion-impl te",
+        ],
+    );
+    says(
+        &fails(&predict(&["--cross-entropy-fusion", "liger"])),
+        &["--cross-entropy-fusion", "off, native, te"],
+    );
+    says(
+        &fails(&predict(&[
+            "--engine",
+            "torchtitan",
+            "--cross-entropy-fusion",
+            "te",
+        ])),
+        &["--cross-entropy-fusion te", "--cross-entropy-fusion off"],
+    );
+}
+
+/// A run table's `cross_entropy_fusion` column sets the loss's kernel: the
+/// same run with Transformer Engine's is predicted to hold less, and a name
+/// the column does not know is the row's error, naming the column.
+#[test]
+fn run_tables_read_the_cross_entropy_fusion_column() {
+    let dir = tempfile::tempdir().unwrap();
+    let table = dir.path().join("runs.csv");
+    let header = "gpus,gpu,global_batch,micro_batch,layers,hidden,heads,seq_len,vocab,tp,pp,cross_entropy_fusion,peak_allocated_gib\n";
+    std::fs::write(
+        &table,
+        format!(
+            "{header}8,h100-sxm,32,4,4,1024,16,2048,128256,1,1,off,9.0\n\
+             8,h100-sxm,32,4,4,1024,16,2048,128256,1,1,te,9.0\n"
+        ),
+    )
+    .unwrap();
+    let out = ok(&[
+        "evaluate",
+        "--runs",
+        table.to_str().unwrap(),
+        "--format",
+        "json",
+    ]);
+    let json: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let predicted: Vec<f64> = json["memory_rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["predicted_allocated"].as_f64().unwrap())
+        .collect();
+    // 4 x 2,048 tokens x 128,256 logits x (6 - 2) bytes.
+    let saved = 4.0 * 2048.0 * 128_256.0 * 4.0;
+    assert_eq!(predicted.len(), 2);
+    assert!(
+        (predicted[0] - predicted[1] - saved).abs() < 0.01 * saved,
+        "{predicted:?}"
+    );
+    std::fs::write(
+        &table,
+        format!("{header}8,h100-sxm,32,4,4,1024,16,2048,128256,1,1,fused,9.0\n"),
+    )
+    .unwrap();
+    says(
+        &fails(&["evaluate", "--runs", table.to_str().unwrap()]),
+        &[
+            "line 2",
+            "`cross_entropy_fusion` must be one of off, native, te",
+        ],
+    );
+}

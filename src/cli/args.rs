@@ -436,6 +436,12 @@ pub struct SpaceArgs {
     /// mixed_precision_reduce = "bfloat16"), or both to compare.
     #[arg(long, value_delimiter = ',')]
     pub grad_reduce: Option<Vec<String>>,
+    /// How the loss's cross-entropy runs over the logits: off (default; Megatron-LM's
+    /// vocab-parallel cross-entropy on an fp32 copy), native (--cross-entropy-loss-fusion),
+    /// te (--cross-entropy-fusion-impl te: Transformer Engine's kernel, in place on the
+    /// 16-bit logits), or a list to compare. Megatron-LM only.
+    #[arg(long, value_delimiter = ',')]
+    pub cross_entropy_fusion: Option<Vec<String>>,
     /// Layers whose saved activations are copied to host memory in the forward pass and
     /// back in the backward (--cpu-offloading-num-layers; Megatron-LM with pp 1 and no
     /// recomputation): 0 (default) keeps them on the GPU; a list to compare.

@@ -10,8 +10,8 @@ use paratune::coefficients::{
     CostModel, builtin_cost_model, builtin_cost_model_names, default_cost_model, parse_cost_model,
 };
 use paratune::config::{
-    CpComm, Dispatcher, Engine, GradReduce, OptimizerSharding, ParallelConfig, Precision,
-    Recompute, RecomputeModules, Rule, ScheduleKind, StageOrder, SyncMethod,
+    CpComm, CrossEntropyFusion, Dispatcher, Engine, GradReduce, OptimizerSharding, ParallelConfig,
+    Precision, Recompute, RecomputeModules, Rule, ScheduleKind, StageOrder, SyncMethod,
 };
 use paratune::evaluate::{CostModelChoice, PerGpu};
 use paratune::model::{
@@ -451,6 +451,10 @@ pub fn space(args: &SpaceArgs) -> Result<SearchSpace> {
         dispatcher: choices::<Dispatcher>("--moe-dispatcher", &args.moe_dispatcher)?,
         precision: choices::<Precision>("--precision", &args.precision)?,
         grad_reduce: choices::<GradReduce>("--grad-reduce", &args.grad_reduce)?,
+        cross_entropy_fusion: choices::<CrossEntropyFusion>(
+            "--cross-entropy-fusion",
+            &args.cross_entropy_fusion,
+        )?,
         cpu_offload_layers: args.cpu_offload_layers.clone(),
         embedding_sync: embedding_sync(&args.embedding_sync)?,
     };
@@ -535,6 +539,17 @@ fn check_engine_choices(space: &SearchSpace) -> Result<()> {
         bail!(
             "{}",
             with_flags(&Rule::CompileWithoutTorchtitan.explain_engine(&c))
+        );
+    }
+    let fused = space.cross_entropy_fusion.as_deref().unwrap_or_default();
+    let fused = fused.iter().find(|f| **f != CrossEntropyFusion::Off);
+    if let (Engine::Torchtitan, Some(fusion)) = (space.engine, fused) {
+        bail!(
+            "{}",
+            with_flags(&format!(
+                "`cross_entropy_fusion {}` is Megatron-LM's (torchtitan's loss is PyTorch's cross-entropy); use `cross_entropy_fusion off` or `engine megatron`",
+                fusion.name()
+            ))
         );
     }
     Ok(())
@@ -650,6 +665,11 @@ pub fn single_config(args: &SpaceArgs, job: &Job) -> Result<ParallelConfig> {
         )?,
         precision: single("--precision", &space.precision, Precision::Bf16)?,
         grad_reduce: single("--grad-reduce", &space.grad_reduce, GradReduce::Fp32)?,
+        cross_entropy_fusion: single(
+            "--cross-entropy-fusion",
+            &space.cross_entropy_fusion,
+            CrossEntropyFusion::Off,
+        )?,
         cpu_offload_layers: single("--cpu-offload-layers", &space.cpu_offload_layers, 0)?,
         embedding_sync: single(
             "--embedding-sync",

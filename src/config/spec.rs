@@ -3,15 +3,15 @@
 //! switches the given keys rule out follow them.
 
 use super::{
-    CpComm, Dispatcher, GradReduce, OptimizerSharding, ParallelConfig, Precision, Recompute,
-    RecomputeModules, ScheduleKind, StageOrder, SyncMethod,
+    CpComm, CrossEntropyFusion, Dispatcher, GradReduce, OptimizerSharding, ParallelConfig,
+    Precision, Recompute, RecomputeModules, ScheduleKind, StageOrder, SyncMethod,
 };
 use crate::choice::{Choice, parse_switch};
 use crate::model::AttentionKind;
 use crate::suggest::did_you_mean;
 
 /// The keys a specification may set; several have a short and a long name.
-pub const SPEC_KEYS: [&str; 49] = [
+pub const SPEC_KEYS: [&str; 50] = [
     "tp",
     "pp",
     "dp",
@@ -37,6 +37,7 @@ pub const SPEC_KEYS: [&str; 49] = [
     "ep_comm_overlap",
     "fp8_param_gather",
     "grad_reduce",
+    "cross_entropy_fusion",
     "cpu_offload_layers",
     "offload",
     "modules",
@@ -197,6 +198,9 @@ fn set(c: &mut ParallelConfig, key: &str, value: &str) -> Result<(), SpecError> 
         "dispatch" | "moe_dispatcher" => c.dispatcher = choice::<Dispatcher>(key, value)?,
         "precision" => c.precision = choice::<Precision>(key, value)?,
         "grad_reduce" => c.grad_reduce = choice::<GradReduce>(key, value)?,
+        "cross_entropy_fusion" => {
+            c.cross_entropy_fusion = choice::<CrossEntropyFusion>(key, value)?
+        }
         "cpu_offload_layers" | "offload" => c.cpu_offload_layers = number()?,
         "embedding_sync" | "embedding-sync" => c.embedding_sync = choice::<SyncMethod>(key, value)?,
         _ => {

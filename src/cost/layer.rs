@@ -17,7 +17,9 @@
 use super::kernels::{self, HALF};
 use super::{ProfileUsage, Scenario, comm};
 use crate::cluster::GroupSpan;
-use crate::config::{CpComm, Dispatcher, ParallelConfig, Recompute, RecomputeModules};
+use crate::config::{
+    CpComm, CrossEntropyFusion, Dispatcher, ParallelConfig, Recompute, RecomputeModules,
+};
 use crate::model::{AttentionKind, Split};
 use crate::profile::{LayerArch, LayerShape};
 
@@ -866,8 +868,13 @@ pub fn pipeline_ends_time(s: &Scenario, c: &ParallelConfig) -> EndsTime {
         kernels::memory_pass(s, 12.0 * vocab_shard * h) * k.elementwise_traffic_scale;
     let embedding_lookup = kernels::memory_pass(s, 2.0 * HALF * tokens * h);
     let (head_fwd, head_bwd) = kernels::output_head_forward_backward(s, tokens, h, vocab_shard);
-    let cross_entropy =
-        kernels::memory_pass(s, k.cross_entropy_bytes_per_logit * tokens * vocab_shard);
+    let cross_entropy_bytes = match c.cross_entropy_fusion {
+        CrossEntropyFusion::Off | CrossEntropyFusion::Native => k.cross_entropy_bytes_per_logit,
+        CrossEntropyFusion::Te => {
+            k.cross_entropy_bytes_per_logit * k.te_cross_entropy_traffic_share
+        }
+    };
+    let cross_entropy = kernels::memory_pass(s, cross_entropy_bytes * tokens * vocab_shard);
     // The head's weight gradient is accumulated into fp32 main gradients.
     let head_grad_accumulation =
         kernels::memory_pass(s, 10.0 * vocab_shard * h) * k.elementwise_traffic_scale;

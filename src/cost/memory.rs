@@ -10,8 +10,8 @@ use super::kernels::HALF;
 use super::layer::{LayerKind, dispatch_gathered_tokens, expert_rows, local_tokens};
 use crate::cluster::GroupSpan;
 use crate::config::{
-    CpComm, Dispatcher, Engine, GradReduce, OptimizerSharding, ParallelConfig, Precision,
-    Recompute, RecomputeModules, ScheduleKind,
+    CpComm, CrossEntropyFusion, Dispatcher, Engine, GradReduce, OptimizerSharding, ParallelConfig,
+    Precision, Recompute, RecomputeModules, ScheduleKind,
 };
 use crate::model::{AttentionKind, ModelSpec};
 use serde::{Deserialize, Serialize};
@@ -707,7 +707,10 @@ pub fn stage_memory(s: &Scenario, c: &ParallelConfig, stage: u64) -> StageMemory
     // Logits of the micro-batch at the loss on the last stage, one set per
     // prediction (the next token's and each multi-token module's).
     let loss = if stage == c.pp - 1 {
-        (1 + model.mtp_layers) as f64 * k.logit_bytes * tokens * super::vocab_per_rank(s, c)
+        (1 + model.mtp_layers) as f64
+            * loss_bytes_per_logit(k, c.cross_entropy_fusion)
+            * tokens
+            * super::vocab_per_rank(s, c)
     } else {
         0.0
     };
@@ -869,4 +872,15 @@ pub fn peak_first_last_within(
         }
     }
     Some((peak, first, last))
+}
+
+/// Bytes the loss holds per logit at its peak, by how its cross-entropy runs.
+fn loss_bytes_per_logit(k: &crate::coefficients::Coefficients, fusion: CrossEntropyFusion) -> f64 {
+    match fusion {
+        CrossEntropyFusion::Off => k.logit_bytes,
+        CrossEntropyFusion::Native => k.logit_bytes + k.native_cross_entropy_transient_bytes,
+        // Transformer Engine's kernel reads the 16-bit logits and writes
+        // their gradient over them: nothing else logits-sized is held.
+        CrossEntropyFusion::Te => HALF,
+    }
 }

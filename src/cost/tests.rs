@@ -1641,6 +1641,45 @@ mod allocator_and_engines {
         assert_eq!(at(&f, c, 0).loss, 0.0);
     }
 
+    /// Transformer Engine's kernel holds the 16-bit logits alone (their
+    /// gradient is written over them); the native fused one holds the
+    /// unfused fp32 copy and its jit-fused transient.
+    #[test]
+    fn the_loss_holds_per_logit_what_its_cross_entropy_keeps() {
+        use crate::config::CrossEntropyFusion;
+        let f = small();
+        let k = f.cost.coefficients;
+        let logits = 1024.0 * 4.0 * 50304.0;
+        let loss = |fusion| {
+            let mut c = config(1, 2, 4, 4);
+            c.cross_entropy_fusion = fusion;
+            at(&f, c, 1).loss
+        };
+        assert_close(loss(CrossEntropyFusion::Te), 2.0 * logits, 1e-12, "te");
+        assert_close(
+            loss(CrossEntropyFusion::Native),
+            (k.logit_bytes + k.native_cross_entropy_transient_bytes) * logits,
+            1e-12,
+            "native",
+        );
+        assert!(loss(CrossEntropyFusion::Te) < loss(CrossEntropyFusion::Off));
+    }
+
+    /// The fused kernel makes fewer passes over the logits: the last stage
+    /// is faster, the first untouched.
+    #[test]
+    fn fused_cross_entropy_shortens_only_the_last_stage() {
+        use crate::config::CrossEntropyFusion;
+        let f = small();
+        let s = f.scenario();
+        let mut c = config(1, 2, 4, 4);
+        let off = layer::pipeline_ends_time(&s, &c);
+        c.cross_entropy_fusion = CrossEntropyFusion::Te;
+        let te = layer::pipeline_ends_time(&s, &c);
+        assert!(te.last < off.last, "{} vs {}", te.last, off.last);
+        assert_eq!(te.first, off.first);
+    }
+
     #[test]
     fn workspaces_userbuffers_and_graph_pools_are_buffers() {
         let f = small();

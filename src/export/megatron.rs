@@ -6,7 +6,9 @@
 //! release branches, which introduced `--attention-backend`.
 
 use super::{ExportError, LaunchJob, check_job, shell_quote};
-use crate::config::{GradReduce, OptimizerSharding, Precision, Recompute, ScheduleKind};
+use crate::config::{
+    CrossEntropyFusion, GradReduce, OptimizerSharding, Precision, Recompute, ScheduleKind,
+};
 use crate::model::AttentionKind;
 
 const ENGINE: &str = "Megatron-LM";
@@ -188,6 +190,15 @@ pub fn megatron_args(job: &LaunchJob) -> Result<Vec<String>, ExportError> {
     if c.cpu_offload_layers > 0 {
         // Sets `cpu_offloading` itself (activations, not weights).
         args.pair("--cpu-offloading-num-layers", c.cpu_offload_layers);
+    }
+    match c.cross_entropy_fusion {
+        CrossEntropyFusion::Off => {}
+        // `native` is `--cross-entropy-fusion-impl`'s default.
+        CrossEntropyFusion::Native => args.flag("--cross-entropy-loss-fusion"),
+        CrossEntropyFusion::Te => {
+            args.flag("--cross-entropy-loss-fusion");
+            args.pair("--cross-entropy-fusion-impl", "te");
+        }
     }
     if c.grad_reduce == GradReduce::Bf16 {
         // Sets `accumulate_allreduce_grads_in_fp32` off for bf16 training.

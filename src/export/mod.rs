@@ -290,6 +290,8 @@ pub(crate) mod tests {
         "--microbatch-group-size-per-virtual-pipeline-stage",
         "--fp8-param-gather",
         "--grad-reduce-in-bf16",
+        "--cross-entropy-loss-fusion",
+        "--cross-entropy-fusion-impl",
         "--cpu-offloading-num-layers",
         "--recompute-modules",
         "--mtp-num-layers",

@@ -25,7 +25,7 @@
 //! and `torchtitan/distributed/pipeline_parallel.py` of those releases.
 
 use super::{ExportError, LaunchJob, check_job};
-use crate::config::{GradReduce, OptimizerSharding, Recompute, ScheduleKind};
+use crate::config::{CrossEntropyFusion, GradReduce, OptimizerSharding, Recompute, ScheduleKind};
 use crate::model::AttentionKind;
 use crate::text::shell_quote;
 use std::fmt::Write;
@@ -287,7 +287,17 @@ fn dimensions(job: &LaunchJob) -> String {
 /// `training.mixed_precision_reduce` is typed `Literal["float32"]` in some
 /// releases and allows "bfloat16" in others: the export would not know
 /// whether the job starts, so it refuses.
-fn check_grad_reduce(job: &LaunchJob) -> Result<(), ExportError> {
+fn check_loss_and_gradients(job: &LaunchJob) -> Result<(), ExportError> {
+    let fusion = job.config.cross_entropy_fusion;
+    if fusion != CrossEntropyFusion::Off {
+        return Err(ExportError::Unsupported {
+            engine: ENGINE,
+            feature: format!("Megatron-LM's fused cross-entropy ({})", fusion.name()),
+            hint: "torchtitan computes its loss with PyTorch's cross-entropy; search again \
+                   with --cross-entropy-fusion off"
+                .into(),
+        });
+    }
     if job.config.grad_reduce == GradReduce::Fp32 {
         return Ok(());
     }
@@ -319,7 +329,7 @@ pub fn torchtitan_toml(job: &LaunchJob) -> Result<String, ExportError> {
     check_model(job)?;
     let layout = layout(job)?;
     check_experts_and_context(job, Release::V02)?;
-    check_grad_reduce(job)?;
+    check_loss_and_gradients(job)?;
     let (model, c) = (job.model, job.config);
     if c.cuda_graphs {
         return Err(ExportError::Unsupported {
@@ -600,7 +610,7 @@ pub fn torchtitan_flags(job: &LaunchJob) -> Result<TorchtitanFlags, ExportError>
     check_model(job)?;
     let layout = layout(job)?;
     check_experts_and_context(job, Release::V03)?;
-    check_grad_reduce(job)?;
+    check_loss_and_gradients(job)?;
     if job.config.precision == crate::config::Precision::Fp8 {
         return Err(ExportError::Unsupported {
             engine: ENGINE,

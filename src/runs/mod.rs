@@ -16,8 +16,8 @@ pub use table::{RunTable, merge_rows, write_csv, write_rows};
 
 use crate::choice::Choice;
 use crate::config::{
-    CpComm, Dispatcher, Engine, GradReduce, OptimizerSharding, ParallelConfig, Precision,
-    Recompute, RecomputeModules, ScheduleKind, StageOrder, SyncMethod,
+    CpComm, CrossEntropyFusion, Dispatcher, Engine, GradReduce, OptimizerSharding, ParallelConfig,
+    Precision, Recompute, RecomputeModules, ScheduleKind, StageOrder, SyncMethod,
 };
 pub use crate::cost::MemoryRank;
 use crate::model::{AttentionKind, ModelSpec, MoeSpec};
@@ -743,6 +743,11 @@ fn parse_row(table: &RunTable, index: usize, defaults: &RowDefaults) -> Result<R
             Some(text) => GradReduce::parse("grad_reduce", text)?,
             None => GradReduce::Fp32,
         },
+        // Megatron-LM's default: `--cross-entropy-loss-fusion` off.
+        cross_entropy_fusion: match cell("cross_entropy_fusion") {
+            Some(text) => CrossEntropyFusion::parse("cross_entropy_fusion", text)?,
+            None => CrossEntropyFusion::Off,
+        },
         cpu_offload_layers: match cell("cpu_offload_layers") {
             Some("0") | None => 0,
             Some(_) => int("cpu_offload_layers")?.unwrap_or(0),
@@ -927,7 +932,7 @@ pub(crate) fn assert_row_columns_follow_the_schema(columns: &[&str]) {
 }
 
 /// Every column a run table may use; others are carried through untouched.
-pub const KNOWN_COLUMNS: [&str; 86] = [
+pub const KNOWN_COLUMNS: [&str; 87] = [
     "gpus",
     "global_batch",
     "micro_batch",
@@ -948,6 +953,7 @@ pub const KNOWN_COLUMNS: [&str; 86] = [
     "ep_comm_overlap",
     "fp8_param_gather",
     "grad_reduce",
+    "cross_entropy_fusion",
     "cpu_offload_layers",
     "cuda_graphs",
     "stage_order",

@@ -7,7 +7,7 @@ use crate::cost::Prediction;
 
 /// The configuration's columns, named as run tables name them (so a plan's
 /// CSV reads back as a run table).
-pub const CONFIG_COLUMNS: [&str; 35] = [
+pub const CONFIG_COLUMNS: [&str; 36] = [
     "tp",
     "pp",
     "dp",
@@ -41,6 +41,7 @@ pub const CONFIG_COLUMNS: [&str; 35] = [
     "fp8_param_gather",
     "ep_comm_overlap",
     "grad_reduce",
+    "cross_entropy_fusion",
     "cpu_offload_layers",
     "recompute_modules",
 ];
@@ -84,6 +85,7 @@ pub fn config_cells(c: &ParallelConfig) -> Vec<String> {
         on_off(c.fp8_param_gather).into(),
         on_off(c.ep_comm_overlap).into(),
         c.grad_reduce.name().into(),
+        c.cross_entropy_fusion.name().into(),
         c.cpu_offload_layers.to_string(),
         c.recompute_modules.names().join(","),
     ]

@@ -5,8 +5,8 @@
 
 use super::Job;
 use crate::config::{
-    CpComm, Dispatcher, Engine, GradReduce, OptimizerSharding, ParallelConfig, Precision,
-    Recompute, RecomputeModules, ScheduleKind, StageOrder, SyncMethod,
+    CpComm, CrossEntropyFusion, Dispatcher, Engine, GradReduce, OptimizerSharding, ParallelConfig,
+    Precision, Recompute, RecomputeModules, ScheduleKind, StageOrder, SyncMethod,
 };
 use crate::model::{AttentionKind, ModelSpec};
 use std::borrow::Cow;
@@ -55,6 +55,8 @@ pub struct SearchSpace {
     pub precision: Option<Vec<Precision>>,
     /// fp32 unless given: reducing gradients in bf16 changes the numerics.
     pub grad_reduce: Option<Vec<GradReduce>>,
+    /// Off unless given, as Megatron-LM defaults.
+    pub cross_entropy_fusion: Option<Vec<CrossEntropyFusion>>,
     /// Layers whose activations go to host memory: none unless given.
     pub cpu_offload_layers: Option<Vec<u64>>,
     /// How an untied input embedding syncs: all-reduce unless given, the
@@ -470,6 +472,7 @@ struct InnerDims<'a> {
     default_dispatcher: [Dispatcher; 1],
     precision: Vec<Precision>,
     grad_reduce: Vec<GradReduce>,
+    cross_entropy_fusion: Vec<CrossEntropyFusion>,
     cpu_offload_layers: Vec<u64>,
     sequence_parallel: Vec<bool>,
     sharding: Vec<OptimizerSharding>,
@@ -533,6 +536,10 @@ impl<'a> InnerDims<'a> {
             default_dispatcher: [Dispatcher::default()],
             precision: space.precision.clone().unwrap_or(vec![Precision::Bf16]),
             grad_reduce: space.grad_reduce.clone().unwrap_or(vec![GradReduce::Fp32]),
+            cross_entropy_fusion: space
+                .cross_entropy_fusion
+                .clone()
+                .unwrap_or(vec![CrossEntropyFusion::Off]),
             cpu_offload_layers: space.cpu_offload_layers.clone().unwrap_or(vec![0]),
             sequence_parallel,
             sharding,
@@ -611,6 +618,10 @@ impl<'a> InnerDims<'a> {
         )
         .then(|_| lend(&d.precision), |c, p| c.precision = p)
         .then(|_| lend(&d.grad_reduce), |c, g| c.grad_reduce = g)
+        .then(
+            |_| lend(&d.cross_entropy_fusion),
+            |c, f| c.cross_entropy_fusion = f,
+        )
         .then(
             |_| lend(&d.cpu_offload_layers),
             |c, n| c.cpu_offload_layers = n,

@@ -187,6 +187,8 @@ pub struct MegatronConfig {
     /// `--grad-reduce-in-bf16`, or a bf16 run printing
     /// `accumulate_allreduce_grads_in_fp32 False` (what that flag sets).
     pub grad_reduce_in_bf16: bool,
+    /// `--cross-entropy-loss-fusion` and `--cross-entropy-fusion-impl`.
+    pub cross_entropy_fusion: crate::config::CrossEntropyFusion,
     pub multi_latent_attention: bool,
     /// Every argument of the dump as printed, for what the fields above leave out.
     pub all: BTreeMap<String, String>,
@@ -902,6 +904,14 @@ fn config_from_arguments(
                 && args
                     .get("accumulate_allreduce_grads_in_fp32")
                     .is_some_and(|(v, _)| v == "False")),
+        cross_entropy_fusion: match (
+            flag("cross_entropy_loss_fusion")?,
+            text("cross_entropy_fusion_impl").as_deref(),
+        ) {
+            (false, _) => crate::config::CrossEntropyFusion::Off,
+            (true, Some("te")) => crate::config::CrossEntropyFusion::Te,
+            (true, _) => crate::config::CrossEntropyFusion::Native,
+        },
         multi_latent_attention: flag("multi_latent_attention")?,
         all: args
             .iter()
@@ -1028,6 +1038,7 @@ impl MegatronConfig {
             } else {
                 crate::config::GradReduce::Fp32
             },
+            cross_entropy_fusion: self.cross_entropy_fusion,
             ..ParallelConfig::default()
         }
     }
@@ -1080,7 +1091,7 @@ impl MegatronConfig {
 /// The columns of the run-table row [`MegatronRun::row`] gives: paratune's
 /// run-table schema (see `runs::KNOWN_COLUMNS`), then measurements the
 /// schema does not read, carried through as the user's own columns.
-pub const ROW_COLUMNS: [&str; 43] = [
+pub const ROW_COLUMNS: [&str; 44] = [
     "gpus",
     "global_batch",
     "micro_batch",
@@ -1089,6 +1100,7 @@ pub const ROW_COLUMNS: [&str; 43] = [
     "kv_heads",
     "ffn_hidden",
     "grad_reduce",
+    "cross_entropy_fusion",
     "layers",
     "seq_len",
     "vocab",
@@ -1237,6 +1249,7 @@ impl MegatronRun {
             m.kv_heads().to_string(),
             ffn.to_string(),
             c.grad_reduce.name().to_string(),
+            c.cross_entropy_fusion.name().to_string(),
             m.num_layers.to_string(),
             m.seq_length.to_string(),
             vocab.to_string(),
@@ -1650,6 +1663,36 @@ mod tests {
             ("accumulate_allreduce_grads_in_fp32", "True"),
         ];
         assert_eq!(grad_reduce(&fp32), GradReduce::Fp32);
+    }
+
+    /// `--cross-entropy-loss-fusion`, with `--cross-entropy-fusion-impl`
+    /// naming the kernel (`native` unless it says `te`).
+    #[test]
+    fn fused_cross_entropy_is_read_from_the_arguments() {
+        let fusion = |extra: &[(&str, &str)]| {
+            parse(&log(extra, &[9.0, 3.0, 2.0]), "x.log", 2)
+                .unwrap()
+                .config
+                .parallel_config()
+                .cross_entropy_fusion
+        };
+        use crate::config::CrossEntropyFusion;
+        assert_eq!(fusion(&[]), CrossEntropyFusion::Off);
+        assert_eq!(
+            fusion(&[("cross_entropy_fusion_impl", "te")]),
+            CrossEntropyFusion::Off
+        );
+        assert_eq!(
+            fusion(&[("cross_entropy_loss_fusion", "True")]),
+            CrossEntropyFusion::Native
+        );
+        assert_eq!(
+            fusion(&[
+                ("cross_entropy_loss_fusion", "True"),
+                ("cross_entropy_fusion_impl", "te")
+            ]),
+            CrossEntropyFusion::Te
+        );
     }
 
     #[test]
