@@ -531,6 +531,59 @@ impl CrossEntropyFusion {
     }
 }
 
+/// Megatron-LM's `--defer-embedding-wgrad-compute`: the output layer's
+/// weight-gradient GEMM of each micro-batch is put off to the pipeline
+/// flush, so the last stage keeps that micro-batch's logits gradient and
+/// the layer's input until then (`grad_output_buffer` and
+/// `embedding_activation_buffer` in Megatron-Core's `ColumnParallelLinear`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WgradDeferral {
+    #[default]
+    Off,
+    /// Every micro-batch's (`--wgrad-deferral-limit 0`, its default).
+    All,
+    /// The first this many micro-batches' (`--wgrad-deferral-limit N`);
+    /// later ones compute theirs at once.
+    Limit(u64),
+}
+
+impl WgradDeferral {
+    /// `off`, `all` or a micro-batch count of at least 1.
+    pub fn parse(field: &str, text: &str) -> Result<Self, String> {
+        match text.trim().to_lowercase().as_str() {
+            "off" => Ok(WgradDeferral::Off),
+            "all" => Ok(WgradDeferral::All),
+            n => match n.parse::<u64>() {
+                Ok(limit) if limit > 0 => Ok(WgradDeferral::Limit(limit)),
+                _ => Err(format!(
+                    "`{field}` must be off, all or a number of micro-batches (1 or more), found `{text}`"
+                )),
+            },
+        }
+    }
+
+    pub fn name(self) -> String {
+        match self {
+            WgradDeferral::Off => "off".into(),
+            WgradDeferral::All => "all".into(),
+            WgradDeferral::Limit(n) => n.to_string(),
+        }
+    }
+
+    /// Micro-batches whose logits gradient the last stage still holds when
+    /// its last backward pass makes one more: the buffer fills until the
+    /// limit, and nothing is drained before the flush.
+    pub fn held_before_last(self, micro_batches: u64) -> u64 {
+        let earlier = micro_batches.saturating_sub(1);
+        match self {
+            WgradDeferral::Off => 0,
+            WgradDeferral::All => earlier,
+            WgradDeferral::Limit(n) => n.min(earlier),
+        }
+    }
+}
+
 /// How an MoE layer's tokens reach their experts (Megatron-LM's
 /// `--moe-token-dispatcher-type`).
 ///
@@ -731,6 +784,10 @@ pub struct ParallelConfig {
     /// How the loss's cross-entropy runs over the logits.
     #[serde(default)]
     pub cross_entropy_fusion: CrossEntropyFusion,
+    /// Whether, and for how many micro-batches, the output layer's weight
+    /// gradient waits for the pipeline flush.
+    #[serde(default)]
+    pub wgrad_deferral: WgradDeferral,
     /// Megatron-LM's `--cpu-offloading-num-layers`: the activations the
     /// first this many layers save for backward are copied to host memory
     /// during the forward pass and back during the backward (Transformer
@@ -799,6 +856,7 @@ impl PartialEq for ParallelConfig {
             fp8_param_gather,
             grad_reduce,
             cross_entropy_fusion,
+            wgrad_deferral,
             cpu_offload_layers,
             cuda_graphs,
             stage_order,
@@ -827,6 +885,7 @@ impl PartialEq for ParallelConfig {
             && *embedding_sync == o.embedding_sync
             && *cpu_offload_layers == o.cpu_offload_layers
             && *cross_entropy_fusion == o.cross_entropy_fusion
+            && *wgrad_deferral == o.wgrad_deferral
             && *grad_reduce == o.grad_reduce
             && *precision == o.precision
             && *dispatcher == o.dispatcher
@@ -889,6 +948,7 @@ impl Default for ParallelConfig {
             fp8_param_gather: false,
             grad_reduce: GradReduce::Fp32,
             cross_entropy_fusion: CrossEntropyFusion::Off,
+            wgrad_deferral: WgradDeferral::Off,
             cpu_offload_layers: 0,
             cuda_graphs: false,
             stage_order: StageOrder::Megatron,
@@ -1166,6 +1226,10 @@ impl ParallelConfig {
             (
                 Rule::CpuOffloadNeeds,
                 cpu_offload_problem(model, c).is_some(),
+            ),
+            (
+                Rule::WgradDeferralNeeds,
+                wgrad_deferral_problem(c).is_some(),
             ),
             (
                 Rule::RecomputeModulesNeed,
@@ -1561,6 +1625,9 @@ pub enum Rule {
     EpOverlapNeeds,
     Fp8ParamGatherNeeds,
     CpuOffloadNeeds,
+    /// What Megatron-Core's `ModelParallelConfig` asserts of a deferred
+    /// embedding weight gradient.
+    WgradDeferralNeeds,
     RecomputeModulesNeed,
 }
 
@@ -1597,6 +1664,22 @@ pub fn cpu_offload_problem(model: &ModelSpec, c: &ParallelConfig) -> Option<&'st
         Some("`recompute none` (Megatron-Core offloads no activations it recomputes)")
     } else if c.cpu_offload_layers >= model.layers {
         Some("fewer layers than the model has (Megatron-Core keeps the last one on the GPU)")
+    } else {
+        None
+    }
+}
+
+/// What keeps Megatron-Core from deferring `c`'s output-layer weight
+/// gradient, if anything: `ModelParallelConfig.__post_init__` refuses it
+/// without pipeline parallelism (there is no flush to hide it in);
+/// torchtitan has no such switch.
+pub fn wgrad_deferral_problem(c: &ParallelConfig) -> Option<&'static str> {
+    if c.wgrad_deferral == WgradDeferral::Off {
+        None
+    } else if c.engine != Engine::Megatron {
+        Some("`engine megatron` (torchtitan defers no weight gradients)")
+    } else if c.pp < 2 {
+        Some("`pp` of 2 or more (Megatron-Core hides the deferred GEMMs in the pipeline flush)")
     } else {
         None
     }
@@ -1674,6 +1757,9 @@ impl Rule {
             }
             Rule::CpuOffloadNeeds => {
                 "CPU offloading needs Megatron-LM, pp 1, no recomputation and fewer layers than the model"
+            }
+            Rule::WgradDeferralNeeds => {
+                "deferring the embedding weight gradient needs Megatron-LM and pp > 1"
             }
             Rule::RecomputeModulesNeed => {
                 "recompute modules need Megatron-LM's selective recomputation and the modules in the model"
@@ -1904,6 +1990,11 @@ impl Rule {
                 c.cpu_offload_layers,
                 cpu_offload_problem(model, c).unwrap_or("its settings")
             ),
+            Rule::WgradDeferralNeeds => format!(
+                "`wgrad_deferral {}` needs {}; set `wgrad_deferral off` or change that",
+                c.wgrad_deferral.name(),
+                wgrad_deferral_problem(c).unwrap_or("its settings")
+            ),
             Rule::Fp8ParamGatherNeeds => format!(
                 "`fp8_param_gather on` needs {}; turn `fp8_param_gather` off or change that",
                 fp8_param_gather_problem(c).unwrap_or("its settings")
@@ -2008,6 +2099,9 @@ impl fmt::Display for ParallelConfig {
         }
         if self.cross_entropy_fusion != CrossEntropyFusion::Off {
             write!(f, " ce-fusion={}", self.cross_entropy_fusion.name())?;
+        }
+        if self.wgrad_deferral != WgradDeferral::Off {
+            write!(f, " wgrad-deferral={}", self.wgrad_deferral.name())?;
         }
         if self.cpu_offload_layers > 0 {
             write!(f, " offload={}", self.cpu_offload_layers)?;

@@ -1114,3 +1114,106 @@ fn run_tables_read_the_cross_entropy_fusion_column() {
         ],
     );
 }
+
+/// Deferring the output layer's weight gradient keeps, on the last stage,
+/// each earlier micro-batch's 16-bit logits gradient and the layer's input
+/// until the flush: up to the limit, and all but the last without one. A
+/// run table's `wgrad_deferral` column sets it.
+#[test]
+fn deferred_embedding_wgrad_keeps_the_earlier_logits_gradients() {
+    let dir = tempfile::tempdir().unwrap();
+    let table = dir.path().join("runs.csv");
+    let header = "gpus,gpu,global_batch,micro_batch,layers,hidden,heads,seq_len,vocab,tp,pp,sequence_parallel,wgrad_deferral,peak_allocated_gib\n";
+    let row = "4,h100-sxm,32,4,4,1024,16,2048,128256,2,2,off";
+    std::fs::write(
+        &table,
+        format!("{header}{row},off,9.0\n{row},2,9.0\n{row},all,9.0\n"),
+    )
+    .unwrap();
+    let out = ok(&[
+        "evaluate",
+        "--runs",
+        table.to_str().unwrap(),
+        "--memory-rank",
+        "last",
+        "--format",
+        "json",
+    ]);
+    let json: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let predicted: Vec<f64> = json["memory_rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["predicted_allocated"].as_f64().unwrap())
+        .collect();
+    assert_eq!(predicted.len(), 3);
+    // 4 x 2,048 tokens, 2 bytes each for 64,128 logits per tp rank and
+    // 1,024 inputs, per micro-batch held.
+    let per_micro_batch = 2.0 * 4.0 * 2048.0 * (128_256.0 / 2.0 + 1024.0);
+    // 32 / (4 x dp 1) = 8 micro-batches: a limit of 2 holds 2, all holds 7.
+    for (row, held) in [(1, 2.0), (2, 7.0)] {
+        let added = predicted[row] - predicted[0];
+        assert!(
+            (added - held * per_micro_batch).abs() < 0.001 * added,
+            "{predicted:?}"
+        );
+    }
+    std::fs::write(&table, format!("{header}{row},0,9.0\n")).unwrap();
+    says(
+        &fails(&["evaluate", "--runs", table.to_str().unwrap()]),
+        &["line 2", "`wgrad_deferral` must be off, all or a number"],
+    );
+}
+
+/// `--wgrad-deferral` exports as Megatron-LM's flags, needs a pipeline and
+/// Megatron-LM, and names itself when its value is wrong.
+#[test]
+fn wgrad_deferral_exports_and_says_what_it_needs() {
+    let predict = |extra: &[&'static str]| {
+        let mut args = with(&["predict"], &LLAMA3_8B_ON_ONE_NODE);
+        args.extend(["--tp", "1", "--micro-batch", "1"]);
+        args.extend(extra);
+        args
+    };
+    says(
+        &ok(&predict(&["--pp", "2", "--wgrad-deferral", "2"])),
+        &["wgrad-deferral=2"],
+    );
+    says(
+        &fails(&predict(&["--pp", "1", "--wgrad-deferral", "all"])),
+        &[
+            "--wgrad-deferral all",
+            "--pp of 2 or more",
+            "--wgrad-deferral off",
+        ],
+    );
+    says(
+        &fails(&predict(&["--pp", "2", "--wgrad-deferral", "0"])),
+        &["--wgrad-deferral", "off, all or a number"],
+    );
+    says(
+        &fails(&predict(&[
+            "--engine",
+            "torchtitan",
+            "--pp",
+            "2",
+            "--wgrad-deferral",
+            "all",
+        ])),
+        &["--wgrad-deferral all", "--wgrad-deferral off"],
+    );
+    let plan = ok(&with(
+        &["plan"],
+        &with(
+            &LLAMA3_8B_ON_ONE_NODE,
+            &["--pp", "2", "--wgrad-deferral", "3", "--top", "1"],
+        ),
+    ));
+    says(
+        &plan,
+        &[
+            "--defer-embedding-wgrad-compute",
+            "--wgrad-deferral-limit 3",
+        ],
+    );
+}

@@ -442,6 +442,12 @@ pub struct SpaceArgs {
     /// 16-bit logits), or a list to compare. Megatron-LM only.
     #[arg(long, value_delimiter = ',')]
     pub cross_entropy_fusion: Option<Vec<String>>,
+    /// Whether the output layer's weight-gradient GEMMs wait for the pipeline flush
+    /// (--defer-embedding-wgrad-compute): off (default), all micro-batches', or a number
+    /// of micro-batches (--wgrad-deferral-limit); a list to compare. Megatron-LM with
+    /// pp > 1. paratune prices the logits gradients it keeps, not the time it hides.
+    #[arg(long, value_delimiter = ',')]
+    pub wgrad_deferral: Option<Vec<String>>,
     /// Layers whose saved activations are copied to host memory in the forward pass and
     /// back in the backward (--cpu-offloading-num-layers; Megatron-LM with pp 1 and no
     /// recomputation): 0 (default) keeps them on the GPU; a list to compare.

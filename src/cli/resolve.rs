@@ -12,6 +12,7 @@ use paratune::coefficients::{
 use paratune::config::{
     CpComm, CrossEntropyFusion, Dispatcher, Engine, GradReduce, OptimizerSharding, ParallelConfig,
     Precision, Recompute, RecomputeModules, Rule, ScheduleKind, StageOrder, SyncMethod,
+    WgradDeferral,
 };
 use paratune::evaluate::{CostModelChoice, PerGpu};
 use paratune::model::{
@@ -455,6 +456,16 @@ pub fn space(args: &SpaceArgs) -> Result<SearchSpace> {
             "--cross-entropy-fusion",
             &args.cross_entropy_fusion,
         )?,
+        wgrad_deferral: args
+            .wgrad_deferral
+            .as_ref()
+            .map(|texts| {
+                texts
+                    .iter()
+                    .map(|t| WgradDeferral::parse("--wgrad-deferral", t).map_err(|e| anyhow!(e)))
+                    .collect::<Result<Vec<_>>>()
+            })
+            .transpose()?,
         cpu_offload_layers: args.cpu_offload_layers.clone(),
         embedding_sync: embedding_sync(&args.embedding_sync)?,
     };
@@ -549,6 +560,21 @@ fn check_engine_choices(space: &SearchSpace) -> Result<()> {
             with_flags(&format!(
                 "`cross_entropy_fusion {}` is Megatron-LM's (torchtitan's loss is PyTorch's cross-entropy); use `cross_entropy_fusion off` or `engine megatron`",
                 fusion.name()
+            ))
+        );
+    }
+    let deferred = space
+        .wgrad_deferral
+        .as_deref()
+        .unwrap_or_default()
+        .iter()
+        .find(|w| **w != WgradDeferral::Off);
+    if let (Engine::Torchtitan, Some(deferral)) = (space.engine, deferred) {
+        bail!(
+            "{}",
+            with_flags(&format!(
+                "`wgrad_deferral {}` is Megatron-LM's --defer-embedding-wgrad-compute (torchtitan defers no weight gradients); use `wgrad_deferral off` or `engine megatron`",
+                deferral.name()
             ))
         );
     }
@@ -669,6 +695,11 @@ pub fn single_config(args: &SpaceArgs, job: &Job) -> Result<ParallelConfig> {
             "--cross-entropy-fusion",
             &space.cross_entropy_fusion,
             CrossEntropyFusion::Off,
+        )?,
+        wgrad_deferral: single(
+            "--wgrad-deferral",
+            &space.wgrad_deferral,
+            WgradDeferral::Off,
         )?,
         cpu_offload_layers: single("--cpu-offload-layers", &space.cpu_offload_layers, 0)?,
         embedding_sync: single(

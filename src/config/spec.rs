@@ -4,14 +4,14 @@
 
 use super::{
     CpComm, CrossEntropyFusion, Dispatcher, GradReduce, OptimizerSharding, ParallelConfig,
-    Precision, Recompute, RecomputeModules, ScheduleKind, StageOrder, SyncMethod,
+    Precision, Recompute, RecomputeModules, ScheduleKind, StageOrder, SyncMethod, WgradDeferral,
 };
 use crate::choice::{Choice, parse_switch};
 use crate::model::AttentionKind;
 use crate::suggest::did_you_mean;
 
 /// The keys a specification may set; several have a short and a long name.
-pub const SPEC_KEYS: [&str; 50] = [
+pub const SPEC_KEYS: [&str; 51] = [
     "tp",
     "pp",
     "dp",
@@ -38,6 +38,7 @@ pub const SPEC_KEYS: [&str; 50] = [
     "fp8_param_gather",
     "grad_reduce",
     "cross_entropy_fusion",
+    "wgrad_deferral",
     "cpu_offload_layers",
     "offload",
     "modules",
@@ -200,6 +201,9 @@ fn set(c: &mut ParallelConfig, key: &str, value: &str) -> Result<(), SpecError> 
         "grad_reduce" => c.grad_reduce = choice::<GradReduce>(key, value)?,
         "cross_entropy_fusion" => {
             c.cross_entropy_fusion = choice::<CrossEntropyFusion>(key, value)?
+        }
+        "wgrad_deferral" => {
+            c.wgrad_deferral = WgradDeferral::parse(key, value).map_err(SpecError)?
         }
         "cpu_offload_layers" | "offload" => c.cpu_offload_layers = number()?,
         "embedding_sync" | "embedding-sync" => c.embedding_sync = choice::<SyncMethod>(key, value)?,

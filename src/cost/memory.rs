@@ -707,10 +707,10 @@ pub fn stage_memory(s: &Scenario, c: &ParallelConfig, stage: u64) -> StageMemory
     // Logits of the micro-batch at the loss on the last stage, one set per
     // prediction (the next token's and each multi-token module's).
     let loss = if stage == c.pp - 1 {
-        (1 + model.mtp_layers) as f64
-            * loss_bytes_per_logit(k, c.cross_entropy_fusion)
-            * tokens
-            * super::vocab_per_rank(s, c)
+        let heads = (1 + model.mtp_layers) as f64;
+        let vocab = super::vocab_per_rank(s, c);
+        heads * loss_bytes_per_logit(k, c.cross_entropy_fusion) * tokens * vocab
+            + deferred_wgrad_bytes(s, c, m)
     } else {
         0.0
     };
@@ -872,6 +872,29 @@ pub fn peak_first_last_within(
         }
     }
     Some((peak, first, last))
+}
+
+/// What a deferred output-layer weight gradient keeps on the last stage at
+/// its last backward pass: for each earlier micro-batch still in the
+/// buffer, its 16-bit logits gradient (`grad_output_buffer`, one per
+/// prediction head, all sharing the output layer) and the layer's input
+/// (`embedding_activation_buffer`, split over tp under sequence
+/// parallelism).
+fn deferred_wgrad_bytes(s: &Scenario, c: &ParallelConfig, micro_batches: u64) -> f64 {
+    let held = c.wgrad_deferral.held_before_last(micro_batches) as f64;
+    if held == 0.0 {
+        return 0.0;
+    }
+    let tokens = local_tokens(s, c);
+    let heads = (1 + s.model.mtp_layers) as f64;
+    let gradient = heads * HALF * tokens * super::vocab_per_rank(s, c);
+    let sp = if c.sequence_parallel {
+        c.tp as f64
+    } else {
+        1.0
+    };
+    let input = heads * HALF * tokens * s.model.hidden as f64 / sp;
+    held * (gradient + input)
 }
 
 /// Bytes the loss holds per logit at its peak, by how its cross-entropy runs.

@@ -1665,6 +1665,35 @@ mod allocator_and_engines {
         assert!(loss(CrossEntropyFusion::Te) < loss(CrossEntropyFusion::Off));
     }
 
+    /// A deferred output-layer weight gradient adds to the last stage's
+    /// loss alone, and never more than the micro-batches before the last.
+    #[test]
+    fn deferred_wgrads_add_to_the_last_stage_only() {
+        use crate::config::WgradDeferral;
+        let f = small();
+        let at_both = |deferral| {
+            let mut c = config(1, 2, 4, 4);
+            c.wgrad_deferral = deferral;
+            (at(&f, c, 0), at(&f, c, 1))
+        };
+        let (first_off, last_off) = at_both(WgradDeferral::Off);
+        let (first_one, last_one) = at_both(WgradDeferral::Limit(1));
+        let (first_all, last_all) = at_both(WgradDeferral::All);
+        assert_eq!(first_one, first_off);
+        assert_eq!(first_all, first_off);
+        let one = last_one.loss - last_off.loss;
+        assert!(one > 0.0);
+        let m = config(1, 2, 4, 4).micro_batches(f.scenario().global_batch);
+        assert_close(
+            last_all.loss - last_off.loss,
+            (m - 1) as f64 * one,
+            1e-9,
+            "all",
+        );
+        let (_, last_many) = at_both(WgradDeferral::Limit(10 * m));
+        assert_eq!(last_many.loss, last_all.loss);
+    }
+
     /// The fused kernel makes fewer passes over the logits: the last stage
     /// is faster, the first untouched.
     #[test]

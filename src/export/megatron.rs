@@ -8,6 +8,7 @@
 use super::{ExportError, LaunchJob, check_job, shell_quote};
 use crate::config::{
     CrossEntropyFusion, GradReduce, OptimizerSharding, Precision, Recompute, ScheduleKind,
+    WgradDeferral,
 };
 use crate::model::AttentionKind;
 
@@ -198,6 +199,15 @@ pub fn megatron_args(job: &LaunchJob) -> Result<Vec<String>, ExportError> {
         CrossEntropyFusion::Te => {
             args.flag("--cross-entropy-loss-fusion");
             args.pair("--cross-entropy-fusion-impl", "te");
+        }
+    }
+    match c.wgrad_deferral {
+        WgradDeferral::Off => {}
+        // `--wgrad-deferral-limit` 0, its default, defers every micro-batch.
+        WgradDeferral::All => args.flag("--defer-embedding-wgrad-compute"),
+        WgradDeferral::Limit(n) => {
+            args.flag("--defer-embedding-wgrad-compute");
+            args.pair("--wgrad-deferral-limit", n);
         }
     }
     if c.grad_reduce == GradReduce::Bf16 {

@@ -292,6 +292,8 @@ pub(crate) mod tests {
         "--grad-reduce-in-bf16",
         "--cross-entropy-loss-fusion",
         "--cross-entropy-fusion-impl",
+        "--defer-embedding-wgrad-compute",
+        "--wgrad-deferral-limit",
         "--cpu-offloading-num-layers",
         "--recompute-modules",
         "--mtp-num-layers",

@@ -25,7 +25,9 @@
 //! and `torchtitan/distributed/pipeline_parallel.py` of those releases.
 
 use super::{ExportError, LaunchJob, check_job};
-use crate::config::{CrossEntropyFusion, GradReduce, OptimizerSharding, Recompute, ScheduleKind};
+use crate::config::{
+    CrossEntropyFusion, GradReduce, OptimizerSharding, Recompute, ScheduleKind, WgradDeferral,
+};
 use crate::model::AttentionKind;
 use crate::text::shell_quote;
 use std::fmt::Write;
@@ -295,6 +297,18 @@ fn check_loss_and_gradients(job: &LaunchJob) -> Result<(), ExportError> {
             feature: format!("Megatron-LM's fused cross-entropy ({})", fusion.name()),
             hint: "torchtitan computes its loss with PyTorch's cross-entropy; search again \
                    with --cross-entropy-fusion off"
+                .into(),
+        });
+    }
+    let deferral = job.config.wgrad_deferral;
+    if deferral != WgradDeferral::Off {
+        return Err(ExportError::Unsupported {
+            engine: ENGINE,
+            feature: format!(
+                "Megatron-LM's deferred embedding weight gradient ({})",
+                deferral.name()
+            ),
+            hint: "torchtitan defers no weight gradients; search again with --wgrad-deferral off"
                 .into(),
         });
     }

@@ -17,7 +17,7 @@ pub use table::{RunTable, merge_rows, write_csv, write_rows};
 use crate::choice::Choice;
 use crate::config::{
     CpComm, CrossEntropyFusion, Dispatcher, Engine, GradReduce, OptimizerSharding, ParallelConfig,
-    Precision, Recompute, RecomputeModules, ScheduleKind, StageOrder, SyncMethod,
+    Precision, Recompute, RecomputeModules, ScheduleKind, StageOrder, SyncMethod, WgradDeferral,
 };
 pub use crate::cost::MemoryRank;
 use crate::model::{AttentionKind, ModelSpec, MoeSpec};
@@ -748,6 +748,11 @@ fn parse_row(table: &RunTable, index: usize, defaults: &RowDefaults) -> Result<R
             Some(text) => CrossEntropyFusion::parse("cross_entropy_fusion", text)?,
             None => CrossEntropyFusion::Off,
         },
+        // Megatron-LM's default: `--defer-embedding-wgrad-compute` off.
+        wgrad_deferral: match cell("wgrad_deferral") {
+            Some(text) => WgradDeferral::parse("wgrad_deferral", text)?,
+            None => WgradDeferral::Off,
+        },
         cpu_offload_layers: match cell("cpu_offload_layers") {
             Some("0") | None => 0,
             Some(_) => int("cpu_offload_layers")?.unwrap_or(0),
@@ -932,7 +937,7 @@ pub(crate) fn assert_row_columns_follow_the_schema(columns: &[&str]) {
 }
 
 /// Every column a run table may use; others are carried through untouched.
-pub const KNOWN_COLUMNS: [&str; 87] = [
+pub const KNOWN_COLUMNS: [&str; 88] = [
     "gpus",
     "global_batch",
     "micro_batch",
@@ -954,6 +959,7 @@ pub const KNOWN_COLUMNS: [&str; 87] = [
     "fp8_param_gather",
     "grad_reduce",
     "cross_entropy_fusion",
+    "wgrad_deferral",
     "cpu_offload_layers",
     "cuda_graphs",
     "stage_order",

@@ -7,7 +7,7 @@ use crate::cost::Prediction;
 
 /// The configuration's columns, named as run tables name them (so a plan's
 /// CSV reads back as a run table).
-pub const CONFIG_COLUMNS: [&str; 36] = [
+pub const CONFIG_COLUMNS: [&str; 37] = [
     "tp",
     "pp",
     "dp",
@@ -42,6 +42,7 @@ pub const CONFIG_COLUMNS: [&str; 36] = [
     "ep_comm_overlap",
     "grad_reduce",
     "cross_entropy_fusion",
+    "wgrad_deferral",
     "cpu_offload_layers",
     "recompute_modules",
 ];
@@ -86,6 +87,7 @@ pub fn config_cells(c: &ParallelConfig) -> Vec<String> {
         on_off(c.ep_comm_overlap).into(),
         c.grad_reduce.name().into(),
         c.cross_entropy_fusion.name().into(),
+        c.wgrad_deferral.name(),
         c.cpu_offload_layers.to_string(),
         c.recompute_modules.names().join(","),
     ]

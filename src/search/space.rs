@@ -6,7 +6,7 @@
 use super::Job;
 use crate::config::{
     CpComm, CrossEntropyFusion, Dispatcher, Engine, GradReduce, OptimizerSharding, ParallelConfig,
-    Precision, Recompute, RecomputeModules, ScheduleKind, StageOrder, SyncMethod,
+    Precision, Recompute, RecomputeModules, ScheduleKind, StageOrder, SyncMethod, WgradDeferral,
 };
 use crate::model::{AttentionKind, ModelSpec};
 use std::borrow::Cow;
@@ -57,6 +57,9 @@ pub struct SearchSpace {
     pub grad_reduce: Option<Vec<GradReduce>>,
     /// Off unless given, as Megatron-LM defaults.
     pub cross_entropy_fusion: Option<Vec<CrossEntropyFusion>>,
+    /// Off unless given: the model prices the buffers deferral keeps, not
+    /// the flush time it hides, so it is the user's call.
+    pub wgrad_deferral: Option<Vec<WgradDeferral>>,
     /// Layers whose activations go to host memory: none unless given.
     pub cpu_offload_layers: Option<Vec<u64>>,
     /// How an untied input embedding syncs: all-reduce unless given, the
@@ -473,6 +476,7 @@ struct InnerDims<'a> {
     precision: Vec<Precision>,
     grad_reduce: Vec<GradReduce>,
     cross_entropy_fusion: Vec<CrossEntropyFusion>,
+    wgrad_deferral: Vec<WgradDeferral>,
     cpu_offload_layers: Vec<u64>,
     sequence_parallel: Vec<bool>,
     sharding: Vec<OptimizerSharding>,
@@ -540,6 +544,10 @@ impl<'a> InnerDims<'a> {
                 .cross_entropy_fusion
                 .clone()
                 .unwrap_or(vec![CrossEntropyFusion::Off]),
+            wgrad_deferral: space
+                .wgrad_deferral
+                .clone()
+                .unwrap_or(vec![WgradDeferral::Off]),
             cpu_offload_layers: space.cpu_offload_layers.clone().unwrap_or(vec![0]),
             sequence_parallel,
             sharding,
@@ -622,6 +630,7 @@ impl<'a> InnerDims<'a> {
             |_| lend(&d.cross_entropy_fusion),
             |c, f| c.cross_entropy_fusion = f,
         )
+        .then(|_| lend(&d.wgrad_deferral), |c, w| c.wgrad_deferral = w)
         .then(
             |_| lend(&d.cpu_offload_layers),
             |c, n| c.cpu_offload_layers = n,

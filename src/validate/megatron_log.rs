@@ -189,6 +189,8 @@ pub struct MegatronConfig {
     pub grad_reduce_in_bf16: bool,
     /// `--cross-entropy-loss-fusion` and `--cross-entropy-fusion-impl`.
     pub cross_entropy_fusion: crate::config::CrossEntropyFusion,
+    /// `--defer-embedding-wgrad-compute` and `--wgrad-deferral-limit`.
+    pub wgrad_deferral: crate::config::WgradDeferral,
     pub multi_latent_attention: bool,
     /// Every argument of the dump as printed, for what the fields above leave out.
     pub all: BTreeMap<String, String>,
@@ -912,6 +914,14 @@ fn config_from_arguments(
             (true, Some("te")) => crate::config::CrossEntropyFusion::Te,
             (true, _) => crate::config::CrossEntropyFusion::Native,
         },
+        wgrad_deferral: match (
+            flag("defer_embedding_wgrad_compute")?,
+            int("wgrad_deferral_limit")?,
+        ) {
+            (false, _) => crate::config::WgradDeferral::Off,
+            (true, None | Some(0)) => crate::config::WgradDeferral::All,
+            (true, Some(n)) => crate::config::WgradDeferral::Limit(n),
+        },
         multi_latent_attention: flag("multi_latent_attention")?,
         all: args
             .iter()
@@ -1039,6 +1049,7 @@ impl MegatronConfig {
                 crate::config::GradReduce::Fp32
             },
             cross_entropy_fusion: self.cross_entropy_fusion,
+            wgrad_deferral: self.wgrad_deferral,
             ..ParallelConfig::default()
         }
     }
@@ -1091,7 +1102,7 @@ impl MegatronConfig {
 /// The columns of the run-table row [`MegatronRun::row`] gives: paratune's
 /// run-table schema (see `runs::KNOWN_COLUMNS`), then measurements the
 /// schema does not read, carried through as the user's own columns.
-pub const ROW_COLUMNS: [&str; 44] = [
+pub const ROW_COLUMNS: [&str; 45] = [
     "gpus",
     "global_batch",
     "micro_batch",
@@ -1101,6 +1112,7 @@ pub const ROW_COLUMNS: [&str; 44] = [
     "ffn_hidden",
     "grad_reduce",
     "cross_entropy_fusion",
+    "wgrad_deferral",
     "layers",
     "seq_len",
     "vocab",
@@ -1250,6 +1262,7 @@ impl MegatronRun {
             ffn.to_string(),
             c.grad_reduce.name().to_string(),
             c.cross_entropy_fusion.name().to_string(),
+            c.wgrad_deferral.name(),
             m.num_layers.to_string(),
             m.seq_length.to_string(),
             vocab.to_string(),
@@ -1663,6 +1676,38 @@ mod tests {
             ("accumulate_allreduce_grads_in_fp32", "True"),
         ];
         assert_eq!(grad_reduce(&fp32), GradReduce::Fp32);
+    }
+
+    /// `--defer-embedding-wgrad-compute`, with `--wgrad-deferral-limit`
+    /// (0, its default, defers every micro-batch).
+    #[test]
+    fn deferred_embedding_wgrad_is_read_from_the_arguments() {
+        let deferral = |extra: &[(&str, &str)]| {
+            parse(&log(extra, &[9.0, 3.0, 2.0]), "x.log", 2)
+                .unwrap()
+                .config
+                .parallel_config()
+                .wgrad_deferral
+        };
+        use crate::config::WgradDeferral;
+        assert_eq!(
+            deferral(&[("wgrad_deferral_limit", "2")]),
+            WgradDeferral::Off
+        );
+        assert_eq!(
+            deferral(&[
+                ("defer_embedding_wgrad_compute", "True"),
+                ("wgrad_deferral_limit", "0")
+            ]),
+            WgradDeferral::All
+        );
+        assert_eq!(
+            deferral(&[
+                ("defer_embedding_wgrad_compute", "True"),
+                ("wgrad_deferral_limit", "2")
+            ]),
+            WgradDeferral::Limit(2)
+        );
     }
 
     /// `--cross-entropy-loss-fusion`, with `--cross-entropy-fusion-impl`
