@@ -552,33 +552,44 @@ fn check_engine_choices(space: &SearchSpace) -> Result<()> {
             with_flags(&Rule::CompileWithoutTorchtitan.explain_engine(&c))
         );
     }
-    let fused = space.cross_entropy_fusion.as_deref().unwrap_or_default();
-    let fused = fused.iter().find(|f| **f != CrossEntropyFusion::Off);
-    if let (Engine::Torchtitan, Some(fusion)) = (space.engine, fused) {
-        bail!(
-            "{}",
-            with_flags(&format!(
-                "`cross_entropy_fusion {}` is Megatron-LM's (torchtitan's loss is PyTorch's cross-entropy); use `cross_entropy_fusion off` or `engine megatron`",
-                fusion.name()
-            ))
-        );
-    }
-    let deferred = space
-        .wgrad_deferral
-        .as_deref()
-        .unwrap_or_default()
-        .iter()
-        .find(|w| **w != WgradDeferral::Off);
-    if let (Engine::Torchtitan, Some(deferral)) = (space.engine, deferred) {
-        bail!(
-            "{}",
-            with_flags(&format!(
-                "`wgrad_deferral {}` is Megatron-LM's --defer-embedding-wgrad-compute (torchtitan defers no weight gradients); use `wgrad_deferral off` or `engine megatron`",
-                deferral.name()
-            ))
-        );
+    if space.engine == Engine::Torchtitan {
+        megatron_only(
+            &space.cross_entropy_fusion,
+            CrossEntropyFusion::Off,
+            |f| f.name().to_string(),
+            (
+                "cross_entropy_fusion",
+                "torchtitan's loss is PyTorch's cross-entropy",
+            ),
+        )?;
+        megatron_only(
+            &space.wgrad_deferral,
+            WgradDeferral::Off,
+            WgradDeferral::name,
+            ("wgrad_deferral", "torchtitan defers no weight gradients"),
+        )?;
     }
     Ok(())
+}
+
+/// Refuses, for torchtitan, a Megatron-LM-only switch given at anything but
+/// `off`: `(key, why)` name it and what torchtitan does instead.
+fn megatron_only<T: Copy + PartialEq>(
+    values: &Option<Vec<T>>,
+    off: T,
+    name: impl Fn(T) -> String,
+    (key, why): (&str, &str),
+) -> Result<()> {
+    match values.iter().flatten().find(|v| **v != off) {
+        Some(&value) => bail!(
+            "{}",
+            with_flags(&format!(
+                "`{key} {}` is Megatron-LM's ({why}); use `{key} off` or `engine megatron`",
+                name(value)
+            ))
+        ),
+        None => Ok(()),
+    }
 }
 
 /// `--engine`, Megatron-LM unless given.
