@@ -661,6 +661,8 @@ pub fn state_key(c: &ParallelConfig) -> ParallelConfig {
         compile: plain.compile,
         cp_comm: plain.cp_comm,
         dispatcher: plain.dispatcher,
+        cross_entropy_fusion: plain.cross_entropy_fusion,
+        wgrad_deferral: plain.wgrad_deferral,
         ..*c
     }
 }

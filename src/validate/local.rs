@@ -5,7 +5,9 @@
 //! the jobs in worker processes and writes the results.
 
 use crate::coefficients::CostModel;
-use crate::config::{OptimizerSharding, ParallelConfig, Recompute};
+use crate::config::{
+    CrossEntropyFusion, OptimizerSharding, ParallelConfig, Recompute, WgradDeferral,
+};
 use crate::cost::{self, Scenario};
 use crate::measure::{Device, Dtype, StageJob, StageMeasurement};
 use crate::plan_file::PlanFile;
@@ -61,7 +63,20 @@ pub struct StagePrediction {
     pub usable_bytes: f64,
 }
 
+/// `c` as a stage trial runs it: the trial computes PyTorch's
+/// cross-entropy on an fp32 copy of the logits and each micro-batch's
+/// weight gradients at once, whatever kernel or deferral the real run
+/// would use, so its prediction must price those.
+pub fn as_trialled(c: &ParallelConfig) -> ParallelConfig {
+    ParallelConfig {
+        cross_entropy_fusion: CrossEntropyFusion::Off,
+        wgrad_deferral: WgradDeferral::Off,
+        ..*c
+    }
+}
+
 pub fn stage_prediction(s: &Scenario, c: &ParallelConfig, stage: u64) -> StagePrediction {
+    let c = &as_trialled(c);
     let time = cost::stage_times(s, c)[stage as usize];
     let memory = cost::stage_memory(s, c, stage);
     // ZeRO-3's gathered layers are allocated by the trial too.
@@ -164,6 +179,7 @@ pub fn implied_layer_point(
     if measured.out_of_memory || measured.time_per_microbatch_s <= 0.0 {
         return None;
     }
+    let c = &as_trialled(c);
     let predicted = cost::stage_times(s, c)[stage as usize];
     let layers = c.stage_layers(s.model.layers, stage) as f64;
     // The predicted time of the layers alone: the stage's compute less its ends.
@@ -431,6 +447,29 @@ mod tests {
             assert_eq!(job.grad_shards, dp_if(full));
             assert_eq!(job.sequence_parallel, sp);
         }
+    }
+
+    /// A trial runs the unfused loss with no deferred weight gradients, and
+    /// is predicted as it runs.
+    #[test]
+    fn trials_are_predicted_with_the_loss_they_run() {
+        let model = builtin_model("gpt3-13b").unwrap();
+        let group = builtin_node("a100-80gb", 1).unwrap();
+        let cost = CostModel::datasheet();
+        let s = Scenario::new(&model, 64, &group, 8, &cost);
+        let plain = config(OptimizerSharding::None, false);
+        let megatron = ParallelConfig {
+            cross_entropy_fusion: CrossEntropyFusion::Te,
+            wgrad_deferral: WgradDeferral::All,
+            ..plain
+        };
+        assert!(
+            cost::stage_memory(&s, &megatron, 1).loss != cost::stage_memory(&s, &plain, 1).loss
+        );
+        assert_eq!(
+            stage_prediction(&s, &megatron, 1),
+            stage_prediction(&s, &plain, 1)
+        );
     }
 
     /// A BPipe acceptor's trial holds, per accepted micro-batch, the
