@@ -204,6 +204,26 @@ impl RecomputeModules {
         self == Self::default()
     }
 
+    /// The module sets a search tries under Megatron-LM's selective
+    /// recomputation when none is given: the attention core (its default),
+    /// and where the model has them the sets NVIDIA's recipes pick: an MoE
+    /// layer's router norm with the experts' activation (gpt-oss), the
+    /// activation alone, multi-latent attention's up-projections, and those
+    /// with the dense layers' MLP (DeepSeek-V3).
+    pub fn searched(model: &ModelSpec) -> Vec<RecomputeModules> {
+        [
+            Self::CORE_ATTN,
+            Self::LAYERNORM | Self::MOE_ACT,
+            Self::MOE_ACT,
+            Self::MLA_UP_PROJ,
+            Self::MLA_UP_PROJ | Self::MLP,
+        ]
+        .map(RecomputeModules)
+        .into_iter()
+        .filter(|m| m.problem(model).is_none())
+        .collect()
+    }
+
     /// The modules named in `text`, separated by commas, spaces or `+`.
     pub fn parse(field: &str, text: &str) -> Result<RecomputeModules, String> {
         let choices: Vec<(&str, u8)> = Self::NAMES.to_vec();

@@ -1217,3 +1217,60 @@ fn wgrad_deferral_exports_and_says_what_it_needs() {
         ],
     );
 }
+
+/// `--recompute-modules auto` lets the plan try the recipes' module sets:
+/// its winner is at least as fast as the plain plan's, recomputes a set
+/// the model has, and exports it; `predict`, which evaluates one
+/// configuration, asks for the modules instead.
+#[test]
+fn plans_try_the_recipes_module_sets_when_asked() {
+    let job = [
+        "--model",
+        "gpt-oss-120b",
+        "--gpu",
+        "h100-sxm",
+        "--nodes",
+        "8",
+        "--global-batch",
+        "1280",
+    ];
+    let seconds = |plan: &str| -> f64 {
+        let line = plan
+            .lines()
+            .find(|l| l.trim_start().starts_with("time per iteration:"))
+            .unwrap_or_else(|| panic!("no iteration time in\n{plan}"));
+        let value = line.split(':').nth(1).unwrap().trim();
+        value.trim_end_matches(" s").parse().unwrap()
+    };
+    let plain = ok(&with(&["plan"], &with(&job, &["--top", "1"])));
+    let asked = ok(&with(
+        &["plan"],
+        &with(&job, &["--top", "1", "--recompute-modules", "auto"]),
+    ));
+    assert!(seconds(&asked) <= seconds(&plain), "{asked}\n{plain}");
+    let winner = asked
+        .lines()
+        .find(|l| l.starts_with("Why #1 wins:"))
+        .unwrap();
+    let modules = winner
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("modules="))
+        .unwrap_or("core_attn");
+    assert!(
+        ["core_attn", "layernorm,moe_act", "moe_act"].contains(&modules),
+        "{winner}"
+    );
+    if modules != "core_attn" {
+        says(&asked, &[&format!("--recompute-modules {modules}")]);
+    }
+    says(
+        &fails(&with(
+            &["predict"],
+            &with(
+                &job,
+                &["--recompute", "selective", "--recompute-modules", "auto"],
+            ),
+        )),
+        &["predict evaluates one configuration", "--recompute-modules"],
+    );
+}

@@ -351,7 +351,9 @@ pub struct SpaceArgs {
     pub recompute: Option<Vec<String>>,
     /// What --recompute selective redoes (Megatron-LM's --recompute-modules), one set
     /// for every candidate: some of core_attn (default), layernorm, moe_act, mlp, moe,
-    /// shared_experts, mla_up_proj, e.g. layernorm,moe_act.
+    /// shared_experts, mla_up_proj, e.g. layernorm,moe_act; or auto (plan, Megatron-LM)
+    /// to try the sets NVIDIA's recipes use that the model has: core_attn,
+    /// layernorm,moe_act, moe_act, mla_up_proj, mla_up_proj,mlp.
     #[arg(long)]
     pub recompute_modules: Option<String>,
     /// Sequence parallelism: on, off.

@@ -422,9 +422,14 @@ pub fn space(args: &SpaceArgs) -> Result<SearchSpace> {
         recompute_modules: args
             .recompute_modules
             .as_deref()
+            .filter(|text| text.trim() != "auto")
             .map(|text| RecomputeModules::parse("--recompute-modules", text))
             .transpose()
             .map_err(|e| anyhow!(e))?,
+        search_recompute_modules: args
+            .recompute_modules
+            .as_deref()
+            .is_some_and(|text| text.trim() == "auto"),
         sequence_parallel: switches("--sequence-parallel", &args.sequence_parallel)?,
         optimizer_sharding: choices::<OptimizerSharding>(
             "--optimizer-sharding",
@@ -667,7 +672,12 @@ pub fn single_config(args: &SpaceArgs, job: &Job) -> Result<ParallelConfig> {
         schedule,
         virtual_stages,
         recompute: single("--recompute", &space.recompute, Recompute::None)?,
-        recompute_modules: space.recompute_modules.unwrap_or_default(),
+        recompute_modules: match (space.recompute_modules, space.search_recompute_modules) {
+            (_, true) => bail!(
+                "predict evaluates one configuration: give --recompute-modules the modules (e.g. layernorm,moe_act), or use `paratune plan` to try them all"
+            ),
+            (modules, false) => modules.unwrap_or_default(),
+        },
         sequence_parallel: single("--sequence-parallel", &space.sequence_parallel, false)?,
         optimizer_sharding: single(
             "--optimizer-sharding",

@@ -23,6 +23,10 @@ pub struct SearchSpace {
     pub recompute: Option<Vec<Recompute>>,
     /// What selective recomputation redoes: the attention core unless given.
     pub recompute_modules: Option<RecomputeModules>,
+    /// With none given, try each set [`RecomputeModules::searched`] names
+    /// (Megatron-LM only). Off unless asked: for DeepSeek-V3 it multiplies
+    /// the search by 2.6.
+    pub search_recompute_modules: bool,
     pub sequence_parallel: Option<Vec<bool>>,
     pub optimizer_sharding: Option<Vec<OptimizerSharding>>,
     pub bpipe: Option<Vec<bool>>,
@@ -470,6 +474,10 @@ struct InnerDims<'a> {
     o: Outer,
     torchtitan: bool,
     recompute: Vec<Recompute>,
+    /// Module sets under selective recomputation: the one given, else the
+    /// ones [`RecomputeModules::searched`] names for Megatron-LM.
+    module_sets: Vec<RecomputeModules>,
+    no_modules: [RecomputeModules; 1],
     frequencies: Vec<u64>,
     default_frequency: [u64; 1],
     default_dispatcher: [Dispatcher; 1],
@@ -535,6 +543,14 @@ impl<'a> InnerDims<'a> {
                 .recompute
                 .clone()
                 .unwrap_or(Recompute::of(engine).to_vec()),
+            module_sets: match space.recompute_modules {
+                Some(given) => vec![given],
+                None if space.search_recompute_modules && engine == Engine::Megatron => {
+                    RecomputeModules::searched(&job.model)
+                }
+                None => vec![RecomputeModules::default()],
+            },
+            no_modules: [RecomputeModules::default()],
             frequencies: space.ac_frequency.clone().unwrap_or(vec![2]),
             default_frequency: [ParallelConfig::default().ac_frequency],
             default_dispatcher: [Dispatcher::default()],
@@ -577,7 +593,6 @@ impl<'a> InnerDims<'a> {
                 &[false]
             },
         );
-        let modules = space.recompute_modules.unwrap_or_default();
         Start(ParallelConfig {
             tp: o.tp,
             pp: o.pp,
@@ -644,15 +659,13 @@ impl<'a> InnerDims<'a> {
             },
             |c, m| c.embedding_sync = m,
         )
+        .then(|_| lend(&d.recompute), |c, r| c.recompute = r)
         .then(
-            |_| lend(&d.recompute),
-            |c, r| {
-                c.recompute = r;
-                c.recompute_modules = match r {
-                    Recompute::Selective => modules,
-                    _ => RecomputeModules::default(),
-                };
+            |c| match c.recompute {
+                Recompute::Selective => lend(&d.module_sets),
+                _ => lend(&d.no_modules),
             },
+            |c, m| c.recompute_modules = m,
         )
         .then(
             |c| match c.recompute {

@@ -60,6 +60,45 @@ fn restricted_dimensions_are_honoured() {
     }
 }
 
+/// Asked to, the search tries under selective recomputation each module
+/// set the recipes use that the model has, every one judged on its own;
+/// unasked, the attention core alone, as Megatron-LM defaults.
+#[test]
+fn recipe_module_sets_are_searched_when_asked() {
+    use crate::config::RecomputeModules;
+    use std::collections::HashSet;
+    let job = moe_on_h100();
+    let selective = SearchSpace {
+        recompute: Some(vec![Recompute::Selective]),
+        tp: Some(vec![1]),
+        pp: Some(vec![2]),
+        ..SearchSpace::default()
+    };
+    let asked = SearchSpace {
+        search_recompute_modules: true,
+        ..selective.clone()
+    };
+    let cost = CostModel::datasheet();
+    let (plain, searched) = (search(&job, &selective, &cost), search(&job, &asked, &cost));
+    let sets = |r: &SearchResult| {
+        r.candidates
+            .iter()
+            .map(|c| c.config.recompute_modules)
+            .collect::<HashSet<_>>()
+    };
+    assert_eq!(sets(&plain), HashSet::from([RecomputeModules::default()]));
+    let recipes = RecomputeModules::searched(&job.model);
+    // Qwen3-MoE has experts but neither MLA nor dense layers.
+    assert_eq!(recipes.len(), 3);
+    assert_eq!(sets(&searched), recipes.iter().copied().collect());
+    assert_eq!(searched.considered, 3 * plain.considered);
+    let dense = builtin_model("gpt3-175b").unwrap();
+    assert_eq!(
+        RecomputeModules::searched(&dense),
+        vec![RecomputeModules::default()]
+    );
+}
+
 #[test]
 fn a_restriction_that_breaks_a_rule_is_counted_not_hidden() {
     let job = job("gpt3-175b", 16, 256);
