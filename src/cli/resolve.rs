@@ -377,12 +377,21 @@ pub fn cost_model(name: Option<&str>, gpu_name: &str) -> Result<CostModel> {
 }
 
 fn choices<T: Choice>(flag: &str, values: &Option<Vec<String>>) -> Result<Option<Vec<T>>> {
+    parsed(flag, values, T::parse)
+}
+
+/// Each of a list flag's values read by `parse`, whose error names `flag`.
+fn parsed<T>(
+    flag: &str,
+    values: &Option<Vec<String>>,
+    parse: impl Fn(&str, &str) -> Result<T, String>,
+) -> Result<Option<Vec<T>>> {
     values
         .as_ref()
         .map(|texts| {
             texts
                 .iter()
-                .map(|t| T::parse(flag, t).map_err(|e| anyhow!(e)))
+                .map(|t| parse(flag, t).map_err(|e| anyhow!(e)))
                 .collect()
         })
         .transpose()
@@ -461,16 +470,11 @@ pub fn space(args: &SpaceArgs) -> Result<SearchSpace> {
             "--cross-entropy-fusion",
             &args.cross_entropy_fusion,
         )?,
-        wgrad_deferral: args
-            .wgrad_deferral
-            .as_ref()
-            .map(|texts| {
-                texts
-                    .iter()
-                    .map(|t| WgradDeferral::parse("--wgrad-deferral", t).map_err(|e| anyhow!(e)))
-                    .collect::<Result<Vec<_>>>()
-            })
-            .transpose()?,
+        wgrad_deferral: parsed(
+            "--wgrad-deferral",
+            &args.wgrad_deferral,
+            WgradDeferral::parse,
+        )?,
         cpu_offload_layers: args.cpu_offload_layers.clone(),
         embedding_sync: embedding_sync(&args.embedding_sync)?,
     };
