@@ -226,6 +226,29 @@ fn lend<T: Clone>(values: &[T]) -> Cow<'_, [T]> {
     Cow::Borrowed(values)
 }
 
+/// Every combination of the given (or default) gradient formats, loss
+/// kernels and wgrad deferrals, in the order nested loops would take them.
+fn loss_and_gradients(space: &SearchSpace) -> Vec<(GradReduce, CrossEntropyFusion, WgradDeferral)> {
+    let grad_reduce = space.grad_reduce.clone().unwrap_or(vec![GradReduce::Fp32]);
+    let fusions = space
+        .cross_entropy_fusion
+        .clone()
+        .unwrap_or(vec![CrossEntropyFusion::Off]);
+    let deferrals = space
+        .wgrad_deferral
+        .clone()
+        .unwrap_or(vec![WgradDeferral::Off]);
+    let mut all = Vec::with_capacity(grad_reduce.len() * fusions.len() * deferrals.len());
+    for &g in &grad_reduce {
+        for &f in &fusions {
+            for &w in &deferrals {
+                all.push((g, f, w));
+            }
+        }
+    }
+    all
+}
+
 /// Divisors of `n` in increasing order, found up to its square root.
 fn divisors(n: u64) -> Vec<u64> {
     let mut small = Vec::new();
@@ -482,9 +505,11 @@ struct InnerDims<'a> {
     default_frequency: [u64; 1],
     default_dispatcher: [Dispatcher; 1],
     precision: Vec<Precision>,
-    grad_reduce: Vec<GradReduce>,
-    cross_entropy_fusion: Vec<CrossEntropyFusion>,
-    wgrad_deferral: Vec<WgradDeferral>,
+    /// The gradients' format, the loss's kernel and the embedding wgrad's
+    /// deferral: independent switches walked as one dimension of their
+    /// product, since every level of the walk costs a call per
+    /// configuration and these are single-valued unless asked.
+    loss_and_gradients: Vec<(GradReduce, CrossEntropyFusion, WgradDeferral)>,
     cpu_offload_layers: Vec<u64>,
     sequence_parallel: Vec<bool>,
     sharding: Vec<OptimizerSharding>,
@@ -555,15 +580,7 @@ impl<'a> InnerDims<'a> {
             default_frequency: [ParallelConfig::default().ac_frequency],
             default_dispatcher: [Dispatcher::default()],
             precision: space.precision.clone().unwrap_or(vec![Precision::Bf16]),
-            grad_reduce: space.grad_reduce.clone().unwrap_or(vec![GradReduce::Fp32]),
-            cross_entropy_fusion: space
-                .cross_entropy_fusion
-                .clone()
-                .unwrap_or(vec![CrossEntropyFusion::Off]),
-            wgrad_deferral: space
-                .wgrad_deferral
-                .clone()
-                .unwrap_or(vec![WgradDeferral::Off]),
+            loss_and_gradients: loss_and_gradients(space),
             cpu_offload_layers: space.cpu_offload_layers.clone().unwrap_or(vec![0]),
             sequence_parallel,
             sharding,
@@ -640,12 +657,14 @@ impl<'a> InnerDims<'a> {
             |c, dispatcher| c.dispatcher = dispatcher,
         )
         .then(|_| lend(&d.precision), |c, p| c.precision = p)
-        .then(|_| lend(&d.grad_reduce), |c, g| c.grad_reduce = g)
         .then(
-            |_| lend(&d.cross_entropy_fusion),
-            |c, f| c.cross_entropy_fusion = f,
+            |_| lend(&d.loss_and_gradients),
+            |c, (grad_reduce, fusion, deferral)| {
+                c.grad_reduce = grad_reduce;
+                c.cross_entropy_fusion = fusion;
+                c.wgrad_deferral = deferral;
+            },
         )
-        .then(|_| lend(&d.wgrad_deferral), |c, w| c.wgrad_deferral = w)
         .then(
             |_| lend(&d.cpu_offload_layers),
             |c, n| c.cpu_offload_layers = n,
