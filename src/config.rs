@@ -591,6 +591,16 @@ impl WgradDeferral {
         }
     }
 
+    /// Micro-batches whose output-layer weight gradient waits for the
+    /// flush: the first `limit` of them (all for `all`).
+    pub fn deferred(self, micro_batches: u64) -> u64 {
+        match self {
+            WgradDeferral::Off => 0,
+            WgradDeferral::All => micro_batches,
+            WgradDeferral::Limit(n) => n.min(micro_batches),
+        }
+    }
+
     /// Micro-batches whose logits gradient the last stage still holds when
     /// its last backward pass makes one more: the buffer fills until the
     /// limit, and nothing is drained before the flush.

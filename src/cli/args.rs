@@ -447,7 +447,8 @@ pub struct SpaceArgs {
     /// Whether the output layer's weight-gradient GEMMs wait for the pipeline flush
     /// (--defer-embedding-wgrad-compute): off (default), all micro-batches', or a number
     /// of micro-batches (--wgrad-deferral-limit); a list to compare. Megatron-LM with
-    /// pp > 1. paratune prices the logits gradients it keeps, not the time it hides.
+    /// pp > 1: the last stage keeps their logits gradients and runs their GEMMs in its
+    /// slack at the flush.
     #[arg(long, value_delimiter = ',')]
     pub wgrad_deferral: Option<Vec<String>>,
     /// Layers whose saved activations are copied to host memory in the forward pass and

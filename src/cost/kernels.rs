@@ -131,6 +131,17 @@ pub fn output_head_forward_backward(
     linear_at(s, s.coef().output_head_efficiency, tokens, hidden, vocab)
 }
 
+/// The output head's weight-gradient GEMM alone (the one a deferred
+/// embedding wgrad moves to the pipeline flush).
+pub fn output_head_weight_grad(s: &Scenario, tokens: f64, hidden: f64, vocab: f64) -> f64 {
+    let cores = Cores {
+        peak: s.gpu.peak_flops,
+        peak_fraction: s.coef().output_head_efficiency,
+        operand_bytes: HALF,
+    };
+    gemm(s, cores, hidden, vocab, tokens)
+}
+
 /// A 16-bit linear's GEMMs at the large-GEMM efficiency `peak_fraction`.
 fn linear_at(s: &Scenario, peak_fraction: f64, tokens: f64, input: f64, output: f64) -> (f64, f64) {
     let cores = Cores {

@@ -887,8 +887,32 @@ pub fn pipeline_ends_time(s: &Scenario, c: &ParallelConfig) -> EndsTime {
     let (projection_fwd, projection_bwd) =
         kernels::linear_forward_backward(s, tokens, 2.0 * h, h / c.tp as f64);
     let mtp_module = embedding_lookup + embedding_grad + projection_fwd + projection_bwd + head;
+    // A deferred weight gradient leaves the micro-batches' passes for the
+    // flush ([`deferred_wgrad_time`]), spread here over the micro-batches.
+    let m = c.micro_batches(s.global_batch).max(1) as f64;
     EndsTime {
         first: embedding_lookup + embedding_grad,
-        last: head + mtp * mtp_module,
+        last: head + mtp * mtp_module - deferred_wgrad_time(s, c) / m,
     }
+}
+
+/// The output head's weight-gradient GEMMs a deferred embedding wgrad
+/// moves from the last stage's backward passes to the pipeline flush, per
+/// iteration: one for each prediction head of each deferred micro-batch
+/// (Megatron-LM's `drain_embedding_wgrad_compute`, before the gradients
+/// are finalised, while the earlier stages still run their last backward
+/// passes).
+pub fn deferred_wgrad_time(s: &Scenario, c: &ParallelConfig) -> f64 {
+    let deferred = c.wgrad_deferral.deferred(c.micro_batches(s.global_batch));
+    if deferred == 0 {
+        return 0.0;
+    }
+    let heads = (1 + s.model.mtp_layers) as f64;
+    let wgrad = kernels::output_head_weight_grad(
+        s,
+        local_tokens(s, c),
+        s.model.hidden as f64,
+        super::vocab_per_rank(s, c),
+    );
+    deferred as f64 * heads * wgrad
 }

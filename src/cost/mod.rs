@@ -749,7 +749,7 @@ fn predict_from(
 
     let sync = data_parallel_and_optimizer(s, c, layer, parts, &mut usage);
     let mut time = TimeBreakdown {
-        compute: m * slowest.compute,
+        compute: m * slowest.compute + sync.deferred_wgrad,
         host: m * slowest.host,
         bubble,
         tensor_parallel: m * slowest.tensor_parallel,
@@ -1028,6 +1028,9 @@ struct SyncTime {
     /// stage whose tail is longest.
     exposed_comm: f64,
     optimizer: f64,
+    /// The deferred output-head weight gradients that outlast the last
+    /// stage's slack, when its tail is the longest.
+    deferred_wgrad: f64,
     /// All data-parallel traffic of that stage per iteration within its
     /// shard group, hidden or not (ZeRO-3's per-micro-batch collectives
     /// included).
@@ -1064,6 +1067,7 @@ fn data_parallel_and_optimizer(
     let mut worst = SyncTime {
         exposed_comm: 0.0,
         optimizer: 0.0,
+        deferred_wgrad: 0.0,
         link_seconds: 0.0,
         replica_link_seconds: 0.0,
     };
@@ -1141,7 +1145,13 @@ fn data_parallel_and_optimizer(
         let optimizer = part.optimizer;
         // Stage `stage` ended its schedule this much before stage 0.
         let slack = before_backward / v;
-        let tail = comm + optimizer - slack;
+        // The last stage computes its deferred weight gradients first.
+        let deferred = if stage + 1 == c.pp {
+            layer::deferred_wgrad_time(s, c)
+        } else {
+            0.0
+        };
+        let tail = deferred + comm + optimizer - slack;
         let (zero3, _) = part.zero3;
         let replica = m * part.replica_per_microbatch;
         let link_seconds = sync.grads + sync.gather + sparse + m * zero3 - replica;
@@ -1151,9 +1161,12 @@ fn data_parallel_and_optimizer(
         }
         if tail > worst_tail {
             worst_tail = tail;
-            let optimizer = optimizer.min(tail.max(0.0));
+            let exposed = tail.max(0.0);
+            let optimizer = optimizer.min(exposed);
+            let deferred = deferred.min(exposed - optimizer);
             worst.optimizer = optimizer;
-            worst.exposed_comm = tail.max(0.0) - optimizer;
+            worst.deferred_wgrad = deferred;
+            worst.exposed_comm = exposed - optimizer - deferred;
         }
     });
     worst.exposed_comm += gather_ahead;

@@ -1694,6 +1694,49 @@ mod allocator_and_engines {
         assert_eq!(last_many.loss, last_all.loss);
     }
 
+    /// A deferred weight gradient leaves the last stage's passes for its
+    /// slack at the flush: each deferred micro-batch's head wgrad GEMM comes
+    /// off the per-micro-batch time, and where the slack holds them the
+    /// iteration is that much shorter; without slack (one pipeline stage
+    /// behind it, a long head) what outlasts it shows as compute.
+    #[test]
+    fn deferred_wgrads_move_from_the_passes_into_the_flush() {
+        use crate::config::WgradDeferral;
+        let f = small();
+        let s = f.scenario();
+        let off = config(1, 2, 4, 4);
+        let m = off.micro_batches(s.global_batch);
+        let with = |deferral| ParallelConfig {
+            wgrad_deferral: deferral,
+            ..off
+        };
+        let all = with(WgradDeferral::All);
+        let moved = layer::deferred_wgrad_time(&s, &all);
+        assert!(moved > 0.0);
+        assert_eq!(layer::deferred_wgrad_time(&s, &off), 0.0);
+        assert_close(
+            layer::deferred_wgrad_time(&s, &with(WgradDeferral::Limit(1))),
+            moved / m as f64,
+            1e-12,
+            "one of m",
+        );
+        let (before, after) = (
+            layer::pipeline_ends_time(&s, &off),
+            layer::pipeline_ends_time(&s, &all),
+        );
+        assert_eq!(after.first, before.first);
+        assert_close(before.last - after.last, moved / m as f64, 1e-9, "per pass");
+        let (t_off, t_all) = (predict(&s, &off), predict(&s, &all));
+        assert!(
+            t_all.iteration_s <= t_off.iteration_s,
+            "{} vs {}",
+            t_all.iteration_s,
+            t_off.iteration_s
+        );
+        // Whatever the slack does not hide is compute, never a collective.
+        assert!(t_all.time.data_parallel <= t_off.time.data_parallel + 1e-12);
+    }
+
     /// The fused kernel makes fewer passes over the logits: the last stage
     /// is faster, the first untouched.
     #[test]

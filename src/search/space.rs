@@ -61,8 +61,8 @@ pub struct SearchSpace {
     pub grad_reduce: Option<Vec<GradReduce>>,
     /// Off unless given, as Megatron-LM defaults.
     pub cross_entropy_fusion: Option<Vec<CrossEntropyFusion>>,
-    /// Off unless given: the model prices the buffers deferral keeps, not
-    /// the flush time it hides, so it is the user's call.
+    /// Off unless given: deferral trades the last stage's memory for its
+    /// time, so it is the user's call.
     pub wgrad_deferral: Option<Vec<WgradDeferral>>,
     /// Layers whose activations go to host memory: none unless given.
     pub cpu_offload_layers: Option<Vec<u64>>,
