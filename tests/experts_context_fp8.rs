@@ -1274,3 +1274,26 @@ fn plans_try_the_recipes_module_sets_when_asked() {
         &["predict evaluates one configuration", "--recompute-modules"],
     );
 }
+
+/// A deferral the search was not asked to try can beat its winner, and the
+/// explanation says so: the deferred head GEMMs leave the last stage's
+/// passes for its slack at the flush.
+#[test]
+fn an_explained_deferral_can_run_faster_than_the_winner() {
+    let out = ok(&[
+        "plan",
+        "--model",
+        "gpt3-175b",
+        "--gpu",
+        "a100-80gb",
+        "--nodes",
+        "16",
+        "--global-batch",
+        "256",
+        "--top",
+        "1",
+        "--explain",
+        "wgrad_deferral=4",
+    ]);
+    says(&out, &["wgrad-deferral=4:", "faster than #1"]);
+}

@@ -401,13 +401,18 @@ fn explain_config(
             slower_by,
             differences,
         } => {
+            // A configuration from outside the searched space can beat #1.
+            let against = if slower_by < 0.0 {
+                format!("{} faster than #1", percent(-slower_by))
+            } else {
+                format!("{} slower than #1", percent(slower_by))
+            };
             let _ = writeln!(
                 out,
-                "  fits ({:.1} of {:.1} GiB) and ranks #{rank} of {of}: {} per iteration, {} slower than #1",
+                "  fits ({:.1} of {:.1} GiB) and ranks #{rank} of {of}: {} per iteration, {against}",
                 prediction.peak_memory_bytes / GIB,
                 prediction.usable_memory_bytes / GIB,
                 seconds(prediction.iteration_s),
-                percent(slower_by)
             );
             if !differences.is_empty() {
                 let _ = writeln!(
