@@ -6,8 +6,8 @@
 use paratune::cluster::{NodeGroup, builtin_node};
 use paratune::coefficients::{Coefficients, CollectiveAlgorithm, CostModel};
 use paratune::config::{
-    Engine, OptimizerSharding, ParallelConfig, Precision, Recompute, RecomputeModules,
-    ScheduleKind, StageOrder,
+    CrossEntropyFusion, Engine, OptimizerSharding, ParallelConfig, Precision, Recompute,
+    RecomputeModules, ScheduleKind, StageOrder, WgradDeferral,
 };
 use paratune::cost::{Scenario, busiest_link_seconds, memory_per_stage, peak_memory, predict};
 use paratune::model::{AttentionKind, ModelSpec, builtin_model, builtin_model_names};
@@ -897,5 +897,33 @@ proptest! {
         let floor = paratune::cost::state_floor(&s, &case.config);
         let peak = peak_memory(&s, &case.config).bytes;
         prop_assert!(at_most(floor, peak), "floor {} above peak {} for {}", floor, peak, case.config);
+    }
+
+    /// (x) The loss's kernel and a deferred embedding wgrad move the last
+    /// stage's memory alone: Transformer Engine's cross-entropy never
+    /// holds more than the unfused one, deferring never holds less than
+    /// not deferring, and a higher limit never less than a lower one.
+    #[test]
+    fn the_loss_switches_move_only_the_last_stage(case in case(), limit in 1u64..64) {
+        let s = case.scenario();
+        let with = |fusion, deferral| {
+            let c = ParallelConfig { cross_entropy_fusion: fusion, wgrad_deferral: deferral, ..case.config };
+            memory_per_stage(&s, &c)
+        };
+        let plain = with(CrossEntropyFusion::Off, WgradDeferral::Off);
+        let te = with(CrossEntropyFusion::Te, WgradDeferral::Off);
+        let some = with(CrossEntropyFusion::Off, WgradDeferral::Limit(limit));
+        let more = with(CrossEntropyFusion::Off, WgradDeferral::Limit(limit + 1));
+        let all = with(CrossEntropyFusion::Off, WgradDeferral::All);
+        let last = plain.len() - 1;
+        for stage in 0..last {
+            prop_assert_eq!(te[stage], plain[stage]);
+            prop_assert_eq!(all[stage], plain[stage]);
+        }
+        let loss = |m: &[paratune::cost::StageMemory]| m[last].loss;
+        prop_assert!(at_most(loss(&te), loss(&plain)), "te {} above off {}", loss(&te), loss(&plain));
+        prop_assert!(at_most(loss(&plain), loss(&some)));
+        prop_assert!(at_most(loss(&some), loss(&more)));
+        prop_assert!(at_most(loss(&more), loss(&all)));
     }
 }

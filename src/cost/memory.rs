@@ -905,7 +905,9 @@ fn loss_bytes_per_logit(k: &crate::coefficients::Coefficients, fusion: CrossEntr
         CrossEntropyFusion::Off => k.logit_bytes,
         CrossEntropyFusion::Native => k.logit_bytes + k.native_cross_entropy_transient_bytes,
         // Transformer Engine's kernel reads the 16-bit logits and writes
-        // their gradient over them: nothing else logits-sized is held.
-        CrossEntropyFusion::Te => HALF,
+        // their gradient over them: nothing else logits-sized is held, and
+        // never more than the unfused loss holds, whatever `logit_bytes`
+        // is calibrated to.
+        CrossEntropyFusion::Te => HALF.min(k.logit_bytes),
     }
 }
