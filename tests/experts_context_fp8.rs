@@ -57,6 +57,25 @@ fn stage_zero_cell(out: &str, column: usize) -> f64 {
     row.split_whitespace().nth(column).unwrap().parse().unwrap()
 }
 
+/// The allocated peak `evaluate` predicts for each row of run table `table`.
+fn predicted_allocated(table: &std::path::Path, extra: &[&str]) -> Vec<f64> {
+    let mut args = vec![
+        "evaluate",
+        "--runs",
+        table.to_str().unwrap(),
+        "--format",
+        "json",
+    ];
+    args.extend(extra);
+    let json: serde_json::Value = serde_json::from_str(&ok(&args)).unwrap();
+    json["memory_rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["predicted_allocated"].as_f64().unwrap())
+        .collect()
+}
+
 fn with<'a>(base: &[&'a str], extra: &[&'a str]) -> Vec<&'a str> {
     base.iter().chain(extra).copied().collect()
 }
@@ -1080,20 +1099,7 @@ fn run_tables_read_the_cross_entropy_fusion_column() {
         ),
     )
     .unwrap();
-    let out = ok(&[
-        "evaluate",
-        "--runs",
-        table.to_str().unwrap(),
-        "--format",
-        "json",
-    ]);
-    let json: serde_json::Value = serde_json::from_str(&out).unwrap();
-    let predicted: Vec<f64> = json["memory_rows"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r["predicted_allocated"].as_f64().unwrap())
-        .collect();
+    let predicted = predicted_allocated(&table, &[]);
     // 4 x 2,048 tokens x 128,256 logits x (6 - 2) bytes.
     let saved = 4.0 * 2048.0 * 128_256.0 * 4.0;
     assert_eq!(predicted.len(), 2);
@@ -1130,22 +1136,7 @@ fn deferred_embedding_wgrad_keeps_the_earlier_logits_gradients() {
         format!("{header}{row},off,9.0\n{row},2,9.0\n{row},all,9.0\n"),
     )
     .unwrap();
-    let out = ok(&[
-        "evaluate",
-        "--runs",
-        table.to_str().unwrap(),
-        "--memory-rank",
-        "last",
-        "--format",
-        "json",
-    ]);
-    let json: serde_json::Value = serde_json::from_str(&out).unwrap();
-    let predicted: Vec<f64> = json["memory_rows"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r["predicted_allocated"].as_f64().unwrap())
-        .collect();
+    let predicted = predicted_allocated(&table, &["--memory-rank", "last"]);
     assert_eq!(predicted.len(), 3);
     // 4 x 2,048 tokens, 2 bytes each for 64,128 logits per tp rank and
     // 1,024 inputs, per micro-batch held.

@@ -1650,16 +1650,18 @@ mod tests {
         assert!(err.contains("['mhc']"), "{err}");
     }
 
+    /// The configuration of a run whose argument dump adds `extra`.
+    fn config_with(extra: &[(&str, &str)]) -> crate::config::ParallelConfig {
+        parse(&log(extra, &[9.0, 3.0, 2.0]), "x.log", 2)
+            .unwrap()
+            .config
+            .parallel_config()
+    }
+
     /// `--grad-reduce-in-bf16`, or what it sets in a bf16 run's dump.
     #[test]
     fn bf16_gradient_reduction_is_read_from_the_arguments() {
-        let grad_reduce = |extra: &[(&str, &str)]| {
-            parse(&log(extra, &[9.0, 3.0, 2.0]), "x.log", 2)
-                .unwrap()
-                .config
-                .parallel_config()
-                .grad_reduce
-        };
+        let grad_reduce = |extra: &[(&str, &str)]| config_with(extra).grad_reduce;
         use crate::config::GradReduce;
         assert_eq!(grad_reduce(&[]), GradReduce::Fp32);
         assert_eq!(
@@ -1682,13 +1684,7 @@ mod tests {
     /// (0, its default, defers every micro-batch).
     #[test]
     fn deferred_embedding_wgrad_is_read_from_the_arguments() {
-        let deferral = |extra: &[(&str, &str)]| {
-            parse(&log(extra, &[9.0, 3.0, 2.0]), "x.log", 2)
-                .unwrap()
-                .config
-                .parallel_config()
-                .wgrad_deferral
-        };
+        let deferral = |extra: &[(&str, &str)]| config_with(extra).wgrad_deferral;
         use crate::config::WgradDeferral;
         assert_eq!(
             deferral(&[("wgrad_deferral_limit", "2")]),
@@ -1714,13 +1710,7 @@ mod tests {
     /// naming the kernel (`native` unless it says `te`).
     #[test]
     fn fused_cross_entropy_is_read_from_the_arguments() {
-        let fusion = |extra: &[(&str, &str)]| {
-            parse(&log(extra, &[9.0, 3.0, 2.0]), "x.log", 2)
-                .unwrap()
-                .config
-                .parallel_config()
-                .cross_entropy_fusion
-        };
+        let fusion = |extra: &[(&str, &str)]| config_with(extra).cross_entropy_fusion;
         use crate::config::CrossEntropyFusion;
         assert_eq!(fusion(&[]), CrossEntropyFusion::Off);
         assert_eq!(
