@@ -226,6 +226,30 @@ fn lend<T: Clone>(values: &[T]) -> Cow<'_, [T]> {
     Cow::Borrowed(values)
 }
 
+/// The recomputation policies to try, each with its module sets: the set
+/// given under selective recomputation, the recipes' sets when asked
+/// (Megatron-LM only), else the attention core.
+fn recompute_choices(space: &SearchSpace, model: &ModelSpec) -> Vec<(Recompute, RecomputeModules)> {
+    let policies = space
+        .recompute
+        .clone()
+        .unwrap_or(Recompute::of(space.engine).to_vec());
+    let sets = match space.recompute_modules {
+        Some(given) => vec![given],
+        None if space.search_recompute_modules && space.engine == Engine::Megatron => {
+            RecomputeModules::searched(model)
+        }
+        None => vec![RecomputeModules::default()],
+    };
+    policies
+        .into_iter()
+        .flat_map(|policy| match policy {
+            Recompute::Selective => sets.iter().map(|&m| (policy, m)).collect(),
+            _ => vec![(policy, RecomputeModules::default())],
+        })
+        .collect()
+}
+
 /// Every combination of the given (or default) gradient formats, loss
 /// kernels and wgrad deferrals, in the order nested loops would take them.
 fn loss_and_gradients(space: &SearchSpace) -> Vec<(GradReduce, CrossEntropyFusion, WgradDeferral)> {
@@ -496,11 +520,10 @@ struct InnerDims<'a> {
     job: &'a Job,
     o: Outer,
     torchtitan: bool,
-    recompute: Vec<Recompute>,
-    /// Module sets under selective recomputation: the one given, else the
-    /// ones [`RecomputeModules::searched`] names for Megatron-LM.
-    module_sets: Vec<RecomputeModules>,
-    no_modules: [RecomputeModules; 1],
+    /// Each policy with the modules it recomputes: under selective
+    /// recomputation the set given, else those [`RecomputeModules::searched`]
+    /// names for Megatron-LM when asked; one level of the walk.
+    recompute: Vec<(Recompute, RecomputeModules)>,
     frequencies: Vec<u64>,
     default_frequency: [u64; 1],
     default_dispatcher: [Dispatcher; 1],
@@ -564,18 +587,7 @@ impl<'a> InnerDims<'a> {
             job,
             o,
             torchtitan,
-            recompute: space
-                .recompute
-                .clone()
-                .unwrap_or(Recompute::of(engine).to_vec()),
-            module_sets: match space.recompute_modules {
-                Some(given) => vec![given],
-                None if space.search_recompute_modules && engine == Engine::Megatron => {
-                    RecomputeModules::searched(&job.model)
-                }
-                None => vec![RecomputeModules::default()],
-            },
-            no_modules: [RecomputeModules::default()],
+            recompute: recompute_choices(space, &job.model),
             frequencies: space.ac_frequency.clone().unwrap_or(vec![2]),
             default_frequency: [ParallelConfig::default().ac_frequency],
             default_dispatcher: [Dispatcher::default()],
@@ -678,13 +690,12 @@ impl<'a> InnerDims<'a> {
             },
             |c, m| c.embedding_sync = m,
         )
-        .then(|_| lend(&d.recompute), |c, r| c.recompute = r)
         .then(
-            |c| match c.recompute {
-                Recompute::Selective => lend(&d.module_sets),
-                _ => lend(&d.no_modules),
+            |_| lend(&d.recompute),
+            |c, (policy, modules)| {
+                c.recompute = policy;
+                c.recompute_modules = modules;
             },
-            |c, m| c.recompute_modules = m,
         )
         .then(
             |c| match c.recompute {
