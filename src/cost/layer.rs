@@ -18,7 +18,7 @@ use super::kernels::{self, HALF};
 use super::{ProfileUsage, Scenario, comm};
 use crate::cluster::GroupSpan;
 use crate::config::{
-    CpComm, CrossEntropyFusion, Dispatcher, ParallelConfig, Recompute, RecomputeModules,
+    CpComm, CrossEntropyFusion, Dispatcher, Engine, ParallelConfig, Recompute, RecomputeModules,
 };
 use crate::model::{AttentionKind, Split};
 use crate::profile::{LayerArch, LayerShape};
@@ -178,6 +178,19 @@ fn moe_gemms(s: &Scenario, c: &ParallelConfig) -> (f64, f64) {
         router_f + shared_f + imbalance * local_experts * expert_f,
         router_b + shared_b + imbalance * local_experts * expert_b,
     )
+}
+
+/// Forward GEMM time of an MoE layer's routed and shared experts on one
+/// rank: the work after the dispatcher's sync.
+fn expert_forward(s: &Scenario, c: &ParallelConfig) -> f64 {
+    let Some(moe) = s.model.moe else {
+        return 0.0;
+    };
+    let tokens = local_tokens(s, c);
+    let h = s.model.hidden as f64;
+    let (router, _) =
+        kernels::linear_forward_backward(s, tokens / c.tp as f64, h, moe.experts as f64);
+    moe_gemms(s, c).0 - router
 }
 
 /// Forward and backward GPU time of one layer (without communication).
@@ -602,17 +615,73 @@ fn recomputed_dispatches(s: &Scenario, c: &ParallelConfig, kind: LayerKind) -> f
 }
 
 /// Host launch work an MoE layer adds to a pass, as a multiple of a dense
-/// layer's: its routing and dispatch, and each local expert's GEMM
-/// launches (eager under CUDA graphs too; see the coefficients).
-fn moe_host_share(s: &Scenario, c: &ParallelConfig, kind: LayerKind) -> f64 {
+/// layer's, split at the dispatcher's sync: (routing, before it; the
+/// dispatch, each local expert's GEMM launches and the combine, after it).
+/// Eager under CUDA graphs too; see the coefficients.
+fn moe_host_parts(s: &Scenario, c: &ParallelConfig, kind: LayerKind) -> (f64, f64) {
     match (kind, s.model.moe) {
         (LayerKind::Moe, Some(moe)) => {
             let k = s.coef();
             let local_experts = (moe.experts / c.ep.max(1)) as f64;
-            k.moe_host_share + local_experts * k.expert_host_share
+            (
+                k.moe_host_share * ROUTING_SHARE,
+                k.moe_host_share * (1.0 - ROUTING_SHARE) + local_experts * k.expert_host_share,
+            )
         }
-        _ => 0.0,
+        _ => (0.0, 0.0),
     }
+}
+
+/// Share of an MoE layer's own host work (`moe_host_share`) that routes,
+/// before the sync: the gating GEMM, top-k, softmax and auxiliary loss
+/// against the token counts, permutation, all-to-all, unpermutation and
+/// combine after it (megatron/core/transformer/moe/router.py,
+/// token_dispatcher.py: about as many operators each).
+const ROUTING_SHARE: f64 = 0.5;
+
+/// One MoE layer forward between two host syncs: the dispatcher copies
+/// the token counts to the host after the router, so the host's lead on
+/// the GPU is lost there. From that sync to the next layer's, the host
+/// launches the dispatch and experts (`post_host`) and then the next
+/// attention and router, while the GPU runs the experts and then that
+/// attention and router (`pre_gpu`), which cannot start before the host
+/// has launched it: no less than `post_host + pre_gpu`.
+struct SyncSegment {
+    host: f64,
+    gpu: f64,
+    post_host: f64,
+    pre_gpu: f64,
+}
+
+impl SyncSegment {
+    fn time(&self, exponent: f64) -> f64 {
+        soft_max(self.host, self.gpu, exponent).max(self.post_host + self.pre_gpu)
+    }
+}
+
+/// The sync segment of an MoE layer whose dispatcher syncs the host
+/// (`None` for a dense layer): Megatron-Core's every dispatcher
+/// (`cuda_sync_point`, Transformer Engine's GroupedLinear takes the
+/// per-expert row counts as host integers), and any engine's all-to-all
+/// over ep > 1 (its split sizes are host lists).
+fn host_sync_segment(
+    s: &Scenario,
+    c: &ParallelConfig,
+    kind: LayerKind,
+    fwd: &PassTime,
+    pass_host: f64,
+) -> Option<SyncSegment> {
+    s.model.moe.filter(|_| kind == LayerKind::Moe)?;
+    if c.engine != Engine::Megatron && c.ep <= 1 {
+        return None;
+    }
+    let (_, after_sync) = moe_host_parts(s, c, kind);
+    Some(SyncSegment {
+        host: pass_host,
+        gpu: fwd.total(),
+        post_host: s.coef().host_us_per_layer_pass * 1e-6 * after_sync,
+        pre_gpu: (fwd.total() - expert_forward(s, c)).max(0.0),
+    })
 }
 
 /// `(a^k + b^k)^(1/k)`: the time of two streams of work that overlap, as
@@ -833,14 +902,27 @@ pub fn layer_time_of(
     } else {
         1.0
     };
-    let host = (host_passes * k.host_us_per_layer_pass * (launch + moe_host_share(s, c, kind))
-        + tensor_parallel_calls(s, c, kind) * (c.tp - 1) as f64 * k.host_sync_us_per_rank)
-        * 1e-6;
+    let (routing, after_sync) = moe_host_parts(s, c, kind);
+    let pass_host = k.host_us_per_layer_pass * 1e-6 * (launch + routing + after_sync);
+    let host = host_passes * pass_host
+        + tensor_parallel_calls(s, c, kind) * (c.tp - 1) as f64 * k.host_sync_us_per_rank * 1e-6;
     let gpu = gpu_compute + exposed;
+    let host_time = match host_sync_segment(s, c, kind, &fwd, pass_host) {
+        // The forward passes that sync; the backward and the rest overlap
+        // as one stream.
+        Some(segment) => {
+            let syncs = 1.0 + recomputed_forwards(c) + recomputed_dispatches(s, c, kind);
+            let rest_host = (host - syncs * segment.host).max(0.0);
+            let rest_gpu = (gpu - syncs * segment.gpu).max(0.0);
+            syncs * segment.time(k.host_overlap_exponent)
+                + soft_max(rest_host, rest_gpu, k.host_overlap_exponent)
+        }
+        None => soft_max(host, gpu, k.host_overlap_exponent),
+    };
     LayerTime {
         gpu_compute: gpu_compute + exchange.gpu_compute,
         tensor_parallel: exposed,
-        host_excess: soft_max(host, gpu, k.host_overlap_exponent) - gpu,
+        host_excess: host_time - gpu,
         tp_link: tp_total,
         forward: fwd.total(),
         backward: bwd.total() + recomputed_gpu,

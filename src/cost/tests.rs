@@ -2011,7 +2011,7 @@ mod hybrid_sharding {
 
 mod experts_and_context {
     use super::*;
-    use crate::config::{CpComm, Dispatcher};
+    use crate::config::{CpComm, Dispatcher, Engine};
     use layer::LayerKind;
 
     fn scenario_for<'a>(
@@ -2231,6 +2231,42 @@ mod experts_and_context {
             moe.shared_ffn_hidden = moe.ffn_hidden;
         }
         assert_close(link(&model, LayerKind::Moe), dense, 1e-12, "shared experts");
+    }
+
+    /// Megatron-Core's dispatcher copies the token counts to the host in
+    /// every MoE layer forward, so the host cannot launch the next layer's
+    /// attention while the GPU runs the experts: with many local experts
+    /// (host-heavy) and a long sequence's attention (GPU-heavy) the layer
+    /// takes longer than the same work with no sync (torchtitan on one
+    /// expert-parallel rank), and the GPU work itself is the same.
+    #[test]
+    fn the_dispatchers_host_sync_costs_an_moe_layer_time() {
+        let group = builtin_node("h100-sxm", 1).unwrap();
+        let cost = CostModel::datasheet();
+        let mut model = builtin_model("qwen3-30b-a3b").unwrap();
+        model.seq_len = 32768;
+        let s = scenario_for(&model, &group, 8, &cost);
+        let time = |engine| {
+            let c = ParallelConfig {
+                engine,
+                ..ParallelConfig::default()
+            };
+            layer::layer_time_of(&s, &c, LayerKind::Moe, &mut ProfileUsage::default())
+        };
+        let (synced, unsynced) = (time(Engine::Megatron), time(Engine::Torchtitan));
+        assert_close(synced.gpu_compute, unsynced.gpu_compute, 1e-12, "GPU work");
+        assert!(
+            synced.host_excess > unsynced.host_excess * 1.05 + 1e-6,
+            "synced {synced:?} against {unsynced:?}"
+        );
+        let dense = |engine| {
+            let c = ParallelConfig {
+                engine,
+                ..ParallelConfig::default()
+            };
+            layer::layer_time_of(&s, &c, LayerKind::Dense, &mut ProfileUsage::default()).host_excess
+        };
+        assert_eq!(dense(Engine::Megatron), dense(Engine::Torchtitan));
     }
 
     /// The ring's key/value exchange hides under the attention up to the
