@@ -33,8 +33,8 @@ fn worker() -> PathBuf {
 }
 
 /// A profile of this CPU: bf16 matrix multiplies, a copy, and gloo
-/// collectives between two ranks.
-fn measured_profile(dir: &Path) -> PathBuf {
+/// collectives between `ranks` ranks.
+fn measured_profile(dir: &Path, ranks: u32) -> PathBuf {
     let profile = dir.join("cpu-profile");
     let out = profile.to_str().unwrap();
     ok(
@@ -55,13 +55,14 @@ fn measured_profile(dir: &Path) -> PathBuf {
         ],
     );
     let python = python();
+    let ranks = ranks.to_string();
     let text = ok(
         dir,
         &[
             "profile",
             "comm",
             "--ranks",
-            "2",
+            &ranks,
             "--max-bytes",
             "8MiB",
             "--python",
@@ -70,45 +71,50 @@ fn measured_profile(dir: &Path) -> PathBuf {
             out,
         ],
     );
-    assert!(text.contains("all_reduce over 2 ranks"), "{text}");
+    assert!(
+        text.contains(&format!("all_reduce over {ranks} ranks")),
+        "{text}"
+    );
     profile
 }
 
-fn plan(dir: &Path, profile: &Path) -> PathBuf {
-    let json = ok(
-        dir,
-        &[
-            "plan",
-            "--cluster-from-profile",
-            profile.to_str().unwrap(),
-            "--gpus-per-node",
-            "2",
-            "--engine",
-            "torchtitan",
-            "--compile",
-            "off",
-            "--cuda-graphs",
-            "off",
-            "--hidden",
-            "256",
-            "--heads",
-            "4",
-            "--layers",
-            "4",
-            "--seq-len",
-            "128",
-            "--vocab",
-            "2048",
-            "--global-batch",
-            "8",
-            "--cost-model",
-            "datasheet",
-            "--top",
-            "8",
-            "--format",
-            "json",
-        ],
-    );
+/// A tiny model planned for the measured node of `gpus` ranks, the search
+/// narrowed by `narrowed` (flags and values).
+fn plan(dir: &Path, profile: &Path, gpus: u32, narrowed: &[&str]) -> PathBuf {
+    let gpus = gpus.to_string();
+    let mut args = vec![
+        "plan",
+        "--cluster-from-profile",
+        profile.to_str().unwrap(),
+        "--gpus-per-node",
+        &gpus,
+        "--engine",
+        "torchtitan",
+        "--compile",
+        "off",
+        "--cuda-graphs",
+        "off",
+        "--hidden",
+        "256",
+        "--heads",
+        "4",
+        "--layers",
+        "4",
+        "--seq-len",
+        "128",
+        "--vocab",
+        "2048",
+        "--global-batch",
+        "8",
+        "--cost-model",
+        "datasheet",
+        "--top",
+        "8",
+        "--format",
+        "json",
+    ];
+    args.extend_from_slice(narrowed);
+    let json = ok(dir, &args);
     let path = dir.join("plan.json");
     std::fs::write(&path, json).unwrap();
     path
@@ -127,8 +133,8 @@ fn percent_after(text: &str, prefix: &str) -> f64 {
 fn a_measured_cpu_cluster_is_planned_trialled_on_two_ranks_and_refitted() {
     let _ranks = ranks_to_myself();
     let dir = tempfile::tempdir().unwrap();
-    let profile = measured_profile(dir.path());
-    let plan_path = plan(dir.path(), &profile);
+    let profile = measured_profile(dir.path(), 2);
+    let plan_path = plan(dir.path(), &profile, 2, &[]);
     let plan: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&plan_path).unwrap()).unwrap();
     // The "GPU" is the measured CPU, not a guess.
@@ -164,34 +170,10 @@ fn a_measured_cpu_cluster_is_planned_trialled_on_two_ranks_and_refitted() {
 
     // Every candidate that ran did so with the degrees it was planned with,
     // as the worker read them back from its live device mesh.
-    let mut ran = 0;
-    for round in [out.clone(), out.join("round-2")] {
-        for entry in std::fs::read_dir(&round).into_iter().flatten() {
-            let folder = entry.unwrap().path();
-            let job = folder.join("job.json");
-            if !job.is_file() {
-                continue;
-            }
-            let job: serde_json::Value =
-                serde_json::from_str(&std::fs::read_to_string(&job).unwrap()).unwrap();
-            for rank in 0..2 {
-                let path = folder.join(format!("report/rank-{rank}.json"));
-                let Ok(text) = std::fs::read_to_string(&path) else {
-                    continue;
-                };
-                let rank_report: serde_json::Value = serde_json::from_str(&text).unwrap();
-                for degree in ["tp", "pp", "dp"] {
-                    assert_eq!(
-                        rank_report["degrees"][degree],
-                        job["parallel"][degree],
-                        "{}: {degree}",
-                        path.display()
-                    );
-                }
-                ran += 1;
-            }
-        }
-    }
+    let ran: usize = [out.clone(), out.join("round-2")]
+        .iter()
+        .map(|round| ranks_that_ran_as_planned(round, 2).len())
+        .sum();
     assert!(
         ran >= 4,
         "at least two candidates ran on both ranks:\n{report}"
@@ -223,6 +205,129 @@ fn a_measured_cpu_cluster_is_planned_trialled_on_two_ranks_and_refitted() {
     // The history holds one row per finished trial.
     let history = std::fs::read_to_string(out.join("runs-history.csv")).unwrap();
     assert!(history.lines().count() > 2, "{history}");
+}
+
+/// The (candidate folder, rank) pairs under a validation round's folder
+/// whose rank report exists, each checked to have run the tp, pp and dp
+/// degrees its job was planned with (as the worker read them back from
+/// its live device mesh).
+fn ranks_that_ran_as_planned(round: &Path, ranks: u32) -> Vec<(PathBuf, u32)> {
+    let mut ran = Vec::new();
+    for entry in std::fs::read_dir(round).into_iter().flatten() {
+        let folder = entry.unwrap().path();
+        let job = folder.join("job.json");
+        if !job.is_file() {
+            continue;
+        }
+        let job: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&job).unwrap()).unwrap();
+        for rank in 0..ranks {
+            let path = folder.join(format!("report/rank-{rank}.json"));
+            let Ok(text) = std::fs::read_to_string(&path) else {
+                continue;
+            };
+            let rank_report: serde_json::Value = serde_json::from_str(&text).unwrap();
+            for degree in ["tp", "pp", "dp"] {
+                assert_eq!(
+                    rank_report["degrees"][degree],
+                    job["parallel"][degree],
+                    "{}: {degree}",
+                    path.display()
+                );
+            }
+            ran.push((folder.clone(), rank));
+        }
+    }
+    ran
+}
+
+/// Four ranks, two dimensions at once, from a plan of the measured node:
+/// tensor x pipeline parallelism (interleaved, the tied embedding summed
+/// between the end stages) and pipeline x data parallelism, plain, ZeRO-1
+/// and FSDP, each trialled by `validate` on every rank.
+#[test]
+fn four_ranks_train_two_parallel_dimensions_at_once() {
+    let _ranks = ranks_to_myself();
+    let dir = tempfile::tempdir().unwrap();
+    let profile = measured_profile(dir.path(), 4);
+    let narrowed = [
+        "--pp",
+        "2",
+        "--micro-batch",
+        "2",
+        "--schedule",
+        "interleaved",
+        "--recompute",
+        "none",
+        "--sequence-parallel",
+        "off",
+    ];
+    let plan_path = plan(dir.path(), &profile, 4, &narrowed);
+    let out = dir.path().join("out");
+    let python = python();
+    let output = common::ok_output_in(
+        dir.path(),
+        &[
+            "validate",
+            plan_path.to_str().unwrap(),
+            "--launch",
+            "torch",
+            "--ranks",
+            "4",
+            "--device",
+            "cpu",
+            "--dtype",
+            "bf16",
+            "--iterations",
+            "2",
+            "--top",
+            "4",
+            "--python",
+            &python,
+            "--timeout",
+            "600",
+            "--out",
+            out.to_str().unwrap(),
+        ],
+    );
+    let report = format!("{}{}", output.stdout, output.stderr);
+    let ran = ranks_that_ran_as_planned(&out, 4);
+    let mut degrees: Vec<(u64, u64, u64, String)> = Vec::new();
+    let mut candidates: Vec<&PathBuf> = ran.iter().map(|(folder, _)| folder).collect();
+    candidates.dedup();
+    for folder in candidates {
+        let ranks = ran.iter().filter(|(f, _)| f == folder).count();
+        assert_eq!(
+            ranks,
+            4,
+            "{}: every rank reports\n{report}",
+            folder.display()
+        );
+        let job: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(folder.join("job.json")).unwrap())
+                .unwrap();
+        let p = &job["parallel"];
+        let degree = |name: &str| p[name].as_u64().unwrap();
+        degrees.push((
+            degree("tp"),
+            degree("pp"),
+            degree("dp"),
+            p["optimizer_sharding"].to_string(),
+        ));
+    }
+    assert!(
+        degrees.iter().any(|d| (d.0, d.1, d.2) == (2, 2, 1)),
+        "tp2 pp2 ran: {degrees:?}\n{report}"
+    );
+    let data_parallel = degrees
+        .iter()
+        .filter(|d| (d.0, d.1, d.2) == (1, 2, 2))
+        .count();
+    assert_eq!(
+        data_parallel, 3,
+        "pp2 dp2 ran thrice: {degrees:?}\n{report}"
+    );
+    assert!(!report.contains("the run failed"), "{report}");
 }
 
 /// Runs the worker's configuration mapping without processes.
@@ -1157,6 +1262,33 @@ fn context_parallel_ranks_under_a_pipeline_train_to_the_losses_of_cp_1() {
     let (a, b) = (losses(&one), losses(&two));
     println!("losses pp2 cp1 {a:?}, pp2 cp2 {b:?}");
     assert_losses_match(("pp2 cp1", &a), &[("pp2 cp2", &b)]);
+}
+
+/// Tensor parallelism under a pipeline is exact: two stages of two tp
+/// ranks each (4 ranks; the tied word embedding's gradient summed between
+/// the first stage's, which DTensor hands back whole, and the last stage's
+/// head's, split by vocabulary rows) train to the losses of the same two
+/// stages with one tp rank each, step after step.
+#[test]
+fn tensor_parallel_ranks_under_a_pipeline_train_to_the_losses_of_tp_1() {
+    let _ranks = ranks_to_myself();
+    let mut base = job(serde_json::json!({
+        "tp": 1, "pp": 2, "dp": 1, "dp_shard": null, "micro_batch": 1, "global_batch": 2,
+        "schedule": "1f1b", "virtual_stages": 1, "stage_layers": [1, 1],
+        "sequence_parallel": false, "optimizer_sharding": "none",
+        "recompute": "none", "ac_frequency": 1, "cp": 1, "cp_comm": "p2p"
+    }));
+    make_exact(&mut base, 4);
+    let mut tensor = base.clone();
+    tensor["parallel"]["tp"] = 2.into();
+    // The last stage's first rank: rank 1 of two, rank 2 of four.
+    let one = train_report(&base, 2, 1);
+    let two = train_report(&tensor, 4, 2);
+    assert_eq!(two["degrees"]["tp"], 2, "{two}");
+    assert_eq!(two["degrees"]["pp"], 2, "{two}");
+    let (a, b) = (losses(&one), losses(&two));
+    println!("losses tp1 pp2 {a:?}, tp2 pp2 {b:?}");
+    assert_losses_match(("tp1 pp2", &a), &[("tp2 pp2", &b)]);
 }
 
 /// Context parallelism beside tensor parallelism is exact: two tp ranks

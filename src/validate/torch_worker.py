@@ -1771,6 +1771,32 @@ def local_tensor(t):
     return t._local_tensor if isinstance(t, DTensor) else t
 
 
+def all_reduce_whole_table(dist, grad, group):
+    """All-reduce a tied table's gradient between the end stages, whole.
+
+    Under tensor parallelism the two ends may hold it differently (DTensor
+    hands the vocabulary-parallel embedding's gradient back replicated,
+    whole on every tp rank, and the head's split by vocabulary rows), and
+    gloo needs both sides to send the same bytes: a split side gathers its
+    tp group's rows first and keeps its own after.
+    """
+    from torch.distributed.tensor import DTensor
+
+    local = local_tensor(grad)
+    split = isinstance(grad, DTensor) and any(p.is_shard() for p in grad.placements)
+    if not split:
+        dist.all_reduce(local, group=group)
+        return
+    if len(grad.placements) != 1 or grad.placements[0].dim != 0:
+        raise RuntimeError(f"a tied table split as {grad.placements} over "
+                           f"{grad.device_mesh}: only rows over one tp mesh are supported")
+    whole = grad.full_tensor()
+    dist.all_reduce(whole, group=group)
+    # DTensor's Shard(0) splits rows as torch.chunk does.
+    mine = whole.chunk(grad.device_mesh.size(), dim=0)[grad.device_mesh.get_local_rank()]
+    local.copy_(mine)
+
+
 def unique_parameters(modules):
     seen, params = set(), []
     for m in modules:
@@ -2215,7 +2241,7 @@ class Trainer:
             # the head gradient of the last so both copies stay equal.
             for t in self.tied_tables():
                 if t.grad is not None:
-                    self.dist.all_reduce(local_tensor(t.grad), group=self.tie_group)
+                    all_reduce_whole_table(self.dist, t.grad, self.tie_group)
         if self.dp_group is not None:
             for p in self.params:
                 if p.grad is not None:
