@@ -159,7 +159,6 @@ fn moe_gemms(s: &Scenario, c: &ParallelConfig) -> (f64, f64) {
     let Some(moe) = s.model.moe else {
         return (0.0, 0.0);
     };
-    let h = s.model.hidden as f64;
     let t = c.tp as f64;
     let tokens = local_tokens(s, c);
     let local_experts = (moe.experts / c.ep.max(1)) as f64;
@@ -167,8 +166,7 @@ fn moe_gemms(s: &Scenario, c: &ParallelConfig) -> (f64, f64) {
     let (expert_f, expert_b) =
         mlp_gemms(s, c, rows_per_expert, moe.ffn_hidden as f64, c.etp as f64);
     let imbalance = s.coef().moe_load_imbalance;
-    let (router_f, router_b) =
-        kernels::linear_forward_backward(s, tokens / t, h, moe.experts as f64);
+    let (router_f, router_b) = router_gemms(s, c);
     let (shared_f, shared_b) = if moe.shared_ffn_hidden > 0 {
         mlp_gemms(s, c, tokens, moe.shared_ffn_hidden as f64, t)
     } else {
@@ -180,17 +178,18 @@ fn moe_gemms(s: &Scenario, c: &ParallelConfig) -> (f64, f64) {
     )
 }
 
+/// Forward and backward time of an MoE layer's gating GEMM on one rank:
+/// its sequence-parallel share of the tokens against every expert.
+fn router_gemms(s: &Scenario, c: &ParallelConfig) -> (f64, f64) {
+    let experts = s.model.moe.map_or(0, |m| m.experts) as f64;
+    let tokens = local_tokens(s, c) / c.tp as f64;
+    kernels::linear_forward_backward(s, tokens, s.model.hidden as f64, experts)
+}
+
 /// Forward GEMM time of an MoE layer's routed and shared experts on one
 /// rank: the work after the dispatcher's sync.
 fn expert_forward(s: &Scenario, c: &ParallelConfig) -> f64 {
-    let Some(moe) = s.model.moe else {
-        return 0.0;
-    };
-    let tokens = local_tokens(s, c);
-    let h = s.model.hidden as f64;
-    let (router, _) =
-        kernels::linear_forward_backward(s, tokens / c.tp as f64, h, moe.experts as f64);
-    moe_gemms(s, c).0 - router
+    moe_gemms(s, c).0 - router_gemms(s, c).0
 }
 
 /// Forward and backward GPU time of one layer (without communication).
