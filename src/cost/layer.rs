@@ -123,6 +123,9 @@ pub fn expert_rows(s: &Scenario, c: &ParallelConfig) -> f64 {
 #[derive(Debug, Clone, Copy)]
 struct PassTime {
     gemm: f64,
+    /// Of `gemm`, an MoE layer's experts': its work after the dispatcher's
+    /// host sync.
+    expert_gemm: f64,
     /// Attention-score products.
     attention: f64,
     /// Memory-bound passes over the attention scores (unfused attention only).
@@ -152,30 +155,11 @@ fn mlp_gemms(s: &Scenario, c: &ParallelConfig, rows: f64, width: f64, split: f64
 }
 
 /// Forward and backward GEMM time of one MoE layer's MLP part on one rank:
-/// the router, this rank's experts (E / ep of them, each 1/etp wide, over
-/// the rows routed to it, the busiest rank's share as the imbalance
-/// coefficient says), and the shared experts split over tp.
+/// the router ([`router_gemms`]) and the experts ([`expert_gemms`]).
 fn moe_gemms(s: &Scenario, c: &ParallelConfig) -> (f64, f64) {
-    let Some(moe) = s.model.moe else {
-        return (0.0, 0.0);
-    };
-    let t = c.tp as f64;
-    let tokens = local_tokens(s, c);
-    let local_experts = (moe.experts / c.ep.max(1)) as f64;
-    let rows_per_expert = expert_rows(s, c) / local_experts;
-    let (expert_f, expert_b) =
-        mlp_gemms(s, c, rows_per_expert, moe.ffn_hidden as f64, c.etp as f64);
-    let imbalance = s.coef().moe_load_imbalance;
     let (router_f, router_b) = router_gemms(s, c);
-    let (shared_f, shared_b) = if moe.shared_ffn_hidden > 0 {
-        mlp_gemms(s, c, tokens, moe.shared_ffn_hidden as f64, t)
-    } else {
-        (0.0, 0.0)
-    };
-    (
-        router_f + shared_f + imbalance * local_experts * expert_f,
-        router_b + shared_b + imbalance * local_experts * expert_b,
-    )
+    let (experts_f, experts_b) = expert_gemms(s, c);
+    (router_f + experts_f, router_b + experts_b)
 }
 
 /// Forward and backward time of an MoE layer's gating GEMM on one rank:
@@ -186,10 +170,31 @@ fn router_gemms(s: &Scenario, c: &ParallelConfig) -> (f64, f64) {
     kernels::linear_forward_backward(s, tokens, s.model.hidden as f64, experts)
 }
 
-/// Forward GEMM time of an MoE layer's routed and shared experts on one
-/// rank: the work after the dispatcher's sync.
-fn expert_forward(s: &Scenario, c: &ParallelConfig) -> f64 {
-    moe_gemms(s, c).0 - router_gemms(s, c).0
+/// Forward and backward GEMM time of an MoE layer's experts on one rank,
+/// the work after the dispatcher's sync: this rank's experts (E / ep of
+/// them, each 1/etp wide, over the rows routed to it, the busiest rank's
+/// share as the imbalance coefficient says), and the shared experts split
+/// over tp.
+fn expert_gemms(s: &Scenario, c: &ParallelConfig) -> (f64, f64) {
+    let Some(moe) = s.model.moe else {
+        return (0.0, 0.0);
+    };
+    let t = c.tp as f64;
+    let tokens = local_tokens(s, c);
+    let local_experts = (moe.experts / c.ep.max(1)) as f64;
+    let rows_per_expert = expert_rows(s, c) / local_experts;
+    let (expert_f, expert_b) =
+        mlp_gemms(s, c, rows_per_expert, moe.ffn_hidden as f64, c.etp as f64);
+    let imbalance = s.coef().moe_load_imbalance;
+    let (shared_f, shared_b) = if moe.shared_ffn_hidden > 0 {
+        mlp_gemms(s, c, tokens, moe.shared_ffn_hidden as f64, t)
+    } else {
+        (0.0, 0.0)
+    };
+    (
+        shared_f + imbalance * local_experts * expert_f,
+        shared_b + imbalance * local_experts * expert_b,
+    )
 }
 
 /// Forward and backward GPU time of one layer (without communication).
@@ -201,9 +206,16 @@ fn layer_passes(s: &Scenario, c: &ParallelConfig, kind: LayerKind) -> (PassTime,
     let f = model.ffn_hidden as f64;
     let tokens = local_tokens(s, c);
 
+    let experts = match kind {
+        LayerKind::Dense => (0.0, 0.0),
+        LayerKind::Moe => expert_gemms(s, c),
+    };
     let (mut gemm_fwd, mut gemm_bwd) = match kind {
         LayerKind::Dense => mlp_gemms(s, c, tokens, f, t),
-        LayerKind::Moe => moe_gemms(s, c),
+        LayerKind::Moe => {
+            let router = router_gemms(s, c);
+            (router.0 + experts.0, router.1 + experts.1)
+        }
     };
     // QKV and the output projection (MLA: its down- and up-projections).
     for (input, output, split) in model.attention_projections() {
@@ -260,6 +272,7 @@ fn layer_passes(s: &Scenario, c: &ParallelConfig, kind: LayerKind) -> (PassTime,
     let pass = |bytes: f64| kernels::memory_pass(s, bytes) * k.elementwise_traffic_scale * fused;
     let forward = PassTime {
         gemm: gemm_fwd,
+        expert_gemm: experts.0,
         attention: attention_fwd,
         score_passes: pass(traffic.scores),
         elementwise: pass(traffic.other),
@@ -268,6 +281,7 @@ fn layer_passes(s: &Scenario, c: &ParallelConfig, kind: LayerKind) -> (PassTime,
     // the outgoing gradient: about twice the forward traffic.
     let backward = PassTime {
         gemm: gemm_bwd,
+        expert_gemm: experts.1,
         attention: attention_bwd,
         score_passes: 2.0 * forward.score_passes,
         elementwise: 2.0 * forward.elementwise,
@@ -668,18 +682,17 @@ fn host_sync_segment(
     c: &ParallelConfig,
     kind: LayerKind,
     fwd: &PassTime,
-    pass_host: f64,
+    (pass_host, post_host): (f64, f64),
 ) -> Option<SyncSegment> {
     s.model.moe.filter(|_| kind == LayerKind::Moe)?;
     if c.engine != Engine::Megatron && c.ep <= 1 {
         return None;
     }
-    let (_, after_sync) = moe_host_parts(s, c, kind);
     Some(SyncSegment {
         host: pass_host,
         gpu: fwd.total(),
-        post_host: s.coef().host_us_per_layer_pass * 1e-6 * after_sync,
-        pre_gpu: (fwd.total() - expert_forward(s, c)).max(0.0),
+        post_host,
+        pre_gpu: fwd.total() - fwd.expert_gemm,
     })
 }
 
@@ -901,12 +914,13 @@ pub fn layer_time_of(
     } else {
         1.0
     };
+    let unit = k.host_us_per_layer_pass * 1e-6;
     let (routing, after_sync) = moe_host_parts(s, c, kind);
-    let pass_host = k.host_us_per_layer_pass * 1e-6 * (launch + routing + after_sync);
+    let pass_host = unit * (launch + routing + after_sync);
     let host = host_passes * pass_host
         + tensor_parallel_calls(s, c, kind) * (c.tp - 1) as f64 * k.host_sync_us_per_rank * 1e-6;
     let gpu = gpu_compute + exposed;
-    let host_time = match host_sync_segment(s, c, kind, &fwd, pass_host) {
+    let host_time = match host_sync_segment(s, c, kind, &fwd, (pass_host, unit * after_sync)) {
         // The forward passes that sync; the backward and the rest overlap
         // as one stream.
         Some(segment) => {

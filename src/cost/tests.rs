@@ -2246,27 +2246,24 @@ mod experts_and_context {
         let mut model = builtin_model("qwen3-30b-a3b").unwrap();
         model.seq_len = 32768;
         let s = scenario_for(&model, &group, 8, &cost);
-        let time = |engine| {
+        let time = |engine, kind| {
             let c = ParallelConfig {
                 engine,
                 ..ParallelConfig::default()
             };
-            layer::layer_time_of(&s, &c, LayerKind::Moe, &mut ProfileUsage::default())
+            layer::layer_time_of(&s, &c, kind, &mut ProfileUsage::default())
         };
-        let (synced, unsynced) = (time(Engine::Megatron), time(Engine::Torchtitan));
+        let synced = time(Engine::Megatron, LayerKind::Moe);
+        let unsynced = time(Engine::Torchtitan, LayerKind::Moe);
         assert_close(synced.gpu_compute, unsynced.gpu_compute, 1e-12, "GPU work");
         assert!(
             synced.host_excess > unsynced.host_excess * 1.05 + 1e-6,
             "synced {synced:?} against {unsynced:?}"
         );
-        let dense = |engine| {
-            let c = ParallelConfig {
-                engine,
-                ..ParallelConfig::default()
-            };
-            layer::layer_time_of(&s, &c, LayerKind::Dense, &mut ProfileUsage::default()).host_excess
-        };
-        assert_eq!(dense(Engine::Megatron), dense(Engine::Torchtitan));
+        assert_eq!(
+            time(Engine::Megatron, LayerKind::Dense).host_excess,
+            time(Engine::Torchtitan, LayerKind::Dense).host_excess
+        );
     }
 
     /// The ring's key/value exchange hides under the attention up to the
