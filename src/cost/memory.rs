@@ -3,7 +3,8 @@
 //! of the schedule's in-flight micro-batches (and BPipe's balancing), the
 //! loss's logits, buffers and workspaces (together PyTorch's allocated
 //! peak), the blocks the allocator reserves beyond them (its reserved
-//! peak), and what lives outside PyTorch (CUDA context, NCCL's buffers).
+//! peak), and what lives outside PyTorch (CUDA context, NCCL's buffers,
+//! DeepEP's buffer: `deepep`).
 
 use super::Scenario;
 use super::kernels::HALF;
@@ -228,7 +229,8 @@ pub struct StageMemory {
     /// (fragmentation): reserved less allocated.
     #[serde(default)]
     pub allocator_reserve: f64,
-    /// Outside PyTorch's allocator: the CUDA context, NCCL's buffers.
+    /// Outside PyTorch's allocator: the CUDA context, NCCL's buffers,
+    /// DeepEP's buffer under the `flex` dispatcher.
     pub runtime_overhead: f64,
 }
 
@@ -414,8 +416,8 @@ fn layer_kept(s: &Scenario, c: &ParallelConfig, recompute: Recompute, kind: Laye
             // its whole group for the backward pass as well.
             let gathered = match c.dispatcher {
                 Dispatcher::AllGather => HALF * dispatch_gathered_tokens(s, c) * h,
-                // DeepEP's buffers are its own allocations, outside
-                // PyTorch's allocator (not counted here; see README).
+                // DeepEP's buffer is its own allocation, outside PyTorch's
+                // allocator: counted with the runtime's (`deepep`).
                 Dispatcher::AllToAll | Dispatcher::Flex => 0.0,
             };
             let expert_width = if recomputed(RecomputeModules::MOE_ACT) {
@@ -743,7 +745,7 @@ pub fn stage_memory(s: &Scenario, c: &ParallelConfig, stage: u64) -> StageMemory
         loss,
         buffers,
         allocator_reserve: 0.0,
-        runtime_overhead: k.runtime_overhead_gib * GIB,
+        runtime_overhead: k.runtime_overhead_gib * GIB + super::deepep::buffer_bytes(s, c, stage),
     };
     memory.allocator_reserve = k.allocator_fragmentation * memory.allocated();
     memory

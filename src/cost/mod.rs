@@ -20,6 +20,7 @@
 //! prediction made and how many were extrapolated.
 
 mod comm;
+mod deepep;
 mod kernels;
 mod layer;
 pub use layer::{EndsTime, LayerTimes};

@@ -2202,6 +2202,54 @@ mod experts_and_context {
         assert_eq!(moved(&alone), 0.0);
     }
 
+    /// DeepEP's buffer (the `flex` dispatcher) counts toward the device's
+    /// memory outside PyTorch's allocator, at the size DeepEP's size hints
+    /// give for DeepSeek-V3's 7,168-wide hidden state: NVLink chunks within
+    /// a node of 8, and NVSHMEM's heap in 512 MiB pieces beyond it. A stage
+    /// of dense layers never dispatches, so it holds none.
+    #[test]
+    fn the_flex_dispatcher_holds_deepeps_buffer_outside_the_allocator() {
+        let group = builtin_node("h100-sxm", 8).unwrap();
+        let cost = CostModel::datasheet();
+        let model = builtin_model("deepseek-v3").unwrap();
+        let s = scenario_for(&model, &group, 64, &cost);
+        let a2a = ParallelConfig {
+            pp: 4,
+            dp: 16,
+            ep: 8,
+            first_stage_layers: Some(3),
+            last_stage_layers: Some(18),
+            dispatcher: Dispatcher::AllToAll,
+            ..ParallelConfig::default()
+        };
+        let flex = ParallelConfig {
+            dispatcher: Dispatcher::Flex,
+            ..a2a
+        };
+        let extra = |c: &ParallelConfig, stage| {
+            let with = memory::stage_memory(&s, c, stage);
+            let plain = ParallelConfig {
+                dispatcher: Dispatcher::AllToAll,
+                ..*c
+            };
+            let without = memory::stage_memory(&s, &plain, stage);
+            assert_eq!(with.allocated(), without.allocated(), "allocated");
+            with.total() - without.total()
+        };
+        // 10 channels x 8 peers x 256 tokens x (14,336 hidden bytes + a
+        // 2,056-byte record) + 10 x 8 x 5 counters of 4 bytes, and the
+        // 32 MiB workspace.
+        let within_node = 335_708_160.0 + 1_600.0 + 33_554_432.0;
+        assert_close(extra(&flex, 1), within_node, 1e-12, "ep 8");
+        assert_eq!(stage_layer_kinds(&s, &flex, 0), (3, 0));
+        assert_eq!(extra(&flex, 0), 0.0);
+        // Over two nodes: 288-token chunks with 7 counters per peer, and
+        // an RDMA hint of 85 MB that NVSHMEM maps as one 512 MiB piece.
+        let across = ParallelConfig { ep: 16, ..flex };
+        let two_nodes = 377_671_680.0 + 2_240.0 + 536_870_912.0 + 33_554_432.0;
+        assert_close(extra(&across, 1), two_nodes, 1e-12, "ep 16");
+    }
+
     /// An MoE layer without shared experts runs half a dense layer's
     /// tensor-parallel collectives (the attention's); with shared experts,
     /// all of them.

@@ -1,0 +1,109 @@
+//! The device memory DeepEP's communication buffer holds (Megatron-LM's
+//! `flex` dispatcher with its default `deepep` backend), counted from
+//! DeepEP's code (deepseek-ai/DeepEP, MIT licence):
+//!
+//! - Megatron-Core's `fused_a2a.get_buffer` builds one `deep_ep.Buffer` per
+//!   process for its dispatcher group (the etp x ep ranks), sized by the
+//!   larger of the dispatch and combine configs' size hints, with
+//!   `hidden_bytes = hidden * max(element size, 2)`: two bytes per element
+//!   whether the tokens travel in bf16 or FP8. Megatron-LM runs DeepEP on
+//!   `moe_deepep_num_sms` = 20 SMs, 10 channels.
+//! - `Config::get_nvl_buffer_size_hint` (`csrc/config.hpp`): per channel and
+//!   NVLink peer (at most 8), the received-token chunk of the hidden state,
+//!   its source metadata (8 bytes) and room for 128 top-k indices (int64),
+//!   128 weights and 128 scales (fp32), plus the channels' counters.
+//! - `Config::get_rdma_buffer_size_hint`: beyond 8 ranks, per channel and
+//!   RDMA peer (a node's GPU of the same index), twice (send and receive)
+//!   the RDMA chunk of the same per-token record plus a 16-byte tail, the
+//!   channels' counters and 1 MiB; it lives in NVSHMEM's symmetric heap,
+//!   which DeepEP maps in 2^29-byte pieces (`NVSHMEM_CUMEM_GRANULARITY`).
+//! - `deep_ep/buffer.py`'s recommended configs: 256 received tokens per
+//!   NVLink chunk up to 8 ranks, 288 up to 64, 480 at 96, 560 at 128 and 720
+//!   beyond; 128 per RDMA chunk throughout.
+//! - `Buffer::Buffer` (`csrc/deep_ep.cpp`) adds a 32 MiB workspace.
+//!
+//! The buffer is allocated with `cudaMalloc` and NVSHMEM, outside PyTorch's
+//! caching allocator, so it counts toward the device's memory but not the
+//! allocated peak PyTorch reports. It is made at a stage's first dispatch:
+//! a stage of dense layers only holds none.
+
+use super::Scenario;
+use crate::config::{Dispatcher, ParallelConfig};
+
+const MIB: f64 = 1024.0 * 1024.0;
+
+/// SMs Megatron-LM gives DeepEP (`--moe-deepep-num-sms`'s default); each
+/// pair of SMs drives one channel.
+const MEGATRON_SMS: f64 = 20.0;
+
+/// `NUM_MAX_NVL_PEERS`: the ranks DeepEP reaches over NVLink.
+const NVL_PEERS: u64 = 8;
+
+/// Bytes each received token's record reserves beside its hidden state:
+/// `SourceMeta` (two ints), 128 int64 top-k indices, 128 fp32 top-k
+/// weights and 128 fp32 scales (`kNumMaxTopK`, `kNumMaxScales`).
+const TOKEN_RECORD_BYTES: f64 = 8.0 + 128.0 * 8.0 + 128.0 * 4.0 + 128.0 * 4.0;
+
+/// Tokens per RDMA receive chunk in every recommended config.
+const RDMA_CHUNK_TOKENS: f64 = 128.0;
+
+/// `NUM_WORKSPACE_BYTES`.
+const WORKSPACE_BYTES: f64 = 32.0 * MIB;
+
+/// `NVSHMEM_CUMEM_GRANULARITY` as DeepEP sets it.
+const NVSHMEM_GRANULARITY: f64 = 512.0 * MIB;
+
+/// Device bytes DeepEP's buffer holds on one GPU of `stage`: zero unless
+/// `c` dispatches with `flex` and the stage has an MoE layer.
+pub fn buffer_bytes(s: &Scenario, c: &ParallelConfig, stage: u64) -> f64 {
+    let ranks = c.ep * c.etp;
+    if c.dispatcher != Dispatcher::Flex || ranks < 2 {
+        return 0.0;
+    }
+    if super::stage_layer_kinds(s, c, stage).1 == 0 {
+        return 0.0;
+    }
+    let hidden_bytes = 2.0 * s.model.hidden as f64;
+    nvl_bytes(ranks, hidden_bytes) + rdma_heap_bytes(ranks, hidden_bytes) + WORKSPACE_BYTES
+}
+
+/// Tokens per NVLink receive chunk in `deep_ep/buffer.py`'s recommended
+/// dispatch and combine configs (the two agree).
+fn nvl_chunk_tokens(ranks: u64) -> f64 {
+    match ranks {
+        0..=8 => 256.0,
+        9..=64 => 288.0,
+        65..=96 => 480.0,
+        97..=128 => 560.0,
+        _ => 720.0,
+    }
+}
+
+fn channels() -> f64 {
+    MEGATRON_SMS / 2.0
+}
+
+fn rdma_ranks(ranks: u64) -> f64 {
+    (ranks / NVL_PEERS).max(1) as f64
+}
+
+/// `get_nvl_buffer_size_hint`, without its 128-byte round-up.
+fn nvl_bytes(ranks: u64, hidden_bytes: f64) -> f64 {
+    let per_channel_peer = channels() * ranks.min(NVL_PEERS) as f64;
+    let counters = per_channel_peer * (2.0 * rdma_ranks(ranks) + 3.0) * 4.0;
+    counters + per_channel_peer * nvl_chunk_tokens(ranks) * (hidden_bytes + TOKEN_RECORD_BYTES)
+}
+
+/// `get_rdma_buffer_size_hint` as NVSHMEM maps it: nothing within one
+/// NVLink group of 8.
+fn rdma_heap_bytes(ranks: u64, hidden_bytes: f64) -> f64 {
+    if ranks <= NVL_PEERS {
+        return 0.0;
+    }
+    let per_channel_peer = channels() * rdma_ranks(ranks);
+    let counters = per_channel_peer * (NVL_PEERS as f64 * 2.0 + 2.0) * 2.0 * 4.0;
+    let chunks =
+        per_channel_peer * RDMA_CHUNK_TOKENS * (hidden_bytes + TOKEN_RECORD_BYTES + 16.0) * 2.0;
+    let hint = counters + chunks + MIB;
+    (hint / NVSHMEM_GRANULARITY).ceil() * NVSHMEM_GRANULARITY
+}
