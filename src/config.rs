@@ -642,13 +642,20 @@ pub enum Dispatcher {
     /// many of its experts that node or rank holds.
     #[serde(rename = "flex")]
     Flex,
+    /// NVIDIA's HybridEP kernels, in DeepEP's repository (Megatron-LM's
+    /// `flex` dispatcher with `--moe-flex-dispatcher-backend hybridep`):
+    /// the same deduplicated traffic as DeepEP's, through buffers sized for
+    /// every token of the group landing on one rank.
+    #[serde(rename = "hybridep")]
+    HybridEp,
 }
 
 impl Dispatcher {
-    pub const ALL: [Dispatcher; 3] = [
+    pub const ALL: [Dispatcher; 4] = [
         Dispatcher::AllToAll,
         Dispatcher::AllGather,
         Dispatcher::Flex,
+        Dispatcher::HybridEp,
     ];
 
     /// The dispatchers Megatron-LM runs on its own, which the search tries
@@ -674,7 +681,24 @@ impl Dispatcher {
             Dispatcher::AllToAll => "alltoall",
             Dispatcher::AllGather => "allgather",
             Dispatcher::Flex => "flex",
+            Dispatcher::HybridEp => "hybridep",
         }
+    }
+
+    /// Megatron-LM's `--moe-token-dispatcher-type` for this dispatcher, and
+    /// its `--moe-flex-dispatcher-backend` where it is a flex one.
+    pub fn megatron_type_and_backend(self) -> (&'static str, Option<&'static str>) {
+        match self {
+            Dispatcher::Flex => ("flex", Some("deepep")),
+            Dispatcher::HybridEp => ("flex", Some("hybridep")),
+            other => (other.name(), None),
+        }
+    }
+
+    /// Whether this is one of the flex dispatcher's backends, which send a
+    /// token once per node and rank it reaches.
+    pub fn deduplicates(self) -> bool {
+        matches!(self, Dispatcher::Flex | Dispatcher::HybridEp)
     }
 }
 
@@ -1726,7 +1750,7 @@ pub fn ep_overlap_problem(model: &ModelSpec, c: &ParallelConfig) -> Option<&'sta
     } else if c.engine != Engine::Megatron {
         Some("`engine megatron` (torchtitan has no batch-level overlap)")
     } else if c.dispatcher == Dispatcher::AllGather {
-        Some("`moe_dispatcher alltoall` or `moe_dispatcher flex`")
+        Some("`moe_dispatcher alltoall`, `flex` or `hybridep`")
     } else if c.recompute == Recompute::Full {
         Some("`recompute selective` or `none` (not full)")
     } else if c.cuda_graphs {

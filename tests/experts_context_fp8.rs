@@ -535,6 +535,34 @@ fn deepeps_flex_dispatcher_moves_each_token_once_per_node() {
             "--moe-router-group-topk 4",
         ],
     );
+    // HybridEP moves the same tokens, and exports as flex with its backend.
+    let hybrid = expert_parallel_ms(&ok(&with(&job, &["--moe-dispatcher", "hybridep"])));
+    assert_eq!(hybrid, flex);
+    let hybrid_plan = ok(&with(
+        &with(&["plan"], &DEEPSEEK_V3_ON_128_H100),
+        &[
+            "--global-batch",
+            "512",
+            "--tp",
+            "1",
+            "--pp",
+            "16",
+            "--ep",
+            "64",
+            "--moe-dispatcher",
+            "hybridep",
+            "--top",
+            "1",
+        ],
+    ));
+    says(
+        &hybrid_plan,
+        &[
+            "dispatch=hybridep",
+            "--moe-token-dispatcher-type flex",
+            "--moe-flex-dispatcher-backend hybridep",
+        ],
+    );
     // Groups that do not split the experts, or too few chosen ones.
     says(
         &fails(&with(&job, &["--moe-router-num-groups", "3"])),

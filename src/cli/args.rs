@@ -461,8 +461,9 @@ pub struct SpaceArgs {
     /// search pick (Parallax; Megatron-LM and torchtitan run all-reduce only).
     #[arg(long, value_delimiter = ',')]
     pub embedding_sync: Option<Vec<String>>,
-    /// How an MoE layer's tokens reach their experts: alltoall, allgather
-    /// (--moe-token-dispatcher-type; searched: both).
+    /// How an MoE layer's tokens reach their experts: alltoall, allgather,
+    /// flex (DeepEP), hybridep (flex with HybridEP)
+    /// (--moe-token-dispatcher-type; searched: alltoall and allgather).
     #[arg(long, value_delimiter = ',')]
     pub moe_dispatcher: Option<Vec<String>>,
     /// Run tables: the rank whose memory a table's peak_allocated_gib/peak_reserved_gib

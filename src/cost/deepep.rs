@@ -1,7 +1,11 @@
-//! The device memory DeepEP's communication buffer holds (Megatron-LM's
-//! `flex` dispatcher with its default `deepep` backend), counted from
-//! DeepEP's code (deepseek-ai/DeepEP, MIT licence):
+//! The device memory a flex dispatcher's communication buffers hold
+//! (Megatron-LM's `flex` dispatcher), counted from the kernels' own code in
+//! deepseek-ai/DeepEP (MIT licence). Both live outside PyTorch's caching
+//! allocator (`cudaMalloc`, CUDA IPC and NVSHMEM), so they count toward the
+//! device's memory but not the allocated peak PyTorch reports, and each is
+//! made at a stage's first dispatch: a stage of dense layers holds none.
 //!
+//! DeepEP (the `deepep` backend, Megatron-LM's default):
 //! - Megatron-Core's `fused_a2a.get_buffer` builds one `deep_ep.Buffer` per
 //!   process for its dispatcher group (the etp x ep ranks), sized by the
 //!   larger of the dispatch and combine configs' size hints, with
@@ -22,10 +26,17 @@
 //!   beyond; 128 per RDMA chunk throughout.
 //! - `Buffer::Buffer` (`csrc/deep_ep.cpp`) adds a 32 MiB workspace.
 //!
-//! The buffer is allocated with `cudaMalloc` and NVSHMEM, outside PyTorch's
-//! caching allocator, so it counts toward the device's memory but not the
-//! allocated peak PyTorch reports. It is made at a stage's first dispatch:
-//! a stage of dense layers only holds none.
+//! HybridEP (the `hybridep` backend, `csrc/hybrid_ep/hybrid_ep.cu`):
+//! - Megatron-Core builds one `HybridEPBuffer` for the dispatcher group with
+//!   `max_num_of_tokens_per_rank` the tokens of this rank's micro-batch, and
+//!   dispatches in bf16 (it refuses FP8 dispatch).
+//! - Its expert-side buffers are sized for the worst case, every token of
+//!   the group routed to this rank: the group's tokens times the hidden
+//!   state in 16 bits, and their fp32 routing probabilities over the
+//!   experts of one NVLink domain (local experts x ranks per domain).
+//!   Within one NVLink domain dispatch and combine share them; across
+//!   domains each has its own, and the dispatch and combine keep three
+//!   staging buffers of this rank's tokens per remote domain.
 
 use super::Scenario;
 use crate::config::{Dispatcher, ParallelConfig};
@@ -53,18 +64,43 @@ const WORKSPACE_BYTES: f64 = 32.0 * MIB;
 /// `NVSHMEM_CUMEM_GRANULARITY` as DeepEP sets it.
 const NVSHMEM_GRANULARITY: f64 = 512.0 * MIB;
 
-/// Device bytes DeepEP's buffer holds on one GPU of `stage`: zero unless
-/// `c` dispatches with `flex` and the stage has an MoE layer.
+/// Device bytes the flex dispatcher's buffers hold on one GPU of `stage`:
+/// zero unless `c` dispatches with DeepEP or HybridEP over more than one
+/// rank and the stage has an MoE layer.
 pub fn buffer_bytes(s: &Scenario, c: &ParallelConfig, stage: u64) -> f64 {
     let ranks = c.ep * c.etp;
-    if c.dispatcher != Dispatcher::Flex || ranks < 2 {
+    if !c.dispatcher.deduplicates() || ranks < 2 {
         return 0.0;
     }
     if super::stage_layer_kinds(s, c, stage).1 == 0 {
         return 0.0;
     }
     let hidden_bytes = 2.0 * s.model.hidden as f64;
-    nvl_bytes(ranks, hidden_bytes) + rdma_heap_bytes(ranks, hidden_bytes) + WORKSPACE_BYTES
+    match c.dispatcher {
+        Dispatcher::HybridEp => hybridep_bytes(s, c),
+        _ => {
+            nvl_bytes(ranks, hidden_bytes) + rdma_heap_bytes(ranks, hidden_bytes) + WORKSPACE_BYTES
+        }
+    }
+}
+
+/// HybridEP's buffers on one rank of the dispatcher group.
+fn hybridep_bytes(s: &Scenario, c: &ParallelConfig) -> f64 {
+    let Some(moe) = s.model.moe else {
+        return 0.0;
+    };
+    let span = super::comm::expert_model_span(s, c);
+    let tokens = super::layer::local_tokens(s, c) / c.tp as f64;
+    let local_experts = (moe.experts / c.ep.max(1)) as f64;
+    // A token's hidden state in 16 bits and its probabilities (fp32) over
+    // the experts of one NVLink domain.
+    let token_bytes = 2.0 * s.model.hidden as f64 + 4.0 * local_experts * span.per_node as f64;
+    let worst_case = tokens * (span.nodes * span.per_node) as f64 * token_bytes;
+    if span.nodes <= 1 {
+        return worst_case;
+    }
+    let staging = 3.0 * tokens * (span.nodes - 1) as f64 * token_bytes;
+    2.0 * worst_case + staging
 }
 
 /// Tokens per NVLink receive chunk in `deep_ep/buffer.py`'s recommended

@@ -392,7 +392,7 @@ fn expert_parallel_forward(
     let rows = expert_rows(s, c);
     let span = comm::expert_parallel_span(s, c);
     let a2a = match c.dispatcher {
-        Dispatcher::Flex => 2.0 * deduplicated_dispatch(s, c, span),
+        Dispatcher::Flex | Dispatcher::HybridEp => 2.0 * deduplicated_dispatch(s, c, span),
         _ => 2.0 * comm::all_to_all(s, span, HALF * rows / c.etp as f64 * h),
     };
     let etp = if c.etp > 1 {

@@ -418,7 +418,7 @@ fn layer_kept(s: &Scenario, c: &ParallelConfig, recompute: Recompute, kind: Laye
                 Dispatcher::AllGather => HALF * dispatch_gathered_tokens(s, c) * h,
                 // DeepEP's buffer is its own allocation, outside PyTorch's
                 // allocator: counted with the runtime's (`deepep`).
-                Dispatcher::AllToAll | Dispatcher::Flex => 0.0,
+                Dispatcher::AllToAll | Dispatcher::Flex | Dispatcher::HybridEp => 0.0,
             };
             let expert_width = if recomputed(RecomputeModules::MOE_ACT) {
                 per_width - input

@@ -2202,13 +2202,14 @@ mod experts_and_context {
         assert_eq!(moved(&alone), 0.0);
     }
 
-    /// DeepEP's buffer (the `flex` dispatcher) counts toward the device's
-    /// memory outside PyTorch's allocator, at the size DeepEP's size hints
-    /// give for DeepSeek-V3's 7,168-wide hidden state: NVLink chunks within
-    /// a node of 8, and NVSHMEM's heap in 512 MiB pieces beyond it. A stage
-    /// of dense layers never dispatches, so it holds none.
+    /// The flex dispatcher's buffers count toward the device's memory
+    /// outside PyTorch's allocator, at the sizes the kernels' code gives
+    /// for DeepSeek-V3's 7,168-wide hidden state: DeepEP's NVLink chunks
+    /// within a node of 8 and NVSHMEM's heap in 512 MiB pieces beyond it,
+    /// HybridEP's worst-case expert buffers. A stage of dense layers never
+    /// dispatches, so it holds none.
     #[test]
-    fn the_flex_dispatcher_holds_deepeps_buffer_outside_the_allocator() {
+    fn flex_dispatchers_hold_their_buffers_outside_the_allocator() {
         let group = builtin_node("h100-sxm", 8).unwrap();
         let cost = CostModel::datasheet();
         let model = builtin_model("deepseek-v3").unwrap();
@@ -2248,6 +2249,28 @@ mod experts_and_context {
         let across = ParallelConfig { ep: 16, ..flex };
         let two_nodes = 377_671_680.0 + 2_240.0 + 536_870_912.0 + 33_554_432.0;
         assert_close(extra(&across, 1), two_nodes, 1e-12, "ep 16");
+
+        // HybridEP sizes its buffers for every token of the group on one
+        // rank: 4,096 tokens x 8 ranks x (14,336 hidden bytes + fp32
+        // probabilities over 32 local experts x 8 ranks), shared by the
+        // dispatch and combine within the node...
+        let hybrid = ParallelConfig {
+            dispatcher: Dispatcher::HybridEp,
+            ..flex
+        };
+        assert_close(extra(&hybrid, 1), 503_316_480.0, 1e-12, "hybridep ep 8");
+        assert_eq!(extra(&hybrid, 0), 0.0);
+        // ...and one set each over two nodes, with three staging buffers of
+        // the rank's tokens for the remote node (16 local experts).
+        let hybrid_across = ParallelConfig { ep: 16, ..hybrid };
+        let worst_case = 4096.0 * 16.0 * (14_336.0 + 4.0 * 16.0 * 8.0);
+        let staging = 3.0 * 4096.0 * (14_336.0 + 4.0 * 16.0 * 8.0);
+        assert_close(
+            extra(&hybrid_across, 1),
+            2.0 * worst_case + staging,
+            1e-12,
+            "hybridep ep 16",
+        );
     }
 
     /// An MoE layer without shared experts runs half a dense layer's

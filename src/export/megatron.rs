@@ -134,10 +134,11 @@ pub fn megatron_args(job: &LaunchJob) -> Result<Vec<String>, ExportError> {
         }
         args.pair("--expert-model-parallel-size", c.ep);
         args.pair("--expert-tensor-parallel-size", c.etp);
-        args.pair("--moe-token-dispatcher-type", c.dispatcher.name());
-        if c.dispatcher == crate::config::Dispatcher::Flex {
-            // Megatron-Core 0.15's name for `--moe-enable-deepep`.
-            args.pair("--moe-flex-dispatcher-backend", "deepep");
+        let (dispatcher, backend) = c.dispatcher.megatron_type_and_backend();
+        args.pair("--moe-token-dispatcher-type", dispatcher);
+        if let Some(backend) = backend {
+            // Megatron-Core 0.15's successor to `--moe-enable-deepep`.
+            args.pair("--moe-flex-dispatcher-backend", backend);
         }
         // The local experts' GEMMs run grouped, as paratune prices them.
         args.flag("--moe-grouped-gemm");

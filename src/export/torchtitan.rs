@@ -115,7 +115,7 @@ fn layout(job: &LaunchJob) -> Result<Layout, ExportError> {
     };
     if job.model.moe.is_some() && c.dispatcher != crate::config::Dispatcher::AllToAll {
         notes.push(match c.dispatcher {
-            crate::config::Dispatcher::Flex => "torchtitan dispatches tokens to the experts with all-to-all; the plan priced DeepEP's flex dispatcher, so its expert-parallel time differs",
+            crate::config::Dispatcher::Flex | crate::config::Dispatcher::HybridEp => "torchtitan dispatches tokens to the experts with all-to-all; the plan priced a flex dispatcher's kernels (DeepEP or HybridEP), so its expert-parallel time differs",
             _ => "torchtitan dispatches tokens to the experts with all-to-all; the plan priced the allgather dispatcher, so its expert-parallel time differs",
         });
     }

@@ -1221,7 +1221,7 @@ impl MegatronRun {
             if !matches!(dispatcher, "alltoall" | "allgather") {
                 return Err(unsupported(
                     format!("the `{dispatcher}` token dispatcher"),
-                    "log ingestion reads the alltoall and allgather dispatchers (not yet a flex run's backend and router groups); measure with one of them, or predict a flex run with `moe_dispatcher flex`",
+                    "log ingestion reads the alltoall and allgather dispatchers (not yet a flex run's backend and router groups); measure with one of them, or predict a flex run with `moe_dispatcher flex` (DeepEP) or `hybridep`",
                 ));
             }
             if m.moe_layer_freq

@@ -302,9 +302,9 @@ fn experts_unsupported(
         Some(
             "the allgather dispatcher is Megatron-LM's, and the worker trials only torchtitan's candidates (it holds state as FSDP2 does), whose experts dispatch all-to-all; plan with --engine torchtitan and `moe_dispatcher alltoall` to trial on it",
         )
-    } else if c.dispatcher == Dispatcher::Flex {
+    } else if c.dispatcher.deduplicates() {
         Some(
-            "the flex dispatcher runs DeepEP's CUDA kernels, which the worker does not have; plan with `moe_dispatcher alltoall` to trial on it",
+            "the flex dispatcher runs DeepEP's or HybridEP's CUDA kernels, which the worker does not have; plan with `moe_dispatcher alltoall` to trial on it",
         )
     } else if c.embedding_sync == SyncMethod::SparseAllGather {
         Some(
