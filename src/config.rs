@@ -1266,6 +1266,12 @@ impl ParallelConfig {
                 !(c.tp * c.cp * c.dp).is_multiple_of(c.etp * c.ep),
             ),
             (
+                Rule::DeepEpGroupSize,
+                model.moe.is_some()
+                    && c.dispatcher == Dispatcher::Flex
+                    && !DEEPEP_GROUP_SIZES.contains(&(c.etp * c.ep)),
+            ),
+            (
                 Rule::MoeTpWithoutSp,
                 model.moe.is_some() && c.tp > 1 && !c.sequence_parallel,
             ),
@@ -1671,6 +1677,8 @@ pub enum Rule {
     ExpertFfnNotDivisible,
     /// etp x ep must divide tp x cp x dp (the ranks the experts are laid on).
     ExpertGroupNotDivisible,
+    /// DeepEP runs only the group sizes its recommended configs cover.
+    DeepEpGroupSize,
     /// Megatron-Core runs MoE layers under tensor parallelism only with
     /// sequence parallelism.
     MoeTpWithoutSp,
@@ -1684,6 +1692,13 @@ pub enum Rule {
     WgradDeferralNeeds,
     RecomputeModulesNeed,
 }
+
+/// The dispatcher-group sizes (etp x ep) DeepEP's `Buffer.get_dispatch_config`
+/// and `get_combine_config` have recommended configs for; it asserts on any
+/// other (deepseek-ai/DeepEP `deep_ep/buffer.py`; some releases add 48 and
+/// 96, so those are left out).
+const DEEPEP_GROUP_SIZES: [u64; 10] = [2, 4, 8, 16, 24, 32, 64, 128, 144, 160];
+const DEEPEP_GROUP_LIST: &str = "2, 4, 8, 16, 24, 32, 64, 128, 144 or 160";
 
 /// What keeps Megatron-LM from keeping `c`'s weights in FP8, if anything:
 /// FP8 GEMMs, Transformer Engine's layers, and a sharded optimizer to hold
@@ -1802,6 +1817,7 @@ impl Rule {
             Rule::ExpertsNotDivisible => "experts not divisible by ep",
             Rule::ExpertFfnNotDivisible => "expert ffn hidden not divisible by etp",
             Rule::ExpertGroupNotDivisible => "etp x ep does not divide tp x cp x dp",
+            Rule::DeepEpGroupSize => "DeepEP has no config for this etp x ep",
             Rule::MoeTpWithoutSp => "MoE with tp needs sequence parallelism",
             Rule::EpOverlapNeeds => {
                 "EP comm overlap needs ep > 1, an alltoall or flex dispatcher, no full recomputation or CUDA graphs, and interleaving under a pipeline"
@@ -2023,6 +2039,12 @@ impl Rule {
                 c.etp,
                 c.ep,
                 c.tp * c.cp * c.dp
+            ),
+            Rule::DeepEpGroupSize => format!(
+                "the flex dispatcher's DeepEP kernels run etp x ep groups of {DEEPEP_GROUP_LIST} ranks (its `Buffer.get_dispatch_config` table), not {} x {} = {}; change `ep` or `etp`, or use `moe_dispatcher hybridep` or `moe_dispatcher alltoall`",
+                c.etp,
+                c.ep,
+                c.etp * c.ep
             ),
             Rule::MoeTpWithoutSp => format!(
                 "MoE layers with tp {} need `sequence_parallel on` (Megatron-Core refuses MoE with tensor parallelism otherwise)",

@@ -535,6 +535,36 @@ fn deepeps_flex_dispatcher_moves_each_token_once_per_node() {
             "--moe-router-group-topk 4",
         ],
     );
+    // DeepEP has configs for some group sizes only; HybridEP takes any.
+    let all_256 = [
+        "predict",
+        "--model",
+        "deepseek-v3",
+        "--gpu",
+        "h100-sxm",
+        "--gpus",
+        "256",
+        "--global-batch",
+        "512",
+        "--tp",
+        "1",
+        "--pp",
+        "1",
+        "--ep",
+        "256",
+        "--recompute",
+        "full",
+        "--optimizer-sharding",
+        "optimizer-states",
+    ];
+    says(
+        &fails(&with(&all_256, &["--moe-dispatcher", "flex"])),
+        &[
+            "DeepEP kernels run etp x ep groups of 2, 4, 8",
+            "not 1 x 256 = 256",
+        ],
+    );
+    ok(&with(&all_256, &["--moe-dispatcher", "hybridep"]));
     // HybridEP moves the same tokens, and exports as flex with its backend.
     let hybrid = expert_parallel_ms(&ok(&with(&job, &["--moe-dispatcher", "hybridep"])));
     assert_eq!(hybrid, flex);
