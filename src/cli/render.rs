@@ -273,6 +273,10 @@ pub fn stage_memory(out: &mut String, stages: &[StageMemory], usable: f64, peak_
         "total",
     );
     let show = |i: usize| i < 2 || i + 2 >= stages.len() || i as u64 == peak_stage;
+    let dispatcher = stages
+        .iter()
+        .map(|s| s.dispatcher_buffers)
+        .fold(0.0, f64::max);
     let mut skipped = 0;
     for (i, s) in stages.iter().enumerate() {
         if !show(i) {
@@ -300,9 +304,16 @@ pub fn stage_memory(out: &mut String, stages: &[StageMemory], usable: f64, peak_
             s.allocated() / GIB,
             s.allocator_reserve / GIB,
             s.reserved() / GIB,
-            s.runtime_overhead / GIB,
+            s.outside_allocator() / GIB,
             s.total() / GIB,
             if s.total() <= usable { "yes" } else { "NO" }
+        );
+    }
+    if dispatcher > 0.0 {
+        let _ = writeln!(
+            out,
+            "    runtime includes the flex dispatcher's buffers, {:.2} GiB per GPU on stages with MoE layers (outside PyTorch's allocator)",
+            dispatcher / GIB
         );
     }
 }

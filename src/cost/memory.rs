@@ -4,7 +4,7 @@
 //! loss's logits, buffers and workspaces (together PyTorch's allocated
 //! peak), the blocks the allocator reserves beyond them (its reserved
 //! peak), and what lives outside PyTorch (CUDA context, NCCL's buffers,
-//! DeepEP's buffer: `deepep`).
+//! the flex dispatcher's buffers: `deepep`).
 
 use super::Scenario;
 use super::kernels::HALF;
@@ -229,9 +229,12 @@ pub struct StageMemory {
     /// (fragmentation): reserved less allocated.
     #[serde(default)]
     pub allocator_reserve: f64,
-    /// Outside PyTorch's allocator: the CUDA context, NCCL's buffers,
-    /// DeepEP's buffer under the `flex` dispatcher.
+    /// Outside PyTorch's allocator: the CUDA context, NCCL's buffers.
     pub runtime_overhead: f64,
+    /// Outside PyTorch's allocator too: the flex dispatcher's communication
+    /// buffers (DeepEP's or HybridEP's, `deepep`).
+    #[serde(default)]
+    pub dispatcher_buffers: f64,
 }
 
 impl StageMemory {
@@ -253,10 +256,15 @@ impl StageMemory {
     /// Device memory needed: reserved plus what lives outside PyTorch. Fits
     /// are judged on it.
     pub fn total(&self) -> f64 {
-        self.reserved() + self.runtime_overhead
+        self.reserved() + self.outside_allocator()
     }
 
-    pub fn parts_gib(&self) -> [(&'static str, f64); 8] {
+    /// What the device holds beside PyTorch's allocator.
+    pub fn outside_allocator(&self) -> f64 {
+        self.runtime_overhead + self.dispatcher_buffers
+    }
+
+    pub fn parts_gib(&self) -> [(&'static str, f64); 9] {
         [
             ("weights", self.weights / GIB),
             ("gradients", self.gradients / GIB),
@@ -266,6 +274,7 @@ impl StageMemory {
             ("buffers", self.buffers / GIB),
             ("allocator reserve", self.allocator_reserve / GIB),
             ("runtime overhead", self.runtime_overhead / GIB),
+            ("dispatcher buffers", self.dispatcher_buffers / GIB),
         ]
     }
 }
@@ -416,8 +425,8 @@ fn layer_kept(s: &Scenario, c: &ParallelConfig, recompute: Recompute, kind: Laye
             // its whole group for the backward pass as well.
             let gathered = match c.dispatcher {
                 Dispatcher::AllGather => HALF * dispatch_gathered_tokens(s, c) * h,
-                // DeepEP's buffer is its own allocation, outside PyTorch's
-                // allocator: counted with the runtime's (`deepep`).
+                // A flex dispatcher's buffers are its own allocations,
+                // outside PyTorch's allocator (`dispatcher_buffers`).
                 Dispatcher::AllToAll | Dispatcher::Flex | Dispatcher::HybridEp => 0.0,
             };
             let expert_width = if recomputed(RecomputeModules::MOE_ACT) {
@@ -745,7 +754,8 @@ pub fn stage_memory(s: &Scenario, c: &ParallelConfig, stage: u64) -> StageMemory
         loss,
         buffers,
         allocator_reserve: 0.0,
-        runtime_overhead: k.runtime_overhead_gib * GIB + super::deepep::buffer_bytes(s, c, stage),
+        runtime_overhead: k.runtime_overhead_gib * GIB,
+        dispatcher_buffers: super::deepep::buffer_bytes(s, c, stage),
     };
     memory.allocator_reserve = k.allocator_fragmentation * memory.allocated();
     memory

@@ -89,7 +89,9 @@ pub fn stage_prediction(s: &Scenario, c: &ParallelConfig, stage: u64) -> StagePr
             + memory.activations
             + memory.loss
             + gathered,
-        other_bytes: memory.buffers - gathered + memory.allocator_reserve + memory.runtime_overhead,
+        other_bytes: memory.buffers - gathered
+            + memory.allocator_reserve
+            + memory.outside_allocator(),
         usable_bytes: s.usable_memory(),
     }
 }
