@@ -637,7 +637,7 @@ pub enum Dispatcher {
     #[serde(rename = "allgather")]
     AllGather,
     /// DeepSeek's DeepEP kernels (Megatron-LM's `flex` dispatcher with
-    /// `--moe-enable-deepep`): each token crosses the network once per
+    /// `--moe-flex-dispatcher-backend deepep`): each token crosses the network once per
     /// remote node it is routed to and NVLink once per further rank, however
     /// many of its experts that node or rank holds.
     #[serde(rename = "flex")]
@@ -659,8 +659,9 @@ impl Dispatcher {
     ];
 
     /// The dispatchers Megatron-LM runs on its own, which the search tries
-    /// unless told otherwise; flex needs DeepEP installed (and NVSHMEM
-    /// across nodes), so it is searched only when asked for.
+    /// unless told otherwise; flex and hybridep need DeepEP's repository
+    /// installed (and NVSHMEM or RDMA across nodes), so they are searched
+    /// only when asked for.
     pub const BUILT_IN: [Dispatcher; 2] = [Dispatcher::AllToAll, Dispatcher::AllGather];
 
     /// The dispatcher `engine` runs when none is chosen: Megatron-LM's
@@ -1266,9 +1267,16 @@ impl ParallelConfig {
                 !(c.tp * c.cp * c.dp).is_multiple_of(c.etp * c.ep),
             ),
             (
+                Rule::FlexWithoutExpertRanks,
+                model.moe.is_some() && c.dispatcher.deduplicates() && c.etp * c.ep < 2,
+            ),
+            (
+                // torchtitan runs neither flex backend (`EngineCannotRun`).
                 Rule::DeepEpGroupSize,
                 model.moe.is_some()
+                    && c.engine == Engine::Megatron
                     && c.dispatcher == Dispatcher::Flex
+                    && c.etp * c.ep >= 2
                     && !DEEPEP_GROUP_SIZES.contains(&(c.etp * c.ep)),
             ),
             (
@@ -1677,6 +1685,9 @@ pub enum Rule {
     ExpertFfnNotDivisible,
     /// etp x ep must divide tp x cp x dp (the ranks the experts are laid on).
     ExpertGroupNotDivisible,
+    /// A flex dispatcher (DeepEP or HybridEP) over one rank: Megatron-Core
+    /// asserts TPxEP > 1.
+    FlexWithoutExpertRanks,
     /// DeepEP runs only the group sizes its recommended configs cover.
     DeepEpGroupSize,
     /// Megatron-Core runs MoE layers under tensor parallelism only with
@@ -1765,7 +1776,7 @@ pub fn ep_overlap_problem(model: &ModelSpec, c: &ParallelConfig) -> Option<&'sta
     } else if c.engine != Engine::Megatron {
         Some("`engine megatron` (torchtitan has no batch-level overlap)")
     } else if c.dispatcher == Dispatcher::AllGather {
-        Some("`moe_dispatcher alltoall`, `flex` or `hybridep`")
+        Some("`moe_dispatcher alltoall`, `moe_dispatcher flex` or `moe_dispatcher hybridep`")
     } else if c.recompute == Recompute::Full {
         Some("`recompute selective` or `none` (not full)")
     } else if c.cuda_graphs {
@@ -1817,6 +1828,7 @@ impl Rule {
             Rule::ExpertsNotDivisible => "experts not divisible by ep",
             Rule::ExpertFfnNotDivisible => "expert ffn hidden not divisible by etp",
             Rule::ExpertGroupNotDivisible => "etp x ep does not divide tp x cp x dp",
+            Rule::FlexWithoutExpertRanks => "a flex dispatcher needs etp x ep above 1",
             Rule::DeepEpGroupSize => "DeepEP has no config for this etp x ep",
             Rule::MoeTpWithoutSp => "MoE with tp needs sequence parallelism",
             Rule::EpOverlapNeeds => {
@@ -2039,6 +2051,10 @@ impl Rule {
                 c.etp,
                 c.ep,
                 c.tp * c.cp * c.dp
+            ),
+            Rule::FlexWithoutExpertRanks => format!(
+                "`moe_dispatcher {}` dispatches over the etp x ep ranks, and there is one (Megatron-Core asserts TPxEP > 1 for the flex dispatcher); raise `ep`, or use `moe_dispatcher alltoall`",
+                c.dispatcher.name()
             ),
             Rule::DeepEpGroupSize => format!(
                 "the flex dispatcher's DeepEP kernels run etp x ep groups of {DEEPEP_GROUP_LIST} ranks (its `Buffer.get_dispatch_config` table), not {} x {} = {}; change `ep` or `etp`, or use `moe_dispatcher hybridep` or `moe_dispatcher alltoall`",

@@ -535,7 +535,7 @@ fn deepeps_flex_dispatcher_moves_each_token_once_per_node() {
             "--moe-router-group-topk 4",
         ],
     );
-    // DeepEP has configs for some group sizes only; HybridEP takes any.
+    // DeepEP has configs for some group sizes only; HybridEP has no such table.
     let all_256 = [
         "predict",
         "--model",

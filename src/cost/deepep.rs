@@ -21,9 +21,11 @@
 //!   the RDMA chunk of the same per-token record plus a 16-byte tail, the
 //!   channels' counters and 1 MiB; it lives in NVSHMEM's symmetric heap,
 //!   which DeepEP maps in 2^29-byte pieces (`NVSHMEM_CUMEM_GRANULARITY`).
-//! - `deep_ep/buffer.py`'s recommended configs: 256 received tokens per
-//!   NVLink chunk up to 8 ranks, 288 up to 64, 480 at 96, 560 at 128 and 720
-//!   beyond; 128 per RDMA chunk throughout.
+//! - `deep_ep/buffer.py`'s recommended configs (at 04b06f7): 256 received
+//!   tokens per NVLink chunk up to 8 ranks, 288 up to 64, 480 at 96, 560 at
+//!   128 and 720 beyond; 128 per RDMA chunk, which `Config` rounds up to a
+//!   multiple of the RDMA send chunk: 140 tokens from 16 to 64 ranks (send
+//!   chunks of 20 and 28), 132 beyond (12).
 //! - `Buffer::Buffer` (`csrc/deep_ep.cpp`) adds a 32 MiB workspace.
 //!
 //! HybridEP (the `hybridep` backend, `csrc/hybrid_ep/hybrid_ep.cu`):
@@ -54,9 +56,6 @@ const NVL_PEERS: u64 = 8;
 /// `SourceMeta` (two ints), 128 int64 top-k indices, 128 fp32 top-k
 /// weights and 128 fp32 scales (`kNumMaxTopK`, `kNumMaxScales`).
 const TOKEN_RECORD_BYTES: f64 = 8.0 + 128.0 * 8.0 + 128.0 * 4.0 + 128.0 * 4.0;
-
-/// Tokens per RDMA receive chunk in every recommended config.
-const RDMA_CHUNK_TOKENS: f64 = 128.0;
 
 /// `NUM_WORKSPACE_BYTES`.
 const WORKSPACE_BYTES: f64 = 32.0 * MIB;
@@ -123,6 +122,12 @@ fn rdma_ranks(ranks: u64) -> f64 {
     (ranks / NVL_PEERS).max(1) as f64
 }
 
+/// Tokens per RDMA receive chunk, the larger of the dispatch and combine
+/// configs' after `Config` aligns them to their send chunks.
+fn rdma_chunk_tokens(ranks: u64) -> f64 {
+    if ranks <= 64 { 140.0 } else { 132.0 }
+}
+
 /// `get_nvl_buffer_size_hint`, without its 128-byte round-up.
 fn nvl_bytes(ranks: u64, hidden_bytes: f64) -> f64 {
     let per_channel_peer = channels() * ranks.min(NVL_PEERS) as f64;
@@ -138,8 +143,10 @@ fn rdma_heap_bytes(ranks: u64, hidden_bytes: f64) -> f64 {
     }
     let per_channel_peer = channels() * rdma_ranks(ranks);
     let counters = per_channel_peer * (NVL_PEERS as f64 * 2.0 + 2.0) * 2.0 * 4.0;
-    let chunks =
-        per_channel_peer * RDMA_CHUNK_TOKENS * (hidden_bytes + TOKEN_RECORD_BYTES + 16.0) * 2.0;
+    let chunks = per_channel_peer
+        * rdma_chunk_tokens(ranks)
+        * (hidden_bytes + TOKEN_RECORD_BYTES + 16.0)
+        * 2.0;
     let hint = counters + chunks + MIB;
     (hint / NVSHMEM_GRANULARITY).ceil() * NVSHMEM_GRANULARITY
 }

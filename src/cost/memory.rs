@@ -846,31 +846,50 @@ impl<S: Iterator<Item = u64>> Iterator for AllOrSome<S> {
 /// more than the ends), every stage.
 /// (Returned with the first and the last stage's memory, which torchtitan
 /// and Megatron-LM log, each stage computed once.)
-pub fn peak_first_last(
-    s: &Scenario,
-    c: &ParallelConfig,
-) -> (StageMemory, StageMemory, StageMemory) {
+pub fn peak_first_last(s: &Scenario, c: &ParallelConfig) -> StagePeaks {
     peak_first_last_within(s, c, f64::INFINITY).expect("every stage is within infinity")
+}
+
+/// The stages that bound a configuration's memory.
+#[derive(Debug, Clone, Copy)]
+pub struct StagePeaks {
+    /// The stage needing the most device memory (fits are judged on it).
+    pub device: StageMemory,
+    /// The stage with the most in PyTorch's allocator: what the largest of
+    /// the ranks' logged peaks reads. Another stage than `device` where
+    /// a flex dispatcher's buffers sit beside the allocator on MoE stages
+    /// only.
+    pub allocator: StageMemory,
+    pub first: StageMemory,
+    pub last: StageMemory,
 }
 
 /// [`peak_first_last`], or none as soon as a stage needs more than
 /// `limit` bytes (the rest are not computed: a search only counts misfits).
-pub fn peak_first_last_within(
-    s: &Scenario,
-    c: &ParallelConfig,
-    limit: f64,
-) -> Option<(StageMemory, StageMemory, StageMemory)> {
-    let best = |best: StageMemory, x: StageMemory| if x.total() > best.total() { x } else { best };
+pub fn peak_first_last_within(s: &Scenario, c: &ParallelConfig, limit: f64) -> Option<StagePeaks> {
     let memory = |i: u64| Some(stage_memory(s, c, i)).filter(|m| m.total() <= limit);
     let p = c.pp;
     let first = memory(0)?;
     let last = if p > 1 { memory(p - 1)? } else { first };
-    let ends = best(first, last);
+    let mut peaks = StagePeaks {
+        device: first,
+        allocator: first,
+        first,
+        last,
+    };
+    let mut take = |x: StageMemory| {
+        if x.total() > peaks.device.total() {
+            peaks.device = x;
+        }
+        if x.reserved() > peaks.allocator.reserved() {
+            peaks.allocator = x;
+        }
+    };
+    take(last);
     let between = |i: &u64| *i != 0 && *i != p - 1;
-    let mut peak = ends;
     if c.bpipe {
         for stage in (1..p).filter(between) {
-            peak = best(peak, memory(stage)?);
+            take(memory(stage)?);
         }
     } else {
         let mut seen = [u64::MAX; 6];
@@ -882,10 +901,10 @@ pub fn peak_first_last_within(
             if let Some(slot) = seen.get_mut(i) {
                 *slot = stage;
             }
-            peak = best(peak, memory(stage)?);
+            take(memory(stage)?);
         }
     }
-    Some((peak, first, last))
+    Some(peaks)
 }
 
 /// What a deferred output-layer weight gradient keeps on the last stage at

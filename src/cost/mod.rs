@@ -899,7 +899,9 @@ pub struct MemoryCheck {
     /// Device memory the peak stage needs (reserved plus what lives
     /// outside PyTorch); fits are judged on it.
     pub bytes: f64,
-    /// PyTorch's allocated and reserved peaks of that stage.
+    /// PyTorch's allocated and reserved peaks of the stage whose allocator
+    /// holds the most: the peak stage's, unless a flex dispatcher's buffers
+    /// (outside the allocator, on MoE stages only) make another the peak.
     pub allocated: f64,
     pub reserved: f64,
     pub usable: f64,
@@ -923,33 +925,28 @@ pub fn memory_key(c: &ParallelConfig) -> ParallelConfig {
 }
 
 pub fn peak_memory(s: &Scenario, c: &ParallelConfig) -> MemoryCheck {
-    let (peak, first, last) = memory::peak_first_last(s, c);
-    memory_check(s, peak, first, last)
+    memory_check(s, memory::peak_first_last(s, c))
 }
 
 /// [`peak_memory`] when it fits; none, sooner, when it does not (the
 /// stages after the first that does not fit are not computed).
 pub fn peak_memory_if_fits(s: &Scenario, c: &ParallelConfig) -> Option<MemoryCheck> {
-    let (peak, first, last) = memory::peak_first_last_within(s, c, s.usable_memory())?;
-    Some(memory_check(s, peak, first, last))
+    let peaks = memory::peak_first_last_within(s, c, s.usable_memory())?;
+    Some(memory_check(s, peaks))
 }
 
-fn memory_check(
-    s: &Scenario,
-    peak: StageMemory,
-    first: StageMemory,
-    last: StageMemory,
-) -> MemoryCheck {
+fn memory_check(s: &Scenario, peaks: memory::StagePeaks) -> MemoryCheck {
     let usable = s.usable_memory();
+    let (peak, held) = (peaks.device, peaks.allocator);
     MemoryCheck {
         stage: peak.stage,
         bytes: peak.total(),
-        allocated: peak.allocated(),
-        reserved: peak.reserved(),
+        allocated: held.allocated(),
+        reserved: held.reserved(),
         usable,
         fits: peak.total() <= usable,
-        first: (first.allocated(), first.reserved()),
-        last: (last.allocated(), last.reserved()),
+        first: (peaks.first.allocated(), peaks.first.reserved()),
+        last: (peaks.last.allocated(), peaks.last.reserved()),
     }
 }
 

@@ -2245,7 +2245,7 @@ mod experts_and_context {
         assert_eq!(stage_layer_kinds(&s, &flex, 0), (3, 0));
         assert_eq!(extra(&flex, 0), 0.0);
         // Over two nodes: 288-token chunks with 7 counters per peer, and
-        // an RDMA hint of 85 MB that NVSHMEM maps as one 512 MiB piece.
+        // an RDMA hint of 92 MB that NVSHMEM maps as one 512 MiB piece.
         let across = ParallelConfig { ep: 16, ..flex };
         let two_nodes = 377_671_680.0 + 2_240.0 + 536_870_912.0 + 33_554_432.0;
         assert_close(extra(&across, 1), two_nodes, 1e-12, "ep 16");
@@ -2262,15 +2262,98 @@ mod experts_and_context {
         assert_eq!(extra(&hybrid, 0), 0.0);
         // ...and one set each over two nodes, with three staging buffers of
         // the rank's tokens for the remote node (16 local experts).
+        // hybrid_ep.cu, per remote-capable rank: expert_output and
+        // expert_input tokens and probabilities (4,096 x 16 tokens x (14,336
+        // + 4 x 16 x 8) bytes each, 973,078,528) and the dispatch's and
+        // combine's inter-node staging of the rank's 4,096 tokens for the one
+        // remote node (3 x 60,817,408).
         let hybrid_across = ParallelConfig { ep: 16, ..hybrid };
-        let worst_case = 4096.0 * 16.0 * (14_336.0 + 4.0 * 16.0 * 8.0);
-        let staging = 3.0 * 4096.0 * (14_336.0 + 4.0 * 16.0 * 8.0);
         assert_close(
             extra(&hybrid_across, 1),
-            2.0 * worst_case + staging,
+            2_128_609_280.0,
             1e-12,
             "hybridep ep 16",
         );
+    }
+
+    /// The stage that needs the most device memory and the one whose
+    /// allocator holds the most can differ where a flex dispatcher's
+    /// buffers sit beside the allocator on MoE stages only: fits are judged
+    /// on the first, the largest logged peak is the second's. Qwen3-30B-A3B
+    /// with its first 24 layers dense (3,072 wide) on one stage of two.
+    #[test]
+    fn the_allocator_peak_is_the_stage_holding_the_most_in_it() {
+        let group = builtin_node("h100-sxm", 16).unwrap();
+        let cost = CostModel::datasheet();
+        let mut model = builtin_model("qwen3-30b-a3b").unwrap();
+        if let Some(moe) = model.moe.as_mut() {
+            moe.dense_layers = 24;
+        }
+        model.ffn_hidden = 3072;
+        model.vocab = 32000;
+        let c = ParallelConfig {
+            pp: 2,
+            dp: 64,
+            ep: 64,
+            micro_batch: 4,
+            dispatcher: Dispatcher::HybridEp,
+            ..ParallelConfig::default()
+        };
+        c.check(&model, 512, 128, 8).unwrap();
+        let s = Scenario::new(&model, 512, &group, 128, &cost);
+        let (dense, moe) = (
+            memory::stage_memory(&s, &c, 0),
+            memory::stage_memory(&s, &c, 1),
+        );
+        assert!(dense.reserved() > moe.reserved() && moe.total() > dense.total());
+        let check = peak_memory(&s, &c);
+        assert_eq!((check.stage, check.bytes), (1, moe.total()));
+        assert_eq!(
+            (check.allocated, check.reserved),
+            (dense.allocated(), dense.reserved())
+        );
+    }
+
+    /// The flex dispatchers need more than one expert rank, and DeepEP's
+    /// group (etp x ep, not ep alone) one of its configs' sizes; torchtitan
+    /// is refused either backend for what it is.
+    #[test]
+    fn flex_dispatchers_need_groups_their_kernels_run() {
+        let model = builtin_model("qwen3-30b-a3b").unwrap();
+        let rule = |dispatcher, ep, etp, engine| {
+            let c = ParallelConfig {
+                dp: 48,
+                ep,
+                etp,
+                dispatcher,
+                engine,
+                ..ParallelConfig::default()
+            };
+            c.violation(&model, 96, 48, 8)
+        };
+        use crate::config::Rule;
+        let megatron = Engine::Megatron;
+        assert_eq!(rule(Dispatcher::Flex, 8, 2, megatron), None);
+        assert_eq!(rule(Dispatcher::Flex, 8, 3, megatron), None);
+        assert_eq!(
+            rule(Dispatcher::Flex, 16, 3, megatron),
+            Some(Rule::DeepEpGroupSize)
+        );
+        assert_eq!(
+            rule(Dispatcher::Flex, 4, 3, megatron),
+            Some(Rule::DeepEpGroupSize)
+        );
+        assert_eq!(rule(Dispatcher::HybridEp, 16, 3, megatron), None);
+        for dispatcher in [Dispatcher::Flex, Dispatcher::HybridEp] {
+            assert_eq!(
+                rule(dispatcher, 1, 1, megatron),
+                Some(Rule::FlexWithoutExpertRanks)
+            );
+            assert_eq!(
+                rule(dispatcher, 16, 3, Engine::Torchtitan),
+                Some(Rule::EngineCannotRun)
+            );
+        }
     }
 
     /// An MoE layer without shared experts runs half a dense layer's
