@@ -177,6 +177,13 @@ pub struct MegatronConfig {
     /// As printed: an int, or a per-layer list (`[0, 1, 1, ...]`).
     pub moe_layer_freq: Option<String>,
     pub moe_token_dispatcher_type: Option<String>,
+    /// The flex dispatcher's kernels (`deepep`, `hybridep`; absent before
+    /// Megatron-Core 0.15, whose flex ran DeepEP under `--moe-enable-deepep`).
+    pub moe_flex_dispatcher_backend: Option<String>,
+    /// DeepSeek-V3's group-limited routing: the expert groups and how many
+    /// of them a token's experts may come from (0: unlimited).
+    pub moe_router_num_groups: Option<u64>,
+    pub moe_router_group_topk: Option<u64>,
     pub expert_model_parallel_size: u64,
     /// `None` means tp (Megatron-LM's default).
     pub expert_tensor_parallel_size: Option<u64>,
@@ -897,6 +904,9 @@ fn config_from_arguments(
         moe_shared_expert_intermediate_size: int("moe_shared_expert_intermediate_size")?,
         moe_layer_freq: text("moe_layer_freq"),
         moe_token_dispatcher_type: text("moe_token_dispatcher_type"),
+        moe_flex_dispatcher_backend: text("moe_flex_dispatcher_backend"),
+        moe_router_num_groups: int("moe_router_num_groups")?,
+        moe_router_group_topk: int("moe_router_group_topk")?,
         expert_model_parallel_size: int("expert_model_parallel_size")?.unwrap_or(1).max(1),
         expert_tensor_parallel_size: int("expert_tensor_parallel_size")?,
         cp_comm_type: text("cp_comm_type"),
@@ -990,6 +1000,14 @@ impl MegatronConfig {
     /// The parallel configuration in paratune's terms. Megatron-LM ignores
     /// sequence parallelism without tensor parallelism, and its distributed
     /// optimizer shards nothing on one data-parallel rank; both are off then.
+    /// The flex dispatcher's backend as printed: `deepep` where the log
+    /// predates `--moe-flex-dispatcher-backend` (flex was DeepEP then).
+    fn flex_backend(&self) -> &str {
+        self.moe_flex_dispatcher_backend
+            .as_deref()
+            .unwrap_or("deepep")
+    }
+
     pub fn parallel_config(&self) -> ParallelConfig {
         let v = self.virtual_stages();
         let dp = self.data_parallel_size;
@@ -1036,6 +1054,10 @@ impl MegatronConfig {
             dispatcher: match (self.num_experts, self.moe_token_dispatcher_type.as_deref()) {
                 (Some(_), Some("alltoall")) => crate::config::Dispatcher::AllToAll,
                 (Some(_), Some("allgather")) => crate::config::Dispatcher::AllGather,
+                (Some(_), Some("flex")) if self.flex_backend() == "hybridep" => {
+                    crate::config::Dispatcher::HybridEp
+                }
+                (Some(_), Some("flex")) => crate::config::Dispatcher::Flex,
                 _ => crate::config::Dispatcher::default(),
             },
             precision: if self.fp8.is_some() {
@@ -1102,7 +1124,7 @@ impl MegatronConfig {
 /// The columns of the run-table row [`MegatronRun::row`] gives: paratune's
 /// run-table schema (see `runs::KNOWN_COLUMNS`), then measurements the
 /// schema does not read, carried through as the user's own columns.
-pub const ROW_COLUMNS: [&str; 45] = [
+pub const ROW_COLUMNS: [&str; 47] = [
     "gpus",
     "global_batch",
     "micro_batch",
@@ -1140,6 +1162,8 @@ pub const ROW_COLUMNS: [&str; 45] = [
     "moe_shared_ffn_hidden",
     "moe_layer_freq",
     "moe_dispatcher",
+    "moe_router_num_groups",
+    "moe_router_group_topk",
     "precision",
     "recompute_modules",
     "iter_ms_mean",
@@ -1218,10 +1242,19 @@ impl MegatronRun {
                 .moe_token_dispatcher_type
                 .as_deref()
                 .unwrap_or(crate::config::Dispatcher::default().name());
-            if !matches!(dispatcher, "alltoall" | "allgather") {
+            let known = match dispatcher {
+                "alltoall" | "allgather" => true,
+                "flex" => matches!(m.flex_backend(), "deepep" | "hybridep"),
+                _ => false,
+            };
+            if !known {
                 return Err(unsupported(
-                    format!("the `{dispatcher}` token dispatcher"),
-                    "log ingestion reads the alltoall and allgather dispatchers (not yet a flex run's backend and router groups); measure with one of them, or predict a flex run with `moe_dispatcher flex` (DeepEP) or `hybridep`",
+                    if dispatcher == "flex" {
+                        format!("the flex token dispatcher's `{}` backend", m.flex_backend())
+                    } else {
+                        format!("the `{dispatcher}` token dispatcher")
+                    },
+                    "log ingestion reads the alltoall and allgather dispatchers and flex with DeepEP or HybridEP; measure with one of them",
                 ));
             }
             if m.moe_layer_freq
@@ -1306,6 +1339,17 @@ impl MegatronRun {
             } else {
                 String::new()
             },
+            optional_count(
+                m.num_experts
+                    .and(m.moe_router_num_groups)
+                    .filter(|&n| n > 0),
+            ),
+            optional_count(
+                m.num_experts
+                    .and(m.moe_router_num_groups)
+                    .filter(|&n| n > 0)
+                    .and(m.moe_router_group_topk),
+            ),
             c.precision.name().to_string(),
             c.recompute_modules.names().join(","),
             format!("{:.3}", self.steady_mean_ms),
@@ -1788,6 +1832,33 @@ mod tests {
                 .to_string()
                 .contains("context parallelism by")
         );
+        // Flex runs: DeepEP where the log predates the backend argument,
+        // HybridEP where it says so, with DeepSeek's router groups; other
+        // backends are refused by name.
+        let flex = |extra: &[(&str, &str)]| {
+            let mut args = vec![
+                ("num_experts", "8"),
+                ("expert_model_parallel_size", "2"),
+                ("moe_token_dispatcher_type", "flex"),
+                ("moe_router_num_groups", "4"),
+                ("moe_router_group_topk", "2"),
+            ];
+            args.extend_from_slice(extra);
+            row_of(&args)
+        };
+        let deepep = flex(&[]).unwrap();
+        assert_eq!(
+            (
+                deepep["moe_dispatcher"].as_str(),
+                deepep["moe_router_num_groups"].as_str(),
+                deepep["moe_router_group_topk"].as_str()
+            ),
+            ("flex", "4", "2")
+        );
+        let hybrid = flex(&[("moe_flex_dispatcher_backend", "hybridep")]).unwrap();
+        assert_eq!(hybrid["moe_dispatcher"], "hybridep");
+        let uccl = flex(&[("moe_flex_dispatcher_backend", "uccl_ep")]).unwrap_err();
+        assert!(uccl.to_string().contains("`uccl_ep` backend"), "{uccl}");
         let mla = row_of(&[("multi_latent_attention", "True")]);
         assert!(
             mla.unwrap_err()
