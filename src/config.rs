@@ -1280,6 +1280,12 @@ impl ParallelConfig {
                     && !DEEPEP_GROUP_SIZES.contains(&(c.etp * c.ep)),
             ),
             (
+                Rule::FlexGroupAcrossNodes,
+                model.moe.is_some()
+                    && c.dispatcher.deduplicates()
+                    && flex_group_problem(c, stem.gpus_per_node).is_some(),
+            ),
+            (
                 Rule::MoeTpWithoutSp,
                 model.moe.is_some() && c.tp > 1 && !c.sequence_parallel,
             ),
@@ -1482,6 +1488,9 @@ pub struct StemChecks {
     batch_not_divisible: bool,
     layer_split: Option<Rule>,
     interleaved_group_missing: bool,
+    /// GPUs joined by the intra-node link, for the rules on groups beyond
+    /// the stem's (a flex dispatcher's).
+    gpus_per_node: u64,
 }
 
 impl StemChecks {
@@ -1511,6 +1520,7 @@ impl StemChecks {
                 && stem
                     .microbatch_group(stem.micro_batches(global_batch))
                     .is_none(),
+            gpus_per_node,
         }
     }
 
@@ -1690,6 +1700,9 @@ pub enum Rule {
     FlexWithoutExpertRanks,
     /// DeepEP runs only the group sizes its recommended configs cover.
     DeepEpGroupSize,
+    /// A flex dispatcher's group must tile the nodes, and DeepEP's beyond 8
+    /// ranks take nodes of 8 NVLink peers.
+    FlexGroupAcrossNodes,
     /// Megatron-Core runs MoE layers under tensor parallelism only with
     /// sequence parallelism.
     MoeTpWithoutSp,
@@ -1702,6 +1715,26 @@ pub enum Rule {
     /// embedding weight gradient.
     WgradDeferralNeeds,
     RecomputeModulesNeed,
+}
+
+/// Why a flex dispatcher cannot run over `c`'s etp x ep ranks on nodes of
+/// `gpus_per_node`, if it cannot. Its groups are consecutive ranks, so a
+/// group smaller than a node must divide it (or one would straddle two
+/// nodes, which neither DeepEP's intranode kernels nor HybridEP's domain
+/// split take), a larger one must be whole nodes, and DeepEP beyond 8 ranks
+/// reaches a rank's 8 NVLink peers by rank mod 8 (`NUM_MAX_NVL_PEERS`), so
+/// the nodes must hold whole blocks of 8.
+pub fn flex_group_problem(c: &ParallelConfig, gpus_per_node: u64) -> Option<&'static str> {
+    let group = c.etp * c.ep;
+    if group <= gpus_per_node && !gpus_per_node.is_multiple_of(group) {
+        Some("would straddle two nodes (it must divide the GPUs per node)")
+    } else if group > gpus_per_node && !group.is_multiple_of(gpus_per_node) {
+        Some("is not whole nodes (it must be a multiple of the GPUs per node)")
+    } else if c.dispatcher == Dispatcher::Flex && group > 8 && !gpus_per_node.is_multiple_of(8) {
+        Some("needs DeepEP's blocks of 8 NVLink peers, and a node here holds no whole 8")
+    } else {
+        None
+    }
 }
 
 /// The dispatcher-group sizes (etp x ep) DeepEP's `Buffer.get_dispatch_config`
@@ -1830,6 +1863,7 @@ impl Rule {
             Rule::ExpertGroupNotDivisible => "etp x ep does not divide tp x cp x dp",
             Rule::FlexWithoutExpertRanks => "a flex dispatcher needs etp x ep above 1",
             Rule::DeepEpGroupSize => "DeepEP has no config for this etp x ep",
+            Rule::FlexGroupAcrossNodes => "a flex dispatcher's group straddles nodes",
             Rule::MoeTpWithoutSp => "MoE with tp needs sequence parallelism",
             Rule::EpOverlapNeeds => {
                 "EP comm overlap needs ep > 1, an alltoall or flex dispatcher, no full recomputation or CUDA graphs, and interleaving under a pipeline"
@@ -2051,6 +2085,12 @@ impl Rule {
                 c.etp,
                 c.ep,
                 c.tp * c.cp * c.dp
+            ),
+            Rule::FlexGroupAcrossNodes => format!(
+                "`moe_dispatcher {}` over etp x ep = {} ranks {}; change `ep` or `etp`, or use `moe_dispatcher alltoall`",
+                c.dispatcher.name(),
+                c.etp * c.ep,
+                flex_group_problem(c, gpus_per_node).unwrap_or("does not tile the nodes")
             ),
             Rule::FlexWithoutExpertRanks => format!(
                 "`moe_dispatcher {}` dispatches over the etp x ep ranks, and there is one (Megatron-Core asserts TPxEP > 1 for the flex dispatcher); raise `ep`, or use `moe_dispatcher alltoall`",

@@ -2320,7 +2320,7 @@ mod experts_and_context {
     #[test]
     fn flex_dispatchers_need_groups_their_kernels_run() {
         let model = builtin_model("qwen3-30b-a3b").unwrap();
-        let rule = |dispatcher, ep, etp, engine| {
+        let on_nodes_of = |per_node, dispatcher, ep, etp, engine| {
             let c = ParallelConfig {
                 dp: 48,
                 ep,
@@ -2329,8 +2329,9 @@ mod experts_and_context {
                 engine,
                 ..ParallelConfig::default()
             };
-            c.violation(&model, 96, 48, 8)
+            c.violation(&model, 96, 48, per_node)
         };
+        let rule = |dispatcher, ep, etp, engine| on_nodes_of(8, dispatcher, ep, etp, engine);
         use crate::config::Rule;
         let megatron = Engine::Megatron;
         assert_eq!(rule(Dispatcher::Flex, 8, 2, megatron), None);
@@ -2344,6 +2345,17 @@ mod experts_and_context {
             Some(Rule::DeepEpGroupSize)
         );
         assert_eq!(rule(Dispatcher::HybridEp, 16, 3, megatron), None);
+        // Groups are consecutive ranks: 12 of them straddle nodes of 8, and
+        // DeepEP's 16 need nodes holding its blocks of 8 NVLink peers.
+        assert_eq!(
+            rule(Dispatcher::HybridEp, 4, 3, megatron),
+            Some(Rule::FlexGroupAcrossNodes)
+        );
+        assert_eq!(
+            on_nodes_of(4, Dispatcher::Flex, 8, 2, megatron),
+            Some(Rule::FlexGroupAcrossNodes)
+        );
+        assert_eq!(on_nodes_of(4, Dispatcher::HybridEp, 8, 2, megatron), None);
         for dispatcher in [Dispatcher::Flex, Dispatcher::HybridEp] {
             assert_eq!(
                 rule(dispatcher, 1, 1, megatron),
