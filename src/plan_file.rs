@@ -114,7 +114,7 @@ pub enum PlanError {
         message: String,
     },
     #[error(
-        "{path}: candidate #{rank} does not match the plan's job ({message}); the file was edited by hand: re-run `paratune plan`"
+        "{path}: candidate #{rank} does not match the plan's job ({message}); the file was edited by hand, or planned by a paratune whose rules differ: re-run `paratune plan`"
     )]
     Inconsistent {
         path: String,
