@@ -509,23 +509,26 @@ fn deepeps_flex_dispatcher_moves_each_token_once_per_node() {
     );
     let flex_unlimited = expert_parallel_ms(&ok(&with(&unlimited, &["--moe-dispatcher", "flex"])));
     assert!(flex_unlimited > flex, "{flex_unlimited} against {flex}");
-    let plan = ok(&with(
-        &with(&["plan"], &DEEPSEEK_V3_ON_128_H100),
-        &[
-            "--global-batch",
-            "512",
-            "--tp",
-            "1",
-            "--pp",
-            "16",
-            "--ep",
-            "64",
-            "--moe-dispatcher",
-            "flex",
-            "--top",
-            "1",
-        ],
-    ));
+    let plan_with = |dispatcher: &str| {
+        ok(&with(
+            &with(&["plan"], &DEEPSEEK_V3_ON_128_H100),
+            &[
+                "--global-batch",
+                "512",
+                "--tp",
+                "1",
+                "--pp",
+                "16",
+                "--ep",
+                "64",
+                "--moe-dispatcher",
+                dispatcher,
+                "--top",
+                "1",
+            ],
+        ))
+    };
+    let plan = plan_with("flex");
     says(
         &plan,
         &[
@@ -568,23 +571,7 @@ fn deepeps_flex_dispatcher_moves_each_token_once_per_node() {
     // HybridEP moves the same tokens, and exports as flex with its backend.
     let hybrid = expert_parallel_ms(&ok(&with(&job, &["--moe-dispatcher", "hybridep"])));
     assert_eq!(hybrid, flex);
-    let hybrid_plan = ok(&with(
-        &with(&["plan"], &DEEPSEEK_V3_ON_128_H100),
-        &[
-            "--global-batch",
-            "512",
-            "--tp",
-            "1",
-            "--pp",
-            "16",
-            "--ep",
-            "64",
-            "--moe-dispatcher",
-            "hybridep",
-            "--top",
-            "1",
-        ],
-    ));
+    let hybrid_plan = plan_with("hybridep");
     says(
         &hybrid_plan,
         &[
