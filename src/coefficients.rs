@@ -94,7 +94,7 @@ coefficients! {
         "tensor-core efficiency of the output head's vocabulary GEMMs (forward, both gradients)",
         "as gemm_efficiency; kept apart because vocabularies are often not multiples of the tile (50,257) and the head's gradients may be formed in fp32";
     attention_efficiency_flash: "fraction of peak", [0.05, 1.0], 0.55, Carries,
-        "efficiency of fused (flash) attention, forward and backward",
+        "efficiency of fused (flash) attention, forward and backward, on a GPU without measured fused-attention rates; on one with them (H100, H200: the catalogue's cuDNN rates by pass and head width), those rates scaled by this over its prior",
         "FlashAttention-2 (Dao, 2023) reports 50-73% of A100 peak forward, 40-60% backward";
     attention_efficiency_standard: "fraction of peak", [0.05, 1.0], 0.45, Carries,
         "efficiency of the batched QK^T and AV products of unfused attention",

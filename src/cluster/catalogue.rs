@@ -136,6 +136,53 @@ pub fn matmul_ceiling(gpu: &str) -> Option<MatmulCeiling> {
     })
 }
 
+/// How fast fused (flash) attention runs on a GPU: measured rates as
+/// fractions of the dense 16-bit peak, at the head widths
+/// [`AttentionRates::HEAD_DIMS`], FLOPs counted as FlashAttention counts
+/// them (causal forward half the products, backward 2.5x the forward).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AttentionRates {
+    /// The causal forward pass.
+    pub forward: [f64; 2],
+    /// The backward pass (measured without the causal mask: no causal
+    /// backward was published).
+    pub backward: [f64; 2],
+}
+
+impl AttentionRates {
+    /// The head widths the rates were measured at.
+    pub const HEAD_DIMS: [f64; 2] = [64.0, 128.0];
+}
+
+// FUSED ATTENTION: cuDNN's fused attention, which Transformer Engine picks
+// on Hopper and later (`get_attention_backend` in transformer_engine/
+// pytorch/attention/dot_product_attention/utils.py prefers FusedAttention
+// from compute capability 9.0; Megatron-LM's `--attention-backend auto`
+// leaves the choice to it). Measured on H100 SXM5 in BF16 at 8K tokens
+// per sequence, 16K tokens per batch, hidden 2048 (Shah et al.,
+// FlashAttention-3, arXiv 2407.08608v2, figures 5b, 5d, 6a, 6b, the cuDNN
+// bars): causal forward 379 TFLOP/s at head width 64 and 529 at 128,
+// backward 432 and 518. H200 is H100's die at the same clocks. Blackwell's
+// are not listed: the FlashAttention-4 paper gives no per-length cuDNN
+// figures, so B200 and GB200 keep the `attention_efficiency_flash` prior.
+const H100_ATTENTION: AttentionRates = AttentionRates {
+    forward: [379.0 / 989.4, 529.0 / 989.4],
+    backward: [432.0 / 989.4, 518.0 / 989.4],
+};
+
+const ATTENTION_RATES: [(&str, AttentionRates); 2] =
+    [("h100-sxm", H100_ATTENTION), ("h200", H100_ATTENTION)];
+
+/// The measured fused-attention rates of a built-in GPU (case-insensitive
+/// name), where they were measured.
+pub fn attention_rates(gpu: &str) -> Option<AttentionRates> {
+    let e = entry(gpu)?;
+    ATTENTION_RATES
+        .iter()
+        .find(|(name, _)| *name == e.name)
+        .map(|&(_, rates)| rates)
+}
+
 /// Names of the built-in GPUs, in catalogue order.
 pub fn builtin_gpu_names() -> Vec<&'static str> {
     CATALOGUE.iter().map(|e| e.name).collect()
@@ -180,6 +227,23 @@ mod tests {
         assert!(matmul_ceiling("h100-sxm").unwrap().fp8.is_some());
         assert_eq!(matmul_ceiling("v100-32gb"), None);
         assert_eq!(matmul_ceiling("no-such-gpu"), None);
+    }
+
+    #[test]
+    fn measured_attention_rates_are_fractions_of_peak_and_grow_with_the_head() {
+        for name in builtin_gpu_names() {
+            if let Some(r) = attention_rates(name) {
+                for rates in [r.forward, r.backward] {
+                    assert!(rates.iter().all(|&f| f > 0.2 && f < 1.0), "{name}: {r:?}");
+                    assert!(rates[0] < rates[1], "{name}: {r:?}");
+                }
+            }
+        }
+        let h100 = attention_rates("H100-SXM").unwrap();
+        assert!((h100.forward[1] * 989.4 - 529.0).abs() < 1e-9);
+        assert_eq!(attention_rates("h200"), Some(h100));
+        assert_eq!(attention_rates("b200"), None);
+        assert_eq!(attention_rates("no-such-gpu"), None);
     }
 
     #[test]

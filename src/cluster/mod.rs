@@ -7,7 +7,10 @@
 mod catalogue;
 mod file;
 
-pub use catalogue::{MatmulCeiling, builtin_gpu, builtin_gpu_names, builtin_node, matmul_ceiling};
+pub use catalogue::{
+    AttentionRates, MatmulCeiling, attention_rates, builtin_gpu, builtin_gpu_names, builtin_node,
+    matmul_ceiling,
+};
 pub use file::{ClusterFileError, load_cluster_file, parse_cluster_toml};
 
 use crate::units::Bandwidth;

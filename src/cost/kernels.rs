@@ -1,6 +1,8 @@
 //! Time of single GPU kernels: GEMMs, attention cores, memory-bound passes.
 
 use super::Scenario;
+use crate::cluster::{AttentionRates, GpuSpec, attention_rates};
+use crate::coefficients::Coefficients;
 use crate::config::{Engine, ParallelConfig, Precision};
 
 /// Bytes per 16-bit element.
@@ -160,4 +162,56 @@ pub fn memory_pass(s: &Scenario, bytes: f64) -> f64 {
 /// Time for `flops` of attention-score products at the given efficiency.
 pub fn attention_core(s: &Scenario, flops: f64, efficiency: f64) -> f64 {
     flops / (s.gpu.peak_flops * efficiency)
+}
+
+/// Fused (flash) attention's efficiency, (forward, backward), as fractions
+/// of the 16-bit peak, for heads `head_dim` wide: the GPU's measured rates
+/// where it has them, else `attention_efficiency_flash` for both.
+///
+/// Between and below the measured widths the time per score element is
+/// taken as linear in the head width: the tensor cores' two (forward) or
+/// five (backward) products grow with it, the softmax's work per score
+/// (its exponential on the special-function units, the running maximum,
+/// the rescaling) does not (Dao, FlashAttention-2, 2023, section 3.1; the
+/// FlashAttention-4 paper's roofline counts the exponential per score).
+/// cuDNN's rates fall again past 128 (FlashAttention-3, figure 5: head
+/// width 256 below 128), so a wider head (MLA's 192) keeps 128's.
+pub fn flash_efficiency(s: &Scenario, head_dim: f64) -> (f64, f64) {
+    match s.attention_rates {
+        Some(r) => (
+            at_head_width(r.forward, head_dim),
+            at_head_width(r.backward, head_dim),
+        ),
+        None => {
+            let e = s.coef().attention_efficiency_flash;
+            (e, e)
+        }
+    }
+}
+
+/// The efficiency at `head_dim` from the two measured at
+/// [`AttentionRates::HEAD_DIMS`], the time per score (proportional to
+/// width over efficiency) linear in the width.
+fn at_head_width(rates: [f64; 2], head_dim: f64) -> f64 {
+    let [narrow, wide] = AttentionRates::HEAD_DIMS;
+    let time = |width: f64, rate: f64| width / rate;
+    let (t_narrow, t_wide) = (time(narrow, rates[0]), time(wide, rates[1]));
+    let d = head_dim.clamp(1.0, wide);
+    let t = t_narrow + (t_wide - t_narrow) * (d - narrow) / (wide - narrow);
+    // A time per score at or below zero would mean the softmax costs less
+    // than nothing; keep the narrow rate there.
+    if t > 0.0 { d / t } else { rates[0] }
+}
+
+/// The GPU's measured fused-attention rates scaled by
+/// `attention_efficiency_flash` over its prior: the measured rates as
+/// they are until a fit moves the coefficient.
+pub(super) fn scaled_attention_rates(gpu: &GpuSpec, k: &Coefficients) -> Option<AttentionRates> {
+    let rates = attention_rates(&gpu.name)?;
+    let prior = Coefficients::info("attention_efficiency_flash")?.prior;
+    let scale = k.attention_efficiency_flash / prior;
+    Some(AttentionRates {
+        forward: rates.forward.map(|r| (r * scale).min(1.0)),
+        backward: rates.backward.map(|r| (r * scale).min(1.0)),
+    })
 }

@@ -244,13 +244,14 @@ fn layer_passes(s: &Scenario, c: &ParallelConfig, kind: LayerKind) -> (PassTime,
         // FLOPs. A decoder attends causally, and the fused kernel skips the
         // blocks above the diagonal: half the products (Dao, FlashAttention-2,
         // 2023, counts causal attention so, and its efficiencies with it).
+        // Its rates depend on the head width (`kernels::flash_efficiency`).
         AttentionKind::Flash => {
-            let e = k.attention_efficiency_flash * fill;
+            let (forward, backward) = kernels::flash_efficiency(s, model.attention_head_width());
             // Windowed layers compute fewer (`attended_share`).
             let done = model.attended_share() * attention_flops;
             (
-                kernels::attention_core(s, done, e),
-                kernels::attention_core(s, 2.5 * done, e),
+                kernels::attention_core(s, done, forward * fill),
+                kernels::attention_core(s, 2.5 * done, backward * fill),
             )
         }
         AttentionKind::Standard => {

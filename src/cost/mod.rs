@@ -35,7 +35,7 @@ pub use memory::{
     stage_activation_bytes, stage_memory, state_floor, state_key,
 };
 
-use crate::cluster::{GpuSpec, NodeGroup, Placement};
+use crate::cluster::{AttentionRates, GpuSpec, NodeGroup, Placement};
 use crate::coefficients::{Coefficients, CollectiveAlgorithm, CostModel};
 use crate::config::{ChunkLayout, ParallelConfig, Recompute, ScheduleKind, SyncMethod};
 use crate::model::ModelSpec;
@@ -68,6 +68,10 @@ pub struct Scenario<'a> {
     pub measured_hbm_scale: f64,
     /// `model`'s per-layer parameter counts, worked out once.
     pub(crate) layer_params: memory::LayerParams,
+    /// The GPU's measured fused-attention rates, where the catalogue has
+    /// them, scaled by `attention_efficiency_flash` over its prior (so a
+    /// fitted value moves them): see [`kernels::flash_efficiency`].
+    pub(crate) attention_rates: Option<AttentionRates>,
 }
 
 impl<'a> Scenario<'a> {
@@ -92,6 +96,7 @@ impl<'a> Scenario<'a> {
             measured_gemm_scale: 1.0,
             measured_hbm_scale: 1.0,
             layer_params: memory::LayerParams::of(model),
+            attention_rates: kernels::scaled_attention_rates(&group.gpu, &cost.coefficients),
         }
     }
 

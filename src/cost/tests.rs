@@ -1181,6 +1181,55 @@ mod profiled {
         );
     }
 
+    /// Fused attention runs at the GPU's measured rates where the catalogue
+    /// has them (H100's cuDNN, FlashAttention-3's figures): forward and
+    /// backward apart, a narrower head slower, the time per score linear
+    /// in the width between the measured ones, a head wider than 128 at
+    /// 128's; a fitted coefficient scales them; an unmeasured GPU runs at
+    /// the coefficient.
+    #[test]
+    fn fused_attention_runs_at_the_gpus_measured_rates_by_head_width() {
+        use kernels::flash_efficiency;
+        let model = builtin_model("llama3-8b").unwrap();
+        let cost = CostModel::datasheet();
+        let h100 = builtin_node("h100-sxm", 1).unwrap();
+        let s = Scenario::new(&model, 8, &h100, 8, &cost);
+        let tflops = |e: f64| e * 989.4;
+        let (forward, backward) = flash_efficiency(&s, 128.0);
+        assert_close(tflops(forward), 529.0, 1e-9, "forward, head 128");
+        assert_close(tflops(backward), 518.0, 1e-9, "backward, head 128");
+        let (narrow_forward, narrow_backward) = flash_efficiency(&s, 64.0);
+        assert_close(tflops(narrow_forward), 379.0, 1e-9, "forward, head 64");
+        assert_close(tflops(narrow_backward), 432.0, 1e-9, "backward, head 64");
+        let (between, _) = flash_efficiency(&s, 96.0);
+        let per_score = |width: f64, e: f64| width / e;
+        assert_close(
+            per_score(96.0, between),
+            (per_score(64.0, narrow_forward) + per_score(128.0, forward)) / 2.0,
+            1e-12,
+            "time per score halfway",
+        );
+        assert!(narrow_forward < between && between < forward);
+        let (narrower, _) = flash_efficiency(&s, 32.0);
+        assert!(narrower > 0.0 && narrower < narrow_forward);
+        assert_eq!(flash_efficiency(&s, 192.0), (forward, backward));
+        assert_eq!(model.attention_head_width(), 128.0);
+        assert_eq!(
+            builtin_model("deepseek-v3").unwrap().attention_head_width(),
+            160.0
+        );
+
+        let mut fitted = cost.clone();
+        fitted.coefficients.attention_efficiency_flash *= 1.1;
+        let s = Scenario::new(&model, 8, &h100, 8, &fitted);
+        assert_close(flash_efficiency(&s, 128.0).0, 1.1 * forward, 1e-12, "fit");
+
+        let b200 = builtin_node("b200", 1).unwrap();
+        let s = Scenario::new(&model, 8, &b200, 8, &cost);
+        let prior = cost.coefficients.attention_efficiency_flash;
+        assert_eq!(flash_efficiency(&s, 64.0), (prior, prior));
+    }
+
     /// A device sweep's measured GEMM scale (16-bit GEMMs at half the
     /// assumed efficiency) slows FP8 GEMMs in the same ratio as bf16 ones:
     /// the same tensor cores and tiles. An FP8 linear's casts, memory

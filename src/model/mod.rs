@@ -580,6 +580,13 @@ impl ModelSpec {
         self.layer_attention_flops_per_token() * (self.attended_share() / CAUSAL_SHARE)
     }
 
+    /// The head width the attention's products run over: the mean of the
+    /// query/key and the value heads' (MLA's differ), FLOPs per score
+    /// element over four.
+    pub fn attention_head_width(&self) -> f64 {
+        (self.q_width() + self.v_width()) as f64 / (2 * self.heads.max(1)) as f64
+    }
+
     /// FLOPs of the two attention-score products (QK^T and AV) per token, forward.
     pub fn layer_attention_flops_per_token(&self) -> f64 {
         // QK^T over the query/key width, AV over the value width.
