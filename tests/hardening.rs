@@ -550,6 +550,17 @@ fn flags_out_of_bounds_or_negative_name_the_flag() {
             &["--folds", "at most 50"][..],
         ),
         (with(&calibrate, &["--holdout", "-0.3"]), &["--holdout"][..]),
+        (
+            with(
+                &["profile", "device", "--device", "cpu"],
+                &["--attention-seq", "0"],
+            ),
+            &["--attention-seq", "at least 1"][..],
+        ),
+        (
+            with(&["profile", "device"], &["--attention-seq", "1000000"]),
+            &["--attention-seq", "at most 131072"][..],
+        ),
     ] {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let err = common::fails(&args);

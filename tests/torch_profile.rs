@@ -147,7 +147,7 @@ fn paratune_sees_a_gpu() -> bool {
 }
 
 #[test]
-fn profile_device_measures_matrix_multiplies_and_a_copy() {
+fn profile_device_measures_matrix_multiplies_a_copy_and_fused_attention() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("cpu");
     let stdout = ok(&[
@@ -159,12 +159,18 @@ fn profile_device_measures_matrix_multiplies_and_a_copy() {
         "fp32",
         "--max-side",
         "512",
+        "--attention-seq",
+        "256",
         "--max-seconds",
         "2",
         "--out",
         out.to_str().unwrap(),
     ]);
     assert!(stdout.contains("GB/s"), "{stdout}");
+    assert!(
+        stdout.contains("fused causal attention, 2 x 256 tokens"),
+        "{stdout}"
+    );
     let device = read_profile(&out).unwrap().device.expect("device.toml");
     assert_eq!(device.device, "cpu");
     assert_eq!(
@@ -178,8 +184,25 @@ fn profile_device_measures_matrix_multiplies_and_a_copy() {
             .all(|p| p.tflops > 0.0 && p.seconds > 0.0)
     );
     assert!(device.copy.unwrap().gbps > 0.0);
+    // Fused attention at both head widths the cost model reads, forward
+    // and backward.
+    assert_eq!(
+        device
+            .attention
+            .iter()
+            .map(|p| (p.head_dim, p.heads, p.seq_len))
+            .collect::<Vec<_>>(),
+        [(64, 32, 256), (128, 16, 256)]
+    );
+    assert!(
+        device
+            .attention
+            .iter()
+            .all(|p| p.forward_tflops > 0.0 && p.backward_tflops > 0.0 && p.backward_s > 0.0)
+    );
     let shown = ok(&["profile", "show", out.to_str().unwrap()]);
     assert!(shown.contains("matmul   512^3 fp32"), "{shown}");
+    assert!(shown.contains("attention head 128 fp32"), "{shown}");
 }
 
 /// The memory-only pass `profile layer` runs on CUDA with the caching

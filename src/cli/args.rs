@@ -725,6 +725,10 @@ pub struct ProfileDeviceArgs {
     /// Largest square matrix side in the sweep (sides double from 256).
     #[arg(long, value_parser = count(1 << 16), default_value_t = 8192)]
     pub max_side: u64,
+    /// Tokens per sequence of the fused-attention points (two sequences,
+    /// heads 64 and 128 wide); default 8192 on a GPU, 512 on the CPU.
+    #[arg(long, value_parser = count(1 << 17))]
+    pub attention_seq: Option<u64>,
     #[command(flatten)]
     pub repetitions: RepetitionArgs,
     #[command(flatten)]

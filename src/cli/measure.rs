@@ -260,11 +260,14 @@ pub fn profile_device(args: &ProfileDeviceArgs) -> Result<()> {
         dtype,
         max_side: args.max_side,
         copy_bytes: if device.is_cuda() { 1 << 30 } else { 64 << 20 },
+        attention_seq: args
+            .attention_seq
+            .unwrap_or(if device.is_cuda() { 8192 } else { 512 }),
         rule,
     };
     measure::check_device_job(&job).map_err(flagged)?;
     let spinner = spinner(format!(
-        "profile device: matrix multiplies and a copy on {device}"
+        "profile device: matrix multiplies, a copy and fused attention on {device}"
     ));
     let measured = measure_device_profile(job, facts);
     spinner.finish_and_clear();

@@ -150,8 +150,9 @@ pub struct AttentionRates {
 }
 
 impl AttentionRates {
-    /// The head widths the rates were measured at.
-    pub const HEAD_DIMS: [f64; 2] = [64.0, 128.0];
+    /// The head widths the rates were measured at (and `profile device`
+    /// times).
+    pub const HEAD_DIMS: [u64; 2] = [64, 128];
 }
 
 // FUSED ATTENTION: cuDNN's fused attention, which Transformer Engine picks

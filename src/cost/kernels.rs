@@ -193,7 +193,7 @@ pub fn flash_efficiency(s: &Scenario, head_dim: f64) -> (f64, f64) {
 /// [`AttentionRates::HEAD_DIMS`], the time per score (proportional to
 /// width over efficiency) linear in the width.
 fn at_head_width(rates: [f64; 2], head_dim: f64) -> f64 {
-    let [narrow, wide] = AttentionRates::HEAD_DIMS;
+    let [narrow, wide] = AttentionRates::HEAD_DIMS.map(|d| d as f64);
     let time = |width: f64, rate: f64| width / rate;
     let (t_narrow, t_wide) = (time(narrow, rates[0]), time(wide, rates[1]));
     let d = head_dim.clamp(1.0, wide);

@@ -103,8 +103,8 @@ impl<'a> Scenario<'a> {
     /// The same scenario using `profile`'s measurements where they apply.
     /// A device sweep in the profile (`profile device`) replaces the GEMM
     /// efficiency coefficient by the measured one (the output head's and the
-    /// FP8 GEMMs' keep their ratio to it) and the HBM efficiency by the
-    /// measured copy's.
+    /// FP8 GEMMs' keep their ratio to it), the HBM efficiency by the
+    /// measured copy's, and fused attention's rates by the measured ones.
     pub fn with_profile(mut self, profile: Option<&'a Measurements>) -> Self {
         self.profile = profile;
         let k = &self.cost.coefficients;
@@ -114,6 +114,12 @@ impl<'a> Scenario<'a> {
         self.measured_hbm_scale = profile
             .and_then(|p| p.hbm_fraction(self.gpu.hbm_bandwidth))
             .map_or(1.0, |f| f / k.hbm_efficiency);
+        // Measured fused attention replaces the catalogue's published
+        // rates, as measured GEMMs replace the coefficient: this device's
+        // figures, whatever a fit did to the coefficient.
+        if let Some(rates) = profile.and_then(|p| p.attention_rates(self.gpu.peak_flops)) {
+            self.attention_rates = Some(rates);
+        }
         self
     }
 

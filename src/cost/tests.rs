@@ -1087,6 +1087,60 @@ mod profiled {
         assert_eq!(usage.collective_derived, 2);
     }
 
+    /// `profile device`'s fused-attention points replace the catalogue's
+    /// published rates once both head widths are measured in 16 bits; one
+    /// width alone, or 32-bit points, leave the published ones.
+    #[test]
+    fn measured_fused_attention_replaces_the_published_rates() {
+        use crate::profile::{AttentionPoint, Dtype};
+        use kernels::flash_efficiency;
+        let model = builtin_model("llama3-8b").unwrap();
+        let group = builtin_node("h100-sxm", 1).unwrap();
+        let cost = CostModel::datasheet();
+        let plain = Scenario::new(&model, 8, &group, 8, &cost);
+        let point = |head_dim: u64, forward_tflops, backward_tflops, dtype| AttentionPoint {
+            head_dim,
+            heads: 2048 / head_dim,
+            seq_len: 8192,
+            batch: 2,
+            dtype,
+            forward_s: 1.0,
+            backward_s: 1.0,
+            forward_tflops,
+            backward_tflops,
+            forward_ci95_rel: None,
+            backward_ci95_rel: None,
+        };
+        let measured = |points: Vec<AttentionPoint>| {
+            let mut p = half_speed_sweep(&plain, "h100-sxm", false);
+            p.device.as_mut().unwrap().attention = points;
+            Measurements::from_profile(&p)
+        };
+        let both = measured(vec![
+            point(64, 300.0, 350.0, Dtype::Bf16),
+            point(128, 450.0, 420.0, Dtype::Bf16),
+        ]);
+        let s = plain.with_profile(Some(&both));
+        let tflops = |(forward, backward): (f64, f64)| (forward * 989.4, backward * 989.4);
+        let (forward, backward) = tflops(flash_efficiency(&s, 128.0));
+        assert_close(forward, 450.0, 1e-9, "forward, head 128");
+        assert_close(backward, 420.0, 1e-9, "backward, head 128");
+        let (forward, backward) = tflops(flash_efficiency(&s, 64.0));
+        assert_close(forward, 300.0, 1e-9, "forward, head 64");
+        assert_close(backward, 350.0, 1e-9, "backward, head 64");
+
+        let published = flash_efficiency(&plain, 128.0);
+        let one_width = measured(vec![point(128, 450.0, 420.0, Dtype::Bf16)]);
+        let fp32 = measured(vec![
+            point(64, 300.0, 350.0, Dtype::Fp32),
+            point(128, 450.0, 420.0, Dtype::Fp32),
+        ]);
+        for partial in [&one_width, &fp32] {
+            let s = plain.with_profile(Some(partial));
+            assert_eq!(flash_efficiency(&s, 128.0), published);
+        }
+    }
+
     /// A device sweep of `gpu` whose one 16-bit 8192^3 multiply ran at half
     /// the GEMM efficiency `plain`'s coefficients assume, with (if `copy`)
     /// a copy at half the HBM efficiency.
@@ -1114,6 +1168,7 @@ mod profiled {
                 gbps: 0.5 * k.hbm_efficiency * plain.gpu.hbm_bandwidth / 1e9,
                 ci95_rel: None,
             }),
+            attention: Vec::new(),
             runtime: String::new(),
             host_memory_bytes: None,
         });

@@ -37,7 +37,8 @@ mod torch_backend;
 mod torch_backend;
 
 pub use crate::profile::{
-    CopyPoint, Device, DeviceFacts, Dtype, LayerMeasurement, MEASURED_RECOMPUTE, MatmulPoint,
+    AttentionPoint, CopyPoint, Device, DeviceFacts, Dtype, LayerMeasurement, MEASURED_RECOMPUTE,
+    MatmulPoint,
 };
 pub use cuda::{cuda_presence, device_facts};
 pub use nccl::{
@@ -176,6 +177,11 @@ pub struct DeviceJob {
     pub max_side: u64,
     /// Bytes of the copied buffer.
     pub copy_bytes: u64,
+    /// Tokens per sequence of the fused-attention points (two sequences,
+    /// heads 64 and 128 wide over a 2048-wide model, as FlashAttention-3
+    /// measured); 0 times none.
+    #[serde(default)]
+    pub attention_seq: u64,
     pub rule: StoppingRule,
 }
 
@@ -183,6 +189,8 @@ pub struct DeviceJob {
 pub struct DeviceMeasurement {
     pub matmul: Vec<MatmulPoint>,
     pub copy: CopyPoint,
+    #[serde(default)]
+    pub attention: Vec<AttentionPoint>,
     pub runtime: String,
 }
 

@@ -282,11 +282,27 @@ pub fn measure_device_profile(
         measured.copy.bytes as f64 / MIB,
         measured.copy.gbps
     );
+    if let Some(first) = measured.attention.first() {
+        let _ = writeln!(
+            report,
+            "fused causal attention, {} x {} tokens (TFLOP/s as FlashAttention counts them):",
+            first.batch, first.seq_len
+        );
+        let _ = writeln!(report, "  head   forward  backward");
+        for p in &measured.attention {
+            let _ = writeln!(
+                report,
+                "{:>6}  {:>8.2}  {:>8.2}",
+                p.head_dim, p.forward_tflops, p.backward_tflops
+            );
+        }
+    }
     let profile = DeviceProfile {
         device: device.to_string(),
         facts,
         matmul: measured.matmul,
         copy: Some(measured.copy),
+        attention: measured.attention,
         runtime: measured.runtime,
         host_memory_bytes: super::memory::host_memory_bytes(),
     };

@@ -1,8 +1,11 @@
-//! Achievable matrix-multiply TFLOP/s and copy bandwidth on one device,
-//! through libtorch: what the datasheet's peak becomes in practice.
+//! Achievable matrix-multiply TFLOP/s, copy bandwidth and fused-attention
+//! TFLOP/s on one device, through libtorch: what the datasheet's peak
+//! becomes in practice.
 
 use super::torch_layer::{first_line, kind, panic_message, runtime, sync, torch_device};
-use super::{CopyPoint, DeviceJob, DeviceMeasurement, MatmulPoint, MeasureError, Sampler};
+use super::{
+    AttentionPoint, CopyPoint, DeviceJob, DeviceMeasurement, MatmulPoint, MeasureError, Sampler,
+};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::Instant;
 use tch::{Kind, Tensor};
@@ -69,7 +72,13 @@ fn run(job: &DeviceJob, device: tch::Device) -> DeviceMeasurement {
         dst.shallow_clone().copy_(&src);
     });
     let bytes = elements as u64 * 4;
+    let attention = crate::cluster::AttentionRates::HEAD_DIMS
+        .iter()
+        .filter(|_| job.attention_seq > 0)
+        .map(|&head_dim| attention(job, device, head_dim))
+        .collect();
     DeviceMeasurement {
+        attention,
         matmul,
         copy: CopyPoint {
             bytes,
@@ -78,5 +87,42 @@ fn run(job: &DeviceJob, device: tch::Device) -> DeviceMeasurement {
             ci95_rel,
         },
         runtime: runtime(device),
+    }
+}
+
+/// Model width and sequences of the attention points: FlashAttention-3's
+/// benchmark shape (hidden 2048, two sequences of 8K tokens on a GPU).
+const ATTENTION_WIDTH: u64 = 2048;
+const ATTENTION_BATCH: u64 = 2;
+
+/// Times PyTorch's fused causal attention forward, and its backward alone
+/// (the graph kept, so each sample reruns only the backward), at one head
+/// width.
+fn attention(job: &DeviceJob, device: tch::Device, head_dim: u64) -> AttentionPoint {
+    let heads = ATTENTION_WIDTH / head_dim;
+    let seq_len = job.attention_seq;
+    let shape = [ATTENTION_BATCH, heads, seq_len, head_dim].map(|d| d as i64);
+    let input = || Tensor::randn(shape, (kind(job.dtype), device)).set_requires_grad(true);
+    let (q, k, v) = (input(), input(), input());
+    let forward =
+        || Tensor::scaled_dot_product_attention(&q, &k, &v, None::<Tensor>, 0.0, true, None, false);
+    let (forward_s, forward_ci95_rel) = timed(job, device, || drop(forward()));
+    let loss = forward().sum(Kind::Float);
+    let (backward_s, backward_ci95_rel) = timed(job, device, || {
+        drop(Tensor::run_backward(&[&loss], &[&q, &k, &v], true, false))
+    });
+    let flops = AttentionPoint::forward_flops(ATTENTION_BATCH, heads, seq_len, head_dim);
+    AttentionPoint {
+        head_dim,
+        heads,
+        seq_len,
+        batch: ATTENTION_BATCH,
+        dtype: job.dtype,
+        forward_s,
+        backward_s,
+        forward_tflops: flops / forward_s / 1e12,
+        backward_tflops: AttentionPoint::BACKWARD_FLOPS_PER_FORWARD * flops / backward_s / 1e12,
+        forward_ci95_rel,
+        backward_ci95_rel,
     }
 }

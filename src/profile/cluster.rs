@@ -150,6 +150,7 @@ mod tests {
                 gbps: 12.0,
                 ci95_rel: None,
             }),
+            attention: Vec::new(),
             runtime: "test".into(),
             host_memory_bytes: Some(16e9),
         });

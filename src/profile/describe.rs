@@ -101,6 +101,18 @@ pub fn describe(profile: &Profile, dir: &Path) -> String {
         if let Some(c) = &device.copy {
             let _ = writeln!(out, "    copy {} {:.1} GB/s", mib(c.bytes as f64), c.gbps);
         }
+        for p in &device.attention {
+            let _ = writeln!(
+                out,
+                "    attention head {:>3} {:<4} {:>8.2} TFLOP/s forward {:>8.2} backward ({} x {} tokens, causal)",
+                p.head_dim,
+                p.dtype.name(),
+                p.forward_tflops,
+                p.backward_tflops,
+                p.batch,
+                p.seq_len
+            );
+        }
     }
     for command in &env.commands {
         let _ = writeln!(out, "  made by           {command}");

@@ -3,6 +3,7 @@
 //! over pre-sorted vectors), so `cost::predict` stays pure and cheap.
 
 use super::{CollectiveOp, LayerArch, LayerPoint, LayerStatus, Profile, SyncPoint, TokenPoint};
+use crate::cluster::AttentionRates;
 use crate::config::{Recompute, SyncMethod};
 use crate::model::AttentionKind;
 
@@ -125,6 +126,9 @@ pub struct Measurements {
     matmuls: Vec<(f64, f64, f64, f64)>,
     /// Measured copy bandwidth, bytes/s (read + written).
     copy_bandwidth: Option<f64>,
+    /// 16-bit fused causal attention from `profile device`: (head width,
+    /// forward FLOP/s, backward FLOP/s).
+    attention: Vec<(u64, f64, f64)>,
     /// Embedding-gradient synchronisations, sorted by (method, ranks,
     /// partitions, payload bytes).
     sync: Vec<SyncPoint>,
@@ -237,6 +241,21 @@ impl Measurements {
                 }),
             }
         }
+        let attention = profile.device.as_ref().map_or(Vec::new(), |device| {
+            device
+                .attention
+                .iter()
+                .filter(|p| p.dtype.bytes() == 2)
+                .map(|p| {
+                    (
+                        p.head_dim,
+                        p.forward_tflops * 1e12,
+                        p.backward_tflops * 1e12,
+                    )
+                })
+                .filter(|&(_, f, b)| f.is_finite() && f > 0.0 && b.is_finite() && b > 0.0)
+                .collect()
+        });
         let (matmuls, copy_bandwidth) = match &profile.device {
             Some(device) => (
                 device
@@ -276,6 +295,7 @@ impl Measurements {
             layers,
             matmuls,
             copy_bandwidth,
+            attention,
             sync,
             tokens,
         }
@@ -352,6 +372,26 @@ impl Measurements {
             .map(|&(m, n, k, flops)| flops / (peak_flops * fill(m) * fill(n) * fill(k)))
             .reduce(f64::max)
             .map(|f| f.min(1.0))
+    }
+
+    /// The fused-attention rates `profile device` measured in 16 bits, as
+    /// fractions of `peak_flops`, where it measured every head width the
+    /// cost model reads ([`AttentionRates::HEAD_DIMS`]); of two points at
+    /// one width the later wins.
+    pub fn attention_rates(&self, peak_flops: f64) -> Option<AttentionRates> {
+        let at = |width: u64| {
+            self.attention
+                .iter()
+                .rev()
+                .find(|p| p.0 == width)
+                .map(|&(_, forward, backward)| (forward / peak_flops, backward / peak_flops))
+        };
+        let [narrow, wide] = AttentionRates::HEAD_DIMS.map(at);
+        let (narrow, wide) = (narrow?, wide?);
+        Some(AttentionRates {
+            forward: [narrow.0, wide.0].map(|f| f.min(1.0)),
+            backward: [narrow.1, wide.1].map(|f| f.min(1.0)),
+        })
     }
 
     /// Whether `profile device` measured 16-bit matrix multiplies or a copy.

@@ -34,7 +34,8 @@ pub use import::{
 };
 pub use lookup::{CollectiveLookup, LayerLookup, LayerShape, Measurements};
 pub use records::{
-    CopyPoint, Device, DeviceFacts, Dtype, LayerMeasurement, MEASURED_RECOMPUTE, MatmulPoint,
+    AttentionPoint, CopyPoint, Device, DeviceFacts, Dtype, LayerMeasurement, MEASURED_RECOMPUTE,
+    MatmulPoint,
 };
 pub use store::{read_profile, write_profile};
 pub use sweep::{SweepPoint, is_measured, layer_points, sweep_points};
@@ -460,6 +461,10 @@ pub struct DeviceProfile {
     pub matmul: Vec<MatmulPoint>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub copy: Option<CopyPoint>,
+    /// Fused attention at head widths 64 and 128 (absent from profiles
+    /// measured before paratune timed it).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub attention: Vec<AttentionPoint>,
     #[serde(default)]
     pub runtime: String,
     /// The host's physical memory, bytes: a CPU's capacity, which its

@@ -148,6 +148,38 @@ pub struct MatmulPoint {
     pub ci95_rel: Option<f64>,
 }
 
+/// Fused causal attention (PyTorch's `scaled_dot_product_attention`,
+/// which runs cuDNN's or FlashAttention's kernel on a GPU) timed forward
+/// and backward over `batch` sequences of `seq_len` tokens in `heads`
+/// heads `head_dim` wide. TFLOP/s are counted as FlashAttention counts
+/// them: the forward's two products over the causal half of the scores,
+/// the backward 2.5 times that.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AttentionPoint {
+    pub head_dim: u64,
+    pub heads: u64,
+    pub seq_len: u64,
+    pub batch: u64,
+    pub dtype: Dtype,
+    pub forward_s: f64,
+    pub backward_s: f64,
+    pub forward_tflops: f64,
+    pub backward_tflops: f64,
+    pub forward_ci95_rel: Option<f64>,
+    pub backward_ci95_rel: Option<f64>,
+}
+
+impl AttentionPoint {
+    /// Forward FLOPs of causal attention: QK^T and AV over half the scores.
+    pub fn forward_flops(batch: u64, heads: u64, seq_len: u64, head_dim: u64) -> f64 {
+        4.0 * (batch * heads) as f64 * (seq_len as f64).powi(2) * head_dim as f64 / 2.0
+    }
+
+    /// The backward's: it recomputes the scores, five products to the
+    /// forward's two.
+    pub const BACKWARD_FLOPS_PER_FORWARD: f64 = 2.5;
+}
+
 /// A timed copy: `bytes` read and `bytes` written.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CopyPoint {
