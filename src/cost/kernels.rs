@@ -175,7 +175,8 @@ pub fn attention_core(s: &Scenario, flops: f64, efficiency: f64) -> f64 {
 /// the rescaling) does not (Dao, FlashAttention-2, 2023, section 3.1; the
 /// FlashAttention-4 paper's roofline counts the exponential per score).
 /// cuDNN's rates fall again past 128 (FlashAttention-3, figure 5: head
-/// width 256 below 128), so a wider head (MLA's 192) keeps 128's.
+/// width 256 below 128), so a wider head (MLA's, 160 on average) keeps
+/// 128's.
 pub fn flash_efficiency(s: &Scenario, head_dim: f64) -> (f64, f64) {
     match s.attention_rates {
         Some(r) => (

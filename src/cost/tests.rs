@@ -1283,6 +1283,24 @@ mod profiled {
         let s = Scenario::new(&model, 8, &b200, 8, &cost);
         let prior = cost.coefficients.attention_efficiency_flash;
         assert_eq!(flash_efficiency(&s, 64.0), (prior, prior));
+
+        // On every built-in GPU, from heads 8 to 256 wide: a fraction of
+        // the peak, and never less efficient for a wider head.
+        for gpu in crate::cluster::builtin_gpu_names() {
+            let group = builtin_node(gpu, 1).unwrap();
+            let s = Scenario::new(&model, 8, &group, 8, &cost);
+            let mut narrower = (0.0, 0.0);
+            for width in (8..=256).step_by(8) {
+                let e = flash_efficiency(&s, width as f64);
+                let fraction = |f: f64| f > 0.0 && f <= 1.0;
+                assert!(fraction(e.0) && fraction(e.1), "{gpu}, head {width}: {e:?}");
+                assert!(
+                    e.0 >= narrower.0 && e.1 >= narrower.1,
+                    "{gpu}, head {width}"
+                );
+                narrower = e;
+            }
+        }
     }
 
     /// A device sweep's measured GEMM scale (16-bit GEMMs at half the

@@ -72,11 +72,13 @@ fn run(job: &DeviceJob, device: tch::Device) -> DeviceMeasurement {
         dst.shallow_clone().copy_(&src);
     });
     let bytes = elements as u64 * 4;
-    let attention = crate::cluster::AttentionRates::HEAD_DIMS
-        .iter()
-        .filter(|_| job.attention_seq > 0)
-        .map(|&head_dim| attention(job, device, head_dim))
-        .collect();
+    let attention = if job.attention_seq == 0 {
+        Vec::new()
+    } else {
+        crate::cluster::AttentionRates::HEAD_DIMS
+            .map(|head_dim| attention(job, device, head_dim))
+            .to_vec()
+    };
     DeviceMeasurement {
         attention,
         matmul,
