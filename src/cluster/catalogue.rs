@@ -166,22 +166,24 @@ impl AttentionRates {
 // backward 432 and 518. H200 is H100's die at the same clocks. Blackwell's
 // are not listed: the FlashAttention-4 paper gives no per-length cuDNN
 // figures, so B200 and GB200 keep the `attention_efficiency_flash` prior.
-const H100_ATTENTION: AttentionRates = AttentionRates {
-    forward: [379.0 / 989.4, 529.0 / 989.4],
-    backward: [432.0 / 989.4, 518.0 / 989.4],
-};
+/// TFLOP/s as published, (forward, backward) at [`AttentionRates::HEAD_DIMS`].
+type PublishedAttention = ([f64; 2], [f64; 2]);
 
-const ATTENTION_RATES: [(&str, AttentionRates); 2] =
+const H100_ATTENTION: PublishedAttention = ([379.0, 529.0], [432.0, 518.0]);
+
+const ATTENTION_TFLOPS: [(&str, PublishedAttention); 2] =
     [("h100-sxm", H100_ATTENTION), ("h200", H100_ATTENTION)];
 
 /// The measured fused-attention rates of a built-in GPU (case-insensitive
-/// name), where they were measured.
+/// name), where they were measured, as fractions of its 16-bit peak.
 pub fn attention_rates(gpu: &str) -> Option<AttentionRates> {
     let e = entry(gpu)?;
-    ATTENTION_RATES
-        .iter()
-        .find(|(name, _)| *name == e.name)
-        .map(|&(_, rates)| rates)
+    let &(_, (forward, backward)) = ATTENTION_TFLOPS.iter().find(|(name, _)| *name == e.name)?;
+    let fraction = |tflops: f64| tflops / e.peak_tflops;
+    Some(AttentionRates {
+        forward: forward.map(fraction),
+        backward: backward.map(fraction),
+    })
 }
 
 /// Names of the built-in GPUs, in catalogue order.

@@ -241,22 +241,7 @@ impl Measurements {
                 }),
             }
         }
-        let attention = profile.device.as_ref().map_or(Vec::new(), |device| {
-            device
-                .attention
-                .iter()
-                .filter(|p| p.dtype.bytes() == 2)
-                .map(|p| {
-                    (
-                        p.head_dim,
-                        p.forward_tflops * 1e12,
-                        p.backward_tflops * 1e12,
-                    )
-                })
-                .filter(|&(_, f, b)| f.is_finite() && f > 0.0 && b.is_finite() && b > 0.0)
-                .collect()
-        });
-        let (matmuls, copy_bandwidth) = match &profile.device {
+        let (matmuls, copy_bandwidth, attention) = match &profile.device {
             Some(device) => (
                 device
                     .matmul
@@ -269,8 +254,18 @@ impl Measurements {
                     .as_ref()
                     .map(|c| c.gbps * 1e9)
                     .filter(|b| b.is_finite() && *b > 0.0),
+                device
+                    .attention
+                    .iter()
+                    .filter(|p| p.dtype.bytes() == 2)
+                    .map(|p| {
+                        let (f, b) = (p.forward_tflops * 1e12, p.backward_tflops * 1e12);
+                        (p.head_dim, f, b)
+                    })
+                    .filter(|&(_, f, b)| f.is_finite() && f > 0.0 && b.is_finite() && b > 0.0)
+                    .collect(),
             ),
-            None => (Vec::new(), None),
+            None => (Vec::new(), None, Vec::new()),
         };
         let mut sync: Vec<SyncPoint> = profile
             .sync
