@@ -14,6 +14,7 @@ crate::named_choices!(
     StageOrder,
     CpComm,
     Precision,
+    Fp8Recipe,
     GradReduce,
     CrossEntropyFusion,
     Dispatcher,
@@ -484,6 +485,64 @@ impl Precision {
     }
 }
 
+/// How FP8 GEMM inputs are scaled: Megatron-LM's `--fp8-recipe` (its
+/// default is `delayed`), Transformer Engine's recipe classes. The scaling
+/// decides what the casts cost: a tensor-wide scale from the current amax
+/// needs that amax before the cast can start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Fp8Recipe {
+    /// `Float8CurrentScaling`: one scale per tensor from its own amax,
+    /// reduced in a pass of its own unless the kernel that wrote the input
+    /// computed it (NVIDIA's "FP8-CS" recipes on Hopper and Blackwell).
+    Tensorwise,
+    /// `DelayedScaling`: the scale from earlier iterations' amax history,
+    /// so the cast records the amax as it reads.
+    Delayed,
+    /// `MXFP8BlockScaling`: an E8M0 scale per 32 elements in each
+    /// direction, computed by the cast; Blackwell's tensor cores only.
+    Mxfp8,
+    /// `Float8BlockScaling`: DeepSeek-V3's 1 x 128 activation and
+    /// 128 x 128 weight blocks with fp32 scales; Hopper and later.
+    Blockwise,
+}
+
+impl Fp8Recipe {
+    pub const ALL: [Fp8Recipe; 4] = [
+        Fp8Recipe::Tensorwise,
+        Fp8Recipe::Delayed,
+        Fp8Recipe::Mxfp8,
+        Fp8Recipe::Blockwise,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Fp8Recipe::Tensorwise => "tensorwise",
+            Fp8Recipe::Delayed => "delayed",
+            Fp8Recipe::Mxfp8 => "mxfp8",
+            Fp8Recipe::Blockwise => "blockwise",
+        }
+    }
+
+    /// The recipe paratune plans FP8 with unless told: MXFP8 on Blackwell,
+    /// whose tensor cores scale its blocks, and tensor-wise current scaling
+    /// elsewhere (the recipes of NVIDIA's published H100 and Blackwell runs).
+    pub fn default_on(gpu: &str) -> Fp8Recipe {
+        if crate::cluster::is_blackwell(gpu) {
+            Fp8Recipe::Mxfp8
+        } else {
+            Fp8Recipe::Tensorwise
+        }
+    }
+
+    /// Why `gpu` cannot run this recipe, if it cannot: Transformer
+    /// Engine's `check_mxfp8_support` wants compute capability 10.x.
+    pub fn gpu_problem(self, gpu: &str) -> Option<&'static str> {
+        (self == Fp8Recipe::Mxfp8 && !crate::cluster::is_blackwell(gpu))
+            .then_some("MXFP8 needs Blackwell's block-scaled tensor cores (B200, GB200, B300)")
+    }
+}
+
 /// The number format gradients are accumulated, kept and reduced in over
 /// data-parallel ranks. fp32 is Megatron-LM's default for bf16 training
 /// (`accumulate_allreduce_grads_in_fp32`) and torchtitan's
@@ -783,6 +842,10 @@ pub struct ParallelConfig {
     /// The layers' GEMMs in bf16 or FP8.
     #[serde(default)]
     pub precision: Precision,
+    /// How FP8 inputs are scaled; `None`: the GPU's default
+    /// ([`Fp8Recipe::default_on`]). Read only under `precision fp8`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fp8_recipe: Option<Fp8Recipe>,
     /// How an untied input embedding's gradient is synchronised over its
     /// data-parallel ranks (every other group is all-reduced).
     #[serde(default)]
@@ -892,6 +955,7 @@ impl PartialEq for ParallelConfig {
             etp,
             dispatcher,
             precision,
+            fp8_recipe,
             embedding_sync,
             micro_batch,
             schedule,
@@ -943,6 +1007,7 @@ impl PartialEq for ParallelConfig {
             && *wgrad_deferral == o.wgrad_deferral
             && *grad_reduce == o.grad_reduce
             && *precision == o.precision
+            && *fp8_recipe == o.fp8_recipe
             && *dispatcher == o.dispatcher
             && *ep == o.ep
             && *etp == o.etp
@@ -984,6 +1049,7 @@ impl Default for ParallelConfig {
             etp: 1,
             dispatcher: Dispatcher::default(),
             precision: Precision::Bf16,
+            fp8_recipe: None,
             embedding_sync: SyncMethod::AllReduce,
             micro_batch: 1,
             schedule: ScheduleKind::OneFOneB,
@@ -1033,6 +1099,13 @@ impl ParallelConfig {
     /// optimizer over dp x cp, torchtitan's `dp_shard_cp` mesh).
     pub fn shard_degree(&self) -> u64 {
         self.dp_shard.unwrap_or(self.dp).saturating_mul(self.cp)
+    }
+
+    /// The FP8 recipe this configuration runs on `gpu`: the one it names,
+    /// else the GPU's default.
+    pub fn fp8_recipe_on(&self, gpu: &str) -> Fp8Recipe {
+        self.fp8_recipe
+            .unwrap_or_else(|| Fp8Recipe::default_on(gpu))
     }
 
     /// How many copies of the sharded state there are: 1, or the replicas
@@ -1297,6 +1370,7 @@ impl ParallelConfig {
                 Rule::Fp8ParamGatherNeeds,
                 c.fp8_param_gather && fp8_param_gather_problem(c).is_some(),
             ),
+            (Rule::Fp8RecipeEngine, fp8_recipe_engine_problem(c)),
             (
                 Rule::CpuOffloadNeeds,
                 cpu_offload_problem(model, c).is_some(),
@@ -1710,6 +1784,9 @@ pub enum Rule {
     /// `TransformerConfig.__post_init__`).
     EpOverlapNeeds,
     Fp8ParamGatherNeeds,
+    /// torchtitan's float8 converters (torchao) scale tensor-wise or in MX
+    /// blocks; delayed and blockwise scaling are Transformer Engine's.
+    Fp8RecipeEngine,
     CpuOffloadNeeds,
     /// What Megatron-Core's `ModelParallelConfig` asserts of a deferred
     /// embedding weight gradient.
@@ -1743,6 +1820,16 @@ pub fn flex_group_problem(c: &ParallelConfig, gpus_per_node: u64) -> Option<&'st
 /// 96, so those are left out).
 const DEEPEP_GROUP_SIZES: [u64; 10] = [2, 4, 8, 16, 24, 32, 64, 128, 144, 160];
 const DEEPEP_GROUP_LIST: &str = "2, 4, 8, 16, 24, 32, 64, 128, 144 or 160";
+
+/// Whether `c` asks torchtitan for an FP8 recipe only Transformer Engine has.
+fn fp8_recipe_engine_problem(c: &ParallelConfig) -> bool {
+    c.precision == Precision::Fp8
+        && c.engine == Engine::Torchtitan
+        && matches!(
+            c.fp8_recipe,
+            Some(Fp8Recipe::Delayed | Fp8Recipe::Blockwise)
+        )
+}
 
 /// What keeps Megatron-LM from keeping `c`'s weights in FP8, if anything:
 /// FP8 GEMMs, Transformer Engine's layers, and a sharded optimizer to hold
@@ -1871,6 +1958,7 @@ impl Rule {
             Rule::Fp8ParamGatherNeeds => {
                 "FP8 parameter gather needs FP8 with Megatron-LM and sharded optimizer states"
             }
+            Rule::Fp8RecipeEngine => "torchtitan scales FP8 tensorwise or as MXFP8",
             Rule::CpuOffloadNeeds => {
                 "CPU offloading needs Megatron-LM, pp 1, no recomputation and fewer layers than the model"
             }
@@ -2131,6 +2219,10 @@ impl Rule {
                 "`fp8_param_gather on` needs {}; turn `fp8_param_gather` off or change that",
                 fp8_param_gather_problem(c).unwrap_or("its settings")
             ),
+            Rule::Fp8RecipeEngine => format!(
+                "`fp8_recipe {}` is Transformer Engine's (Megatron-LM); torchtitan's float8 converters scale `tensorwise` or as `mxfp8`: choose one of those, or `engine megatron`",
+                c.fp8_recipe.map_or("", Fp8Recipe::name)
+            ),
             Rule::SparseSyncOfDenseEmbedding if model.tied_embeddings => format!(
                 "embedding sync {}: this model ties its input embedding to the output head, whose gradient touches every row; use all-reduce",
                 c.embedding_sync.name()
@@ -2222,6 +2314,9 @@ impl fmt::Display for ParallelConfig {
         }
         if self.precision != Precision::Bf16 {
             write!(f, " {}", self.precision.name())?;
+            if let Some(recipe) = self.fp8_recipe {
+                write!(f, "({})", recipe.name())?;
+            }
         }
         if self.fp8_param_gather {
             f.write_str(" fp8-weights")?;

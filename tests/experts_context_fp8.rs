@@ -324,6 +324,138 @@ fn context_parallel_and_fp8_plans_export_their_flags() {
     says(&b200, &["--fp8-recipe mxfp8"]);
 }
 
+/// `--fp8-recipe` picks Transformer Engine's scaling: refused where it
+/// cannot run or changes nothing, exported as given, and priced by its
+/// casts (tensor-wise current scaling reads inputs once more for the amax).
+#[test]
+fn fp8_recipes_are_checked_exported_and_priced() {
+    let llama_on = |gpu: &'static str, extra: &[&'static str]| {
+        let base = [
+            "predict",
+            "--model",
+            "llama3-8b",
+            "--gpu",
+            gpu,
+            "--nodes",
+            "1",
+            "--global-batch",
+            "16",
+            "--tp",
+            "1",
+            "--pp",
+            "1",
+            "--micro-batch",
+            "2",
+            "--optimizer-sharding",
+            "optimizer-states",
+        ];
+        with(&base, extra)
+    };
+    says(
+        &fails(&llama_on(
+            "h100-sxm",
+            &["--precision", "fp8", "--fp8-recipe", "mxfp8"],
+        )),
+        &[
+            "--fp8-recipe mxfp8",
+            "MXFP8 needs Blackwell",
+            "use --fp8-recipe tensorwise",
+        ],
+    );
+    says(
+        &fails(&llama_on("b200", &["--fp8-recipe", "delayed"])),
+        &[
+            "--fp8-recipe delayed: no candidate runs FP8",
+            "--precision fp8",
+        ],
+    );
+    says(
+        &fails(&llama_on(
+            "h100-sxm",
+            &["--precision", "fp8", "--fp8-recipe", "current"],
+        )),
+        &["--fp8-recipe", "tensorwise, delayed, mxfp8, blockwise"],
+    );
+    says(
+        &fails(&llama_on(
+            "h100-sxm",
+            &[
+                "--precision",
+                "fp8",
+                "--fp8-recipe",
+                "delayed",
+                "--engine",
+                "torchtitan",
+            ],
+        )),
+        &[
+            "--fp8-recipe delayed is Transformer Engine's",
+            "--engine megatron",
+        ],
+    );
+    // The time: tensor-wise at least delayed's, the recipe named in the
+    // configuration line and exported as given (Blackwell too).
+    let ms = |out: &str| -> f64 {
+        let line = out.lines().find(|l| l.contains(" per iteration,")).unwrap();
+        let mut words = line.split_whitespace();
+        let value: f64 = words.next().unwrap().parse().unwrap();
+        match words.next() {
+            Some("s") => 1e3 * value,
+            _ => value,
+        }
+    };
+    let tensorwise = ok(&llama_on(
+        "b200",
+        &["--precision", "fp8", "--fp8-recipe", "tensorwise"],
+    ));
+    let delayed = ok(&llama_on(
+        "b200",
+        &["--precision", "fp8", "--fp8-recipe", "delayed"],
+    ));
+    let default = ok(&llama_on("b200", &["--precision", "fp8"]));
+    says(&tensorwise, &["fp8(tensorwise)"]);
+    says(&default, &["fp8(mxfp8)"]);
+    assert!(ms(&tensorwise) > ms(&delayed), "{tensorwise}\n{delayed}");
+    let plan = ok(&[
+        "plan",
+        "--model",
+        "llama3-8b",
+        "--gpu",
+        "b200",
+        "--nodes",
+        "1",
+        "--global-batch",
+        "16",
+        "--precision",
+        "fp8",
+        "--fp8-recipe",
+        "tensorwise",
+        "--top",
+        "1",
+    ]);
+    says(&plan, &["--fp8-recipe tensorwise", "fp8(tensorwise)"]);
+    // Run tables: the column, else Megatron-LM's CI name, else the GPU's.
+    let dir = tempfile::tempdir().unwrap();
+    let table = dir.path().join("runs.csv");
+    std::fs::write(
+        &table,
+        "gpus,gpu,global_batch,micro_batch,layers,hidden,heads,seq_len,vocab,tp,pp,precision,fp8_recipe\n\
+         8,h100-sxm,32,4,4,1024,16,2048,32000,1,1,fp8,delayed\n\
+         8,h100-sxm,32,4,4,1024,16,2048,32000,1,1,bf16+fp8-hybrid-blockwise,\n\
+         8,h100-sxm,32,4,4,1024,16,2048,32000,1,1,fp8,\n",
+    )
+    .unwrap();
+    let out = ok(&["predict", "--runs", table.to_str().unwrap()]);
+    let times: Vec<f64> = out
+        .lines()
+        .skip(1)
+        .map(|row| row.split(',').nth(13).unwrap().parse().unwrap())
+        .collect();
+    // Delayed casts only; blockwise adds its scales; tensor-wise (H100's
+    // default) its amax reads.
+    assert!(times[0] < times[1] && times[1] < times[2], "{out}");
+}
+
 #[test]
 fn run_tables_read_experts_context_and_precision_columns() {
     let dir = tempfile::tempdir().unwrap();

@@ -433,6 +433,11 @@ pub struct SpaceArgs {
     /// FP8, MXFP8 on Blackwell; needs a GPU with FP8), or both to compare.
     #[arg(long, value_delimiter = ',')]
     pub precision: Option<Vec<String>>,
+    /// How FP8 inputs are scaled (Megatron-LM's --fp8-recipe): tensorwise (current
+    /// scaling), delayed (Megatron-LM's default), mxfp8 (Blackwell only) or blockwise;
+    /// default mxfp8 on Blackwell, tensorwise elsewhere.
+    #[arg(long)]
+    pub fp8_recipe: Option<String>,
     /// Number format gradients are kept and reduced in over data-parallel ranks: fp32
     /// (default; Megatron-LM's main gradients), bf16 (--grad-reduce-in-bf16, torchtitan's
     /// mixed_precision_reduce = "bfloat16"), or both to compare.

@@ -10,9 +10,9 @@ use paratune::coefficients::{
     CostModel, builtin_cost_model, builtin_cost_model_names, default_cost_model, parse_cost_model,
 };
 use paratune::config::{
-    CpComm, CrossEntropyFusion, Dispatcher, Engine, GradReduce, OptimizerSharding, ParallelConfig,
-    Precision, Recompute, RecomputeModules, Rule, ScheduleKind, StageOrder, SyncMethod,
-    WgradDeferral,
+    CpComm, CrossEntropyFusion, Dispatcher, Engine, Fp8Recipe, GradReduce, OptimizerSharding,
+    ParallelConfig, Precision, Recompute, RecomputeModules, Rule, ScheduleKind, StageOrder,
+    SyncMethod, WgradDeferral,
 };
 use paratune::evaluate::{CostModelChoice, PerGpu};
 use paratune::model::{
@@ -465,6 +465,12 @@ pub fn space(args: &SpaceArgs) -> Result<SearchSpace> {
         etp: positive("--etp", &args.etp)?,
         dispatcher: choices::<Dispatcher>("--moe-dispatcher", &args.moe_dispatcher)?,
         precision: choices::<Precision>("--precision", &args.precision)?,
+        fp8_recipe: args
+            .fp8_recipe
+            .as_deref()
+            .map(|text| Fp8Recipe::parse("--fp8-recipe", text))
+            .transpose()
+            .map_err(|e| anyhow!(e))?,
         grad_reduce: choices::<GradReduce>("--grad-reduce", &args.grad_reduce)?,
         cross_entropy_fusion: choices::<CrossEntropyFusion>(
             "--cross-entropy-fusion",
@@ -513,6 +519,29 @@ pub fn check_job_choices(space: &SearchSpace, job: &Job) -> Result<()> {
             "--precision fp8: the {} has no FP8 tensor cores (Hopper and later do); plan with --precision bf16, or give the GPU an fp8_peak_tflops in a cluster file",
             job.nodes.gpu.name
         );
+    }
+    if let Some(recipe) = space.fp8_recipe {
+        if !asks_fp8 {
+            bail!(
+                "--fp8-recipe {}: no candidate runs FP8; add --precision fp8 (or bf16,fp8), or leave --fp8-recipe out",
+                recipe.name()
+            );
+        }
+        if space.engine == Engine::Torchtitan
+            && matches!(recipe, Fp8Recipe::Delayed | Fp8Recipe::Blockwise)
+        {
+            bail!(
+                "--fp8-recipe {} is Transformer Engine's (Megatron-LM); torchtitan's float8 converters scale tensorwise or as mxfp8: choose one of those, or --engine megatron",
+                recipe.name()
+            );
+        }
+        if let Some(problem) = recipe.gpu_problem(&job.nodes.gpu.name) {
+            bail!(
+                "--fp8-recipe {}: {problem}, and this job runs on the {}; use --fp8-recipe tensorwise (or delayed, blockwise)",
+                recipe.name(),
+                job.nodes.gpu.name
+            );
+        }
     }
     let offload = space.cpu_offload_layers.as_deref().unwrap_or_default();
     if let Some(&most) = offload.iter().max() {
@@ -715,6 +744,7 @@ pub fn single_config(args: &SpaceArgs, job: &Job) -> Result<ParallelConfig> {
             Dispatcher::of_engine(space.engine, job.model.moe.is_some()),
         )?,
         precision: single("--precision", &space.precision, Precision::Bf16)?,
+        fp8_recipe: None,
         grad_reduce: single("--grad-reduce", &space.grad_reduce, GradReduce::Fp32)?,
         cross_entropy_fusion: single(
             "--cross-entropy-fusion",
@@ -734,6 +764,13 @@ pub fn single_config(args: &SpaceArgs, job: &Job) -> Result<ParallelConfig> {
         )?,
     };
     config.cp_a2a = config.default_cp_a2a(job.gpus_per_node());
+    if config.precision == Precision::Fp8 {
+        config.fp8_recipe = Some(
+            space
+                .fp8_recipe
+                .unwrap_or_else(|| Fp8Recipe::default_on(&job.nodes.gpu.name)),
+        );
+    }
     // FP8 weights where they run, as the search keeps them.
     if space.fp8_param_gather.is_none() {
         config.fp8_param_gather = paratune::config::fp8_param_gather_problem(&config).is_none();

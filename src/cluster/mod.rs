@@ -39,6 +39,16 @@ pub struct GpuSpec {
     pub host_link_bandwidth: Option<f64>,
 }
 
+/// Whether a GPU (by its catalogue name, or a name that starts with one)
+/// is a Blackwell part: block-scaled (MXFP8) tensor cores, and FP8 by
+/// default in that recipe.
+pub fn is_blackwell(gpu: &str) -> bool {
+    let gpu = gpu.trim().to_lowercase();
+    ["b200", "gb200", "b300", "gb300"]
+        .iter()
+        .any(|name| gpu.starts_with(name))
+}
+
 impl GpuSpec {
     pub fn memory_gib(&self) -> f64 {
         self.memory_bytes / GIB

@@ -3,15 +3,16 @@
 //! switches the given keys rule out follow them.
 
 use super::{
-    CpComm, CrossEntropyFusion, Dispatcher, GradReduce, OptimizerSharding, ParallelConfig,
-    Precision, Recompute, RecomputeModules, ScheduleKind, StageOrder, SyncMethod, WgradDeferral,
+    CpComm, CrossEntropyFusion, Dispatcher, Fp8Recipe, GradReduce, OptimizerSharding,
+    ParallelConfig, Precision, Recompute, RecomputeModules, ScheduleKind, StageOrder, SyncMethod,
+    WgradDeferral,
 };
 use crate::choice::{Choice, parse_switch};
 use crate::model::AttentionKind;
 use crate::suggest::did_you_mean;
 
 /// The keys a specification may set; several have a short and a long name.
-pub const SPEC_KEYS: [&str; 51] = [
+pub const SPEC_KEYS: [&str; 52] = [
     "tp",
     "pp",
     "dp",
@@ -36,6 +37,7 @@ pub const SPEC_KEYS: [&str; 51] = [
     "tp_comm_overlap",
     "ep_comm_overlap",
     "fp8_param_gather",
+    "fp8_recipe",
     "grad_reduce",
     "cross_entropy_fusion",
     "wgrad_deferral",
@@ -198,6 +200,7 @@ fn set(c: &mut ParallelConfig, key: &str, value: &str) -> Result<(), SpecError> 
         "cp_comm" | "cp-comm" => c.cp_comm = choice::<CpComm>(key, value)?,
         "dispatch" | "moe_dispatcher" => c.dispatcher = choice::<Dispatcher>(key, value)?,
         "precision" => c.precision = choice::<Precision>(key, value)?,
+        "fp8_recipe" => c.fp8_recipe = Some(choice::<Fp8Recipe>(key, value)?),
         "grad_reduce" => c.grad_reduce = choice::<GradReduce>(key, value)?,
         "cross_entropy_fusion" => {
             c.cross_entropy_fusion = choice::<CrossEntropyFusion>(key, value)?

@@ -3,7 +3,7 @@
 use super::Scenario;
 use crate::cluster::{AttentionRates, GpuSpec, attention_rates};
 use crate::coefficients::Coefficients;
-use crate::config::{Engine, ParallelConfig, Precision};
+use crate::config::{Engine, Fp8Recipe, ParallelConfig, Precision};
 
 /// Bytes per 16-bit element.
 pub const HALF: f64 = 2.0;
@@ -94,23 +94,61 @@ fn fp8_peak(s: &Scenario, c: &ParallelConfig) -> Option<f64> {
     }
 }
 
+/// What wrote a linear layer's 16-bit input in the forward pass. Megatron-LM
+/// builds a linear that follows a layer norm as Transformer Engine's
+/// `LayerNormLinear`, whose norm kernel computes the amax of what it writes
+/// (`FUSED_NORM_AMAX_FP8` in `transformer_engine/pytorch/csrc/extensions/
+/// normalization.cpp`); any other input (an attention output, a separate
+/// norm's, an activation, a permutation, every gradient) reaches the
+/// quantizer without one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LinearInput {
+    Norm,
+    Other,
+}
+
+/// Bytes per element that quantizing a 16-bit GEMM input to FP8 moves in
+/// `c`'s recipe: the cast with its transposed copy (the coefficient), the
+/// recipe's scales, and, under tensor-wise current scaling, the amax that
+/// must be known before the cast starts: Transformer Engine's
+/// `Float8CurrentScalingQuantizer::quantize_impl` (`csrc/quantizer.cpp`)
+/// runs `nvte_compute_amax` over the input first, a read of its own unless
+/// the kernel that wrote the input computed it. torchao's tensor-wise
+/// float8 (torchtitan) reduces the amax apart too, where torch.compile does
+/// not fuse it into the producer.
+fn fp8_quantize_bytes(s: &Scenario, c: &ParallelConfig, input: LinearInput) -> f64 {
+    let recipe = c.fp8_recipe_on(&s.gpu.name);
+    let scales = match recipe {
+        // An E8M0 byte per 32 elements, row-wise and column-wise.
+        Fp8Recipe::Mxfp8 => 2.0 / 32.0,
+        // An fp32 scale per 128 elements (1 x 128 blocks), both ways.
+        Fp8Recipe::Blockwise => 2.0 * 4.0 / 128.0,
+        Fp8Recipe::Tensorwise | Fp8Recipe::Delayed => 0.0,
+    };
+    let amax_pass = match (recipe, c.engine, input) {
+        (Fp8Recipe::Tensorwise, Engine::Megatron, LinearInput::Other) => HALF,
+        (Fp8Recipe::Tensorwise, Engine::Torchtitan, _) if !c.compile => HALF,
+        _ => 0.0,
+    };
+    s.coef().fp8_cast_bytes_per_element + scales + amax_pass
+}
+
 /// [`linear_forward_backward`] of a transformer layer's linear in `c`'s precision:
 /// in FP8 (on a GPU with an FP8 peak) its [`layer_linear_gemms`], and the
-/// 16-bit activation (forward) and gradient (backward) cast, with their
-/// transposed FP8 copies, on the way in.
+/// quantization of the 16-bit activation (forward, written as `input`
+/// says) and gradient (backward) on the way in ([`fp8_quantize_bytes`]).
 pub fn layer_linear(
     s: &Scenario,
     c: &ParallelConfig,
     tokens: f64,
-    input: f64,
-    output: f64,
+    (input, output): (f64, f64),
+    fed: LinearInput,
 ) -> (f64, f64) {
     let (gemm_forward, gemm_backward) = layer_linear_gemms(s, c, tokens, input, output);
     if fp8_peak(s, c).is_none() {
         return (gemm_forward, gemm_backward);
     }
-    let k = s.coef();
-    let cast = |elements: f64| memory_pass(s, k.fp8_cast_bytes_per_element * elements);
+    let cast = |elements: f64| memory_pass(s, s.coef().fp8_cast_bytes_per_element * elements);
     // Transformer Engine (Megatron-LM) keeps its FP8 weights from the first
     // micro-batch on; torchao's float8 linears (torchtitan) cast the weight
     // at every use, forward and backward.
@@ -118,8 +156,9 @@ pub fn layer_linear(
         Engine::Torchtitan => cast(input * output),
         Engine::Megatron => 0.0,
     };
-    let forward = gemm_forward + cast(tokens * input) + weight;
-    let backward = gemm_backward + cast(tokens * output) + weight;
+    let quantize = |elements: f64, fed| memory_pass(s, fp8_quantize_bytes(s, c, fed) * elements);
+    let forward = gemm_forward + quantize(tokens * input, fed) + weight;
+    let backward = gemm_backward + quantize(tokens * output, LinearInput::Other) + weight;
     (forward, backward)
 }
 

@@ -14,7 +14,7 @@
 //! device (`paratune profile layer`, `includes_tp_comm = false`) lacks its
 //! collectives: the estimate is added to it.
 
-use super::kernels::{self, HALF};
+use super::kernels::{self, HALF, LinearInput};
 use super::{ProfileUsage, Scenario, comm};
 use crate::cluster::GroupSpan;
 use crate::config::{
@@ -142,15 +142,23 @@ impl PassTime {
 
 /// Forward and backward GEMM time of an MLP `width` wide split `split`
 /// ways, over `rows` tokens.
-fn mlp_gemms(s: &Scenario, c: &ParallelConfig, rows: f64, width: f64, split: f64) -> (f64, f64) {
+fn mlp_gemms(
+    s: &Scenario,
+    c: &ParallelConfig,
+    rows: f64,
+    (width, split): (f64, f64),
+    fed: LinearInput,
+) -> (f64, f64) {
     let h = s.model.hidden as f64;
     let up_width = if s.model.gated_mlp {
         2.0 * width
     } else {
         width
     };
-    let (up_f, up_b) = kernels::layer_linear(s, c, rows, h, up_width / split);
-    let (down_f, down_b) = kernels::layer_linear(s, c, rows, width / split, h);
+    let (up_f, up_b) = kernels::layer_linear(s, c, rows, (h, up_width / split), fed);
+    // The activation (Megatron-Core's own fused kernel) feeds the second.
+    let (down_f, down_b) =
+        kernels::layer_linear(s, c, rows, (width / split, h), LinearInput::Other);
     (up_f + down_f, up_b + down_b)
 }
 
@@ -183,11 +191,24 @@ fn expert_gemms(s: &Scenario, c: &ParallelConfig) -> (f64, f64) {
     let tokens = local_tokens(s, c);
     let local_experts = (moe.experts / c.ep.max(1)) as f64;
     let rows_per_expert = expert_rows(s, c) / local_experts;
-    let (expert_f, expert_b) =
-        mlp_gemms(s, c, rows_per_expert, moe.ffn_hidden as f64, c.etp as f64);
+    // An MoE layer normalises apart (the router reads the norm too): the
+    // experts take permuted rows, the shared experts that norm's output.
+    let (expert_f, expert_b) = mlp_gemms(
+        s,
+        c,
+        rows_per_expert,
+        (moe.ffn_hidden as f64, c.etp as f64),
+        LinearInput::Other,
+    );
     let imbalance = s.coef().moe_load_imbalance;
     let (shared_f, shared_b) = if moe.shared_ffn_hidden > 0 {
-        mlp_gemms(s, c, tokens, moe.shared_ffn_hidden as f64, t)
+        mlp_gemms(
+            s,
+            c,
+            tokens,
+            (moe.shared_ffn_hidden as f64, t),
+            LinearInput::Other,
+        )
     } else {
         (0.0, 0.0)
     };
@@ -195,6 +216,23 @@ fn expert_gemms(s: &Scenario, c: &ParallelConfig) -> (f64, f64) {
         shared_f + imbalance * local_experts * expert_f,
         shared_b + imbalance * local_experts * expert_b,
     )
+}
+
+/// What feeds the attention block's `index`-th projection (in
+/// [`ModelSpec::attention_projections`]' order): Megatron-Core's layer spec
+/// fuses the input norm into QKV; MLA normalises apart before its
+/// down-projections and fuses the query and key/value latents' norms into
+/// the up-projections.
+fn norm_fed_projection(model: &crate::model::ModelSpec, index: usize) -> LinearInput {
+    let fused = match model.mla {
+        None => index == 0,
+        Some(_) => index == 1 || index == 3,
+    };
+    if fused {
+        LinearInput::Norm
+    } else {
+        LinearInput::Other
+    }
 }
 
 /// Forward and backward GPU time of one layer (without communication).
@@ -211,14 +249,14 @@ fn layer_passes(s: &Scenario, c: &ParallelConfig, kind: LayerKind) -> (PassTime,
         LayerKind::Moe => expert_gemms(s, c),
     };
     let (mut gemm_fwd, mut gemm_bwd) = match kind {
-        LayerKind::Dense => mlp_gemms(s, c, tokens, f, t),
+        LayerKind::Dense => mlp_gemms(s, c, tokens, (f, t), LinearInput::Norm),
         LayerKind::Moe => {
             let router = router_gemms(s, c);
             (router.0 + experts.0, router.1 + experts.1)
         }
     };
     // QKV and the output projection (MLA: its down- and up-projections).
-    for (input, output, split) in model.attention_projections() {
+    for (index, (input, output, split)) in model.attention_projections().into_iter().enumerate() {
         if input == 0 {
             continue;
         }
@@ -227,7 +265,13 @@ fn layer_passes(s: &Scenario, c: &ParallelConfig, kind: LayerKind) -> (PassTime,
             Split::Input => (input as f64 / t, output as f64),
             Split::Replicated => (input as f64, output as f64),
         };
-        let (fwd, bwd) = kernels::layer_linear(s, c, tokens, input, output);
+        let (fwd, bwd) = kernels::layer_linear(
+            s,
+            c,
+            tokens,
+            (input, output),
+            norm_fed_projection(model, index),
+        );
         gemm_fwd += fwd;
         gemm_bwd += bwd;
     }
@@ -587,7 +631,7 @@ fn selective_recompute(
                 }
                 if modules.has(RecomputeModules::SHARED_EXPERTS) && moe.shared_ffn_hidden > 0 {
                     let shared = moe.shared_ffn_hidden as f64;
-                    let (forward, _) = mlp_gemms(s, c, tokens, shared, t);
+                    let (forward, _) = mlp_gemms(s, c, tokens, (shared, t), LinearInput::Other);
                     host += 6.0 * operator;
                     gpu += forward + pass(activation * tokens * shared / t);
                     gemm += forward;
@@ -596,7 +640,7 @@ fn selective_recompute(
         }
         None if modules.has(RecomputeModules::MLP) => {
             let f = model.ffn_hidden as f64;
-            let (forward, _) = mlp_gemms(s, c, tokens, f, t);
+            let (forward, _) = mlp_gemms(s, c, tokens, (f, t), LinearInput::Norm);
             host += 6.0 * operator;
             gpu += forward + pass(activation * tokens * f / t);
             gemm += forward;
@@ -608,7 +652,13 @@ fn selective_recompute(
             if input == 0 {
                 continue;
             }
-            let (forward, _) = kernels::layer_linear(s, c, tokens, input as f64, output as f64 / t);
+            let (forward, _) = kernels::layer_linear(
+                s,
+                c,
+                tokens,
+                (input as f64, output as f64 / t),
+                LinearInput::Norm,
+            );
             gpu += forward;
             gemm += forward;
         }

@@ -1338,10 +1338,67 @@ mod profiled {
             precision: crate::config::Precision::Fp8,
             ..ParallelConfig::default()
         };
-        let (whole0, _) = kernels::layer_linear(&plain, &c, tokens, input, output);
-        let (whole1, _) = kernels::layer_linear(&s, &c, tokens, input, output);
+        let fed = kernels::LinearInput::Norm;
+        let (whole0, _) = kernels::layer_linear(&plain, &c, tokens, (input, output), fed);
+        let (whole1, _) = kernels::layer_linear(&s, &c, tokens, (input, output), fed);
         assert_close(whole1 - whole0, slower, 1e-9, "only the GEMMs");
         assert!(slower > 0.0);
+    }
+
+    #[test]
+    fn fp8_recipes_price_their_casts_from_transformer_engines_kernels() {
+        let model = builtin_model("llama3-8b").unwrap();
+        let group = builtin_node("h100-sxm", 1).unwrap();
+        let cost = CostModel::datasheet();
+        let s = Scenario::new(&model, 8, &group, 8, &cost);
+        let (tokens, input, output) = (8192.0, 4096.0, 14336.0);
+        let linear = |recipe, fed| {
+            let c = ParallelConfig {
+                precision: crate::config::Precision::Fp8,
+                fp8_recipe: Some(recipe),
+                ..ParallelConfig::default()
+            };
+            kernels::layer_linear(&s, &c, tokens, (input, output), fed)
+        };
+        use crate::config::Fp8Recipe::{Blockwise, Delayed, Mxfp8, Tensorwise};
+        use kernels::LinearInput::{Norm, Other};
+        let hbm = s.gpu.hbm_bandwidth * s.coef().hbm_efficiency;
+        // Current scaling reads an input once more for its amax, unless the
+        // norm that wrote it computed it; every gradient is read again.
+        let (delayed_f, delayed_b) = linear(Delayed, Other);
+        let (norm_f, norm_b) = linear(Tensorwise, Norm);
+        let (other_f, other_b) = linear(Tensorwise, Other);
+        assert_close(norm_f, delayed_f, 1e-12, "a norm's amax rides along");
+        assert_close(
+            other_f - delayed_f,
+            2.0 * tokens * input / hbm,
+            1e-9,
+            "amax pass",
+        );
+        assert_close(
+            norm_b - delayed_b,
+            2.0 * tokens * output / hbm,
+            1e-9,
+            "gradient amax",
+        );
+        assert_close(other_b, norm_b, 1e-12, "the backward is fed alike");
+        // Block scales: a byte per 32 (MXFP8) or 4 per 128 (blockwise), both ways.
+        let (mx_f, _) = linear(Mxfp8, Other);
+        let (block_f, _) = linear(Blockwise, Other);
+        assert_close(
+            mx_f - delayed_f,
+            tokens * input / 16.0 / hbm,
+            1e-9,
+            "MX scales",
+        );
+        assert_close(block_f, mx_f, 1e-12, "as many scale bytes");
+        // Without a recipe the GPU's default runs: tensor-wise on Hopper.
+        let c = ParallelConfig {
+            precision: crate::config::Precision::Fp8,
+            ..ParallelConfig::default()
+        };
+        let unnamed = kernels::layer_linear(&s, &c, tokens, (input, output), Other);
+        assert_eq!(unnamed, (other_f, other_b));
     }
 
     #[test]

@@ -303,17 +303,10 @@ pub fn megatron_args(job: &LaunchJob) -> Result<Vec<String>, ExportError> {
     }
     args.flag("--bf16");
     if c.precision == Precision::Fp8 {
-        // Transformer Engine's E4M3 forward / E5M2 backward, scaled per
-        // tensor on Hopper and per 32-element block (MXFP8) on Blackwell.
+        // Transformer Engine's E4M3 forward / E5M2 backward, scaled as the
+        // plan's recipe says (Megatron-LM's own default is `delayed`).
         args.pair("--fp8-format", "hybrid");
-        args.pair(
-            "--fp8-recipe",
-            if job.blackwell() {
-                "mxfp8"
-            } else {
-                "tensorwise"
-            },
-        );
+        args.pair("--fp8-recipe", job.fp8_recipe().name());
     }
     Ok(args.0)
 }

@@ -28,15 +28,14 @@ pub struct LaunchJob<'a> {
     pub global_batch: u64,
     pub gpus: u64,
     pub gpus_per_node: u64,
-    /// The GPU's catalogue name (its FP8 recipe: MXFP8 on Blackwell).
+    /// The GPU's catalogue name (its default FP8 recipe: MXFP8 on Blackwell).
     pub gpu: &'a str,
 }
 
 impl<'a> LaunchJob<'a> {
-    /// Whether the GPU is a Blackwell part, whose FP8 recipe is MXFP8.
-    pub fn blackwell(&self) -> bool {
-        let gpu = self.gpu.to_lowercase();
-        gpu.starts_with("b200") || gpu.starts_with("gb200") || gpu.starts_with("b300")
+    /// The FP8 recipe the plan runs: the one it names, else the GPU's.
+    pub fn fp8_recipe(&self) -> crate::config::Fp8Recipe {
+        self.config.fp8_recipe_on(self.gpu)
     }
     /// `config` of a search's `job`.
     pub fn of(job: &'a crate::search::Job, config: &'a ParallelConfig) -> Self {

@@ -397,9 +397,9 @@ pub fn torchtitan_toml(job: &LaunchJob) -> Result<String, ExportError> {
     line(w, format_args!("name = \"llama3\""));
     line(w, format_args!("flavor = {}", toml_string(&model.name)));
     if c.precision == crate::config::Precision::Fp8 {
-        // torchao's float8 linears (tensorwise scaling) on Hopper, its
-        // MXFP8 converter on Blackwell.
-        if job.blackwell() {
+        // torchao's float8 linears (tensorwise scaling), or its MXFP8
+        // converter; the configuration rules refuse the other recipes.
+        if job.fp8_recipe() == crate::config::Fp8Recipe::Mxfp8 {
             line(w, format_args!("converters = [\"mx\"]"));
             line(w, format_args!("\n[mx]"));
             line(w, format_args!("recipe_name = \"mxfp8\""));

@@ -16,8 +16,9 @@ pub use table::{RunTable, merge_rows, write_csv, write_rows};
 
 use crate::choice::Choice;
 use crate::config::{
-    CpComm, CrossEntropyFusion, Dispatcher, Engine, GradReduce, OptimizerSharding, ParallelConfig,
-    Precision, Recompute, RecomputeModules, ScheduleKind, StageOrder, SyncMethod, WgradDeferral,
+    CpComm, CrossEntropyFusion, Dispatcher, Engine, Fp8Recipe, GradReduce, OptimizerSharding,
+    ParallelConfig, Precision, Recompute, RecomputeModules, ScheduleKind, StageOrder, SyncMethod,
+    WgradDeferral,
 };
 pub use crate::cost::MemoryRank;
 use crate::model::{AttentionKind, ModelSpec, MoeSpec};
@@ -640,6 +641,16 @@ fn parse_row(table: &RunTable, index: usize, defaults: &RowDefaults) -> Result<R
         }
         None => Precision::Bf16,
     };
+    // The recipe a `fp8_recipe` cell names, else the one in Megatron-LM's
+    // CI name; without either, the GPU's default (`None`).
+    let fp8_recipe = match (cell("fp8_recipe"), cell("precision")) {
+        (Some(text), _) => Some(Fp8Recipe::parse("fp8_recipe", text)?),
+        (None, Some(p)) => Fp8Recipe::ALL
+            .into_iter()
+            .find(|r| p.to_lowercase().ends_with(&format!("-{}", r.name()))),
+        (None, None) => None,
+    }
+    .filter(|_| precision == Precision::Fp8);
     let cp_comm = match cell("cp_comm") {
         Some(text) => CpComm::parse("cp_comm", text)?,
         None => CpComm::P2p,
@@ -710,6 +721,7 @@ fn parse_row(table: &RunTable, index: usize, defaults: &RowDefaults) -> Result<R
         tp,
         pp,
         dp,
+        fp8_recipe,
         micro_batch,
         schedule,
         virtual_stages,
@@ -937,7 +949,7 @@ pub(crate) fn assert_row_columns_follow_the_schema(columns: &[&str]) {
 }
 
 /// Every column a run table may use; others are carried through untouched.
-pub const KNOWN_COLUMNS: [&str; 88] = [
+pub const KNOWN_COLUMNS: [&str; 89] = [
     "gpus",
     "global_batch",
     "micro_batch",
@@ -1025,6 +1037,7 @@ pub const KNOWN_COLUMNS: [&str; 88] = [
     "v_head_dim",
     "multi_latent_attention",
     "precision",
+    "fp8_recipe",
     "model_family",
     "recompute_method",
     "recompute_num_layers",

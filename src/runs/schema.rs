@@ -7,7 +7,7 @@ use crate::cost::Prediction;
 
 /// The configuration's columns, named as run tables name them (so a plan's
 /// CSV reads back as a run table).
-pub const CONFIG_COLUMNS: [&str; 37] = [
+pub const CONFIG_COLUMNS: [&str; 38] = [
     "tp",
     "pp",
     "dp",
@@ -38,6 +38,7 @@ pub const CONFIG_COLUMNS: [&str; 37] = [
     "embedding_sync",
     "cp_a2a",
     "precision",
+    "fp8_recipe",
     "fp8_param_gather",
     "ep_comm_overlap",
     "grad_reduce",
@@ -83,6 +84,10 @@ pub fn config_cells(c: &ParallelConfig) -> Vec<String> {
         c.embedding_sync.name().into(),
         c.cp_a2a.to_string(),
         c.precision.name().into(),
+        c.fp8_recipe
+            .filter(|_| c.precision == crate::config::Precision::Fp8)
+            .map_or("", |r| r.name())
+            .into(),
         on_off(c.fp8_param_gather).into(),
         on_off(c.ep_comm_overlap).into(),
         c.grad_reduce.name().into(),

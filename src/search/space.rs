@@ -5,8 +5,9 @@
 
 use super::Job;
 use crate::config::{
-    CpComm, CrossEntropyFusion, Dispatcher, Engine, GradReduce, OptimizerSharding, ParallelConfig,
-    Precision, Recompute, RecomputeModules, ScheduleKind, StageOrder, SyncMethod, WgradDeferral,
+    CpComm, CrossEntropyFusion, Dispatcher, Engine, Fp8Recipe, GradReduce, OptimizerSharding,
+    ParallelConfig, Precision, Recompute, RecomputeModules, ScheduleKind, StageOrder, SyncMethod,
+    WgradDeferral,
 };
 use crate::model::{AttentionKind, ModelSpec};
 use std::borrow::Cow;
@@ -57,6 +58,8 @@ pub struct SearchSpace {
     pub dispatcher: Option<Vec<Dispatcher>>,
     /// bf16 unless given: FP8 changes the numerics, so it is the user's call.
     pub precision: Option<Vec<Precision>>,
+    /// The FP8 candidates' recipe; the GPU's default unless given.
+    pub fp8_recipe: Option<Fp8Recipe>,
     /// fp32 unless given: reducing gradients in bf16 changes the numerics.
     pub grad_reduce: Option<Vec<GradReduce>>,
     /// Off unless given, as Megatron-LM defaults.
@@ -668,7 +671,17 @@ impl<'a> InnerDims<'a> {
             },
             |c, dispatcher| c.dispatcher = dispatcher,
         )
-        .then(|_| lend(&d.precision), |c, p| c.precision = p)
+        .then(
+            |_| lend(&d.precision),
+            |c, p| {
+                c.precision = p;
+                c.fp8_recipe = (p == Precision::Fp8).then(|| {
+                    space
+                        .fp8_recipe
+                        .unwrap_or_else(|| Fp8Recipe::default_on(&job.nodes.gpu.name))
+                });
+            },
+        )
         .then(
             |_| lend(&d.loss_and_gradients),
             |c, (grad_reduce, fusion, deferral)| {

@@ -191,6 +191,9 @@ pub struct MegatronConfig {
     pub cp_comm_type: Option<String>,
     /// `--fp8-format` (`hybrid`, `e4m3`) when FP8 is on.
     pub fp8: Option<String>,
+    /// `--fp8-recipe` as printed (Megatron-LM prints its default,
+    /// `delayed`, whether FP8 is on or not).
+    pub fp8_recipe: Option<String>,
     /// `--grad-reduce-in-bf16`, or a bf16 run printing
     /// `accumulate_allreduce_grads_in_fp32 False` (what that flag sets).
     pub grad_reduce_in_bf16: bool,
@@ -911,6 +914,7 @@ fn config_from_arguments(
         expert_tensor_parallel_size: int("expert_tensor_parallel_size")?,
         cp_comm_type: text("cp_comm_type"),
         fp8: text("fp8"),
+        fp8_recipe: text("fp8_recipe"),
         grad_reduce_in_bf16: flag("grad_reduce_in_bf16")?
             || (flag("bf16")?
                 && args
@@ -1002,6 +1006,18 @@ impl MegatronConfig {
     /// optimizer shards nothing on one data-parallel rank; both are off then.
     /// The flex dispatcher's backend as printed: `deepep` where the log
     /// predates `--moe-flex-dispatcher-backend` (flex was DeepEP then).
+    /// The FP8 recipe the run printed, Megatron-LM's `delayed` if none
+    /// (older releases have no `--fp8-recipe`), `None` if paratune has no
+    /// such recipe (refused in `check`).
+    fn recipe(&self) -> Option<crate::config::Fp8Recipe> {
+        use crate::choice::Choice;
+        crate::config::Fp8Recipe::parse(
+            "fp8_recipe",
+            self.fp8_recipe.as_deref().unwrap_or("delayed"),
+        )
+        .ok()
+    }
+
     fn flex_backend(&self) -> &str {
         self.moe_flex_dispatcher_backend
             .as_deref()
@@ -1065,6 +1081,7 @@ impl MegatronConfig {
             } else {
                 crate::config::Precision::Bf16
             },
+            fp8_recipe: self.fp8.as_ref().and_then(|_| self.recipe()),
             grad_reduce: if self.grad_reduce_in_bf16 {
                 crate::config::GradReduce::Bf16
             } else {
@@ -1124,7 +1141,7 @@ impl MegatronConfig {
 /// The columns of the run-table row [`MegatronRun::row`] gives: paratune's
 /// run-table schema (see `runs::KNOWN_COLUMNS`), then measurements the
 /// schema does not read, carried through as the user's own columns.
-pub const ROW_COLUMNS: [&str; 47] = [
+pub const ROW_COLUMNS: [&str; 48] = [
     "gpus",
     "global_batch",
     "micro_batch",
@@ -1165,6 +1182,7 @@ pub const ROW_COLUMNS: [&str; 47] = [
     "moe_router_num_groups",
     "moe_router_group_topk",
     "precision",
+    "fp8_recipe",
     "recompute_modules",
     "iter_ms_mean",
     "tflops_per_gpu_measured",
@@ -1235,6 +1253,15 @@ impl MegatronRun {
             return Err(unsupported(
                 "multi-latent attention".into(),
                 "log ingestion reads standard attention yet; write the run as a CSV row with its kv_lora_rank, q_lora_rank and head-width columns",
+            ));
+        }
+        if m.fp8.is_some() && m.recipe().is_none() {
+            return Err(unsupported(
+                format!(
+                    "the `{}` FP8 recipe",
+                    m.fp8_recipe.as_deref().unwrap_or_default()
+                ),
+                "paratune prices the tensorwise, delayed, mxfp8 and blockwise recipes; measure with one of them",
             ));
         }
         if m.num_experts.is_some() {
@@ -1351,6 +1378,7 @@ impl MegatronRun {
                     .and(m.moe_router_group_topk),
             ),
             c.precision.name().to_string(),
+            c.fp8_recipe.map_or("", |r| r.name()).to_string(),
             c.recompute_modules.names().join(","),
             format!("{:.3}", self.steady_mean_ms),
             optional(self.tflops_per_gpu, 2),
@@ -1806,6 +1834,21 @@ mod tests {
                 moe["precision"].as_str()
             ),
             ("8", "2", "2", "alltoall", "fp8")
+        );
+        // Without `--fp8-recipe` Megatron-LM scales `delayed`; a bf16 run
+        // prints that default too and holds no recipe.
+        assert_eq!(moe["fp8_recipe"], "delayed");
+        let tensorwise = row_of(&[("fp8", "hybrid"), ("fp8_recipe", "tensorwise")]).unwrap();
+        assert_eq!(tensorwise["fp8_recipe"], "tensorwise");
+        let bf16 = row_of(&[("fp8_recipe", "delayed")]).unwrap();
+        assert_eq!(
+            (bf16["precision"].as_str(), bf16["fp8_recipe"].as_str()),
+            ("bf16", "")
+        );
+        let custom = row_of(&[("fp8", "hybrid"), ("fp8_recipe", "custom")]).unwrap_err();
+        assert!(
+            custom.to_string().contains("`custom` FP8 recipe"),
+            "{custom}"
         );
         // Without the argument, Megatron-LM's defaults: the one dispatcher
         // default and etp = tp; a dense run holds the default whatever it says.
