@@ -1190,6 +1190,27 @@ impl ParallelConfig {
         }
     }
 
+    /// The chunks as torchtitan splits a pipeline, `(layers_per_stage,
+    /// first_less, last_less)`: pp x v chunks of equal layers but the first
+    /// and the last, which may hold up to all of theirs fewer
+    /// (`pipeline_parallel_layers_per_stage`, `*_stage_less_layers`), the
+    /// first on stage 0 and the last on the last stage. `None` if this
+    /// configuration's stages have no such split (an end stage larger than
+    /// the middle ones, middle stages not v equal chunks).
+    pub fn torchtitan_stage_split(&self, layers: u64) -> Option<(u64, u64, u64)> {
+        let v = self.virtual_stages.max(1);
+        let first = self.stage_layers(layers, 0);
+        let last = self.stage_layers(layers, self.pp.saturating_sub(1));
+        let per = if self.pp > 2 {
+            let middle = self.middle_stage_layers(layers);
+            middle.is_multiple_of(v).then_some(middle / v)?
+        } else {
+            first.max(last).div_ceil(v)
+        };
+        let less = |own: u64| (v * per).checked_sub(own).filter(|&fewer| fewer <= per);
+        Some((per, less(first)?, less(last)?)).filter(|_| per > 0)
+    }
+
     /// Where a model of `layers` layers lies over the stages' model chunks
     /// ([`ChunkLayout`]), worked out once for the stages to ask.
     pub fn chunk_layout(&self, layers: u64) -> ChunkLayout {
@@ -1371,6 +1392,13 @@ impl ParallelConfig {
                 c.fp8_param_gather && fp8_param_gather_problem(c).is_some(),
             ),
             (Rule::Fp8RecipeEngine, fp8_recipe_engine_problem(c)),
+            (
+                Rule::TorchtitanStageSplit,
+                c.engine == Engine::Torchtitan
+                    && c.pp > 1
+                    && (c.first_stage_layers.is_some() || c.last_stage_layers.is_some())
+                    && c.torchtitan_stage_split(model.layers).is_none(),
+            ),
             (
                 Rule::CpuOffloadNeeds,
                 cpu_offload_problem(model, c).is_some(),
@@ -1787,6 +1815,9 @@ pub enum Rule {
     /// torchtitan's float8 converters (torchao) scale tensor-wise or in MX
     /// blocks; delayed and blockwise scaling are Transformer Engine's.
     Fp8RecipeEngine,
+    /// torchtitan splits a pipeline into chunks of equal layers but the
+    /// first and the last, which may hold fewer.
+    TorchtitanStageSplit,
     CpuOffloadNeeds,
     /// What Megatron-Core's `ModelParallelConfig` asserts of a deferred
     /// embedding weight gradient.
@@ -1959,6 +1990,9 @@ impl Rule {
                 "FP8 parameter gather needs FP8 with Megatron-LM and sharded optimizer states"
             }
             Rule::Fp8RecipeEngine => "torchtitan scales FP8 tensorwise or as MXFP8",
+            Rule::TorchtitanStageSplit => {
+                "torchtitan's pipeline chunks are equal but for shorter end ones"
+            }
             Rule::CpuOffloadNeeds => {
                 "CPU offloading needs Megatron-LM, pp 1, no recomputation and fewer layers than the model"
             }
@@ -2218,6 +2252,13 @@ impl Rule {
             Rule::Fp8ParamGatherNeeds => format!(
                 "`fp8_param_gather on` needs {}; turn `fp8_param_gather` off or change that",
                 fp8_param_gather_problem(c).unwrap_or("its settings")
+            ),
+            Rule::TorchtitanStageSplit => format!(
+                "torchtitan gives every pipeline chunk the same layers but the first and the last, which may hold fewer, and stages of {} (first), {} (middle) and {} (last) layers over {} chunks each have no such split; give end stages no larger than the middle ones, or leave `first_stage_layers` and `last_stage_layers` out",
+                c.stage_layers(model.layers, 0),
+                c.middle_stage_layers(model.layers),
+                c.stage_layers(model.layers, c.pp - 1),
+                c.virtual_stages
             ),
             Rule::Fp8RecipeEngine => format!(
                 "`fp8_recipe {}` is Transformer Engine's (Megatron-LM); torchtitan's float8 converters scale `tensorwise` or as `mxfp8`: choose one of those, or `engine megatron`",

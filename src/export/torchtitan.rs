@@ -92,6 +92,20 @@ fn layout(job: &LaunchJob) -> Result<Layout, ExportError> {
             hint: "torchtitan does not pair micro-batches to hide its all-to-alls; search again with --ep-comm-overlap off".into(),
         });
     }
+    if c.tp_comm_overlap && !c.compile {
+        return Err(ExportError::Unsupported {
+            engine: ENGINE,
+            feature: "async tensor parallelism without torch.compile".into(),
+            hint: "torchtitan raises \"Async TP requires torch.compile\"; search again with --compile on or --tp-comm-overlap off".into(),
+        });
+    }
+    if c.cuda_graphs && c.pp > 1 {
+        return Err(ExportError::Unsupported {
+            engine: ENGINE,
+            feature: "CUDA graphs under a pipeline".into(),
+            hint: "torchtitan captures CUDA graphs only without pipeline parallelism; search again with --cuda-graphs off or --pp 1".into(),
+        });
+    }
     let mut notes = Vec::new();
     let (replicate, shard, reshard) = match c.optimizer_sharding {
         _ if c.dp == 1 => (1, 1, None),
@@ -130,16 +144,13 @@ fn layout(job: &LaunchJob) -> Result<Layout, ExportError> {
             ScheduleKind::OneFOneB => "1F1B",
             ScheduleKind::Interleaved => "Interleaved1F1B",
         };
-        // Per chunk: the middle stages' share, the end stages fewer.
-        let v = c.virtual_stages;
-        let per_chunk = c.middle_stage_layers(job.model.layers) / v;
-        let less = |end: Option<u64>| end.map_or(0, |n| (per_chunk * v).saturating_sub(n));
+        let (layers_per_stage, first_less, last_less) = stage_split(job)?;
         let pipeline = Pipeline {
             schedule,
             microbatch: c.micro_batch,
-            layers_per_stage: per_chunk,
-            first_less: less(c.first_stage_layers),
-            last_less: less(c.last_stage_layers),
+            layers_per_stage,
+            first_less,
+            last_less,
         };
         (job.global_batch / c.dp, Some(pipeline))
     } else {
@@ -153,6 +164,25 @@ fn layout(job: &LaunchJob) -> Result<Layout, ExportError> {
         pipeline,
         notes,
     })
+}
+
+/// The plan's model chunks as torchtitan splits a pipeline
+/// ([`ParallelConfig::torchtitan_stage_split`](crate::config::ParallelConfig::torchtitan_stage_split)),
+/// or why it cannot: a plan made for Megatron-LM may split otherwise.
+fn stage_split(job: &LaunchJob) -> Result<(u64, u64, u64), ExportError> {
+    let c = job.config;
+    c.torchtitan_stage_split(job.model.layers)
+        .ok_or_else(|| ExportError::Unsupported {
+            engine: ENGINE,
+            feature: format!(
+                "stages of {}, {} and {} layers (first, middle, last; v {})",
+                c.stage_layers(job.model.layers, 0),
+                c.middle_stage_layers(job.model.layers),
+                c.stage_layers(job.model.layers, c.pp - 1),
+                c.virtual_stages
+            ),
+            hint: "torchtitan gives every pipeline chunk the same layers but the first and the last, which may hold fewer; search again without --first-stage-layers / --last-stage-layers, or with end stages no larger than the others".into(),
+        })
 }
 
 /// Which torchtitan release an export is for: their expert and context
@@ -797,5 +827,125 @@ mod dispatcher_tests {
         let said = |notes: Vec<&str>| notes.iter().any(|n| n.contains("all-to-all"));
         assert!(said(flags_of(Dispatcher::AllGather)));
         assert!(!said(flags_of(Dispatcher::AllToAll)));
+    }
+}
+
+#[cfg(test)]
+mod layout_tests {
+    use super::*;
+    use crate::config::{Engine, OptimizerSharding, ParallelConfig};
+
+    fn flags(model: &str, config: ParallelConfig) -> Result<TorchtitanFlags, ExportError> {
+        let model = crate::model::builtin_model(model).unwrap();
+        let job = LaunchJob {
+            model: &model,
+            config: &config,
+            global_batch: 64,
+            gpus: config.tp * config.pp * config.cp * config.dp,
+            gpus_per_node: 8,
+            gpu: "h100-sxm",
+        };
+        torchtitan_flags(&job)
+    }
+
+    fn pipeline(first: Option<u64>, last: Option<u64>) -> ParallelConfig {
+        ParallelConfig {
+            pp: 2,
+            dp: 4,
+            virtual_stages: 3,
+            schedule: ScheduleKind::Interleaved,
+            first_stage_layers: first,
+            last_stage_layers: last,
+            optimizer_sharding: OptimizerSharding::Full,
+            // Planned for Megatron-LM, exported to torchtitan too.
+            engine: Engine::Megatron,
+            ..ParallelConfig::default()
+        }
+    }
+
+    fn flag<'f>(flags: &'f TorchtitanFlags, name: &str) -> &'f str {
+        let at = flags.flags.iter().position(|a| a == name).unwrap();
+        &flags.flags[at + 1]
+    }
+
+    /// torchtitan's chunks are all alike but the end ones, which may hold
+    /// fewer: an even plan and ones with short end stages map, a first
+    /// stage larger than the middle ones does not.
+    #[test]
+    fn pipeline_chunks_export_only_as_torchtitan_splits_them() {
+        // Qwen3-30B-A3B: 48 layers over pp 2 x v 3 chunks of 8.
+        let even = flags("qwen3-30b-a3b", pipeline(None, None)).unwrap();
+        let per_stage = "--parallelism.pipeline_parallel_layers_per_stage";
+        let first_less = "--parallelism.pipeline_parallel_first_stage_less_layers";
+        let last_less = "--parallelism.pipeline_parallel_last_stage_less_layers";
+        assert_eq!(flag(&even, per_stage), "8");
+        assert_eq!(flag(&even, first_less), "0");
+        // pp 4: 10, 13, 13 and 12 layers are chunks of 13, three and one fewer.
+        let short_ends = ParallelConfig {
+            pp: 4,
+            dp: 2,
+            virtual_stages: 1,
+            schedule: ScheduleKind::OneFOneB,
+            ..pipeline(Some(10), Some(12))
+        };
+        let short = flags("qwen3-30b-a3b", short_ends).unwrap();
+        assert_eq!(
+            (
+                flag(&short, per_stage),
+                flag(&short, first_less),
+                flag(&short, last_less)
+            ),
+            ("13", "3", "1")
+        );
+        // pp 2 x v 3 with 27 and 21: chunks of 9, the last 6 fewer (it was
+        // written as 0 layers a chunk).
+        let uneven = flags("qwen3-30b-a3b", pipeline(Some(27), Some(21))).unwrap();
+        assert_eq!(
+            (
+                flag(&uneven, per_stage),
+                flag(&uneven, first_less),
+                flag(&uneven, last_less)
+            ),
+            ("9", "0", "6")
+        );
+        // pp 4: a first stage of 14 over middle ones of 12 has no such split.
+        let larger = ParallelConfig {
+            pp: 4,
+            dp: 2,
+            virtual_stages: 1,
+            schedule: ScheduleKind::OneFOneB,
+            ..pipeline(Some(14), Some(10))
+        };
+        let said = flags("qwen3-30b-a3b", larger).unwrap_err().to_string();
+        assert!(said.contains("stages of 14, 12 and 10 layers"), "{said}");
+    }
+
+    /// What torchtitan refuses at start-up is refused here: async tensor
+    /// parallelism without torch.compile, CUDA graphs under a pipeline.
+    #[test]
+    fn switches_torchtitan_cannot_start_with_are_refused() {
+        let async_tp = ParallelConfig {
+            tp: 2,
+            dp: 4,
+            sequence_parallel: true,
+            tp_comm_overlap: true,
+            optimizer_sharding: OptimizerSharding::Full,
+            ..ParallelConfig::default()
+        };
+        let said = flags("llama3-8b", async_tp).unwrap_err().to_string();
+        assert!(said.contains("Async TP requires torch.compile"), "{said}");
+        let compiled = ParallelConfig {
+            compile: true,
+            engine: Engine::Torchtitan,
+            ..async_tp
+        };
+        let compiled = flags("llama3-8b", compiled);
+        assert!(compiled.is_ok(), "{compiled:?}");
+        let graphs = ParallelConfig {
+            cuda_graphs: true,
+            ..pipeline(None, None)
+        };
+        let said = flags("qwen3-30b-a3b", graphs).unwrap_err().to_string();
+        assert!(said.contains("CUDA graphs under a pipeline"), "{said}");
     }
 }
