@@ -158,7 +158,36 @@ fn expert_flags_on_a_dense_model_are_refused() {
     );
     says(
         &fails(&with(&dense, &["--ep", "2"])),
-        &["has no experts", "--experts"],
+        &["--ep needs a mixture of experts", "--experts N"],
+    );
+    // A search names the rule that left nothing, with its fix for one of
+    // the configurations it dropped.
+    let plan = |extra: &[&str]| {
+        fails(&with(
+            &[
+                "plan",
+                "--model",
+                "qwen3-30b-a3b",
+                "--gpu",
+                "h100-sxm",
+                "--nodes",
+                "2",
+                "--global-batch",
+                "256",
+            ],
+            extra,
+        ))
+    };
+    says(
+        &plan(&["--ep", "3"]),
+        &[
+            "experts not divisible by ep",
+            "ep 3 must divide the 128 experts",
+        ],
+    );
+    says(
+        &plan(&["--fp8-param-gather", "on"]),
+        &["--fp8-param-gather on needs --precision fp8"],
     );
     says(
         &fails(&with(&dense, &["--v-head-dim", "64"])),
@@ -1463,5 +1492,12 @@ fn an_explained_deferral_can_run_faster_than_the_winner() {
         "--explain",
         "wgrad_deferral=4",
     ]);
-    says(&out, &["wgrad-deferral=4:", "faster than #1"]);
+    says(
+        &out,
+        &[
+            "wgrad-deferral=4:",
+            "would rank first",
+            "faster than the search's #1",
+        ],
+    );
 }

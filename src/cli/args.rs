@@ -343,7 +343,8 @@ pub struct SpaceArgs {
     /// Pipeline schedule(s): gpipe, 1f1b, interleaved.
     #[arg(long, value_delimiter = ',')]
     pub schedule: Option<Vec<String>>,
-    /// Model chunks per pipeline rank for the interleaved schedule.
+    /// Model chunks per pipeline rank for the interleaved schedule (more than 1 implies
+    /// --schedule interleaved).
     #[arg(long, value_delimiter = ',', value_parser = count(1 << 16), allow_negative_numbers = true)]
     pub virtual_stages: Option<Vec<u64>>,
     /// Activation recomputation: none, selective, full.
@@ -420,7 +421,8 @@ pub struct SpaceArgs {
     /// --context-parallel-size; searched from 8K tokens when not given).
     #[arg(long, value_delimiter = ',', value_parser = count(1 << 16), allow_negative_numbers = true)]
     pub cp: Option<Vec<u64>>,
-    /// How context-parallel ranks exchange keys and values: p2p (ring, default), a2a, allgather.
+    /// How context-parallel ranks exchange keys and values: p2p (ring, default), a2a, allgather,
+    /// a2a+p2p (Megatron-LM's hierarchical exchange: all-to-all within a node, ring between).
     #[arg(long, value_delimiter = ',')]
     pub cp_comm: Option<Vec<String>>,
     /// Expert-parallel degree(s) of an MoE model (--expert-model-parallel-size).

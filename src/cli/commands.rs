@@ -174,6 +174,10 @@ fn nothing_fits(
             ("--tp", &space.tp),
             ("--pp", &space.pp),
             ("--dp", &space.dp),
+            ("--cp", &space.cp),
+            ("--ep", &space.ep),
+            ("--etp", &space.etp),
+            ("--virtual-stages", &space.virtual_stages),
         ]
         .into_iter()
         .filter_map(|(flag, values)| {
@@ -182,7 +186,7 @@ fn nothing_fits(
         })
         .collect();
         return anyhow!(
-            "no configuration to consider: with {} no tp x pp x dp equals the job's {} GPUs (and pp must divide the {} layers); change those values or leave them out",
+            "no configuration to consider: with {} no tp x pp x cp x dp equals the job's {} GPUs with pp x virtual stages dividing the {} layers and etp x ep dividing tp x cp x dp; change those values or leave them out",
             if given.is_empty() {
                 "these flags".to_string()
             } else {
@@ -198,8 +202,25 @@ fn nothing_fits(
             .iter()
             .map(|(rule, n)| format!("{n} {}", rule.summary()))
             .collect();
+        // The rule that drops the most, explained for a configuration it
+        // dropped: it names the flag and the fix.
+        let most = result
+            .invalid
+            .iter()
+            .max_by_key(|(_, n)| **n)
+            .and_then(|(rule, _)| Some((*rule, result.invalid_examples.get(rule)?)));
+        let fix = match most {
+            Some((rule, example)) => super::flags::with_flags(&rule.explain(
+                example,
+                &job.model,
+                job.global_batch,
+                job.gpus,
+                job.gpus_per_node(),
+            )),
+            None => "widen the search flags or change --global-batch".to_string(),
+        };
         return anyhow!(
-            "no valid configuration among {} considered ({}); widen the search flags or change --global-batch",
+            "no valid configuration among {} considered ({}); {fix}",
             result.considered,
             reasons.join("; ")
         );
@@ -402,14 +423,23 @@ fn explain_config(
             differences,
         } => {
             // A configuration from outside the searched space can beat #1.
-            let against = if slower_by < 0.0 {
-                format!("{} faster than #1", percent(-slower_by))
+            let (standing, against) = if slower_by < 0.0 {
+                (
+                    "would rank first".to_string(),
+                    format!(
+                        "{} faster than the search's #1, from outside the searched space (widen the search flags to rank it)",
+                        percent(-slower_by)
+                    ),
+                )
             } else {
-                format!("{} slower than #1", percent(slower_by))
+                (
+                    format!("ranks #{rank} of {of}"),
+                    format!("{} slower than #1", percent(slower_by)),
+                )
             };
             let _ = writeln!(
                 out,
-                "  fits ({:.1} of {:.1} GiB) and ranks #{rank} of {of}: {} per iteration, {against}",
+                "  fits ({:.1} of {:.1} GiB) and {standing}: {} per iteration, {against}",
                 prediction.peak_memory_bytes / GIB,
                 prediction.usable_memory_bytes / GIB,
                 seconds(prediction.iteration_s),

@@ -425,7 +425,14 @@ pub fn space(args: &SpaceArgs) -> Result<SearchSpace> {
         pp: positive("--pp", &args.pp)?,
         dp: positive("--dp", &args.dp)?,
         micro_batch: positive("--micro-batch", &args.micro_batch)?,
-        schedule: choices::<ScheduleKind>("--schedule", &args.schedule)?,
+        // Virtual stages are the interleaved schedule's: asking for more
+        // than one asks for it.
+        schedule: choices::<ScheduleKind>("--schedule", &args.schedule)?.or_else(|| {
+            args.virtual_stages
+                .as_deref()
+                .filter(|v| !v.is_empty() && v.iter().all(|&n| n > 1))
+                .map(|_| vec![ScheduleKind::Interleaved])
+        }),
         virtual_stages: positive("--virtual-stages", &args.virtual_stages)?,
         recompute: choices::<Recompute>("--recompute", &args.recompute)?,
         recompute_modules: args
@@ -509,6 +516,20 @@ pub fn check_job_choices(space: &SearchSpace, job: &Job) -> Result<()> {
             "--moe-dispatcher needs a mixture of experts, and model `{}` is dense: add --experts N (routed experts per MoE layer) or leave --moe-dispatcher out",
             job.model.name
         );
+    }
+    for (flag, degrees) in [("--ep", &space.ep), ("--etp", &space.etp)] {
+        if job.model.moe.is_none()
+            && degrees
+                .as_deref()
+                .unwrap_or_default()
+                .iter()
+                .any(|&d| d > 1)
+        {
+            bail!(
+                "{flag} needs a mixture of experts, and model `{}` is dense: add --experts N (routed experts per MoE layer) or leave {flag} out",
+                job.model.name
+            );
+        }
     }
     let asks_fp8 = space
         .precision

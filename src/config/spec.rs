@@ -86,7 +86,9 @@ impl ParallelConfig {
     /// Switches kept from `self` that the given keys rule out follow them,
     /// unless given too: sp=off drops the tp overlap, another sharding the
     /// param-gather overlap, full recomputation the CUDA graphs, bpipe=off
-    /// its stage order, a new pp the uneven split.
+    /// its stage order, a new pp the uneven split, what Megatron-Core's
+    /// batch-level EP overlap cannot run with (an allgather dispatcher,
+    /// say) that overlap, bf16 or no sharding the FP8 weights.
     pub fn with_spec(&self, spec: &str) -> Result<ParallelConfig, SpecError> {
         let mut c = *self;
         let mut given: Vec<&str> = Vec::new();
@@ -116,6 +118,20 @@ impl ParallelConfig {
         }
         if c.recompute == Recompute::Full && !given(&["graphs", "cuda_graphs"]) {
             c.cuda_graphs = false;
+        }
+        // The batch-level EP overlap wants alltoall or flex dispatchers,
+        // no full recomputation or CUDA graphs, interleaving under a
+        // pipeline, and expert ranks; FP8 weights want FP8 and sharding.
+        let ep_overlap_out = c.ep < 2
+            || c.dispatcher == Dispatcher::AllGather
+            || c.recompute == Recompute::Full
+            || c.cuda_graphs
+            || (c.pp > 1 && c.schedule != ScheduleKind::Interleaved);
+        if ep_overlap_out && !given(&["ep_comm_overlap"]) {
+            c.ep_comm_overlap = false;
+        }
+        if super::fp8_param_gather_problem(&c).is_some() && !given(&["fp8_param_gather"]) {
+            c.fp8_param_gather = false;
         }
         if !c.bpipe && !given(&["order", "stage_order"]) {
             c.stage_order = StageOrder::Megatron;

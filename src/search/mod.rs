@@ -101,6 +101,9 @@ pub struct SearchResult {
     pub considered: usize,
     /// Combinations dropped because they break a rule, by rule.
     pub invalid: BTreeMap<Rule, usize>,
+    /// The first configuration found breaking each rule: what an
+    /// explanation of the rule is given for.
+    pub invalid_examples: BTreeMap<Rule, ParallelConfig>,
     /// Valid configurations that do not fit device memory.
     pub out_of_memory: usize,
 }
@@ -116,6 +119,7 @@ struct Tally {
     candidates: Vec<Candidate>,
     considered: usize,
     invalid: BTreeMap<Rule, usize>,
+    invalid_examples: BTreeMap<Rule, ParallelConfig>,
     out_of_memory: usize,
 }
 
@@ -123,6 +127,9 @@ impl Tally {
     fn merge(mut self, other: Tally) -> Tally {
         self.candidates.extend(other.candidates);
         self.considered += other.considered;
+        for (rule, example) in other.invalid_examples {
+            self.invalid_examples.entry(rule).or_insert(example);
+        }
         for (rule, n) in other.invalid {
             *self.invalid.entry(rule).or_default() += n;
         }
@@ -163,7 +170,11 @@ pub fn search(job: &Job, space: &SearchSpace, cost: &CostModel) -> SearchResult 
                     )),
                 };
                 if let Some(rule) = config.violation_with(&checks, &job.model, job.gpus) {
-                    *tally.invalid.entry(rule).or_default() += 1;
+                    let count = tally.invalid.entry(rule).or_default();
+                    if *count == 0 {
+                        tally.invalid_examples.insert(rule, *config);
+                    }
+                    *count += 1;
                     return ControlFlow::Continue(());
                 }
                 // The model state alone rules most misfits out, and it moves
@@ -210,6 +221,7 @@ pub fn search(job: &Job, space: &SearchSpace, cost: &CostModel) -> SearchResult 
         candidates,
         considered: tally.considered,
         invalid: tally.invalid,
+        invalid_examples: tally.invalid_examples,
         out_of_memory: tally.out_of_memory,
     }
 }
