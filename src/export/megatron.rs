@@ -31,12 +31,13 @@ const ENGINE: &str = "Megatron-LM";
 /// default module list is the attention core, as paratune models it); full
 /// recomputation is `--recompute-granularity full --recompute-method uniform
 /// --recompute-num-layers 1`; optimizer-state sharding is
-/// `--use-distributed-optimizer`. Precision is always `--bf16`.
+/// `--use-distributed-optimizer`, full sharding Megatron-FSDP
+/// (`--use-megatron-fsdp --data-parallel-sharding-strategy
+/// optim_grads_params` with the flags it needs). Precision is always `--bf16`.
 ///
 /// Errors: the plan fails [`ParallelConfig::check`](crate::config::ParallelConfig::check)
 /// for the job, or uses what Megatron-LM cannot run as planned: the GPipe
-/// schedule with pp > 1 (Megatron-LM runs 1F1B), BPipe (not upstream), or
-/// full ZeRO-3 sharding.
+/// schedule with pp > 1 (Megatron-LM runs 1F1B), or BPipe (not upstream).
 pub fn megatron_args(job: &LaunchJob) -> Result<Vec<String>, ExportError> {
     check_job(job)?;
     let (model, c) = (job.model, job.config);
@@ -69,18 +70,6 @@ pub fn megatron_args(job: &LaunchJob) -> Result<Vec<String>, ExportError> {
                 .into(),
         });
     }
-    if c.optimizer_sharding == OptimizerSharding::Full {
-        return Err(ExportError::Unsupported {
-            engine: ENGINE,
-            feature: "full ZeRO-3 sharding of weights, gradients and optimizer states".into(),
-            hint: "Megatron-LM's distributed optimizer shards optimizer states only \
-                   (newer releases add Megatron-FSDP, which paratune does not export); \
-                   export to torchtitan (FSDP) instead, or search again with \
-                   --optimizer-sharding optimizer-states"
-                .into(),
-        });
-    }
-
     // End stages short of whole chunks under interleaving: Megatron-LM's
     // account-for flags express its own such split, a layout any other.
     let accounted = c.is_accounted_split(model.layers);
@@ -232,8 +221,21 @@ pub fn megatron_args(job: &LaunchJob) -> Result<Vec<String>, ExportError> {
     if c.sequence_parallel {
         args.flag("--sequence-parallel");
     }
-    if c.optimizer_sharding == OptimizerSharding::OptimizerStates {
-        args.flag("--use-distributed-optimizer");
+    match c.optimizer_sharding {
+        OptimizerSharding::None => {}
+        OptimizerSharding::OptimizerStates => args.flag("--use-distributed-optimizer"),
+        // Megatron-FSDP: weights, gradients and optimizer states sharded,
+        // with the flags its user guide requires
+        // (docs/discussions/megatron-fsdp-user-guide); `validate_args`
+        // asserts the checkpoint format, and the launch leaves
+        // CUDA_DEVICE_MAX_CONNECTIONS above 1 as it asserts too.
+        OptimizerSharding::Full => {
+            args.flag("--use-megatron-fsdp");
+            args.pair("--data-parallel-sharding-strategy", "optim_grads_params");
+            args.flag("--no-gradient-accumulation-fusion");
+            args.flag("--use-distributed-optimizer");
+            args.pair("--ckpt-format", "fsdp_dtensor");
+        }
     }
     args.pair("--micro-batch-size", c.micro_batch);
     args.pair("--global-batch-size", job.global_batch);

@@ -6,8 +6,8 @@
 //!
 //! Export refuses, with an [`ExportError`] that names the way out, whatever
 //! the target framework cannot run as planned (Megatron-LM has no GPipe
-//! schedule, no BPipe and no ZeRO-3 in the form paratune models; torchtitan
-//! has no BPipe), and any plan that does not pass [`ParallelConfig::check`]
+//! schedule and no BPipe; torchtitan has no BPipe), and any plan that does
+//! not pass [`ParallelConfig::check`]
 //! for the job. Pure functions: nothing here touches the file system.
 
 mod megatron;
@@ -484,15 +484,11 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn megatron_refuses_gpipe_zero3_and_bpipe() {
+    fn megatron_refuses_gpipe_and_bpipe() {
         let model = gpt3_175b();
         let gpipe = ParallelConfig {
             schedule: ScheduleKind::Gpipe,
             virtual_stages: 1,
-            ..gpt3_plan()
-        };
-        let zero3 = ParallelConfig {
-            optimizer_sharding: OptimizerSharding::Full,
             ..gpt3_plan()
         };
         let bpipe = ParallelConfig {
@@ -501,7 +497,7 @@ pub(crate) mod tests {
             bpipe: true,
             ..gpt3_plan()
         };
-        for (plan, word) in [(gpipe, "GPipe"), (zero3, "ZeRO-3"), (bpipe, "BPipe")] {
+        for (plan, word) in [(gpipe, "GPipe"), (bpipe, "BPipe")] {
             let error = megatron_args(&job(&model, &plan)).unwrap_err();
             let message = error.to_string();
             let (engine, feature) = unsupported_feature(error);
@@ -510,6 +506,29 @@ pub(crate) mod tests {
             assert!(message.contains("--"), "the hint names a switch: {message}");
             assert!(megatron_command_line(&job(&model, &plan)).is_err());
         }
+    }
+
+    /// Full sharding runs as Megatron-FSDP, with the flags its user guide
+    /// requires and `validate_args` asserts.
+    #[test]
+    fn megatron_runs_full_sharding_as_megatron_fsdp() {
+        let model = gpt3_175b();
+        let zero3 = ParallelConfig {
+            optimizer_sharding: OptimizerSharding::Full,
+            ..gpt3_plan()
+        };
+        let args = megatron_args(&job(&model, &zero3)).unwrap().join(" ");
+        for needed in [
+            "--use-megatron-fsdp",
+            "--data-parallel-sharding-strategy optim_grads_params",
+            "--no-gradient-accumulation-fusion",
+            "--use-distributed-optimizer",
+            "--ckpt-format fsdp_dtensor",
+        ] {
+            assert!(args.contains(needed), "{needed} missing from {args}");
+        }
+        let zero1 = megatron_args(&job(&model, &gpt3_plan())).unwrap().join(" ");
+        assert!(!zero1.contains("fsdp"), "{zero1}");
     }
 
     #[test]

@@ -582,10 +582,16 @@ pub fn launch_script(
     rank_environment(&mut s, launcher, gpus, gpus_per_node, nodes);
     argument_arrays(&mut s, megatron_args, settings.train_iters, model.vocab);
     let _ = writeln!(s);
-    let _ = writeln!(
-        s,
-        "export CUDA_DEVICE_MAX_CONNECTIONS=\"${{CUDA_DEVICE_MAX_CONNECTIONS:-1}}\""
-    );
+    if megatron_args.iter().any(|a| a == "--use-megatron-fsdp") {
+        // Megatron-FSDP asserts more than one connection, to overlap its
+        // gathers; its user guide unsets the variable.
+        let _ = writeln!(s, "unset CUDA_DEVICE_MAX_CONNECTIONS");
+    } else {
+        let _ = writeln!(
+            s,
+            "export CUDA_DEVICE_MAX_CONNECTIONS=\"${{CUDA_DEVICE_MAX_CONNECTIONS:-1}}\""
+        );
+    }
     let _ = writeln!(s, "cd \"${{MEGATRON_PATH}}\"");
     launch_lines(&mut s, launcher);
     Ok(s)
@@ -653,7 +659,7 @@ pub(crate) mod tests {
     /// `_add_validation_args` (`--eval-iters`), `_add_data_args`
     /// (`--mock-data`, `--seq-length`), `_add_tokenizer_args`
     /// (`--tokenizer-type`, `--vocab-size`), `_add_learning_rate_args` (`--lr`).
-    const MEGATRON_FLAGS: [&str; 59] = [
+    const MEGATRON_FLAGS: [&str; 63] = [
         "--tensor-model-parallel-size",
         "--pipeline-model-parallel-size",
         "--num-layers-per-virtual-pipeline-stage",
@@ -720,6 +726,14 @@ pub(crate) mod tests {
         "--overlap-param-gather",
         "--tp-comm-overlap",
         "--cuda-graph-impl",
+        // Megatron-FSDP: `_add_distributed_args` (`--use-megatron-fsdp`,
+        // `--data-parallel-sharding-strategy`), `_add_training_args`
+        // (`--no-gradient-accumulation-fusion`), `_add_checkpointing_args`
+        // (`--ckpt-format`), as its user guide passes them.
+        "--use-megatron-fsdp",
+        "--data-parallel-sharding-strategy",
+        "--no-gradient-accumulation-fusion",
+        "--ckpt-format",
     ];
 
     /// Launcher options the scripts use: torchrun's (`torch.distributed.run`)
@@ -832,6 +846,7 @@ pub(crate) mod tests {
 
     #[test]
     fn every_script_is_valid_bash_and_uses_only_megatron_and_launcher_flags() {
+        let mut seen_fsdp = false;
         for plan in plans() {
             for launcher in Launcher::ALL {
                 for candidate in &plan.candidates {
@@ -877,9 +892,24 @@ pub(crate) mod tests {
                                 .any(|w| *w == needed)
                         );
                     }
+                    // Megatron-FSDP asserts more than one CUDA connection;
+                    // everything else wants one.
+                    let fsdp = candidate.config.optimizer_sharding
+                        == crate::config::OptimizerSharding::Full;
+                    assert_eq!(
+                        script.contains("\nunset CUDA_DEVICE_MAX_CONNECTIONS\n"),
+                        fsdp,
+                        "{script}"
+                    );
+                    assert_eq!(
+                        script.contains("export CUDA_DEVICE_MAX_CONNECTIONS="),
+                        !fsdp
+                    );
+                    seen_fsdp |= fsdp;
                 }
             }
         }
+        assert!(seen_fsdp, "the plans hold a fully sharded candidate");
     }
 
     #[test]
