@@ -28,9 +28,16 @@ pub fn edit_distance(a: &str, b: &str) -> usize {
     d[a.len()][b.len()]
 }
 
-/// The known name closest to `wanted`, if it is close enough to be a typo.
+/// The known name closest to `wanted`, if it is close enough to be a typo;
+/// a name that `wanted` begins (`h100` for `h100-sxm`), the first one, before
+/// any a few edits away (`h200`).
 pub fn closest<'a>(wanted: &str, known: &[&'a str]) -> Option<&'a str> {
     let wanted = wanted.to_lowercase();
+    if wanted.len() >= 3
+        && let Some(longer) = known.iter().find(|k| k.to_lowercase().starts_with(&wanted))
+    {
+        return Some(longer);
+    }
     known
         .iter()
         .map(|k| (edit_distance(&wanted, &k.to_lowercase()), *k))
@@ -69,6 +76,11 @@ mod tests {
             Some("gpt3-175b")
         );
         assert_eq!(closest("LLAMA3-70B", &known), Some("llama3-70b"));
+        // A name cut short finds its longer name before a near one.
+        assert_eq!(
+            closest("h100", &["a100-80gb", "h100-sxm", "h100-pcie", "h200"]),
+            Some("h100-sxm")
+        );
         assert!(did_you_mean("zzzzzzzzzzzz", &known).contains("known: gpt3-175b"));
     }
 }

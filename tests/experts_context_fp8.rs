@@ -303,6 +303,30 @@ fn a_moe_plan_exports_megatron_lm_and_torchtitan_flags() {
     says(&titan, &["--parallelism.expert_parallel_degree"]);
 }
 
+/// A search over both precisions says which each row runs: their MFUs
+/// are over different peaks.
+#[test]
+fn a_search_over_both_precisions_shows_each_rows() {
+    let out = ok(&with(
+        &["plan"],
+        &with(&MIXTRAL_ON_64, &["--precision", "bf16,fp8", "--top", "60"]),
+    ));
+    let header = out
+        .lines()
+        .find(|l| l.trim_start().starts_with("#  tp"))
+        .unwrap();
+    assert!(header.contains(" prec "), "{header}");
+    // FP8 is the faster here: the first rows say so.
+    let first = out
+        .lines()
+        .find(|l| l.trim_start().starts_with("1 "))
+        .unwrap();
+    assert!(first.contains(" fp8 "), "{first}");
+    // One precision: no column.
+    let bf16 = ok(&with(&["plan"], &with(&MIXTRAL_ON_64, &["--top", "1"])));
+    assert!(!bf16.contains(" prec "), "{bf16}");
+}
+
 #[test]
 fn context_parallel_and_fp8_plans_export_their_flags() {
     let out = ok(&[

@@ -111,6 +111,7 @@ pub fn plan(args: &PlanArgs) -> Result<()> {
                         .embedding_sync
                         .as_ref()
                         .is_some_and(|m| m.iter().any(|m| m.is_sparse())),
+                precision: space.precision.as_ref().is_some_and(|p| p.len() > 1),
             };
             let _ = writeln!(out, "\n{}", render::ranking_header(columns));
             for (i, c) in shown.enumerate() {

@@ -22,6 +22,17 @@ pub struct RankingColumns {
     /// The input embedding's sync method (shown when the search could
     /// pick a sparse one).
     pub embedding_sync: bool,
+    /// The GEMMs' number format (shown when the search compared several:
+    /// an FP8 row's MFU is over the FP8 peak, a bf16 row's over bf16's).
+    pub precision: bool,
+}
+
+/// The precision cell, inserted after the CUDA-graphs switch when shown.
+fn precision_cell(c: Option<&ParallelConfig>, columns: RankingColumns) -> String {
+    if !columns.precision {
+        return String::new();
+    }
+    format!(" {:>4}", c.map_or("prec", |c| c.precision.name()))
 }
 
 /// The embedding-sync cell, inserted after the sharding when shown.
@@ -60,7 +71,7 @@ pub fn ranking_header(columns: RankingColumns) -> String {
         "bpipe",
         "layers",
         "overlap",
-        "graphs",
+        format!("{:>6}{}", "graphs", precision_cell(None, columns)),
         "iter",
         "tokens/s",
         "TFLOP/s",
@@ -147,7 +158,11 @@ pub fn ranking_row(
         on_off(c.bpipe),
         split_name(c, layers),
         overlap_name(c),
-        on_off(c.cuda_graphs),
+        format!(
+            "{:>6}{}",
+            on_off(c.cuda_graphs),
+            precision_cell(Some(c), columns)
+        ),
         seconds(p.iteration_s),
         thousands(p.tokens_per_s),
         p.tflops_per_gpu,
