@@ -531,6 +531,9 @@ struct InnerDims<'a> {
     default_frequency: [u64; 1],
     default_dispatcher: [Dispatcher; 1],
     precision: Vec<Precision>,
+    /// The FP8 candidates' recipe: the space's, else the GPU's default
+    /// (worked out once: it reads the GPU's name).
+    fp8_recipe: Fp8Recipe,
     /// The gradients' format, the loss's kernel and the embedding wgrad's
     /// deferral: independent switches walked as one dimension of their
     /// product, since every level of the walk costs a call per
@@ -595,6 +598,9 @@ impl<'a> InnerDims<'a> {
             default_frequency: [ParallelConfig::default().ac_frequency],
             default_dispatcher: [Dispatcher::default()],
             precision: space.precision.clone().unwrap_or(vec![Precision::Bf16]),
+            fp8_recipe: space
+                .fp8_recipe
+                .unwrap_or_else(|| Fp8Recipe::default_on(&job.nodes.gpu.name)),
             loss_and_gradients: loss_and_gradients(space),
             cpu_offload_layers: space.cpu_offload_layers.clone().unwrap_or(vec![0]),
             sequence_parallel,
@@ -675,11 +681,7 @@ impl<'a> InnerDims<'a> {
             |_| lend(&d.precision),
             |c, p| {
                 c.precision = p;
-                c.fp8_recipe = (p == Precision::Fp8).then(|| {
-                    space
-                        .fp8_recipe
-                        .unwrap_or_else(|| Fp8Recipe::default_on(&job.nodes.gpu.name))
-                });
+                c.fp8_recipe = (p == Precision::Fp8).then_some(d.fp8_recipe);
             },
         )
         .then(
