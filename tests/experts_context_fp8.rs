@@ -47,6 +47,21 @@ const LLAMA3_8B_ON_ONE_NODE: [&str; 8] = [
     "8",
 ];
 
+/// A plan of Llama 3 8B in FP8 on one B200 node.
+const LLAMA3_8B_FP8_ON_ONE_B200: [&str; 11] = [
+    "plan",
+    "--model",
+    "llama3-8b",
+    "--gpu",
+    "b200",
+    "--nodes",
+    "1",
+    "--global-batch",
+    "16",
+    "--precision",
+    "fp8",
+];
+
 /// Column `column` of stage 0's row in predict's memory table.
 fn stage_zero_cell(out: &str, column: usize) -> f64 {
     let row = out
@@ -359,21 +374,7 @@ fn context_parallel_and_fp8_plans_export_their_flags() {
         ],
     );
     // Blackwell's FP8 is MXFP8.
-    let b200 = ok(&[
-        "plan",
-        "--model",
-        "llama3-8b",
-        "--gpu",
-        "b200",
-        "--nodes",
-        "1",
-        "--global-batch",
-        "16",
-        "--precision",
-        "fp8",
-        "--top",
-        "1",
-    ]);
+    let b200 = ok(&with(&LLAMA3_8B_FP8_ON_ONE_B200, &["--top", "1"]));
     says(&b200, &["--fp8-recipe mxfp8"]);
 }
 
@@ -469,23 +470,10 @@ fn fp8_recipes_are_checked_exported_and_priced() {
     says(&tensorwise, &["fp8(tensorwise)"]);
     says(&default, &["fp8(mxfp8)"]);
     assert!(ms(&tensorwise) > ms(&delayed), "{tensorwise}\n{delayed}");
-    let plan = ok(&[
-        "plan",
-        "--model",
-        "llama3-8b",
-        "--gpu",
-        "b200",
-        "--nodes",
-        "1",
-        "--global-batch",
-        "16",
-        "--precision",
-        "fp8",
-        "--fp8-recipe",
-        "tensorwise",
-        "--top",
-        "1",
-    ]);
+    let plan = ok(&with(
+        &LLAMA3_8B_FP8_ON_ONE_B200,
+        &["--fp8-recipe", "tensorwise", "--top", "1"],
+    ));
     says(&plan, &["--fp8-recipe tensorwise", "fp8(tensorwise)"]);
     // Run tables: the column, else Megatron-LM's CI name, else the GPU's.
     let dir = tempfile::tempdir().unwrap();

@@ -300,12 +300,21 @@ fn explain_winner(
                 ..
             } = explain(job, cost, result, &c.config)
             {
+                // Twins in time differ in what moves no time (a switch
+                // that only moves memory, say): say so, not an empty list.
+                let why = if differences.is_empty() {
+                    format!(
+                        "the same time, {}",
+                        render::config_difference(&winner.config, &c.config)
+                    )
+                } else {
+                    render::differences(&differences, 3)
+                };
                 let _ = writeln!(
                     out,
-                    "  #{:<3} {:>6} slower: {}",
+                    "  #{:<3} {:>6} slower: {why}",
                     i + 1,
                     percent(slower_by),
-                    render::differences(&differences, 3)
                 );
             }
         }

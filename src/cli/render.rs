@@ -186,6 +186,26 @@ pub fn ranking_row(
     }
 }
 
+/// How configuration `b` differs from `a`, by the words their one-line
+/// forms differ in: `with X`, `without Y`, or `X instead of Y`.
+pub fn config_difference(a: &ParallelConfig, b: &ParallelConfig) -> String {
+    let (a, b) = (a.to_string(), b.to_string());
+    let only = |x: &str, y: &str| -> Vec<String> {
+        let others: Vec<&str> = y.split_whitespace().collect();
+        x.split_whitespace()
+            .filter(|w| !others.contains(w))
+            .map(String::from)
+            .collect()
+    };
+    let (gained, lost) = (only(&b, &a).join(" "), only(&a, &b).join(" "));
+    match (gained.is_empty(), lost.is_empty()) {
+        (true, true) => "the same configuration".into(),
+        (false, true) => format!("with {gained}"),
+        (true, false) => format!("without {lost}"),
+        (false, false) => format!("{gained} instead of {lost}"),
+    }
+}
+
 pub fn breakdown(out: &mut String, time: &TimeBreakdown) {
     let total = time.total();
     let _ = writeln!(out, "  time per iteration: {}", seconds(total));
@@ -367,4 +387,26 @@ pub fn emit_csv(headers: &[String], rows: &[Vec<String>]) -> Result<()> {
     let mut buffer = Vec::new();
     write_csv(&mut buffer, headers, rows)?;
     emit(&String::from_utf8_lossy(&buffer))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn configurations_differ_by_the_words_of_their_one_line_forms() {
+        let a = ParallelConfig {
+            cuda_graphs: true,
+            ..ParallelConfig::default()
+        };
+        let b = ParallelConfig::default();
+        assert_eq!(config_difference(&a, &b), "without graphs=on");
+        assert_eq!(config_difference(&b, &a), "with graphs=on");
+        let c = ParallelConfig {
+            micro_batch: 2,
+            ..b
+        };
+        assert_eq!(config_difference(&b, &c), "mb2 instead of mb1");
+        assert_eq!(config_difference(&b, &b), "the same configuration");
+    }
 }
