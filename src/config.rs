@@ -535,6 +535,16 @@ impl Fp8Recipe {
         }
     }
 
+    /// Why `engine` cannot run this recipe, if it cannot: torchtitan's
+    /// float8 converters (torchao) scale tensor-wise or in MX blocks.
+    pub fn engine_problem(self, engine: Engine) -> Option<String> {
+        (engine == Engine::Torchtitan && matches!(self, Fp8Recipe::Delayed | Fp8Recipe::Blockwise))
+            .then(|| format!(
+                "`fp8_recipe {}` is Transformer Engine's (Megatron-LM); torchtitan's float8 converters scale `tensorwise` or as `mxfp8`: choose one of those, or `engine megatron`",
+                self.name()
+            ))
+    }
+
     /// Why `gpu` cannot run this recipe, if it cannot: Transformer
     /// Engine's `check_mxfp8_support` wants compute capability 10.x.
     pub fn gpu_problem(self, gpu: &str) -> Option<&'static str> {
@@ -1190,7 +1200,7 @@ impl ParallelConfig {
         }
     }
 
-    /// The chunks as torchtitan splits a pipeline, `(layers_per_stage,
+    /// The chunks as torchtitan splits a pipeline ([`TORCHTITAN_SPLIT`]), `(layers_per_stage,
     /// first_less, last_less)`: pp x v chunks of equal layers but the first
     /// and the last, which may hold up to all of theirs fewer
     /// (`pipeline_parallel_layers_per_stage`, `*_stage_less_layers`), the
@@ -1852,14 +1862,14 @@ pub fn flex_group_problem(c: &ParallelConfig, gpus_per_node: u64) -> Option<&'st
 const DEEPEP_GROUP_SIZES: [u64; 10] = [2, 4, 8, 16, 24, 32, 64, 128, 144, 160];
 const DEEPEP_GROUP_LIST: &str = "2, 4, 8, 16, 24, 32, 64, 128, 144 or 160";
 
+/// How torchtitan splits a pipeline, as its refusals say it.
+pub const TORCHTITAN_SPLIT: &str = "torchtitan gives every pipeline chunk the same layers but the first and the last, which may hold fewer";
+
 /// Whether `c` asks torchtitan for an FP8 recipe only Transformer Engine has.
 fn fp8_recipe_engine_problem(c: &ParallelConfig) -> bool {
     c.precision == Precision::Fp8
-        && c.engine == Engine::Torchtitan
-        && matches!(
-            c.fp8_recipe,
-            Some(Fp8Recipe::Delayed | Fp8Recipe::Blockwise)
-        )
+        && c.fp8_recipe
+            .is_some_and(|recipe| recipe.engine_problem(c.engine).is_some())
 }
 
 /// What keeps Megatron-LM from keeping `c`'s weights in FP8, if anything:
@@ -1922,7 +1932,17 @@ pub fn wgrad_deferral_problem(c: &ParallelConfig) -> Option<&'static str> {
 /// recomputation or whole-layer CUDA graphs would replay in a fixed order,
 /// and under a pipeline schedules the pairs only interleaved.
 pub fn ep_overlap_problem(model: &ModelSpec, c: &ParallelConfig) -> Option<&'static str> {
-    if model.moe.is_none() || c.ep < 2 {
+    if model.moe.is_none() {
+        Some("expert parallelism (`ep` above 1)")
+    } else {
+        ep_overlap_config_problem(c)
+    }
+}
+
+/// [`ep_overlap_problem`] from the configuration alone (the model is taken
+/// to have experts): what a specification's other keys rule out.
+pub fn ep_overlap_config_problem(c: &ParallelConfig) -> Option<&'static str> {
+    if c.ep < 2 {
         Some("expert parallelism (`ep` above 1)")
     } else if c.engine != Engine::Megatron {
         Some("`engine megatron` (torchtitan has no batch-level overlap)")
@@ -2254,16 +2274,16 @@ impl Rule {
                 fp8_param_gather_problem(c).unwrap_or("its settings")
             ),
             Rule::TorchtitanStageSplit => format!(
-                "torchtitan gives every pipeline chunk the same layers but the first and the last, which may hold fewer, and stages of {} (first), {} (middle) and {} (last) layers over {} chunks each have no such split; give end stages no larger than the middle ones, or leave `first_stage_layers` and `last_stage_layers` out",
+                "{TORCHTITAN_SPLIT}, and stages of {} (first), {} (middle) and {} (last) layers over {} chunks each have no such split; give end stages no larger than the middle ones, or leave `first_stage_layers` and `last_stage_layers` out",
                 c.stage_layers(model.layers, 0),
                 c.middle_stage_layers(model.layers),
                 c.stage_layers(model.layers, c.pp - 1),
                 c.virtual_stages
             ),
-            Rule::Fp8RecipeEngine => format!(
-                "`fp8_recipe {}` is Transformer Engine's (Megatron-LM); torchtitan's float8 converters scale `tensorwise` or as `mxfp8`: choose one of those, or `engine megatron`",
-                c.fp8_recipe.map_or("", Fp8Recipe::name)
-            ),
+            Rule::Fp8RecipeEngine => c
+                .fp8_recipe
+                .and_then(|recipe| recipe.engine_problem(c.engine))
+                .unwrap_or_default(),
             Rule::SparseSyncOfDenseEmbedding if model.tied_embeddings => format!(
                 "embedding sync {}: this model ties its input embedding to the output head, whose gradient touches every row; use all-reduce",
                 c.embedding_sync.name()

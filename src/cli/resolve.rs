@@ -548,13 +548,8 @@ pub fn check_job_choices(space: &SearchSpace, job: &Job) -> Result<()> {
                 recipe.name()
             );
         }
-        if space.engine == Engine::Torchtitan
-            && matches!(recipe, Fp8Recipe::Delayed | Fp8Recipe::Blockwise)
-        {
-            bail!(
-                "--fp8-recipe {} is Transformer Engine's (Megatron-LM); torchtitan's float8 converters scale tensorwise or as mxfp8: choose one of those, or --engine megatron",
-                recipe.name()
-            );
+        if let Some(problem) = recipe.engine_problem(space.engine) {
+            bail!("{}", with_flags(&problem));
         }
         if let Some(problem) = recipe.gpu_problem(&job.nodes.gpu.name) {
             bail!(
@@ -786,11 +781,7 @@ pub fn single_config(args: &SpaceArgs, job: &Job) -> Result<ParallelConfig> {
     };
     config.cp_a2a = config.default_cp_a2a(job.gpus_per_node());
     if config.precision == Precision::Fp8 {
-        config.fp8_recipe = Some(
-            space
-                .fp8_recipe
-                .unwrap_or_else(|| Fp8Recipe::default_on(&job.nodes.gpu.name)),
-        );
+        config.fp8_recipe = Some(space.fp8_recipe_on(&job.nodes.gpu.name));
     }
     // FP8 weights where they run, as the search keeps them.
     if space.fp8_param_gather.is_none() {

@@ -119,15 +119,7 @@ impl ParallelConfig {
         if c.recompute == Recompute::Full && !given(&["graphs", "cuda_graphs"]) {
             c.cuda_graphs = false;
         }
-        // The batch-level EP overlap wants alltoall or flex dispatchers,
-        // no full recomputation or CUDA graphs, interleaving under a
-        // pipeline, and expert ranks; FP8 weights want FP8 and sharding.
-        let ep_overlap_out = c.ep < 2
-            || c.dispatcher == Dispatcher::AllGather
-            || c.recompute == Recompute::Full
-            || c.cuda_graphs
-            || (c.pp > 1 && c.schedule != ScheduleKind::Interleaved);
-        if ep_overlap_out && !given(&["ep_comm_overlap"]) {
+        if super::ep_overlap_config_problem(&c).is_some() && !given(&["ep_comm_overlap"]) {
             c.ep_comm_overlap = false;
         }
         if super::fp8_param_gather_problem(&c).is_some() && !given(&["fp8_param_gather"]) {

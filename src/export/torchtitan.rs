@@ -181,7 +181,10 @@ fn stage_split(job: &LaunchJob) -> Result<(u64, u64, u64), ExportError> {
                 c.stage_layers(job.model.layers, c.pp - 1),
                 c.virtual_stages
             ),
-            hint: "torchtitan gives every pipeline chunk the same layers but the first and the last, which may hold fewer; search again without --first-stage-layers / --last-stage-layers, or with end stages no larger than the others".into(),
+            hint: format!(
+                "{}; search again without --first-stage-layers / --last-stage-layers, or with end stages no larger than the others",
+                crate::config::TORCHTITAN_SPLIT
+            ),
         })
 }
 

@@ -397,6 +397,13 @@ impl SearchSpace {
         products
     }
 
+    /// The recipe FP8 candidates run on `gpu`: the space's, else the
+    /// GPU's default.
+    pub fn fp8_recipe_on(&self, gpu: &str) -> Fp8Recipe {
+        self.fp8_recipe
+            .unwrap_or_else(|| Fp8Recipe::default_on(gpu))
+    }
+
     /// The first/last stage layers to try for `pp` stages of `v` chunks:
     /// the user's lists (crossed), or [`default_splits`].
     fn splits(&self, model: &ModelSpec, pp: u64, v: u64) -> Vec<(Option<u64>, Option<u64>)> {
@@ -598,9 +605,7 @@ impl<'a> InnerDims<'a> {
             default_frequency: [ParallelConfig::default().ac_frequency],
             default_dispatcher: [Dispatcher::default()],
             precision: space.precision.clone().unwrap_or(vec![Precision::Bf16]),
-            fp8_recipe: space
-                .fp8_recipe
-                .unwrap_or_else(|| Fp8Recipe::default_on(&job.nodes.gpu.name)),
+            fp8_recipe: space.fp8_recipe_on(&job.nodes.gpu.name),
             loss_and_gradients: loss_and_gradients(space),
             cpu_offload_layers: space.cpu_offload_layers.clone().unwrap_or(vec![0]),
             sequence_parallel,
