@@ -70,6 +70,34 @@ impl PlanFile {
     }
 }
 
+impl PlanFile {
+    /// The plan as the JSON `plan --format json` writes. A dense model's
+    /// candidates leave out the token dispatcher, which only an MoE layer
+    /// runs (reading the file back gives it its default).
+    pub fn to_json(&self) -> serde_json::Value {
+        let mut value = serde_json::to_value(self).expect("a plan always serialises");
+        if let Some(candidates) = value["candidates"].as_array_mut() {
+            for (candidate, planned) in candidates.iter_mut().zip(&self.candidates) {
+                candidate["config"] = config_json(&self.model, &planned.config);
+            }
+        }
+        value
+    }
+}
+
+/// `config` as JSON for `model`: without the token dispatcher when the model
+/// is dense, since only an MoE layer runs one (a reader that needs the field
+/// takes its default).
+pub fn config_json(model: &ModelSpec, config: &ParallelConfig) -> serde_json::Value {
+    let mut value = serde_json::to_value(config).expect("a configuration always serialises");
+    if model.moe.is_none()
+        && let Some(fields) = value.as_object_mut()
+    {
+        fields.remove("dispatcher");
+    }
+    value
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SearchCounts {
     pub considered: usize,

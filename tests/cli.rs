@@ -161,6 +161,8 @@ fn plan_json_ranks_by_time_and_counts_add_up() {
     for (i, c) in candidates.iter().enumerate() {
         assert_eq!(c["rank"], i + 1);
         assert_eq!(c["prediction"]["fits"], true);
+        // A dense model routes no tokens: no dispatcher to name.
+        assert!(c["config"]["dispatcher"].is_null(), "{}", c["config"]);
     }
     assert!(candidates[0]["stages"].is_array(), "the winner's stages");
 
@@ -1212,6 +1214,20 @@ fn explain_is_text_only_and_checks_its_keys() {
     says(&e, &["--explain", "`tpp`", "did you mean `tp`"]);
     let e = fails(&args(&plan_175b(&["--explain", "tp=eight"])));
     says(&e, &["--explain", "tp", "whole number"]);
+    // A configuration that breaks a rule is bad input too: one line that
+    // names the rule and its fix, exit 2.
+    let e = fails(&args(&plan_175b(&["--top", "1", "--explain", "mb=7"])));
+    says(
+        &e,
+        &[
+            "--explain",
+            "not a valid configuration",
+            "micro-batch x dp = 7 x 16",
+            "--micro-batch",
+        ],
+    );
+    let e = fails(&args(&plan_175b(&["--top", "1", "--explain", "tp=3"])));
+    says(&e, &["--explain", "tp 3", "does not divide"]);
 }
 
 #[test]

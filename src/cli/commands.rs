@@ -16,8 +16,9 @@ use paratune::export::{
     BestExport, LaunchJob, best_export, megatron_args, megatron_command_line, torchtitan_flags,
     torchtitan_toml,
 };
+use paratune::model::ModelSpec;
 use paratune::model::{builtin_model, builtin_model_names};
-use paratune::plan_file::PlanFile;
+use paratune::plan_file::{PlanFile, config_json};
 use paratune::runs::{RunTable, runs_and_skipped, schema};
 use paratune::search::{Explanation, Job, SearchResult, explain, search, smallest_fitting_gpus};
 use std::fmt::Write;
@@ -86,10 +87,27 @@ pub fn plan(args: &PlanArgs) -> Result<()> {
     match args.common.format {
         Format::Json => {
             let file = PlanFile::of(&job, &cost, &result, args.top);
-            emit(&json(&file)?)?;
+            emit(&json(&file.to_json())?)?;
         }
-        Format::Csv => plan_csv(&result, args.top)?,
+        Format::Csv => plan_csv(&job.model, &result, args.top)?,
         Format::Table => {
+            // A configuration to explain that breaks a rule is bad input,
+            // refused before anything is printed.
+            let explained = match &args.explain {
+                Some(spec) => {
+                    let config = resolve::config_spec(spec, &result.candidates[0].config)?;
+                    if let Err(reason) =
+                        config.check(&job.model, job.global_batch, job.gpus, job.gpus_per_node())
+                    {
+                        bail!(
+                            "--explain: not a valid configuration: {}",
+                            super::flags::with_flags(&reason)
+                        );
+                    }
+                    Some(config)
+                }
+                None => None,
+            };
             let mut out = String::new();
             let _ = writeln!(
                 out,
@@ -129,9 +147,8 @@ pub fn plan(args: &PlanArgs) -> Result<()> {
                 );
             }
             explain_winner(&mut out, &job, &cost, &result, args.top);
-            if let Some(spec) = &args.explain {
-                let config = resolve::config_spec(spec, &result.candidates[0].config)?;
-                explain_config(&mut out, &job, &cost, &result, &config);
+            if let Some(config) = &explained {
+                explain_config(&mut out, &job, &cost, &result, config);
             }
             emit(&out)?;
         }
@@ -465,7 +482,7 @@ fn explain_config(
     }
 }
 
-fn plan_csv(result: &SearchResult, top: usize) -> Result<()> {
+fn plan_csv(model: &ModelSpec, result: &SearchResult, top: usize) -> Result<()> {
     let mut headers: Vec<String> = vec!["rank".into()];
     headers.extend(schema::CONFIG_COLUMNS.iter().map(|s| s.to_string()));
     headers.extend(schema::PREDICTION_COLUMNS.map(String::from));
@@ -478,7 +495,7 @@ fn plan_csv(result: &SearchResult, top: usize) -> Result<()> {
         .map(|(i, c)| {
             let p = &c.prediction;
             let mut row = vec![(i + 1).to_string()];
-            row.extend(schema::config_cells(&c.config));
+            row.extend(schema::config_cells(model, &c.config));
             row.extend(schema::prediction_cells(p));
             row.push(p.fits.to_string());
             row
@@ -503,7 +520,7 @@ pub fn predict_command(args: &PredictArgs) -> Result<()> {
     match args.common.format {
         Format::Json => {
             let mut value = serde_json::json!({
-                "config": config,
+                "config": config_json(&job.model, &config),
                 "prediction": prediction,
                 "stages": stages,
                 "embedding_sync": embedding_sync_options(&scenario, &config),
@@ -526,7 +543,7 @@ pub fn predict_command(args: &PredictArgs) -> Result<()> {
                 .collect();
             headers.extend(schema::PREDICTION_COLUMNS.map(String::from));
             headers.extend(["peak_stage", "fits"].map(String::from));
-            let mut row = schema::config_cells(&config);
+            let mut row = schema::config_cells(&job.model, &config);
             row.extend(schema::prediction_cells(&prediction));
             row.extend([
                 prediction.peak_stage.to_string(),

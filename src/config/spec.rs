@@ -80,6 +80,23 @@ fn switch(key: &str, value: &str) -> Result<bool, SpecError> {
     parse_switch(key, value).map_err(SpecError)
 }
 
+/// The data-parallel degree that keeps `base`'s GPU count under `changed`'s
+/// tp, pp and cp, or why none does.
+fn keep_gpu_count(base: &ParallelConfig, changed: &ParallelConfig) -> Result<u64, SpecError> {
+    let gpus = base.tp * base.pp * base.cp * base.dp;
+    let model_parallel = changed.tp * changed.pp * changed.cp;
+    if model_parallel == 0 {
+        return Ok(base.dp); // the rules name the degree that is 0
+    }
+    if !gpus.is_multiple_of(model_parallel) {
+        return Err(SpecError(format!(
+            "tp {} x pp {} x cp {} = {model_parallel} does not divide the {gpus} GPUs, so no dp keeps them all busy; pick tp, pp and cp whose product divides {gpus}",
+            changed.tp, changed.pp, changed.cp
+        )));
+    }
+    Ok(gpus / model_parallel)
+}
+
 impl ParallelConfig {
     /// This configuration with the keys of `spec` (`tp=8,pp=4,mb=1`)
     /// changed. A new tp, pp or cp without a dp keeps the GPU count.
@@ -102,7 +119,7 @@ impl ParallelConfig {
         }
         let given = |keys: &[&str]| given.iter().any(|k| keys.contains(k));
         if given(&["tp", "pp", "cp"]) && !given(&["dp"]) {
-            c.dp = (self.tp * self.pp * self.cp * self.dp) / (c.tp * c.pp * c.cp).max(1);
+            c.dp = keep_gpu_count(self, &c)?;
         }
         if !c.sequence_parallel && !given(&["tp_comm_overlap"]) {
             c.tp_comm_overlap = false;
@@ -249,6 +266,16 @@ mod tests {
         assert_eq!((c.cp, c.dp), (2, 2));
         let c = base().with_spec("tp=4,dp=1").unwrap();
         assert_eq!(c.dp, 1);
+    }
+
+    #[test]
+    fn a_degree_that_cannot_keep_the_gpu_count_is_named() {
+        let e = base().with_spec("tp=3").unwrap_err().to_string();
+        assert!(
+            e.contains("tp 3 x pp 2 x cp 1 = 6 does not divide the 16 GPUs"),
+            "{e}"
+        );
+        assert!(e.contains("divides 16"), "{e}");
     }
 
     #[test]

@@ -4,6 +4,7 @@
 
 use crate::config::{ParallelConfig, on_off};
 use crate::cost::Prediction;
+use crate::model::ModelSpec;
 
 /// The configuration's columns, named as run tables name them (so a plan's
 /// CSV reads back as a run table).
@@ -48,7 +49,10 @@ pub const CONFIG_COLUMNS: [&str; 38] = [
     "recompute_modules",
 ];
 
-pub fn config_cells(c: &ParallelConfig) -> Vec<String> {
+/// `c`'s cells for `model`; a dense model's `moe_dispatcher` is left empty,
+/// since only an MoE layer runs a dispatcher (reading it back gives the
+/// default).
+pub fn config_cells(model: &ModelSpec, c: &ParallelConfig) -> Vec<String> {
     vec![
         c.tp.to_string(),
         c.pp.to_string(),
@@ -80,7 +84,12 @@ pub fn config_cells(c: &ParallelConfig) -> Vec<String> {
         c.cp_comm.name().into(),
         c.ep.to_string(),
         c.etp.to_string(),
-        c.dispatcher.name().into(),
+        if model.moe.is_some() {
+            c.dispatcher.name()
+        } else {
+            ""
+        }
+        .into(),
         c.embedding_sync.name().into(),
         c.cp_a2a.to_string(),
         c.precision.name().into(),
