@@ -14,7 +14,10 @@ mod megatron;
 mod torchtitan;
 
 pub use megatron::{megatron_args, megatron_command_line};
-pub use torchtitan::{TorchtitanFlags, merge_job_config, torchtitan_flags, torchtitan_toml};
+pub use torchtitan::{
+    TorchtitanFlags, catalogue_model_of, known_torchtitan_models, merge_job_config,
+    torchtitan_flags, torchtitan_toml,
+};
 
 use crate::config::{ParallelConfig, SyncMethod};
 use crate::model::ModelSpec;
@@ -71,6 +74,66 @@ pub enum ExportError {
     /// The plan itself does not fit the job (model, batch or GPU count).
     #[error("the plan cannot run this job: {0}")]
     InvalidPlan(String),
+    /// Several features the target framework lacks, each with its fix: all
+    /// named at once, so that one search again can drop them all.
+    #[error("{engine} cannot run {} things of this plan: {}", problems.len(), several(problems))]
+    Several {
+        engine: &'static str,
+        /// (feature, hint) for each.
+        problems: Vec<(String, String)>,
+    },
+}
+
+fn several(problems: &[(String, String)]) -> String {
+    problems
+        .iter()
+        .enumerate()
+        .map(|(i, (feature, hint))| format!("({}) {feature} ({hint})", i + 1))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// The outcome of independent checks as one error: the first error that
+/// is not a missing feature as it is (the plan or the model is wrong, and
+/// the features do not matter), else every missing feature together.
+fn every_refusal(
+    checks: impl IntoIterator<Item = Result<(), ExportError>>,
+) -> Result<(), ExportError> {
+    let mut unsupported = Vec::new();
+    for check in checks {
+        match check {
+            Ok(()) => {}
+            Err(ExportError::Unsupported {
+                engine,
+                feature,
+                hint,
+            }) => unsupported.push((engine, feature, hint)),
+            Err(ExportError::Several { engine, problems }) => unsupported.extend(
+                problems
+                    .into_iter()
+                    .map(|(feature, hint)| (engine, feature, hint)),
+            ),
+            Err(other) => return Err(other),
+        }
+    }
+    match unsupported.len() {
+        0 => Ok(()),
+        1 => {
+            let (engine, feature, hint) = unsupported.remove(0);
+            Err(ExportError::Unsupported {
+                engine,
+                feature,
+                hint,
+            })
+        }
+        _ => Err(ExportError::Several {
+            engine: unsupported[0].0,
+            problems: unsupported
+                .into_iter()
+                .map(|(_, feature, hint)| (feature, hint))
+                .collect(),
+        }),
+    }
 }
 
 /// How a user runs a sparse embedding sync, which neither engine paratune

@@ -28,7 +28,7 @@ use super::{ExportError, LaunchJob, check_job};
 use crate::config::{
     CrossEntropyFusion, GradReduce, OptimizerSharding, Recompute, ScheduleKind, WgradDeferral,
 };
-use crate::model::AttentionKind;
+use crate::model::{AttentionKind, ModelSpec, builtin_model};
 use crate::text::shell_quote;
 use std::fmt::Write;
 
@@ -75,37 +75,7 @@ struct Pipeline {
 ///   pipeline, `local_batch_size` is the micro-batch and torchtitan
 ///   accumulates gradients up to `global_batch_size`.
 fn layout(job: &LaunchJob) -> Result<Layout, ExportError> {
-    check_job(job)?;
     let c = job.config;
-    super::check_embedding_sync(ENGINE, c)?;
-    if c.bpipe {
-        return Err(ExportError::Unsupported {
-            engine: ENGINE,
-            feature: "BPipe activation balancing".into(),
-            hint: "torchtitan has no BPipe; search again with --bpipe off".into(),
-        });
-    }
-    if c.ep_comm_overlap {
-        return Err(ExportError::Unsupported {
-            engine: ENGINE,
-            feature: "Megatron-Core's batch-level EP overlap".into(),
-            hint: "torchtitan does not pair micro-batches to hide its all-to-alls; search again with --ep-comm-overlap off".into(),
-        });
-    }
-    if c.tp_comm_overlap && !c.compile {
-        return Err(ExportError::Unsupported {
-            engine: ENGINE,
-            feature: "async tensor parallelism without torch.compile".into(),
-            hint: "torchtitan raises \"Async TP requires torch.compile\"; search again with --compile on or --tp-comm-overlap off".into(),
-        });
-    }
-    if c.cuda_graphs && c.pp > 1 {
-        return Err(ExportError::Unsupported {
-            engine: ENGINE,
-            feature: "CUDA graphs under a pipeline".into(),
-            hint: "torchtitan captures CUDA graphs only without pipeline parallelism; search again with --cuda-graphs off or --pp 1".into(),
-        });
-    }
     let mut notes = Vec::new();
     let (replicate, shard, reshard) = match c.optimizer_sharding {
         _ if c.dp == 1 => (1, 1, None),
@@ -164,6 +134,89 @@ fn layout(job: &LaunchJob) -> Result<Layout, ExportError> {
         pipeline,
         notes,
     })
+}
+
+/// Everything `release` cannot run of the plan, named at once (see
+/// [`super::every_refusal`]); a wrong plan or model is refused first.
+fn refusals(job: &LaunchJob, release: Release) -> Result<(), ExportError> {
+    check_job(job)?;
+    check_model(job)?;
+    let c = job.config;
+    let mut checks = vec![
+        super::check_embedding_sync(ENGINE, c),
+        refuse(
+            c.bpipe,
+            "BPipe activation balancing",
+            "torchtitan has no BPipe; search again with --bpipe off",
+        ),
+        refuse(
+            c.ep_comm_overlap,
+            "Megatron-Core's batch-level EP overlap",
+            "torchtitan does not pair micro-batches to hide its all-to-alls; search again with --ep-comm-overlap off",
+        ),
+        refuse(
+            c.tp_comm_overlap && !c.compile,
+            "async tensor parallelism without torch.compile",
+            "torchtitan raises \"Async TP requires torch.compile\"; search again with --compile on or --tp-comm-overlap off",
+        ),
+        if c.pp > 1 {
+            stage_split(job).map(|_| ())
+        } else {
+            Ok(())
+        },
+        check_experts_and_context(job, release),
+    ];
+    checks.extend(loss_and_gradient_refusals(job));
+    checks.extend(release_refusals(job, release));
+    super::every_refusal(checks)
+}
+
+/// `Err` naming `feature` and its fix where `broken`.
+fn refuse(broken: bool, feature: &str, hint: &str) -> Result<(), ExportError> {
+    if !broken {
+        return Ok(());
+    }
+    Err(ExportError::Unsupported {
+        engine: ENGINE,
+        feature: feature.into(),
+        hint: hint.into(),
+    })
+}
+
+/// What one release lacks that the other has: 0.2's TOML has no CUDA
+/// graphs; 0.3 captures them only without a pipeline, sets float8 in its
+/// Python config function and has no per-layer selective policy.
+fn release_refusals(job: &LaunchJob, release: Release) -> Vec<Result<(), ExportError>> {
+    let c = job.config;
+    match release {
+        Release::V02 => vec![refuse(
+            c.cuda_graphs,
+            "CUDA graphs",
+            "the TOML job config of torchtitan 0.2 has no CUDA-graph switch (0.3 captures \
+             whole steps by default, without pipeline parallelism); search again with \
+             --cuda-graphs off",
+        )],
+        Release::V03 => vec![
+            refuse(
+                c.cuda_graphs && c.pp > 1,
+                "CUDA graphs under a pipeline",
+                "torchtitan captures CUDA graphs only without pipeline parallelism; search again with --cuda-graphs off or --pp 1",
+            ),
+            refuse(
+                c.precision == crate::config::Precision::Fp8,
+                "FP8 from the command line",
+                "torchtitan 0.3 sets float8 in the Python config function (a \
+                 Float8LinearConverter, or its MXFP8 converter on Blackwell); add it there \
+                 and run these flags, or give a torchtitan 0.2 job TOML",
+            ),
+            refuse(
+                c.recompute == Recompute::SelectiveLayer,
+                "per-layer selective checkpointing",
+                "torchtitan 0.3.0 removed it (per-op is its only selective mode); search \
+                 again with --recompute selective-op, or give a torchtitan 0.2 job TOML",
+            ),
+        ],
+    }
 }
 
 /// The plan's model chunks as torchtitan splits a pipeline
@@ -280,6 +333,62 @@ fn rotate_method(c: &crate::config::ParallelConfig) -> &'static str {
     }
 }
 
+/// Built-in models torchtitan ships a network for: paratune's name, then
+/// torchtitan's model (0.2's `[model] name`, 0.3's `--module`) and flavor,
+/// as `torchtitan/models/llama3`, `qwen3` and `deepseek_v3` and `gpt_oss`
+/// name their flavors (same widths, layers, heads, experts and
+/// vocabulary; torchtitan sets the sequence length from training).
+const TORCHTITAN_MODELS: [(&str, &str, &str); 11] = [
+    ("llama3-8b", "llama3", "8B"),
+    ("llama3-70b", "llama3", "70B"),
+    ("llama3-405b", "llama3", "405B"),
+    ("llama3.1-8b", "llama3", "8B"),
+    ("llama3.1-70b", "llama3", "70B"),
+    ("llama3.1-405b", "llama3", "405B"),
+    ("qwen3-30b-a3b", "qwen3", "30B-A3B"),
+    ("qwen3-235b-a22b", "qwen3", "235B-A22B"),
+    ("deepseek-v3", "deepseek_v3", "671B"),
+    ("gpt-oss-20b", "gpt_oss", "20b"),
+    ("gpt-oss-120b", "gpt_oss", "120b"),
+];
+
+/// The built-in model torchtitan's model `name` and `flavor` build, if it
+/// is one of [`TORCHTITAN_MODELS`] (the first, for a flavor two share).
+pub fn catalogue_model_of(name: &str, flavor: &str) -> Option<ModelSpec> {
+    TORCHTITAN_MODELS
+        .iter()
+        .find(|m| m.1 == name && m.2 == flavor)
+        .and_then(|m| builtin_model(m.0))
+}
+
+/// The torchtitan models and flavors paratune knows, for messages.
+pub fn known_torchtitan_models() -> String {
+    let mut known: Vec<String> = Vec::new();
+    for (_, name, flavor) in TORCHTITAN_MODELS {
+        let entry = format!("{name} {flavor}");
+        if !known.contains(&entry) {
+            known.push(entry);
+        }
+    }
+    known.join(", ")
+}
+
+/// torchtitan's model and flavor for `model`, when it is one of
+/// [`TORCHTITAN_MODELS`] unchanged apart from what training sets (the
+/// sequence length, the attention kernel, the prediction modules, which
+/// [`check_model`] refuses anyway).
+fn torchtitan_model(model: &ModelSpec) -> Option<(&'static str, &'static str)> {
+    let &(name, module, flavor) = TORCHTITAN_MODELS.iter().find(|m| m.0 == model.name)?;
+    let built_in = builtin_model(name)?;
+    let unchanged = ModelSpec {
+        seq_len: model.seq_len,
+        attention: model.attention,
+        mtp_layers: model.mtp_layers,
+        ..built_in
+    } == *model;
+    unchanged.then_some((module, flavor))
+}
+
 /// What the model needs and llama3 lacks, for the comment above the model.
 fn unlike_llama(job: &LaunchJob) -> Vec<&'static str> {
     let model = job.model;
@@ -322,40 +431,33 @@ fn dimensions(job: &LaunchJob) -> String {
 /// `training.mixed_precision_reduce` is typed `Literal["float32"]` in some
 /// releases and allows "bfloat16" in others: the export would not know
 /// whether the job starts, so it refuses.
-fn check_loss_and_gradients(job: &LaunchJob) -> Result<(), ExportError> {
-    let fusion = job.config.cross_entropy_fusion;
-    if fusion != CrossEntropyFusion::Off {
-        return Err(ExportError::Unsupported {
-            engine: ENGINE,
-            feature: format!("Megatron-LM's fused cross-entropy ({})", fusion.name()),
-            hint: "torchtitan computes its loss with PyTorch's cross-entropy; search again \
-                   with --cross-entropy-fusion off"
-                .into(),
-        });
-    }
-    let deferral = job.config.wgrad_deferral;
-    if deferral != WgradDeferral::Off {
-        return Err(ExportError::Unsupported {
-            engine: ENGINE,
-            feature: format!(
-                "Megatron-LM's deferred embedding weight gradient ({})",
-                deferral.name()
-            ),
-            hint: "torchtitan defers no weight gradients; search again with --wgrad-deferral off"
-                .into(),
-        });
-    }
-    if job.config.grad_reduce == GradReduce::Fp32 {
-        return Ok(());
-    }
-    Err(ExportError::Unsupported {
-        engine: ENGINE,
-        feature: "bf16 gradient reduction".into(),
-        hint: "torchtitan's training.mixed_precision_reduce accepts only \"float32\" in some \
-               releases; search again with --grad-reduce fp32, or set it by hand where your \
-               release allows \"bfloat16\""
-            .into(),
-    })
+fn loss_and_gradient_refusals(job: &LaunchJob) -> [Result<(), ExportError>; 3] {
+    let c = job.config;
+    let fused_loss = refuse(
+        c.cross_entropy_fusion != CrossEntropyFusion::Off,
+        &format!(
+            "Megatron-LM's fused cross-entropy ({})",
+            c.cross_entropy_fusion.name()
+        ),
+        "torchtitan computes its loss with PyTorch's cross-entropy; search again \
+         with --cross-entropy-fusion off",
+    );
+    let deferral = refuse(
+        c.wgrad_deferral != WgradDeferral::Off,
+        &format!(
+            "Megatron-LM's deferred embedding weight gradient ({})",
+            c.wgrad_deferral.name()
+        ),
+        "torchtitan defers no weight gradients; search again with --wgrad-deferral off",
+    );
+    let bf16_reduce = refuse(
+        c.grad_reduce != GradReduce::Fp32,
+        "bf16 gradient reduction",
+        "torchtitan's training.mixed_precision_reduce accepts only \"float32\" in some \
+         releases; search again with --grad-reduce fp32, or set it by hand where your \
+         release allows \"bfloat16\"",
+    );
+    [fused_loss, deferral, bf16_reduce]
 }
 
 /// A torchtitan 0.2.2 job-config TOML fragment for the plan: the `[model]`,
@@ -373,21 +475,9 @@ fn check_loss_and_gradients(job: &LaunchJob) -> Result<(), ExportError> {
 /// Errors: the plan fails [`ParallelConfig::check`](crate::config::ParallelConfig::check)
 /// for the job, or uses BPipe or CUDA graphs, which 0.2 does not have.
 pub fn torchtitan_toml(job: &LaunchJob) -> Result<String, ExportError> {
-    check_model(job)?;
+    refusals(job, Release::V02)?;
     let layout = layout(job)?;
-    check_experts_and_context(job, Release::V02)?;
-    check_loss_and_gradients(job)?;
     let (model, c) = (job.model, job.config);
-    if c.cuda_graphs {
-        return Err(ExportError::Unsupported {
-            engine: ENGINE,
-            feature: "CUDA graphs".into(),
-            hint: "the TOML job config of torchtitan 0.2 has no CUDA-graph switch (0.3 captures \
-                   whole steps by default, without pipeline parallelism); search again with \
-                   --cuda-graphs off"
-                .into(),
-        });
-    }
 
     let mut out = String::new();
     let w = &mut out;
@@ -409,8 +499,9 @@ pub fn torchtitan_toml(job: &LaunchJob) -> Result<String, ExportError> {
         format_args!("# torchtitan builds the network from name and flavor; the flavor needs"),
     );
     line(w, format_args!("# {}", dimensions(job)));
+    let torchtitan_model = torchtitan_model(model);
     let unlike = unlike_llama(job);
-    if !unlike.is_empty() {
+    if torchtitan_model.is_none() && !unlike.is_empty() {
         line(
             w,
             format_args!(
@@ -427,8 +518,16 @@ pub fn torchtitan_toml(job: &LaunchJob) -> Result<String, ExportError> {
             ),
         );
     }
-    line(w, format_args!("name = \"llama3\""));
-    line(w, format_args!("flavor = {}", toml_string(&model.name)));
+    match torchtitan_model {
+        Some((name, flavor)) => {
+            line(w, format_args!("name = {}", toml_string(name)));
+            line(w, format_args!("flavor = {}", toml_string(flavor)));
+        }
+        None => {
+            line(w, format_args!("name = \"llama3\""));
+            line(w, format_args!("flavor = {}", toml_string(&model.name)));
+        }
+    }
     if c.precision == crate::config::Precision::Fp8 {
         // torchao's float8 linears (tensorwise scaling), or its MXFP8
         // converter; the configuration rules refuse the other recipes.
@@ -578,10 +677,13 @@ pub fn merge_job_config(
 ) -> Result<String, ExportError> {
     let mut fragment: toml::Table =
         toml::from_str(&torchtitan_toml(job)?).expect("the fragment is TOML this module wrote");
-    // The base names its model by torchtitan's flavor; the fragment only by
-    // paratune's name.
-    if base.contains_key("model") {
-        fragment.remove("model");
+    // The base names its model; the fragment keeps only what the plan
+    // decides of it (the FP8 converters).
+    if base.contains_key("model")
+        && let Some(toml::Value::Table(model)) = fragment.get_mut("model")
+    {
+        model.remove("name");
+        model.remove("flavor");
     }
     let mut merged = base.clone();
     merge_into(&mut merged, &fragment);
@@ -654,33 +756,15 @@ impl TorchtitanFlags {
 /// without pipelines), and the per-layer selective policy, which 0.3.0
 /// removed.
 pub fn torchtitan_flags(job: &LaunchJob) -> Result<TorchtitanFlags, ExportError> {
-    check_model(job)?;
+    refusals(job, Release::V03)?;
     let layout = layout(job)?;
-    check_experts_and_context(job, Release::V03)?;
-    check_loss_and_gradients(job)?;
-    if job.config.precision == crate::config::Precision::Fp8 {
-        return Err(ExportError::Unsupported {
-            engine: ENGINE,
-            feature: "FP8 from the command line".into(),
-            hint: "torchtitan 0.3 sets float8 in the Python config function (a \
-                   Float8LinearConverter, or its MXFP8 converter on Blackwell); add it there \
-                   and run these flags, or give a torchtitan 0.2 job TOML"
-                .into(),
-        });
-    }
     let c = job.config;
     let activation_checkpoint = match c.recompute {
         Recompute::None => "activation-checkpoint:none",
         Recompute::Full => "activation-checkpoint:full",
-        Recompute::SelectiveOp | Recompute::Selective => "activation-checkpoint:selective",
-        Recompute::SelectiveLayer => {
-            return Err(ExportError::Unsupported {
-                engine: ENGINE,
-                feature: "per-layer selective checkpointing".into(),
-                hint: "torchtitan 0.3.0 removed it (per-op is its only selective mode); search \
-                       again with --recompute selective-op, or give a torchtitan 0.2 job TOML"
-                    .into(),
-            });
+        // The per-layer policy is refused above (0.3.0 removed it).
+        Recompute::SelectiveOp | Recompute::Selective | Recompute::SelectiveLayer => {
+            "activation-checkpoint:selective"
         }
     };
     let mut flags = Vec::new();
@@ -785,6 +869,7 @@ fn comment_text(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::ParallelConfig;
 
     #[test]
     fn toml_strings_escape_quotes_backslashes_and_controls() {
@@ -793,6 +878,123 @@ mod tests {
         let parsed: toml::Table = toml::from_str(&format!("x = {}", toml_string(tricky))).unwrap();
         assert_eq!(parsed["x"].as_str(), Some(tricky));
         assert_eq!(comment_text("a\nb"), "a b");
+    }
+
+    fn launch<'a>(model: &'a ModelSpec, config: &'a ParallelConfig) -> LaunchJob<'a> {
+        LaunchJob {
+            model,
+            config,
+            global_batch: 256,
+            gpus: config.gpus(),
+            gpus_per_node: 8,
+            gpu: "h100-sxm",
+        }
+    }
+
+    /// A plan made for Megatron-LM (whose switches torchtitan may lack).
+    fn data_parallel(dp: u64) -> ParallelConfig {
+        ParallelConfig {
+            dp,
+            ..ParallelConfig::default()
+        }
+    }
+
+    #[test]
+    fn the_models_torchtitan_ships_are_named_by_its_model_and_flavor() {
+        for (name, module, flavor) in TORCHTITAN_MODELS {
+            let model = builtin_model(name).unwrap_or_else(|| panic!("{name} is built in"));
+            assert_eq!(torchtitan_model(&model), Some((module, flavor)), "{name}");
+            let back = catalogue_model_of(module, flavor).unwrap();
+            assert_eq!(
+                (
+                    back.hidden,
+                    back.layers,
+                    back.heads,
+                    back.kv_heads,
+                    back.vocab
+                ),
+                (
+                    model.hidden,
+                    model.layers,
+                    model.heads,
+                    model.kv_heads,
+                    model.vocab
+                ),
+                "{name}"
+            );
+            // Trained at another length, it is the same network.
+            let longer = ModelSpec {
+                seq_len: 2 * model.seq_len,
+                ..model.clone()
+            };
+            assert_eq!(torchtitan_model(&longer), Some((module, flavor)), "{name}");
+            // One layer more is not torchtitan's flavor.
+            let deeper = ModelSpec {
+                layers: model.layers + 1,
+                ..model
+            };
+            assert_eq!(torchtitan_model(&deeper), None, "{name}");
+        }
+        let model = builtin_model("qwen3-30b-a3b").unwrap();
+        let toml: toml::Table =
+            toml::from_str(&torchtitan_toml(&launch(&model, &data_parallel(8))).unwrap()).unwrap();
+        assert_eq!(toml["model"]["name"].as_str(), Some("qwen3"));
+        assert_eq!(toml["model"]["flavor"].as_str(), Some("30B-A3B"));
+        assert_eq!(catalogue_model_of("qwen3", "8B"), None);
+    }
+
+    #[test]
+    fn every_missing_feature_is_named_at_once() {
+        let model = builtin_model("llama3-8b").unwrap();
+        let plan = ParallelConfig {
+            cross_entropy_fusion: CrossEntropyFusion::Te,
+            grad_reduce: GradReduce::Bf16,
+            cuda_graphs: true,
+            ..data_parallel(8)
+        };
+        let error = torchtitan_toml(&launch(&model, &plan)).unwrap_err();
+        let ExportError::Several { problems, .. } = &error else {
+            panic!("expected several refusals, got {error:?}");
+        };
+        assert_eq!(problems.len(), 3, "{error}");
+        let text = error.to_string();
+        assert!(!text.contains('\n'), "one line: {text}");
+        for fix in [
+            "--cross-entropy-fusion off",
+            "--grad-reduce fp32",
+            "--cuda-graphs off",
+        ] {
+            assert!(text.contains(fix), "{fix}: {text}");
+        }
+        // 0.3 captures CUDA graphs without a pipeline: two, not three.
+        let error = torchtitan_flags(&launch(&model, &plan)).unwrap_err();
+        assert!(
+            matches!(&error, ExportError::Several { problems, .. } if problems.len() == 2),
+            "{error}"
+        );
+        // A plan that cannot run the job is refused for that alone.
+        let wrong = ParallelConfig { tp: 3, ..plan };
+        assert!(matches!(
+            torchtitan_toml(&launch(&model, &wrong)),
+            Err(ExportError::InvalidPlan(_))
+        ));
+    }
+
+    #[test]
+    fn a_base_model_keeps_its_name_and_takes_the_plans_fp8_converters() {
+        let model = builtin_model("llama3-8b").unwrap();
+        let plan = ParallelConfig {
+            precision: crate::config::Precision::Fp8,
+            ..data_parallel(8)
+        };
+        let base: toml::Table =
+            toml::from_str("[model]\nname = \"llama3\"\nflavor = \"8B_flex\"\n").unwrap();
+        let merged = merge_job_config(&base, &launch(&model, &plan), &toml::Table::new()).unwrap();
+        let merged: toml::Table = toml::from_str(&merged).unwrap();
+        assert_eq!(merged["model"]["flavor"].as_str(), Some("8B_flex"));
+        let converters = merged["model"]["converters"].as_array().unwrap();
+        assert_eq!(converters[0].as_str(), Some("float8"));
+        assert_eq!(merged["float8"]["recipe_name"].as_str(), Some("tensorwise"));
     }
 }
 

@@ -2553,7 +2553,8 @@ fn resolve_model(
             path: path.into(),
             message: match (&name, &flavor) {
                 (Some(n), Some(f)) => format!(
-                    "torchtitan model {n} flavor `{f}` is not one paratune knows (it knows llama3 debugmodel, 8B, 70B and 405B), and the log does not print its dimensions"
+                    "torchtitan model {n} flavor `{f}` is not one paratune knows (it knows llama3 debugmodel, {}), and the log does not print its dimensions; give the model with --model",
+                    crate::export::known_torchtitan_models()
                 ),
                 _ => "the log and configuration do not say which model ran (model.name and model.flavor, or a `Building <model> <flavor>` line)".into(),
             },
@@ -2570,7 +2571,8 @@ fn log_model(
 ) -> Result<Option<ModelSpec>> {
     let family = name.unwrap_or("llama3");
     if family != "llama3" {
-        return Ok(None);
+        // Another model torchtitan ships, as paratune's export names it.
+        return Ok(flavor.and_then(|f| crate::export::catalogue_model_of(family, f)));
     }
     let shown = format!("llama3-{}", flavor.unwrap_or("model"));
     // 0.2: `Building llama3 8B with TransformerModelArgs(dim=4096, ...)`.
