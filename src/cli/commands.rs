@@ -745,6 +745,7 @@ pub fn evaluate_command(args: &EvaluateArgs) -> Result<()> {
                 summary.worst_error * 100.0
             );
             kind_lines(&mut out, &summary.by_kind);
+            gpu_lines(&mut out, &summary.by_gpu);
             // Rows with a time but no measured peak ran without a memory
             // figure: their fits verdict is checked here.
             if evaluation.memory.is_empty() {
@@ -816,17 +817,28 @@ pub fn evaluate_command(args: &EvaluateArgs) -> Result<()> {
 /// Figures per kind of run, a line each.
 fn kind_lines(out: &mut String, by_kind: &[(paratune::evaluate::RunKind, Figures)]) {
     for (kind, f) in by_kind {
-        let _ = writeln!(
-            out,
-            "    {}: {} rows, MAPE {}, median {}, worst line {} ({:+.1}%)",
-            kind.name(),
-            f.rows,
-            percent(f.mape),
-            percent(f.median_ape),
-            f.worst_line,
-            f.worst_error * 100.0
-        );
+        figures_line(out, kind.name(), f);
     }
+}
+
+/// Figures per GPU, a line each.
+fn gpu_lines(out: &mut String, by_gpu: &[(String, Figures)]) {
+    for (gpu, f) in by_gpu {
+        figures_line(out, &format!("on {gpu}"), f);
+    }
+}
+
+fn figures_line(out: &mut String, label: &str, f: &Figures) {
+    let _ = writeln!(
+        out,
+        "    {label}: {} rows, MAPE {}, median {}, mean {:+.1}%, worst line {} ({:+.1}%)",
+        f.rows,
+        percent(f.mape),
+        percent(f.median_ape),
+        f.bias * 100.0,
+        f.worst_line,
+        f.worst_error * 100.0
+    );
 }
 
 /// The memory figures of an evaluation, as table lines.

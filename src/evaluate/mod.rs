@@ -21,6 +21,8 @@ pub struct RowError {
     pub predicted_s: f64,
     pub measured_s: f64,
     pub kind: RunKind,
+    /// The catalogue name of the GPU the run is predicted on.
+    pub gpu: String,
     /// The prediction's fits verdict; the run ran, so `false` is wrong.
     pub predicted_fits: bool,
     /// The predicted peak stage's device memory and what the GPU leaves
@@ -154,6 +156,7 @@ pub fn evaluate_with<'a>(runs: &[Run], setting: impl Fn(&Run) -> Setting<'a>) ->
                 predicted_s: prediction.iteration_s,
                 measured_s,
                 kind: RunKind::of(run),
+                gpu: group.gpu.name.clone(),
                 predicted_fits: prediction.fits,
                 predicted_peak_bytes: prediction.peak_memory_bytes,
                 allocated_peak_bytes: prediction.peak_allocated_bytes,
@@ -214,21 +217,21 @@ pub struct MemorySummary {
     pub allocated_by_kind: Vec<(RunKind, Figures)>,
 }
 
-/// [`figures_of`] per kind of run, when the rows are of several kinds.
-fn by_kind(rows: impl Iterator<Item = (RunKind, (usize, f64, f64))>) -> Vec<(RunKind, Figures)> {
-    let rows: Vec<(RunKind, (usize, f64, f64))> = rows.collect();
-    let mut kinds: Vec<RunKind> = rows.iter().map(|r| r.0).collect();
-    kinds.sort();
-    kinds.dedup();
-    if kinds.len() < 2 {
+/// [`figures_of`] per value of a key (the kind of run, the GPU), when the
+/// rows have several.
+fn by_key<K: Ord + Clone>(rows: impl Iterator<Item = (K, (usize, f64, f64))>) -> Vec<(K, Figures)> {
+    let rows: Vec<(K, (usize, f64, f64))> = rows.collect();
+    let mut keys: Vec<K> = rows.iter().map(|r| r.0.clone()).collect();
+    keys.sort();
+    keys.dedup();
+    if keys.len() < 2 {
         return Vec::new();
     }
-    kinds
-        .into_iter()
-        .filter_map(|kind| {
-            let of_kind: Vec<(usize, f64, f64)> =
-                rows.iter().filter(|r| r.0 == kind).map(|r| r.1).collect();
-            figures_of(&of_kind).map(|f| (kind, f))
+    keys.into_iter()
+        .filter_map(|key| {
+            let of_key: Vec<(usize, f64, f64)> =
+                rows.iter().filter(|r| r.0 == key).map(|r| r.1).collect();
+            figures_of(&of_key).map(|f| (key, f))
         })
         .collect()
 }
@@ -240,6 +243,9 @@ pub struct Figures {
     pub mape: f64,
     pub median_ape: f64,
     pub p90_ape: f64,
+    /// Mean signed relative error: below zero, the model predicts these
+    /// rows faster (or smaller) than measured on the whole.
+    pub bias: f64,
     pub worst_line: usize,
     /// Signed relative error of the worst row.
     pub worst_error: f64,
@@ -262,6 +268,7 @@ pub fn figures_of(triples: &[(usize, f64, f64)]) -> Option<Figures> {
         mape: mean(&ape),
         median_ape: percentile(&ape, 0.5),
         p90_ape: percentile(&ape, 0.9),
+        bias: mean(&relative.iter().map(|(_, e)| *e).collect::<Vec<_>>()),
         worst_line,
         worst_error,
     })
@@ -291,7 +298,7 @@ impl Evaluation {
             .filter(|r| !r.predicted_fits)
             .map(|r| r.line)
             .collect();
-        let allocated_by_kind = by_kind(self.memory.iter().filter_map(|r| {
+        let allocated_by_kind = by_key(self.memory.iter().filter_map(|r| {
             r.measured_allocated
                 .map(|m| (r.kind, (r.line, r.predicted_allocated, m)))
         }));
@@ -323,10 +330,15 @@ impl Evaluation {
             p90_ape: percentile(&ape, 0.9),
             worst_line: worst.map(|w| w.0),
             worst_error: worst.map(|w| w.1).unwrap_or(0.0),
-            by_kind: by_kind(
+            by_kind: by_key(
                 self.rows
                     .iter()
                     .map(|r| (r.kind, (r.line, r.predicted_s, r.measured_s))),
+            ),
+            by_gpu: by_key(
+                self.rows
+                    .iter()
+                    .map(|r| (r.gpu.clone(), (r.line, r.predicted_s, r.measured_s))),
             ),
             not_fitting_lines: self
                 .rows
@@ -364,6 +376,8 @@ pub struct Summary {
     pub worst_error: f64,
     /// The time figures per kind of run, when there are several kinds.
     pub by_kind: Vec<(RunKind, Figures)>,
+    /// The time figures per GPU, when the rows ran on several.
+    pub by_gpu: Vec<(String, Figures)>,
     /// Rows with a measured time (so they ran) predicted not to fit.
     pub not_fitting_lines: Vec<usize>,
     /// Groups of three or more rows, over which the Spearman mean is taken.
@@ -439,6 +453,28 @@ mod tests {
     fn spearman_of_same_order_is_one_and_of_reversed_is_minus_one() {
         assert!((spearman(&[1.0, 2.0, 3.0], &[10.0, 20.0, 35.0]) - 1.0).abs() < 1e-12);
         assert!((spearman(&[1.0, 2.0, 3.0], &[3.0, 2.0, 1.0]) + 1.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn figures_split_by_key_only_when_there_are_several_and_keep_the_sign() {
+        // Predicted 10% and 30% fast on one GPU, 20% slow on the other.
+        let rows = [
+            ("b200", (1, 0.9, 1.0)),
+            ("b200", (2, 0.7, 1.0)),
+            ("h100-sxm", (3, 1.2, 1.0)),
+        ];
+        let split = by_key(rows.iter().cloned());
+        assert_eq!(split.len(), 2);
+        let (gpu, b200) = &split[0];
+        assert_eq!(*gpu, "b200");
+        assert!((b200.mape - 0.2).abs() < 1e-12);
+        assert!((b200.bias + 0.2).abs() < 1e-12);
+        assert_eq!((b200.worst_line, b200.rows), (2, 2));
+        assert!((split[1].1.bias - 0.2).abs() < 1e-12);
+        assert!(
+            by_key(rows[..2].iter().cloned()).is_empty(),
+            "one GPU: no split"
+        );
     }
 
     #[test]
