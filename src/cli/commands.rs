@@ -346,7 +346,8 @@ fn explain_winner(
     let torchtitan = |out: &mut String| {
         let _ = writeln!(
             out,
-            "\ntorchtitan 0.3 flags (after -m torchtitan.train --module MODULE --config CONFIG):"
+            "\ntorchtitan 0.3 flags (after -m torchtitan.train --module {} --config CONFIG):",
+            paratune::export::torchtitan_module(&job.model).unwrap_or("MODULE")
         );
         export_best(out, job, result, |launch| {
             torchtitan_flags(launch).map(|flags| {

@@ -373,6 +373,12 @@ pub fn known_torchtitan_models() -> String {
     known.join(", ")
 }
 
+/// torchtitan's model for `model` (0.3's `--module`), when torchtitan ships
+/// it unchanged.
+pub fn torchtitan_module(model: &ModelSpec) -> Option<&'static str> {
+    torchtitan_model(model).map(|(module, _)| module)
+}
+
 /// torchtitan's model and flavor for `model`, when it is one of
 /// [`TORCHTITAN_MODELS`] unchanged apart from what training sets (the
 /// sequence length, the attention kernel, the prediction modules, which
@@ -941,6 +947,10 @@ mod tests {
         assert_eq!(toml["model"]["name"].as_str(), Some("qwen3"));
         assert_eq!(toml["model"]["flavor"].as_str(), Some("30B-A3B"));
         assert_eq!(catalogue_model_of("qwen3", "8B"), None);
+        let deepseek = builtin_model("deepseek-v3").unwrap();
+        assert_eq!(torchtitan_module(&deepseek), Some("deepseek_v3"));
+        let gpt = builtin_model("gpt3-175b").unwrap();
+        assert_eq!(torchtitan_module(&gpt), None);
     }
 
     #[test]
