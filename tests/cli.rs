@@ -453,6 +453,62 @@ fn predict_json_parses_and_adds_up() {
     );
 }
 
+/// A configuration the fragmentation allowance alone puts over the GPU is
+/// still out, with what would let it run; one far over gets no such note.
+#[test]
+fn predict_says_when_only_the_fragmentation_allowance_is_over() {
+    let predict = |extra: &[&str]| {
+        let mut a = vec![
+            "predict",
+            "--model",
+            "llama3-8b",
+            "--gpu",
+            "h100-sxm",
+            "--nodes",
+            "1",
+            "--tp",
+            "1",
+            "--pp",
+            "1",
+            "--global-batch",
+            "128",
+            "--recompute",
+            "none",
+        ];
+        a.extend_from_slice(extra);
+        ok(&a)
+    };
+    let near = predict(&[
+        "--cp",
+        "2",
+        "--micro-batch",
+        "1",
+        "--precision",
+        "fp8",
+        "--fp8-recipe",
+        "delayed",
+        "--optimizer-sharding",
+        "optimizer-states",
+        "--cross-entropy-fusion",
+        "off",
+        "--fp8-param-gather",
+        "off",
+        "--grad-reduce",
+        "bf16",
+    ]);
+    says(
+        &near,
+        &[
+            "DOES NOT FIT",
+            "over only by the allocator's fragmentation allowance",
+            "expandable_segments:True",
+        ],
+    );
+    let far = predict(&["--micro-batch", "4", "--optimizer-sharding", "none"]);
+    says(&far, &["DOES NOT FIT"]);
+    assert!(!far.contains("fragmentation allowance"), "{far}");
+}
+
 // ---------------------------------------------------------------- predict --runs
 
 const RUNS_HEADER: &str = "gpus,global_batch,micro_batch,hidden,heads,layers,seq_len,tp,dp,pp";

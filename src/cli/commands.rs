@@ -435,6 +435,7 @@ fn explain_config(
                 "  does not fit: stage {stage} needs {needs_gib:.1} GiB of {usable_gib:.1} usable ({capacity_gib:.1} GiB less the reserve); it would take {} per iteration",
                 seconds(prediction.iteration_s)
             );
+            render::fragmentation_note(out, &prediction);
             let stages = memory_per_stage(&job.scenario(cost), config);
             render::stage_memory(
                 out,
@@ -579,6 +580,7 @@ pub fn predict_command(args: &PredictArgs) -> Result<()> {
                     "DOES NOT FIT"
                 }
             );
+            render::fragmentation_note(&mut out, &prediction);
             render::breakdown(&mut out, &prediction.time);
             let sharded = config.optimizer_sharding != paratune::config::OptimizerSharding::None;
             render::group_syncs(&mut out, &group_syncs(&scenario, &config, 0), sharded);

@@ -284,6 +284,18 @@ pub fn embedding_sync(
 
 /// Memory per stage; long pipelines show the first, the peak and the last
 /// stages and say how many were left out.
+/// A line for a configuration that the allocator's fragmentation
+/// allowance alone puts over the usable memory: what would let it run.
+pub fn fragmentation_note(out: &mut String, prediction: &Prediction) {
+    if let Some(allowance) = prediction.over_only_by_fragmentation() {
+        let _ = writeln!(
+            out,
+            "  over only by the allocator's fragmentation allowance ({:.1} GiB): PyTorch frees its cached blocks before it runs out, and PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True avoids most fragmentation, so it may run; paratune counts it out to stay safe",
+            allowance / GIB
+        );
+    }
+}
+
 pub fn stage_memory(out: &mut String, stages: &[StageMemory], usable: f64, peak_stage: u64) {
     let _ = writeln!(
         out,

@@ -288,6 +288,19 @@ impl Prediction {
     pub fn peak_memory_gib(&self) -> f64 {
         self.peak_memory_bytes / GIB
     }
+
+    /// The peak stage's fragmentation allowance (reserved over allocated),
+    /// when it alone puts a configuration over the usable memory. The
+    /// verdict stays "does not fit" (the allowance is the allocator's
+    /// typical cache, `allocator_fragmentation`), but PyTorch frees cached
+    /// blocks before it runs out and expandable segments avoid most of
+    /// them, so such a configuration is worth a try where the margin
+    /// matters.
+    pub fn over_only_by_fragmentation(&self) -> Option<f64> {
+        let allowance = self.peak_reserved_bytes - self.peak_allocated_bytes;
+        (!self.fits && self.peak_memory_bytes - allowance <= self.usable_memory_bytes)
+            .then_some(allowance)
+    }
 }
 
 /// How one prediction used the scenario's profile: lookups of measured
