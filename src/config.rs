@@ -1504,7 +1504,8 @@ impl ParallelConfig {
                         || (c.tp_comm_overlap && !c.compile)
                         || (c.cuda_graphs && c.pp > 1)
                         || c.cross_entropy_fusion != CrossEntropyFusion::Off
-                        || (model.moe.is_some() && c.dispatcher != Dispatcher::AllToAll)),
+                        || (model.moe.is_some() && c.dispatcher != Dispatcher::AllToAll)
+                        || model.mtp_layers > 0),
             ),
             (
                 Rule::HybridSharding,
@@ -2154,7 +2155,9 @@ impl Rule {
             Rule::RecomputeForEngine | Rule::CompileWithoutTorchtitan => self.explain_engine(c),
             Rule::AcFrequency => "`ac_frequency` must be at least 1".into(),
             Rule::EngineCannotRun => {
-                let what = if c.bpipe {
+                let what = if model.mtp_layers > 0 {
+                    "multi-token prediction (its models have none: plan with `--mtp-layers 0` to train without them)".to_string()
+                } else if c.bpipe {
                     "BPipe (`bpipe off`)".to_string()
                 } else if c.tp_comm_overlap && !c.compile {
                     "tensor-parallel overlap without torch.compile (its async tensor parallelism needs `compile on`)".to_string()
@@ -2205,13 +2208,20 @@ impl Rule {
                 c.cp_a2a,
                 c.cp_comm.name()
             ),
-            Rule::ExpertsWithoutMoe => format!(
-                "model `{}` has no experts, so ep {} / etp {} / `moe_dispatcher {}` mean nothing; leave them out, or give the model experts (`experts`)",
-                model.name,
-                c.ep,
-                c.etp,
-                c.dispatcher.name()
-            ),
+            Rule::ExpertsWithoutMoe => {
+                let given: Vec<String> = [("ep", c.ep), ("etp", c.etp)]
+                    .iter()
+                    .filter(|(_, n)| *n > 1)
+                    .map(|(key, n)| format!("{key} {n}"))
+                    .collect();
+                format!(
+                    "model `{}` has no experts, so {} mean{} nothing; leave {} out, or give the model experts (`experts`)",
+                    model.name,
+                    given.join(" and "),
+                    if given.len() == 1 { "s" } else { "" },
+                    if given.len() == 1 { "it" } else { "them" }
+                )
+            }
             Rule::ExpertsNotDivisible => format!(
                 "ep {} must divide the {} experts; pick an ep that divides them",
                 c.ep,

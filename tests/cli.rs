@@ -1284,6 +1284,21 @@ fn explain_is_text_only_and_checks_its_keys() {
     );
     let e = fails(&args(&plan_175b(&["--top", "1", "--explain", "tp=3"])));
     says(&e, &["--explain", "tp 3", "does not divide"]);
+    // A dense model routes no tokens: expert keys are refused, naming
+    // only what was given.
+    let e = fails(&args(&plan_175b(&[
+        "--top",
+        "1",
+        "--explain",
+        "dispatch=flex",
+    ])));
+    says(&e, &["no experts", "`dispatch`", "leave it out"]);
+    let e = fails(&args(&plan_175b(&["--top", "1", "--explain", "ep=2"])));
+    says(&e, &["no experts, so ep 2 means nothing"]);
+    assert!(!e.contains("allgather"), "{e}");
+    // pp=1 leaves nothing to interleave: the winner's schedule follows.
+    let out = ok(&args(&plan_175b(&["--top", "1", "--explain", "pp=1"])));
+    says(&out, &["Explain tp8 pp1 ", " 1f1b "]);
 }
 
 #[test]

@@ -96,6 +96,14 @@ pub fn plan(args: &PlanArgs) -> Result<()> {
             let explained = match &args.explain {
                 Some(spec) => {
                     let config = resolve::config_spec(spec, &result.candidates[0].config)?;
+                    if job.model.moe.is_none()
+                        && config.dispatcher != result.candidates[0].config.dispatcher
+                    {
+                        bail!(
+                            "--explain: model `{}` has no experts, so `dispatch` means nothing; leave it out",
+                            job.model.name
+                        );
+                    }
                     if let Err(reason) =
                         config.check(&job.model, job.global_batch, job.gpus, job.gpus_per_node())
                     {
@@ -749,6 +757,10 @@ pub fn evaluate_command(args: &EvaluateArgs) -> Result<()> {
             );
             kind_lines(&mut out, &summary.by_kind);
             gpu_lines(&mut out, &summary.by_gpu);
+            mean_note(
+                &mut out,
+                !summary.by_kind.is_empty() || !summary.by_gpu.is_empty(),
+            );
             // Rows with a time but no measured peak ran without a memory
             // figure: their fits verdict is checked here.
             if evaluation.memory.is_empty() {
@@ -831,6 +843,16 @@ fn gpu_lines(out: &mut String, by_gpu: &[(String, Figures)]) {
     }
 }
 
+/// What the split lines' "mean" is, once under them.
+fn mean_note(out: &mut String, shown: bool) {
+    if shown {
+        let _ = writeln!(
+            out,
+            "    (mean: the signed error, predicted minus measured over measured; below zero, the prediction is the lower)"
+        );
+    }
+}
+
 fn figures_line(out: &mut String, label: &str, f: &Figures) {
     let _ = writeln!(
         out,
@@ -861,6 +883,7 @@ fn memory_lines(out: &mut String, m: &paratune::evaluate::MemorySummary) {
         }
     }
     kind_lines(out, &m.allocated_by_kind);
+    mean_note(out, !m.allocated_by_kind.is_empty());
     let _ = writeln!(
         out,
         "  fits verdicts the runs contradict: {} (predicted not to fit, yet they ran){}",

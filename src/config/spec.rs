@@ -121,6 +121,19 @@ impl ParallelConfig {
         if given(&["tp", "pp", "cp"]) && !given(&["dp"]) {
             c.dp = keep_gpu_count(self, &c)?;
         }
+        // One pipeline stage, or one chunk per stage, leaves nothing to
+        // interleave: the schedule follows unless given.
+        if c.schedule == ScheduleKind::Interleaved
+            && if given(&["v", "virtual_stages"]) {
+                c.virtual_stages == 1
+            } else {
+                c.pp == 1
+            }
+            && !given(&["schedule"])
+        {
+            c.schedule = ScheduleKind::OneFOneB;
+            c.virtual_stages = 1;
+        }
         if !c.sequence_parallel && !given(&["tp_comm_overlap"]) {
             c.tp_comm_overlap = false;
         }
@@ -266,6 +279,31 @@ mod tests {
         assert_eq!((c.cp, c.dp), (2, 2));
         let c = base().with_spec("tp=4,dp=1").unwrap();
         assert_eq!(c.dp, 1);
+    }
+
+    #[test]
+    fn nothing_left_to_interleave_takes_one_f_one_b() {
+        let interleaved = ParallelConfig {
+            schedule: ScheduleKind::Interleaved,
+            virtual_stages: 4,
+            ..base()
+        };
+        for spec in ["pp=1", "v=1"] {
+            let c = interleaved.with_spec(spec).unwrap();
+            assert_eq!(
+                (c.schedule, c.virtual_stages),
+                (ScheduleKind::OneFOneB, 1),
+                "{spec}"
+            );
+        }
+        // A schedule or chunk count given is kept, for the rules to judge.
+        let c = interleaved.with_spec("pp=1,v=4").unwrap();
+        assert_eq!(
+            (c.schedule, c.virtual_stages),
+            (ScheduleKind::Interleaved, 4)
+        );
+        let c = interleaved.with_spec("pp=1,schedule=interleaved").unwrap();
+        assert_eq!(c.schedule, ScheduleKind::Interleaved);
     }
 
     #[test]

@@ -515,6 +515,13 @@ pub fn torchtitan_toml(job: &LaunchJob) -> Result<String, ExportError> {
                 unlike.join(", ")
             ),
         );
+    } else if torchtitan_model.is_none() {
+        line(
+            w,
+            format_args!(
+                "# torchtitan ships no such flavor: register one of this name with these dimensions in its llama3 model"
+            ),
+        );
     }
     if c.attention == AttentionKind::Standard {
         line(
@@ -947,6 +954,12 @@ mod tests {
         assert_eq!(toml["model"]["name"].as_str(), Some("qwen3"));
         assert_eq!(toml["model"]["flavor"].as_str(), Some("30B-A3B"));
         assert_eq!(catalogue_model_of("qwen3", "8B"), None);
+        let deeper = ModelSpec {
+            layers: 30,
+            ..builtin_model("llama3-8b").unwrap()
+        };
+        let text = torchtitan_toml(&launch(&deeper, &data_parallel(8))).unwrap();
+        assert!(text.contains("torchtitan ships no such flavor"), "{text}");
         let deepseek = builtin_model("deepseek-v3").unwrap();
         assert_eq!(torchtitan_module(&deepseek), Some("deepseek_v3"));
         let gpt = builtin_model("gpt3-175b").unwrap();
