@@ -282,8 +282,6 @@ pub fn embedding_sync(
     }
 }
 
-/// Memory per stage; long pipelines show the first, the peak and the last
-/// stages and say how many were left out.
 /// A line for a configuration that the allocator's fragmentation
 /// allowance alone puts over the usable memory: what would let it run.
 pub fn fragmentation_note(out: &mut String, prediction: &Prediction) {
@@ -296,6 +294,8 @@ pub fn fragmentation_note(out: &mut String, prediction: &Prediction) {
     }
 }
 
+/// Memory per stage; long pipelines show the first, the peak and the last
+/// stages and say how many were left out.
 pub fn stage_memory(out: &mut String, stages: &[StageMemory], usable: f64, peak_stage: u64) {
     let _ = writeln!(
         out,

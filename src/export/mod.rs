@@ -108,11 +108,6 @@ fn every_refusal(
                 feature,
                 hint,
             }) => unsupported.push((engine, feature, hint)),
-            Err(ExportError::Several { engine, problems }) => unsupported.extend(
-                problems
-                    .into_iter()
-                    .map(|(feature, hint)| (engine, feature, hint)),
-            ),
             Err(other) => return Err(other),
         }
     }

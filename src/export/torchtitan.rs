@@ -479,7 +479,8 @@ fn loss_and_gradient_refusals(job: &LaunchJob) -> [Result<(), ExportError>; 3] {
 /// N-th layer (`selective_ac_option = "N"`).
 ///
 /// Errors: the plan fails [`ParallelConfig::check`](crate::config::ParallelConfig::check)
-/// for the job, or uses BPipe or CUDA graphs, which 0.2 does not have.
+/// for the job, or uses what 0.2 cannot run (BPipe, CUDA graphs, ...: all of
+/// them named at once, [`refusals`]).
 pub fn torchtitan_toml(job: &LaunchJob) -> Result<String, ExportError> {
     refusals(job, Release::V02)?;
     let layout = layout(job)?;
@@ -507,21 +508,23 @@ pub fn torchtitan_toml(job: &LaunchJob) -> Result<String, ExportError> {
     line(w, format_args!("# {}", dimensions(job)));
     let torchtitan_model = torchtitan_model(model);
     let unlike = unlike_llama(job);
-    if torchtitan_model.is_none() && !unlike.is_empty() {
-        line(
-            w,
-            format_args!(
-                "# llama3 has SwiGLU, rotary positions and an untied head; this model has {}: give it its own model",
-                unlike.join(", ")
-            ),
-        );
-    } else if torchtitan_model.is_none() {
-        line(
-            w,
-            format_args!(
-                "# torchtitan ships no such flavor: register one of this name with these dimensions in its llama3 model"
-            ),
-        );
+    if torchtitan_model.is_none() {
+        if unlike.is_empty() {
+            line(
+                w,
+                format_args!(
+                    "# torchtitan ships no such flavor: register one of this name with these dimensions in its llama3 model"
+                ),
+            );
+        } else {
+            line(
+                w,
+                format_args!(
+                    "# llama3 has SwiGLU, rotary positions and an untied head; this model has {}: give it its own model",
+                    unlike.join(", ")
+                ),
+            );
+        }
     }
     if c.attention == AttentionKind::Standard {
         line(
@@ -531,16 +534,9 @@ pub fn torchtitan_toml(job: &LaunchJob) -> Result<String, ExportError> {
             ),
         );
     }
-    match torchtitan_model {
-        Some((name, flavor)) => {
-            line(w, format_args!("name = {}", toml_string(name)));
-            line(w, format_args!("flavor = {}", toml_string(flavor)));
-        }
-        None => {
-            line(w, format_args!("name = \"llama3\""));
-            line(w, format_args!("flavor = {}", toml_string(&model.name)));
-        }
-    }
+    let (name, flavor) = torchtitan_model.unwrap_or(("llama3", model.name.as_str()));
+    line(w, format_args!("name = {}", toml_string(name)));
+    line(w, format_args!("flavor = {}", toml_string(flavor)));
     if c.precision == crate::config::Precision::Fp8 {
         // torchao's float8 linears (tensorwise scaling), or its MXFP8
         // converter; the configuration rules refuse the other recipes.

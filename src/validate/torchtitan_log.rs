@@ -2469,11 +2469,10 @@ fn llama3_flavor(flavor: &str) -> Option<ModelSpec> {
             llama_ffn(256, 256, None),
             2048,
         )),
-        "8B" => builtin_model("llama3-8b"),
-        "70B" => builtin_model("llama3-70b"),
-        "405B" => builtin_model("llama3-405b"),
-        // What paratune's own torchtitan export writes (`flavor = "llama3-8b"`).
-        other => builtin_model(other).filter(|m| m.name.starts_with("llama3")),
+        // 8B, 70B and 405B, as the export names them; else a flavor that
+        // paratune's own export wrote (`flavor = "llama3-8b"`).
+        other => crate::export::catalogue_model_of("llama3", other)
+            .or_else(|| builtin_model(other).filter(|m| m.name.starts_with("llama3"))),
     }
 }
 
