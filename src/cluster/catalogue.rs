@@ -6,7 +6,7 @@
 //! bandwidth is per GPU and per direction (half the bidirectional figure
 //! datasheets quote); inter-node bandwidth is per node, all NICs together.
 //! A "node" is the GPUs one fast link joins: 8 on HGX/DGX/OAM boards, 72 in
-//! a GB200 NVL72 rack (one NVLink domain).
+//! a GB200 or GB300 NVL72 rack (one NVLink domain).
 
 use super::{GpuSpec, NodeGroup};
 use crate::units::Bandwidth;
@@ -46,15 +46,20 @@ struct Entry {
 // A100 SXM 267.9 of 312 TFLOP/s, H100 SXM 792.1 of 989, MI300X 781.9, and
 // its H200-to-B200 guide: B200 SXM 1,745.0 of 2,250 bf16, FP8 H200 SXM
 // 1,453.4 of 1,979 and B200 3,432.5 of 4,500. H200 is H100's die and
-// GB200 B200's (both unmeasured there, given the sibling's figure); the
-// 40 GB A100 is the 80 GB one's die. The others are not measured (0).
+// GB200 B200's (both unmeasured there, given the sibling's figure), and so
+// are Blackwell Ultra's B300 and GB300 (same tensor cores and SM count as
+// B200, the same dense 16-bit and FP8 peaks per die clock: unmeasured, given
+// B200's figure); the 40 GB A100 is the 80 GB one's die. The others are not
+// measured (0).
 // HOST LINKS, per direction: PCIe Gen3/4/5 x16 move 16/32/64 GB/s (PCI-SIG
 // base specifications; V100 Gen3, A100 Gen4, Hopper, Blackwell HGX and
 // MI300X Gen5). A GB200 superchip joins one Grace CPU to two B200s by
 // NVLink-C2C at 900 GB/s bidirectional (NVIDIA GB200 NVL72 datasheet):
-// 225 GB/s per direction for each GPU when both copy at once.
+// 225 GB/s per direction for each GPU when both copy at once; GB300's
+// superchip keeps that link. DGX B300's Xeon 6 hosts run the GPUs' PCIe Gen6
+// links at Gen5.
 #[rustfmt::skip]
-const CATALOGUE: [Entry; 10] = [
+const CATALOGUE: [Entry; 12] = [
     // NVIDIA A100 Tensor Core GPU datasheet (2021): 312 TFLOPS BF16, 40GB HBM2
     // at 1,555 GB/s, NVLink3 600 GB/s bidirectional; DGX A100: 8x HDR 200Gb/s.
     Entry { name: "a100-40gb", peak_tflops: 312.0, fp8_tflops: 0.0, memory_bytes: 40.0 * GIB, hbm_tb_s: 1.555, intra_gb_s: 300.0, nics: 8.0, nic_gbit_s: 200.0, gpus_per_node: 8 , bf16_ceiling: 0.859, fp8_ceiling: 0.000, host_gb_s: 32.0 },
@@ -86,6 +91,19 @@ const CATALOGUE: [Entry; 10] = [
     // at 576 TB/s (8 TB/s each), NVLink5 1.8 TB/s bidirectional per GPU; one
     // ConnectX-7 400Gb/s per GPU to the scale-out network.
     Entry { name: "gb200", peak_tflops: 2500.0, fp8_tflops: 5000.0, memory_bytes: 186.0 * GIB, hbm_tb_s: 8.0, intra_gb_s: 900.0, nics: 72.0, nic_gbit_s: 400.0, gpus_per_node: 72 , bf16_ceiling: 0.776, fp8_ceiling: 0.763, host_gb_s: 225.0 },
+    // Blackwell Ultra, DGX B300: 8 B300 with 72 PFLOPS FP8 training per system
+    // with sparsity (4.5 PF dense FP8, 2.25 PF dense BF16 per GPU, as B200), NVLink5
+    // 1.8 TB/s bidirectional per GPU, 8x ConnectX-8 800Gb/s. Memory as the driver
+    // reports it on the shipping "B300 SXM6 AC" part: 275,040 MiB of the nominal
+    // 288 GB, one of its sixteen 512-bit HBM3e controllers fused off (7,680-bit bus
+    // at 8 Gb/s per pin: 7.68 TB/s of the nominal 8).
+    Entry { name: "b300", peak_tflops: 2250.0, fp8_tflops: 4500.0, memory_bytes: 275_040.0 * MIB, hbm_tb_s: 7.68, intra_gb_s: 900.0, nics: 8.0, nic_gbit_s: 800.0, gpus_per_node: 8 , bf16_ceiling: 0.776, fp8_ceiling: 0.763, host_gb_s: 64.0 },
+    // NVIDIA GB300 NVL72 datasheet: 72 Blackwell Ultra GPUs in one NVLink domain,
+    // 360 PFLOPS FP16/BF16 and 720 PFLOPS FP8 with sparsity (2.5 and 5 PF dense per
+    // GPU, as GB200), 20 TB HBM3e at 576 TB/s (8 TB/s each; the driver reports
+    // 298,500,227,072 bytes per GPU), NVLink5 1.8 TB/s bidirectional per GPU; one
+    // ConnectX-8 800Gb/s per GPU to the scale-out network.
+    Entry { name: "gb300", peak_tflops: 2500.0, fp8_tflops: 5000.0, memory_bytes: 298_500_227_072.0, hbm_tb_s: 8.0, intra_gb_s: 900.0, nics: 72.0, nic_gbit_s: 800.0, gpus_per_node: 72 , bf16_ceiling: 0.776, fp8_ceiling: 0.763, host_gb_s: 225.0 },
     // NVIDIA H20 (HGX H20 product brief): 148 TFLOPS dense BF16, 96 GB HBM3 at
     // 4.0 TB/s, NVLink 900 GB/s bidirectional; 8x 400Gb/s NICs as on HGX H100.
     Entry { name: "h20", peak_tflops: 148.0, fp8_tflops: 296.0, memory_bytes: 96.0 * GIB, hbm_tb_s: 4.0, intra_gb_s: 450.0, nics: 8.0, nic_gbit_s: 400.0, gpus_per_node: 8 , bf16_ceiling: 0.000, fp8_ceiling: 0.000, host_gb_s: 64.0 },
@@ -197,7 +215,7 @@ pub fn builtin_gpu(name: &str) -> Option<GpuSpec> {
 }
 
 /// `nodes` typical nodes of that GPU (case-insensitive name): its usual
-/// intra-node link domain (8 GPUs, 72 for GB200 NVL72) and the NICs of the
+/// intra-node link domain (8 GPUs, 72 for GB200 and GB300 NVL72) and the NICs of the
 /// vendor's reference system.
 pub fn builtin_node(gpu: &str, nodes: u64) -> Option<NodeGroup> {
     let e = entry(gpu)?;
@@ -252,13 +270,13 @@ mod tests {
     #[test]
     fn every_name_resolves_to_a_gpu_and_a_node_of_that_name() {
         let names = builtin_gpu_names();
-        assert_eq!(names.len(), 10);
+        assert_eq!(names.len(), 12);
         for name in names {
             let gpu = builtin_gpu(name).unwrap();
             assert_eq!(gpu.name, name);
             assert!(gpu.peak_flops > 0.0 && gpu.memory_bytes > 0.0 && gpu.hbm_bandwidth > 0.0);
             let node = builtin_node(name, 4).unwrap();
-            let per_node = if name == "gb200" { 72 } else { 8 };
+            let per_node = if name.starts_with("gb") { 72 } else { 8 };
             assert_eq!((node.nodes, node.gpus_per_node), (4, per_node));
             assert_eq!(node.gpu, gpu);
         }
@@ -298,5 +316,19 @@ mod tests {
         assert_eq!(gb(p.intra_node_bw), 64.0);
         let v = builtin_node("v100-32gb", 1).unwrap();
         assert_eq!((gb(v.intra_node_bw), gb(v.inter_node_bw)), (150.0, 50.0));
+
+        // Blackwell Ultra: B200's and GB200's peaks, more memory, 800Gb/s NICs.
+        let b300 = builtin_node("b300", 1).unwrap();
+        assert_eq!(b300.gpu.peak_flops, builtin_gpu("b200").unwrap().peak_flops);
+        assert!((b300.gpu.memory_gib() - 268.59).abs() < 0.01);
+        assert_eq!(
+            (gb(b300.intra_node_bw), gb(b300.inter_node_bw)),
+            (900.0, 800.0)
+        );
+        let gb300 = builtin_node("gb300", 1).unwrap();
+        assert_eq!(gb300.gpu.fp8_peak_flops, Some(5000e12));
+        assert!((gb300.gpu.memory_gib() - 278.0).abs() < 0.01);
+        assert_eq!(gb(gb300.inter_node_bw), 72.0 * 100.0);
+        assert!(crate::cluster::is_blackwell("gb300") && crate::cluster::is_blackwell("b300"));
     }
 }
