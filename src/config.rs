@@ -548,8 +548,9 @@ impl Fp8Recipe {
     /// Why `gpu` cannot run this recipe, if it cannot: Transformer
     /// Engine's `check_mxfp8_support` wants compute capability 10.x.
     pub fn gpu_problem(self, gpu: &str) -> Option<&'static str> {
-        (self == Fp8Recipe::Mxfp8 && !crate::cluster::is_blackwell(gpu))
-            .then_some("MXFP8 needs Blackwell's block-scaled tensor cores (B200, GB200, B300)")
+        (self == Fp8Recipe::Mxfp8 && !crate::cluster::is_blackwell(gpu)).then_some(
+            "MXFP8 needs Blackwell's block-scaled tensor cores (B200, GB200, B300, GB300)",
+        )
     }
 }
 

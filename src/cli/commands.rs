@@ -7,7 +7,7 @@ use super::resolve;
 use anyhow::{Context, Result, anyhow, bail};
 use paratune::cluster::{builtin_gpu_names, builtin_node};
 use paratune::coefficients::CostModel;
-use paratune::config::{Engine, ParallelConfig};
+use paratune::config::{Engine, ParallelConfig, Rule};
 use paratune::cost::group_syncs;
 use paratune::cost::sparse::embedding_sync_options;
 use paratune::cost::{ProfileUsage, Scenario, memory_per_stage, predict_with_usage};
@@ -229,11 +229,19 @@ fn nothing_fits(
             .map(|(rule, n)| format!("{n} {}", rule.summary()))
             .collect();
         // The rule that drops the most, explained for a configuration it
-        // dropped: it names the flag and the fix.
+        // dropped: it names the flag and the fix. A tp or pp that does not
+        // divide the model is the search trying shapes, not the user's
+        // doing, so another rule is named first when one dropped any.
+        let search_shape = |rule: &Rule| {
+            matches!(
+                rule,
+                Rule::HeadsNotDivisible | Rule::FfnNotDivisible | Rule::LayersNotDivisible
+            )
+        };
         let most = result
             .invalid
             .iter()
-            .max_by_key(|(_, n)| **n)
+            .max_by_key(|(rule, n)| (!search_shape(rule), **n))
             .and_then(|(rule, _)| Some((*rule, result.invalid_examples.get(rule)?)));
         let fix = match most {
             Some((rule, example)) => super::flags::with_flags(&rule.explain(
@@ -935,16 +943,28 @@ pub fn gpus() -> Result<()> {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<11} {:>14} {:>9} {:>9} {:>10} {:>13} {:>15}",
-        "name", "16-bit TFLOP/s", "memory", "HBM", "GPUs/node", "intra-node", "inter-node"
+        "{:<11} {:>14} {:>11} {:>9} {:>9} {:>10} {:>13} {:>15}",
+        "name",
+        "16-bit TFLOP/s",
+        "FP8 TFLOP/s",
+        "memory",
+        "HBM",
+        "GPUs/node",
+        "intra-node",
+        "inter-node"
     );
     for name in builtin_gpu_names() {
         let node = builtin_node(name, 1).context("catalogue")?;
+        let fp8 = node
+            .gpu
+            .fp8_peak_flops
+            .map_or_else(|| "-".to_string(), |f| format!("{:.1}", f / 1e12));
         let _ = writeln!(
             out,
-            "{:<11} {:>14.1} {:>6.1}GiB {:>6.2}TB/s {:>10} {:>13} {:>15}",
+            "{:<11} {:>14.1} {:>11} {:>6.1}GiB {:>6.2}TB/s {:>10} {:>13} {:>15}",
             node.gpu.name,
             node.gpu.peak_flops / 1e12,
+            fp8,
             node.gpu.memory_bytes / GIB,
             node.gpu.hbm_bandwidth / 1e12,
             node.gpus_per_node,
