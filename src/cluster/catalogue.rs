@@ -93,11 +93,10 @@ const CATALOGUE: [Entry; 12] = [
     Entry { name: "gb200", peak_tflops: 2500.0, fp8_tflops: 5000.0, memory_bytes: 186.0 * GIB, hbm_tb_s: 8.0, intra_gb_s: 900.0, nics: 72.0, nic_gbit_s: 400.0, gpus_per_node: 72 , bf16_ceiling: 0.776, fp8_ceiling: 0.763, host_gb_s: 225.0 },
     // Blackwell Ultra, DGX B300: 8 B300 with 72 PFLOPS FP8 training per system
     // with sparsity (4.5 PF dense FP8, 2.25 PF dense BF16 per GPU, as B200), NVLink5
-    // 1.8 TB/s bidirectional per GPU, 8x ConnectX-8 800Gb/s. Memory as the driver
-    // reports it on the shipping "B300 SXM6 AC" part: 275,040 MiB of the nominal
-    // 288 GB, one of its sixteen 512-bit HBM3e controllers fused off (7,680-bit bus
-    // at 8 Gb/s per pin: 7.68 TB/s of the nominal 8).
-    Entry { name: "b300", peak_tflops: 2250.0, fp8_tflops: 4500.0, memory_bytes: 275_040.0 * MIB, hbm_tb_s: 7.68, intra_gb_s: 900.0, nics: 8.0, nic_gbit_s: 800.0, gpus_per_node: 8 , bf16_ceiling: 0.776, fp8_ceiling: 0.763, host_gb_s: 64.0 },
+    // 1.8 TB/s bidirectional per GPU, 8x ConnectX-8 800Gb/s, HBM3e at 8 TB/s per GPU.
+    // Memory as the driver reports it on the shipping "B300 SXM6 AC" part:
+    // 275,040 MiB (268.6 GiB) of eight 36 GiB stacks.
+    Entry { name: "b300", peak_tflops: 2250.0, fp8_tflops: 4500.0, memory_bytes: 275_040.0 * MIB, hbm_tb_s: 8.0, intra_gb_s: 900.0, nics: 8.0, nic_gbit_s: 800.0, gpus_per_node: 8 , bf16_ceiling: 0.776, fp8_ceiling: 0.763, host_gb_s: 64.0 },
     // NVIDIA GB300 NVL72 datasheet: 72 Blackwell Ultra GPUs in one NVLink domain,
     // 360 PFLOPS FP16/BF16 and 720 PFLOPS FP8 with sparsity (2.5 and 5 PF dense per
     // GPU, as GB200), 20 TB HBM3e at 576 TB/s (8 TB/s each; the driver reports
@@ -202,6 +201,23 @@ pub fn attention_rates(gpu: &str) -> Option<AttentionRates> {
         forward: forward.map(fraction),
         backward: backward.map(fraction),
     })
+}
+
+// HOSTS: a GB200 or GB300 NVL72 rack is one NVLink domain of 72 GPUs but 18
+// compute trays, each one operating system with two superchips: four GPUs
+// (NVIDIA GB200 NVL72 and GB300 NVL72 datasheets). A launcher starts its
+// processes per host, so the rack's "node" of 72 is 18 launcher nodes.
+const GPUS_PER_HOST: [(&str, u64); 2] = [("gb200", 4), ("gb300", 4)];
+
+/// GPUs one host (one operating system, one launcher node) holds, for a
+/// built-in GPU whose NVLink domain spans several hosts; `None` where the
+/// domain is one host.
+pub fn gpus_per_host(gpu: &str) -> Option<u64> {
+    let e = entry(gpu)?;
+    GPUS_PER_HOST
+        .iter()
+        .find(|(name, _)| *name == e.name)
+        .map(|&(_, gpus)| gpus)
 }
 
 /// Names of the built-in GPUs, in catalogue order.
@@ -330,5 +346,8 @@ mod tests {
         assert!((gb300.gpu.memory_gib() - 278.0).abs() < 0.01);
         assert_eq!(gb(gb300.inter_node_bw), 72.0 * 100.0);
         assert!(crate::cluster::is_blackwell("gb300") && crate::cluster::is_blackwell("b300"));
+        // An NVL72 rack's launcher nodes are its four-GPU trays.
+        assert_eq!(gpus_per_host("GB300"), Some(4));
+        assert_eq!(gpus_per_host("b300"), None);
     }
 }

@@ -9,7 +9,7 @@ mod file;
 
 pub use catalogue::{
     AttentionRates, MatmulCeiling, attention_rates, builtin_gpu, builtin_gpu_names, builtin_node,
-    matmul_ceiling,
+    gpus_per_host, matmul_ceiling,
 };
 pub use file::{ClusterFileError, load_cluster_file, parse_cluster_toml};
 

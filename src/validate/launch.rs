@@ -154,6 +154,16 @@ pub fn check_megatron_path(path: Option<&Path>) -> Result<PathBuf, LaunchError> 
     Ok(absolute)
 }
 
+/// The GPUs one launcher node of `plan`'s cluster holds: its node, or the
+/// host within it where the GPU's NVLink domain spans several hosts (an
+/// NVL72 rack's four-GPU trays), when the hosts tile the planned node.
+pub(crate) fn launcher_node_gpus(plan: &PlanFile) -> u64 {
+    let node = plan.nodes.gpus_per_node;
+    crate::cluster::gpus_per_host(&plan.nodes.gpu.name)
+        .filter(|&host| host > 0 && node.is_multiple_of(host))
+        .unwrap_or(node)
+}
+
 /// Processes per node and nodes for `gpus` GPUs on nodes of `gpus_per_node`.
 pub(crate) fn node_shape(
     gpus: u64,
@@ -531,7 +541,7 @@ pub fn launch_script(
         return Err(LaunchError::TooFewIterations(settings.train_iters));
     }
     let launcher = settings.launcher;
-    let (gpus_per_node, nodes) = node_shape(plan.gpus, plan.nodes.gpus_per_node, launcher)?;
+    let (gpus_per_node, nodes) = node_shape(plan.gpus, launcher_node_gpus(plan), launcher)?;
     let megatron_args = &candidate_megatron_args(plan, candidate)?;
     let model = &plan.model;
     let p = &candidate.prediction;
@@ -592,9 +602,40 @@ pub fn launch_script(
             "export CUDA_DEVICE_MAX_CONNECTIONS=\"${{CUDA_DEVICE_MAX_CONNECTIONS:-1}}\""
         );
     }
+    hybrid_ep_environment(&mut s, plan, candidate, megatron_args);
     let _ = writeln!(s, "cd \"${{MEGATRON_PATH}}\"");
     launch_lines(&mut s, launcher);
     Ok(s)
+}
+
+/// HybridEP's view of the NVLink domain, which it reads from the
+/// environment and otherwise takes as 8 GPUs on one host: the domain's
+/// size, whether it spans hosts (multi-node NVLink), and the expert-
+/// parallel ranks inside one domain, as NVIDIA's recipes set them
+/// (Megatron-Bridge `scripts/performance/perf_plugins.py`,
+/// `_set_nvl_domain_size`). Nothing for another dispatcher.
+fn hybrid_ep_environment(
+    s: &mut String,
+    plan: &PlanFile,
+    candidate: &PlannedCandidate,
+    megatron_args: &[String],
+) {
+    if !megatron_args.iter().any(|a| a == "hybridep") {
+        return;
+    }
+    let gpu = &plan.nodes.gpu.name;
+    let domain = crate::cluster::builtin_node(gpu, 1)
+        .map_or(plan.nodes.gpus_per_node, |node| node.gpus_per_node);
+    let multi_host = u8::from(launcher_node_gpus(plan) < plan.nodes.gpus_per_node);
+    let ep_ranks = candidate.config.ep.min(domain);
+    let _ = writeln!(
+        s,
+        "export NVLINK_DOMAIN_SIZE=\"${{NVLINK_DOMAIN_SIZE:-{domain}}}\" USE_MNNVL=\"${{USE_MNNVL:-{multi_host}}}\""
+    );
+    let _ = writeln!(
+        s,
+        "export NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN=\"${{NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN:-{ep_ranks}}}\""
+    );
 }
 
 /// Writes one script per candidate of `plan` to `out_dir/candidate-<rank>/run.sh`
@@ -1063,5 +1104,46 @@ pub(crate) mod tests {
         let script =
             launch_script(&small, &small.candidates[0], &settings(Launcher::Torchrun)).unwrap();
         assert!(script.contains("GPUS_PER_NODE=\"${GPUS_PER_NODE:-4}\""));
+    }
+
+    #[test]
+    fn an_nvl72_rack_launches_per_tray_and_tells_hybrid_ep_its_domain() {
+        use crate::config::Dispatcher;
+        let mut nodes = builtin_node("gb300", 2).unwrap();
+        nodes.gpus_per_node = 64;
+        let job = Job {
+            model: builtin_model("qwen3-30b-a3b").unwrap(),
+            global_batch: 512,
+            gpus: 128,
+            nodes,
+            memory_limit: None,
+            profile: None,
+        };
+        let space = SearchSpace {
+            tp: Some(vec![1]),
+            pp: Some(vec![1]),
+            ep: Some(vec![16]),
+            dispatcher: Some(vec![Dispatcher::HybridEp]),
+            ..SearchSpace::default()
+        };
+        let cost = CostModel::datasheet();
+        let plan = PlanFile::of(&job, &cost, &search(&job, &space, &cost), 1);
+        let script =
+            launch_script(&plan, &plan.candidates[0], &settings(Launcher::Torchrun)).unwrap();
+        // 128 GPUs of two racks: 32 trays of 4, not 2 "nodes" of 64.
+        assert!(
+            script.contains("GPUS_PER_NODE=\"${GPUS_PER_NODE:-4}\""),
+            "{script}"
+        );
+        assert!(script.contains("NNODES=\"${NNODES:-32}\""));
+        assert!(script.contains("USE_MNNVL=\"${USE_MNNVL:-1}\""));
+        assert!(script.contains("NVLINK_DOMAIN_SIZE=\"${NVLINK_DOMAIN_SIZE:-72}\""));
+        assert!(script.contains("NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN=\"${NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN:-16}\""));
+        bash_accepts(&script);
+        // Eight-GPU hosts keep their node, and other dispatchers get nothing.
+        let a100 = plans().remove(0);
+        let script =
+            launch_script(&a100, &a100.candidates[0], &settings(Launcher::Torchrun)).unwrap();
+        assert!(!script.contains("USE_MNNVL"));
     }
 }

@@ -17,8 +17,8 @@
 //! scripts (and job configs) atomically.
 
 use super::launch::{
-    LaunchError, Launcher, MIN_TRAIN_ITERS, ScriptOutcome, bash_array, node_shape,
-    rank_environment, script_header, script_prologue, write_candidate,
+    LaunchError, Launcher, MIN_TRAIN_ITERS, ScriptOutcome, bash_array, launcher_node_gpus,
+    node_shape, rank_environment, script_header, script_prologue, write_candidate,
 };
 use crate::export::{LaunchJob, merge_job_config, torchtitan_flags};
 use crate::plan_file::{PlanFile, PlannedCandidate};
@@ -152,7 +152,7 @@ pub fn torchtitan_script(
         reason: e.to_string(),
     };
     let launcher = settings.launcher;
-    let (gpus_per_node, nodes) = node_shape(plan.gpus, plan.nodes.gpus_per_node, launcher)?;
+    let (gpus_per_node, nodes) = node_shape(plan.gpus, launcher_node_gpus(plan), launcher)?;
     let gpus = plan.gpus;
     let p = &candidate.prediction;
 
