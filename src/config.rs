@@ -472,15 +472,38 @@ pub enum Precision {
     /// The transformer layers' linear layers in FP8 (Transformer Engine's
     /// hybrid E4M3/E5M2, MXFP8 on Blackwell), the rest in bf16.
     Fp8,
+    /// The transformer layers' linear layers in NVFP4 (Transformer Engine's
+    /// `NVFP4BlockScaling`, Megatron-LM's `--fp4-format e2m1 --fp4-recipe
+    /// nvfp4`): E2M1 values with an E4M3 scale per 16 elements and an fp32
+    /// scale per tensor, forward and both backward GEMMs; Blackwell's FP4
+    /// tensor cores only. The rest in bf16.
+    Nvfp4,
 }
 
 impl Precision {
-    pub const ALL: [Precision; 2] = [Precision::Bf16, Precision::Fp8];
+    pub const ALL: [Precision; 3] = [Precision::Bf16, Precision::Fp8, Precision::Nvfp4];
 
     pub fn name(self) -> &'static str {
         match self {
             Precision::Bf16 => "bf16",
             Precision::Fp8 => "fp8",
+            Precision::Nvfp4 => "nvfp4",
+        }
+    }
+
+    /// Why `gpu` cannot run this precision, if it cannot: no tensor cores
+    /// of that format.
+    pub fn gpu_problem(self, gpu: &crate::cluster::GpuSpec) -> Option<String> {
+        match self {
+            Precision::Fp8 if gpu.fp8_peak_flops.is_none() => Some(format!(
+                "the {} has no FP8 tensor cores (Hopper and later do); plan with bf16, or give the GPU an fp8_peak_tflops in a cluster file",
+                gpu.name
+            )),
+            Precision::Nvfp4 if gpu.fp4_peak_flops.is_none() => Some(format!(
+                "the {} has no FP4 tensor cores (Blackwell's B200, GB200, B300 and GB300 do); plan with fp8 or bf16, or give the GPU an fp4_peak_tflops in a cluster file",
+                gpu.name
+            )),
+            _ => None,
         }
     }
 }
@@ -1403,6 +1426,7 @@ impl ParallelConfig {
                 c.fp8_param_gather && fp8_param_gather_problem(c).is_some(),
             ),
             (Rule::Fp8RecipeEngine, fp8_recipe_engine_problem(c)),
+            (Rule::Nvfp4Needs, nvfp4_problem(c).is_some()),
             (
                 Rule::TorchtitanStageSplit,
                 c.engine == Engine::Torchtitan
@@ -1827,6 +1851,9 @@ pub enum Rule {
     /// torchtitan's float8 converters (torchao) scale tensor-wise or in MX
     /// blocks; delayed and blockwise scaling are Transformer Engine's.
     Fp8RecipeEngine,
+    /// NVFP4 training is Transformer Engine's (Megatron-LM), without the
+    /// tensor-parallel GEMM overlap ([`nvfp4_problem`]).
+    Nvfp4Needs,
     /// torchtitan splits a pipeline into chunks of equal layers but the
     /// first and the last, which may hold fewer.
     TorchtitanStageSplit,
@@ -1872,6 +1899,27 @@ fn fp8_recipe_engine_problem(c: &ParallelConfig) -> bool {
     c.precision == Precision::Fp8
         && c.fp8_recipe
             .is_some_and(|recipe| recipe.engine_problem(c.engine).is_some())
+}
+
+/// What keeps `c` from training in NVFP4, if anything: Transformer
+/// Engine's recipe runs in Megatron-LM only (torchtitan's converters train
+/// in float8 or MXFP8), and NVIDIA's NVFP4 recipes turn the tensor-parallel
+/// communication overlap off on every GPU (Megatron-Bridge
+/// `scripts/performance/configs/llama/llama3_llm_pretrain.py` and
+/// `llama31_llm_pretrain.py` at 0013c9a8: `tp_comm_overlap = False if
+/// precision == "nvfp4"`).
+pub fn nvfp4_problem(c: &ParallelConfig) -> Option<&'static str> {
+    if c.precision != Precision::Nvfp4 {
+        None
+    } else if c.engine != Engine::Megatron {
+        Some(
+            "`engine megatron` (Transformer Engine's NVFP4 recipe; torchtitan trains in float8 or MXFP8)",
+        )
+    } else if c.tp_comm_overlap {
+        Some("`tp_comm_overlap off` (NVIDIA's NVFP4 recipes run without it)")
+    } else {
+        None
+    }
 }
 
 /// What keeps Megatron-LM from keeping `c`'s weights in FP8, if anything:
@@ -2012,6 +2060,7 @@ impl Rule {
                 "FP8 parameter gather needs FP8 with Megatron-LM and sharded optimizer states"
             }
             Rule::Fp8RecipeEngine => "torchtitan scales FP8 tensorwise or as MXFP8",
+            Rule::Nvfp4Needs => "NVFP4 training needs Megatron-LM without TP comm overlap",
             Rule::TorchtitanStageSplit => {
                 "torchtitan's pipeline chunks are equal but for shorter end ones"
             }
@@ -2290,6 +2339,10 @@ impl Rule {
                 c.middle_stage_layers(model.layers),
                 c.stage_layers(model.layers, c.pp - 1),
                 c.virtual_stages
+            ),
+            Rule::Nvfp4Needs => format!(
+                "`precision nvfp4` needs {}; change that, or use `precision fp8`",
+                nvfp4_problem(c).unwrap_or("its settings")
             ),
             Rule::Fp8RecipeEngine => c
                 .fp8_recipe

@@ -1517,3 +1517,73 @@ fn an_explained_deferral_can_run_faster_than_the_winner() {
         ],
     );
 }
+
+/// NVFP4 (`--precision nvfp4`): Blackwell's FP4 tensor cores and
+/// Megatron-LM only, refused elsewhere in one line naming the flag;
+/// exported as Megatron-LM's `--fp4-format e2m1 --fp4-recipe nvfp4`, and
+/// read back from a run table.
+#[test]
+fn nvfp4_plans_are_checked_exported_and_read_back() {
+    let llama_on = |gpu: &'static str, extra: &[&'static str]| {
+        let base = [
+            "plan",
+            "--model",
+            "llama3-8b",
+            "--gpu",
+            gpu,
+            "--nodes",
+            "1",
+            "--global-batch",
+            "128",
+            "--precision",
+            "nvfp4",
+            "--top",
+            "1",
+        ];
+        with(&base, extra)
+    };
+    says(
+        &fails(&llama_on("h100-sxm", &[])),
+        &["--precision nvfp4", "h100-sxm has no FP4 tensor cores"],
+    );
+    says(
+        &fails(&llama_on("b200", &["--engine", "torchtitan"])),
+        &["--precision nvfp4", "--engine megatron"],
+    );
+    says(
+        &fails(&llama_on("b200", &["--fp8-recipe", "mxfp8"])),
+        &["--fp8-recipe mxfp8: no candidate runs FP8"],
+    );
+    says(
+        &fails(&llama_on(
+            "b200",
+            &[
+                "--tp",
+                "2",
+                "--sequence-parallel",
+                "on",
+                "--tp-comm-overlap",
+                "on",
+            ],
+        )),
+        &["--precision nvfp4 needs --tp-comm-overlap off"],
+    );
+    let plan = ok(&llama_on("gb300", &[]));
+    says(&plan, &["--fp4-format e2m1", "--fp4-recipe nvfp4"]);
+    assert!(!plan.contains("--fp8-format"), "{plan}");
+    assert!(!plan.contains("--tp-comm-overlap"), "{plan}");
+
+    // A run table's nvfp4 row is predicted; an MXFP4 one is left out.
+    let dir = tempfile::tempdir().unwrap();
+    let runs = dir.path().join("runs.csv");
+    std::fs::write(
+        &runs,
+        "model,gpu,gpus,global_batch,micro_batch,tp,pp,precision,tokens_per_s_per_gpu\n\
+         llama3-8b,b200,8,128,1,1,1,nvfp4,40000\n\
+         llama3-8b,b200,8,128,1,1,1,mxfp4,40000\n\
+         llama3-8b,b200,8,128,1,1,1,fp8,30000\n",
+    )
+    .unwrap();
+    let out = ok(&["evaluate", "--runs", runs.to_str().unwrap()]);
+    says(&out, &["rows with a measured time   2"]);
+}

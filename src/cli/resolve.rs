@@ -531,14 +531,24 @@ pub fn check_job_choices(space: &SearchSpace, job: &Job) -> Result<()> {
             );
         }
     }
-    let asks_fp8 = space
-        .precision
-        .as_deref()
-        .is_some_and(|p| p.contains(&Precision::Fp8));
-    if asks_fp8 && job.nodes.gpu.fp8_peak_flops.is_none() {
+    let asks = |precision| {
+        space
+            .precision
+            .as_deref()
+            .is_some_and(|p| p.contains(&precision))
+    };
+    let asks_fp8 = asks(Precision::Fp8);
+    for precision in [Precision::Fp8, Precision::Nvfp4] {
+        if let Some(problem) = precision
+            .gpu_problem(&job.nodes.gpu)
+            .filter(|_| asks(precision))
+        {
+            bail!("--precision {}: {}", precision.name(), with_flags(&problem));
+        }
+    }
+    if asks(Precision::Nvfp4) && space.engine != paratune::config::Engine::Megatron {
         bail!(
-            "--precision fp8: the {} has no FP8 tensor cores (Hopper and later do); plan with --precision bf16, or give the GPU an fp8_peak_tflops in a cluster file",
-            job.nodes.gpu.name
+            "--precision nvfp4: NVFP4 training is Transformer Engine's, which Megatron-LM runs and torchtitan does not; use --engine megatron, or --precision fp8"
         );
     }
     if let Some(recipe) = space.fp8_recipe {

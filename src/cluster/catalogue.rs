@@ -20,6 +20,8 @@ struct Entry {
     peak_tflops: f64,
     /// Dense FP8 TFLOP/s (0: no FP8 tensor cores).
     fp8_tflops: f64,
+    /// Dense NVFP4 TFLOP/s (0: no FP4 tensor cores).
+    fp4_tflops: f64,
     memory_bytes: f64,
     /// HBM bandwidth, TB/s (decimal).
     hbm_tb_s: f64,
@@ -62,54 +64,57 @@ struct Entry {
 const CATALOGUE: [Entry; 12] = [
     // NVIDIA A100 Tensor Core GPU datasheet (2021): 312 TFLOPS BF16, 40GB HBM2
     // at 1,555 GB/s, NVLink3 600 GB/s bidirectional; DGX A100: 8x HDR 200Gb/s.
-    Entry { name: "a100-40gb", peak_tflops: 312.0, fp8_tflops: 0.0, memory_bytes: 40.0 * GIB, hbm_tb_s: 1.555, intra_gb_s: 300.0, nics: 8.0, nic_gbit_s: 200.0, gpus_per_node: 8 , bf16_ceiling: 0.859, fp8_ceiling: 0.000, host_gb_s: 32.0 },
+    Entry { name: "a100-40gb", peak_tflops: 312.0, fp4_tflops: 0.0, fp8_tflops: 0.0, memory_bytes: 40.0 * GIB, hbm_tb_s: 1.555, intra_gb_s: 300.0, nics: 8.0, nic_gbit_s: 200.0, gpus_per_node: 8 , bf16_ceiling: 0.859, fp8_ceiling: 0.000, host_gb_s: 32.0 },
     // NVIDIA A100 datasheet, 80GB SXM: HBM2e at 2,039 GB/s (81,920 MiB reported).
-    Entry { name: "a100-80gb", peak_tflops: 312.0, fp8_tflops: 0.0, memory_bytes: 80.0 * GIB, hbm_tb_s: 2.039, intra_gb_s: 300.0, nics: 8.0, nic_gbit_s: 200.0, gpus_per_node: 8 , bf16_ceiling: 0.859, fp8_ceiling: 0.000, host_gb_s: 32.0 },
-    // FP8 peaks: dense, half the datasheets' "with sparsity" figures (H100 SXM
+    Entry { name: "a100-80gb", peak_tflops: 312.0, fp4_tflops: 0.0, fp8_tflops: 0.0, memory_bytes: 80.0 * GIB, hbm_tb_s: 2.039, intra_gb_s: 300.0, nics: 8.0, nic_gbit_s: 200.0, gpus_per_node: 8 , bf16_ceiling: 0.859, fp8_ceiling: 0.000, host_gb_s: 32.0 },
+    // NVFP4 peaks: dense FP4 per GPU from the datasheets' dense figures (HGX
+// B200 72 PF and HGX B300 108 PF per 8 GPUs, GB200 NVL72 720 PF and GB300
+// NVL72 1,080 PF per 72); Hopper and older have no FP4 tensor cores.
+// FP8 peaks: dense, half the datasheets' "with sparsity" figures (H100 SXM
     // 3,958, PCIe 3,026, H200 3,958, H20 296 dense, B200 9 PF per GPU
     // (72 PF per DGX B200), GB200 10 PF (720 PF per NVL72 rack), MI300X
     // 5,229.8); A100 and V100 have no FP8 tensor cores.
     // NVIDIA H100 datasheet, SXM5: 1,979 TFLOPS BF16 with sparsity (989.4 dense),
     // 80GB HBM3 at 3.35 TB/s, NVLink4 900 GB/s bidirectional; DGX H100: 8x NDR 400Gb/s.
-    Entry { name: "h100-sxm", peak_tflops: 989.4, fp8_tflops: 1978.9, memory_bytes: 80.0 * GIB, hbm_tb_s: 3.35, intra_gb_s: 450.0, nics: 8.0, nic_gbit_s: 400.0, gpus_per_node: 8 , bf16_ceiling: 0.801, fp8_ceiling: 0.734, host_gb_s: 64.0 },
+    Entry { name: "h100-sxm", peak_tflops: 989.4, fp4_tflops: 0.0, fp8_tflops: 1978.9, memory_bytes: 80.0 * GIB, hbm_tb_s: 3.35, intra_gb_s: 450.0, nics: 8.0, nic_gbit_s: 400.0, gpus_per_node: 8 , bf16_ceiling: 0.801, fp8_ceiling: 0.734, host_gb_s: 64.0 },
     // NVIDIA H100 datasheet, PCIe: 1,513 TFLOPS BF16 with sparsity (756 dense),
     // 80GB HBM2e at 2.0 TB/s; GPUs talk over PCIe Gen5 x16, 64 GB/s per direction.
-    Entry { name: "h100-pcie", peak_tflops: 756.0, fp8_tflops: 1513.0, memory_bytes: 80.0 * GIB, hbm_tb_s: 2.0, intra_gb_s: 64.0, nics: 8.0, nic_gbit_s: 400.0, gpus_per_node: 8 , bf16_ceiling: 0.000, fp8_ceiling: 0.000, host_gb_s: 64.0 },
+    Entry { name: "h100-pcie", peak_tflops: 756.0, fp4_tflops: 0.0, fp8_tflops: 1513.0, memory_bytes: 80.0 * GIB, hbm_tb_s: 2.0, intra_gb_s: 64.0, nics: 8.0, nic_gbit_s: 400.0, gpus_per_node: 8 , bf16_ceiling: 0.000, fp8_ceiling: 0.000, host_gb_s: 64.0 },
     // NVIDIA H200 datasheet, SXM: H100's 989.4 TFLOPS dense BF16, "141GB" HBM3e
     // (143,771 MiB reported by nvidia-smi) at 4.8 TB/s, NVLink4; HGX H200: 8x NDR 400Gb/s.
-    Entry { name: "h200", peak_tflops: 989.4, fp8_tflops: 1978.9, memory_bytes: 143_771.0 * MIB, hbm_tb_s: 4.8, intra_gb_s: 450.0, nics: 8.0, nic_gbit_s: 400.0, gpus_per_node: 8 , bf16_ceiling: 0.801, fp8_ceiling: 0.734, host_gb_s: 64.0 },
+    Entry { name: "h200", peak_tflops: 989.4, fp4_tflops: 0.0, fp8_tflops: 1978.9, memory_bytes: 143_771.0 * MIB, hbm_tb_s: 4.8, intra_gb_s: 450.0, nics: 8.0, nic_gbit_s: 400.0, gpus_per_node: 8 , bf16_ceiling: 0.801, fp8_ceiling: 0.734, host_gb_s: 64.0 },
     // NVIDIA V100 datasheet, SXM2 32GB: 125 TFLOPS FP16 tensor, HBM2 at 900 GB/s,
     // NVLink2 300 GB/s bidirectional; DGX-1V: 4x EDR 100Gb/s.
-    Entry { name: "v100-32gb", peak_tflops: 125.0, fp8_tflops: 0.0, memory_bytes: 32.0 * GIB, hbm_tb_s: 0.9, intra_gb_s: 150.0, nics: 4.0, nic_gbit_s: 100.0, gpus_per_node: 8 , bf16_ceiling: 0.000, fp8_ceiling: 0.000, host_gb_s: 16.0 },
+    Entry { name: "v100-32gb", peak_tflops: 125.0, fp4_tflops: 0.0, fp8_tflops: 0.0, memory_bytes: 32.0 * GIB, hbm_tb_s: 0.9, intra_gb_s: 150.0, nics: 4.0, nic_gbit_s: 100.0, gpus_per_node: 8 , bf16_ceiling: 0.000, fp8_ceiling: 0.000, host_gb_s: 16.0 },
     // NVIDIA DGX B200 datasheet: 8 B200 with 1,440 GB HBM3e in all (180 GB each) at
     // 8 TB/s each, 72 PFLOPS FP8 training per system with sparsity (4.5 PF dense FP8,
     // 2.25 PF dense BF16 per GPU), NVLink5 1.8 TB/s bidirectional per GPU, 8x
     // ConnectX-7 400Gb/s for the compute fabric.
-    Entry { name: "b200", peak_tflops: 2250.0, fp8_tflops: 4500.0, memory_bytes: 180.0 * GIB, hbm_tb_s: 8.0, intra_gb_s: 900.0, nics: 8.0, nic_gbit_s: 400.0, gpus_per_node: 8 , bf16_ceiling: 0.776, fp8_ceiling: 0.763, host_gb_s: 64.0 },
+    Entry { name: "b200", peak_tflops: 2250.0, fp4_tflops: 9000.0, fp8_tflops: 4500.0, memory_bytes: 180.0 * GIB, hbm_tb_s: 8.0, intra_gb_s: 900.0, nics: 8.0, nic_gbit_s: 400.0, gpus_per_node: 8 , bf16_ceiling: 0.776, fp8_ceiling: 0.763, host_gb_s: 64.0 },
     // NVIDIA GB200 NVL72 datasheet: 72 Blackwell GPUs in one NVLink domain, 360 PFLOPS
     // FP16/BF16 with sparsity (2.5 PF dense per GPU), up to 13.4 TB HBM3e (186 GB each)
     // at 576 TB/s (8 TB/s each), NVLink5 1.8 TB/s bidirectional per GPU; one
     // ConnectX-7 400Gb/s per GPU to the scale-out network.
-    Entry { name: "gb200", peak_tflops: 2500.0, fp8_tflops: 5000.0, memory_bytes: 186.0 * GIB, hbm_tb_s: 8.0, intra_gb_s: 900.0, nics: 72.0, nic_gbit_s: 400.0, gpus_per_node: 72 , bf16_ceiling: 0.776, fp8_ceiling: 0.763, host_gb_s: 225.0 },
+    Entry { name: "gb200", peak_tflops: 2500.0, fp4_tflops: 10000.0, fp8_tflops: 5000.0, memory_bytes: 186.0 * GIB, hbm_tb_s: 8.0, intra_gb_s: 900.0, nics: 72.0, nic_gbit_s: 400.0, gpus_per_node: 72 , bf16_ceiling: 0.776, fp8_ceiling: 0.763, host_gb_s: 225.0 },
     // Blackwell Ultra, DGX B300: 8 B300 with 72 PFLOPS FP8 training per system
     // with sparsity (4.5 PF dense FP8, 2.25 PF dense BF16 per GPU, as B200), NVLink5
     // 1.8 TB/s bidirectional per GPU, 8x ConnectX-8 800Gb/s, HBM3e at 8 TB/s per GPU.
     // Memory as the driver reports it on the shipping "B300 SXM6 AC" part:
     // 275,040 MiB (268.6 GiB) of eight 36 GiB stacks.
-    Entry { name: "b300", peak_tflops: 2250.0, fp8_tflops: 4500.0, memory_bytes: 275_040.0 * MIB, hbm_tb_s: 8.0, intra_gb_s: 900.0, nics: 8.0, nic_gbit_s: 800.0, gpus_per_node: 8 , bf16_ceiling: 0.776, fp8_ceiling: 0.763, host_gb_s: 64.0 },
+    Entry { name: "b300", peak_tflops: 2250.0, fp4_tflops: 13500.0, fp8_tflops: 4500.0, memory_bytes: 275_040.0 * MIB, hbm_tb_s: 8.0, intra_gb_s: 900.0, nics: 8.0, nic_gbit_s: 800.0, gpus_per_node: 8 , bf16_ceiling: 0.776, fp8_ceiling: 0.763, host_gb_s: 64.0 },
     // NVIDIA GB300 NVL72 datasheet: 72 Blackwell Ultra GPUs in one NVLink domain,
     // 360 PFLOPS FP16/BF16 and 720 PFLOPS FP8 with sparsity (2.5 and 5 PF dense per
     // GPU, as GB200), 20 TB HBM3e at 576 TB/s (8 TB/s each; the driver reports
     // 298,500,227,072 bytes per GPU), NVLink5 1.8 TB/s bidirectional per GPU; one
     // ConnectX-8 800Gb/s per GPU to the scale-out network.
-    Entry { name: "gb300", peak_tflops: 2500.0, fp8_tflops: 5000.0, memory_bytes: 298_500_227_072.0, hbm_tb_s: 8.0, intra_gb_s: 900.0, nics: 72.0, nic_gbit_s: 800.0, gpus_per_node: 72 , bf16_ceiling: 0.776, fp8_ceiling: 0.763, host_gb_s: 225.0 },
+    Entry { name: "gb300", peak_tflops: 2500.0, fp4_tflops: 15000.0, fp8_tflops: 5000.0, memory_bytes: 298_500_227_072.0, hbm_tb_s: 8.0, intra_gb_s: 900.0, nics: 72.0, nic_gbit_s: 800.0, gpus_per_node: 72 , bf16_ceiling: 0.776, fp8_ceiling: 0.763, host_gb_s: 225.0 },
     // NVIDIA H20 (HGX H20 product brief): 148 TFLOPS dense BF16, 96 GB HBM3 at
     // 4.0 TB/s, NVLink 900 GB/s bidirectional; 8x 400Gb/s NICs as on HGX H100.
-    Entry { name: "h20", peak_tflops: 148.0, fp8_tflops: 296.0, memory_bytes: 96.0 * GIB, hbm_tb_s: 4.0, intra_gb_s: 450.0, nics: 8.0, nic_gbit_s: 400.0, gpus_per_node: 8 , bf16_ceiling: 0.000, fp8_ceiling: 0.000, host_gb_s: 64.0 },
+    Entry { name: "h20", peak_tflops: 148.0, fp4_tflops: 0.0, fp8_tflops: 296.0, memory_bytes: 96.0 * GIB, hbm_tb_s: 4.0, intra_gb_s: 450.0, nics: 8.0, nic_gbit_s: 400.0, gpus_per_node: 8 , bf16_ceiling: 0.000, fp8_ceiling: 0.000, host_gb_s: 64.0 },
     // AMD Instinct MI300X datasheet: 1,307.4 TFLOPS dense BF16, 192 GB HBM3 at 5.3 TB/s,
     // seven Infinity Fabric links of 128 GB/s bidirectional to the other seven GPUs of
     // an OAM platform (448 GB/s per direction in all); 8x 400Gb/s NICs.
-    Entry { name: "mi300x", peak_tflops: 1307.4, fp8_tflops: 2614.9, memory_bytes: 192.0 * GIB, hbm_tb_s: 5.3, intra_gb_s: 448.0, nics: 8.0, nic_gbit_s: 400.0, gpus_per_node: 8 , bf16_ceiling: 0.598, fp8_ceiling: 0.000, host_gb_s: 64.0 },
+    Entry { name: "mi300x", peak_tflops: 1307.4, fp4_tflops: 0.0, fp8_tflops: 2614.9, memory_bytes: 192.0 * GIB, hbm_tb_s: 5.3, intra_gb_s: 448.0, nics: 8.0, nic_gbit_s: 400.0, gpus_per_node: 8 , bf16_ceiling: 0.598, fp8_ceiling: 0.000, host_gb_s: 64.0 },
 ];
 
 fn entry(name: &str) -> Option<&'static Entry> {
@@ -125,6 +130,7 @@ impl Entry {
             memory_bytes: self.memory_bytes,
             hbm_bandwidth: self.hbm_tb_s * 1e12,
             fp8_peak_flops: (self.fp8_tflops > 0.0).then_some(self.fp8_tflops * 1e12),
+            fp4_peak_flops: (self.fp4_tflops > 0.0).then_some(self.fp4_tflops * 1e12),
             host_link_bandwidth: Some(self.host_gb_s * 1e9),
         }
     }

@@ -4,6 +4,7 @@
 //! [[nodes]]
 //! gpu = "a100-80gb"           # a built-in GPU, or an inline table:
 //!                             # { name = "x", peak_tflops = 312.0, memory = "80GiB", hbm_bandwidth = "2039GB/s" }
+//!                             # optional: fp8_peak_tflops, fp4_peak_tflops (dense), host_link_bw
 //! count = 16                  # number of nodes (required)
 //! gpus_per_node = 8           # default: the built-in node's (8)
 //! intra_node_bw = "300GB/s"   # per GPU, per direction; default: the built-in node's
@@ -40,12 +41,13 @@ const NODE_KEYS: [&str; 5] = [
     "intra_node_bw",
     "inter_node_bw",
 ];
-const GPU_KEYS: [&str; 6] = [
+const GPU_KEYS: [&str; 7] = [
     "name",
     "peak_tflops",
     "memory",
     "hbm_bandwidth",
     "fp8_peak_tflops",
+    "fp4_peak_tflops",
     "host_link_bw",
 ];
 const DEFAULT_GPUS_PER_NODE: u64 = 8;
@@ -234,6 +236,17 @@ fn inline_gpu(table: &Table, at: &str) -> Result<GpuSpec, String> {
             ));
         }
     };
+    let fp4_peak_flops = match table.get("fp4_peak_tflops") {
+        None => None,
+        Some(Value::Integer(n)) if *n > 0 => Some(*n as f64 * 1e12),
+        Some(Value::Float(x)) if x.is_finite() && *x > 0.0 => Some(x * 1e12),
+        Some(other) => {
+            return Err(format!(
+                "{at}: `fp4_peak_tflops` must be a positive number of dense FP4 TFLOP/s, \
+                 e.g. `fp4_peak_tflops = 9000.0`, or left out for a GPU without NVFP4, not `{other}`"
+            ));
+        }
+    };
     // Per direction, as the catalogue gives it; only activation
     // offloading reads it.
     let host_link_bandwidth = match table.get("host_link_bw") {
@@ -246,6 +259,7 @@ fn inline_gpu(table: &Table, at: &str) -> Result<GpuSpec, String> {
         memory_bytes: memory,
         hbm_bandwidth: hbm.bytes_per_s(),
         fp8_peak_flops,
+        fp4_peak_flops,
         host_link_bandwidth,
     })
 }
@@ -350,6 +364,25 @@ mod tests {
         assert_eq!(g.gpu.memory_gib(), 128.0);
         assert!((g.gpu.hbm_bandwidth - 3.2e12).abs() < 1.0);
         assert_eq!((g.nodes, g.gpus_per_node), (2, 8));
+        assert_eq!((g.gpu.fp8_peak_flops, g.gpu.fp4_peak_flops), (None, None));
+        // Lower-precision peaks are optional keys, positive numbers.
+        let with_peaks = text.replace(
+            "hbm_bandwidth = \"3.2TB/s\" }",
+            "hbm_bandwidth = \"3.2TB/s\", fp8_peak_tflops = 766, fp4_peak_tflops = 1532.0 }",
+        );
+        let g = &parse_cluster_toml(&with_peaks, "c.toml").unwrap().groups[0];
+        assert_eq!(
+            (g.gpu.fp8_peak_flops, g.gpu.fp4_peak_flops),
+            (Some(766e12), Some(1532e12))
+        );
+        let negative = with_peaks.replace("1532.0", "-1.0");
+        let err = parse_cluster_toml(&negative, "c.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("`fp4_peak_tflops` must be a positive number"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -32,6 +32,10 @@ pub struct GpuSpec {
     /// and later; MXFP8 on Blackwell runs at the same peak).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fp8_peak_flops: Option<f64>,
+    /// Dense FP4 tensor-core peak, FLOP/s, on GPUs whose tensor cores
+    /// scale FP4 blocks (Blackwell's NVFP4).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fp4_peak_flops: Option<f64>,
     /// Per-direction bandwidth between the GPU and its host's memory
     /// (PCIe, or NVLink-C2C on Grace superchips), bytes/s, where known:
     /// what activation offloading copies through.
@@ -72,12 +76,15 @@ impl NodeGroup {
     /// a plan file read back must hold before anything is derived from it.
     pub fn check(&self) -> Result<(), String> {
         crate::text::check_printable("GPU name", &self.gpu.name)?;
-        if let Some(fp8) = self.gpu.fp8_peak_flops
-            && !(fp8.is_finite() && fp8 > 0.0)
-        {
-            return Err(format!(
-                "`gpu.fp8_peak_flops` is {fp8}; it must be a positive number"
-            ));
+        for (field, peak) in [
+            ("gpu.fp8_peak_flops", self.gpu.fp8_peak_flops),
+            ("gpu.fp4_peak_flops", self.gpu.fp4_peak_flops),
+        ] {
+            if let Some(peak) = peak
+                && !(peak.is_finite() && peak > 0.0)
+            {
+                return Err(format!("`{field}` is {peak}; it must be a positive number"));
+            }
         }
         let figures = [
             ("gpu.peak_flops", self.gpu.peak_flops),

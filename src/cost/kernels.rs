@@ -11,6 +11,10 @@ pub const HALF: f64 = 2.0;
 /// Bytes per FP8 element.
 const FP8: f64 = 1.0;
 
+/// Bytes per NVFP4 element with its share of the block scales: half a
+/// byte of E2M1 and one E4M3 byte per 16 elements.
+pub const NVFP4: f64 = 0.5 + 1.0 / 16.0;
+
 /// Tensor-core efficiency of a GEMM: the large-GEMM efficiency `peak_fraction`,
 /// reduced for each dimension that under-fills a tile (`d / (d + d_half)`),
 /// and scaled by what the profile's device sweep measured.
@@ -73,25 +77,28 @@ pub fn layer_linear_gemms(
     input: f64,
     output: f64,
 ) -> (f64, f64) {
-    match fp8_peak(s, c) {
-        Some(peak) => {
-            let cores = Cores {
-                peak,
-                peak_fraction: s.coef().fp8_gemm_efficiency,
-                operand_bytes: FP8,
-            };
-            linear_gemms(s, cores, tokens, input, output)
-        }
+    match low_precision_cores(s, c) {
+        Some(cores) => linear_gemms(s, cores, tokens, input, output),
         None => linear_forward_backward(s, tokens, input, output),
     }
 }
 
-/// The FP8 peak a configuration's GEMMs run at, when they run in FP8.
-fn fp8_peak(s: &Scenario, c: &ParallelConfig) -> Option<f64> {
-    match (c.precision, s.gpu.fp8_peak_flops) {
-        (Precision::Fp8, Some(peak)) => Some(peak),
-        _ => None,
-    }
+/// The tensor cores a configuration's layer GEMMs run on when they run
+/// below 16 bits: FP8's peak at the FP8 GEMM efficiency on 1-byte operands,
+/// or NVFP4's peak on its half-byte operands and their scales. NVFP4 GEMMs
+/// are taken at the FP8 GEMMs' fraction of their peak: the same tensor
+/// cores and tiles, and no FP4 matmul ceiling has been published.
+fn low_precision_cores(s: &Scenario, c: &ParallelConfig) -> Option<Cores> {
+    let (peak, operand_bytes) = match (c.precision, s.gpu.fp8_peak_flops, s.gpu.fp4_peak_flops) {
+        (Precision::Fp8, Some(peak), _) => (peak, FP8),
+        (Precision::Nvfp4, _, Some(peak)) => (peak, NVFP4),
+        _ => return None,
+    };
+    Some(Cores {
+        peak,
+        peak_fraction: s.coef().fp8_gemm_efficiency,
+        operand_bytes,
+    })
 }
 
 /// What wrote a linear layer's 16-bit input in the forward pass. Megatron-LM
@@ -117,6 +124,9 @@ pub enum LinearInput {
 /// float8 (torchtitan) reduces the amax apart too, where torch.compile does
 /// not fuse it into the producer.
 fn fp8_quantize_bytes(s: &Scenario, c: &ParallelConfig, input: LinearInput) -> f64 {
+    if c.precision == Precision::Nvfp4 {
+        return nvfp4_quantize_bytes(s);
+    }
     let recipe = c.fp8_recipe_on(&s.gpu.name);
     let scales = match recipe {
         // An E8M0 byte per 32 elements, row-wise and column-wise.
@@ -133,6 +143,17 @@ fn fp8_quantize_bytes(s: &Scenario, c: &ParallelConfig, input: LinearInput) -> f
     s.coef().fp8_cast_bytes_per_element + scales + amax_pass
 }
 
+/// Bytes per element that quantizing a 16-bit GEMM input to NVFP4 moves:
+/// the cast's read and its row- and column-wise copies ([`NVFP4`] bytes
+/// each; the coefficient counts FP8's 1-byte copies, so each copy is half a
+/// byte less plus its scales), and the amax pass the per-tensor fp32 scale
+/// needs before the cast, as tensor-wise FP8 (Transformer Engine's
+/// `NVFP4Quantizer` computes it apart; the random Hadamard transform on the
+/// weight-gradient GEMM's inputs is fused into the column-wise cast).
+fn nvfp4_quantize_bytes(s: &Scenario) -> f64 {
+    s.coef().fp8_cast_bytes_per_element - 2.0 * (FP8 - NVFP4) + HALF
+}
+
 /// [`linear_forward_backward`] of a transformer layer's linear in `c`'s precision:
 /// in FP8 (on a GPU with an FP8 peak) its [`layer_linear_gemms`], and the
 /// quantization of the 16-bit activation (forward, written as `input`
@@ -145,7 +166,7 @@ pub fn layer_linear(
     fed: LinearInput,
 ) -> (f64, f64) {
     let (gemm_forward, gemm_backward) = layer_linear_gemms(s, c, tokens, input, output);
-    if fp8_peak(s, c).is_none() {
+    if low_precision_cores(s, c).is_none() {
         return (gemm_forward, gemm_backward);
     }
     let cast = |elements: f64| memory_pass(s, s.coef().fp8_cast_bytes_per_element * elements);

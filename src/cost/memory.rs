@@ -487,17 +487,28 @@ pub fn offloaded_activation_bytes(s: &Scenario, c: &ParallelConfig) -> f64 {
 }
 
 /// Bytes per element of the input a GEMM keeps for its weight gradient:
-/// Transformer Engine's FP8 layers keep the FP8 cast (its `LayerNormLinear`,
-/// `LayerNormMLP`, `Linear` and `GroupedLinear` save the quantized `ln_out`,
-/// activation output and input for the backward), 16 bits otherwise.
+/// Transformer Engine's FP8 and NVFP4 layers keep the quantized cast (its
+/// `LayerNormLinear`, `LayerNormMLP`, `Linear` and `GroupedLinear` save the
+/// quantized `ln_out`, activation output and input for the backward), 16
+/// bits otherwise.
 fn saved_gemm_input_bytes(s: &Scenario, c: &ParallelConfig) -> f64 {
-    if te_fp8(s, c) { 1.0 } else { HALF }
+    te_quantized_bytes(s, c).unwrap_or(HALF)
 }
 
-/// Whether `c` runs Transformer Engine's FP8 GEMMs (Megatron-LM in FP8 on a
-/// GPU with FP8); torchao's float8 (torchtitan) casts at each use instead.
-pub fn te_fp8(s: &Scenario, c: &ParallelConfig) -> bool {
-    c.precision == Precision::Fp8 && s.gpu.fp8_peak_flops.is_some() && c.engine == Engine::Megatron
+/// Bytes per element of the quantized copies Transformer Engine keeps when
+/// `c` runs its GEMMs below 16 bits (Megatron-LM in FP8 or NVFP4 on a GPU
+/// with those tensor cores): 1 for FP8, [`kernels::NVFP4`] with its block
+/// scales; `None` otherwise (torchao's float8, torchtitan's, casts at each
+/// use instead).
+pub fn te_quantized_bytes(s: &Scenario, c: &ParallelConfig) -> Option<f64> {
+    if c.engine != Engine::Megatron {
+        return None;
+    }
+    match c.precision {
+        Precision::Fp8 => s.gpu.fp8_peak_flops.map(|_| 1.0),
+        Precision::Nvfp4 => s.gpu.fp4_peak_flops.map(|_| super::kernels::NVFP4),
+        Precision::Bf16 => None,
+    }
 }
 
 /// Micro-batches (in units of a whole stage's layers) whose activations
@@ -570,10 +581,10 @@ impl ModelState {
 pub fn model_state(s: &Scenario, c: &ParallelConfig, stage: u64) -> ModelState {
     let bytes = state_bytes(s, c);
     let groups = parameter_groups(s, c, stage);
-    // Transformer Engine keeps an FP8 copy of each layer weight and its
-    // transpose (for the backward GEMMs), 1 byte each; torchao's float8
-    // (torchtitan) casts at each use and keeps none.
-    let fp8_copies = te_fp8(s, c);
+    // Transformer Engine keeps a quantized copy of each layer weight and
+    // its transpose (for the backward GEMMs), 1 byte each in FP8; torchao's
+    // float8 (torchtitan) casts at each use and keeps none.
+    let quantized = te_quantized_bytes(s, c);
     let mut state = ModelState::default();
     for group in groups {
         if group.sync == SyncMethod::ParameterServer && group.params > 0.0 {
@@ -595,10 +606,10 @@ pub fn model_state(s: &Scenario, c: &ParallelConfig, stage: u64) -> ModelState {
         // transpose, 1 byte each, in place of 16 bits and those copies.
         // Fully sharded, the FP8 bytes are sharded like the others and
         // gathered a layer at a time.
-        let weight_bytes = match (fp8_copies && !group.tables, c.fp8_param_gather) {
-            (true, true) => 2.0,
-            (true, false) => bytes.weights + 2.0,
-            (false, _) => bytes.weights,
+        let weight_bytes = match (quantized.filter(|_| !group.tables), c.fp8_param_gather) {
+            (Some(copy), true) => 2.0 * copy,
+            (Some(copy), false) => bytes.weights + 2.0 * copy,
+            (None, _) => bytes.weights,
         };
         state.weights += group.params * weight_bytes / state_shards;
         state.gradients += group.params * bytes.gradients / state_shards;

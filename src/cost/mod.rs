@@ -820,10 +820,13 @@ fn predict_from(
 }
 
 /// The dense tensor-core peak the configuration's GEMMs run at: FP8's
-/// under FP8 on a GPU that has it, else the 16-bit one.
+/// under FP8 and FP4's under NVFP4 on a GPU that has them, else the 16-bit
+/// one.
 fn gemm_peak(s: &Scenario, c: &ParallelConfig) -> f64 {
-    match (c.precision, s.gpu.fp8_peak_flops) {
-        (crate::config::Precision::Fp8, Some(fp8)) => fp8,
+    use crate::config::Precision;
+    match (c.precision, s.gpu.fp8_peak_flops, s.gpu.fp4_peak_flops) {
+        (Precision::Fp8, Some(fp8), _) => fp8,
+        (Precision::Nvfp4, _, Some(fp4)) => fp4,
         _ => s.gpu.peak_flops,
     }
 }

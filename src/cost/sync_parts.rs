@@ -6,9 +6,7 @@
 //! them to every prediction with that key ([`super::predict_checked_from`]).
 
 use super::{ProfileUsage, Scenario, comm, memory};
-use crate::config::{
-    Engine, OptimizerSharding, ParallelConfig, Precision, Recompute, RecomputeModules, SyncMethod,
-};
+use crate::config::{OptimizerSharding, ParallelConfig, Recompute, RecomputeModules, SyncMethod};
 
 /// One stage's data-parallel synchronisation before any overlap.
 #[derive(Debug, Clone, Copy)]
@@ -70,10 +68,11 @@ fn optimizer_step(
             _ => g.params / g.ranks.max(1) as f64,
         })
         .sum();
-    let recast = match (c.precision, s.gpu.fp8_peak_flops, c.engine) {
-        (Precision::Fp8, Some(_), Engine::Megatron) => 4.0 * memory::layer_weights(groups),
-        _ => 0.0,
-    };
+    // Transformer Engine re-quantizes the updated 16-bit weights: a read
+    // of each and a write of its two quantized copies.
+    let recast = memory::te_quantized_bytes(s, c).map_or(0.0, |copy| {
+        (2.0 + 2.0 * copy) * memory::layer_weights(groups)
+    });
     (owned * k.optimizer_step_bytes_per_param + recast)
         / (s.gpu.hbm_bandwidth * k.hbm_efficiency * s.measured_hbm_scale)
 }

@@ -1236,6 +1236,50 @@ mod profiled {
         );
     }
 
+    #[test]
+    fn nvfp4_layers_keep_quantized_inputs_and_weights_smaller_than_fp8() {
+        use crate::config::{Engine, Precision};
+        let model = builtin_model("llama3-8b").unwrap();
+        let cost = CostModel::datasheet();
+        let b200 = builtin_node("b200", 1).unwrap();
+        let s = Scenario::new(&model, 8, &b200, 8, &cost);
+        let config = |precision| ParallelConfig {
+            precision,
+            engine: Engine::Megatron,
+            optimizer_sharding: crate::config::OptimizerSharding::OptimizerStates,
+            ..ParallelConfig::default()
+        };
+        let kept = |precision| memory::layer_activation_bytes(&s, &config(precision));
+        let (bf16, fp8, fp4) = (
+            kept(Precision::Bf16),
+            kept(Precision::Fp8),
+            kept(Precision::Nvfp4),
+        );
+        assert!(fp4 < fp8 && fp8 < bf16, "{fp4} {fp8} {bf16}");
+        // Each saved GEMM input: 1 byte in FP8, 0.5625 in NVFP4, and the
+        // attention output's quantized copy beside its 16-bit one (as
+        // `fp8_layers_keep_their_gemm_inputs_in_fp8` counts them).
+        let sb = model.seq_len as f64;
+        let (h, f, v) = (4096.0, 14336.0, model.v_width() as f64);
+        let e = kernels::NVFP4;
+        assert_close(
+            bf16 - fp4,
+            sb * ((2.0 * h + f) * (2.0 - e) - v * e),
+            1e-9,
+            "bytes saved",
+        );
+        let weights = |precision| memory::model_state(&s, &config(precision), 0).weights;
+        assert!(weights(Precision::Nvfp4) < weights(Precision::Fp8));
+        assert!(weights(Precision::Nvfp4) > weights(Precision::Bf16));
+        // A GPU without FP4 tensor cores keeps no NVFP4 copies.
+        let h100 = builtin_node("h100-sxm", 1).unwrap();
+        let hopper = Scenario::new(&model, 8, &h100, 8, &cost);
+        assert_eq!(
+            memory::te_quantized_bytes(&hopper, &config(Precision::Nvfp4)),
+            None
+        );
+    }
+
     /// Fused attention runs at the GPU's measured rates where the catalogue
     /// has them (H100's cuDNN, FlashAttention-3's figures): forward and
     /// backward apart, a narrower head slower, the time per score linear

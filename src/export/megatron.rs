@@ -310,6 +310,13 @@ pub fn megatron_args(job: &LaunchJob) -> Result<Vec<String>, ExportError> {
         args.pair("--fp8-format", "hybrid");
         args.pair("--fp8-recipe", job.fp8_recipe().name());
     }
+    if c.precision == Precision::Nvfp4 {
+        // Transformer Engine's NVFP4BlockScaling on every layer: Megatron-
+        // LM keeps none in bf16 unless --first-last-layers-bf16 asks, as
+        // NVIDIA's NVFP4 recipes leave it (`bf16_with_nvfp4_mixed`).
+        args.pair("--fp4-format", "e2m1");
+        args.pair("--fp4-recipe", "nvfp4");
+    }
     Ok(args.0)
 }
 

@@ -165,6 +165,11 @@ fn refusals(job: &LaunchJob, release: Release) -> Result<(), ExportError> {
             Ok(())
         },
         check_experts_and_context(job, release),
+        refuse(
+            c.precision == crate::config::Precision::Nvfp4,
+            "NVFP4 training",
+            "torchtitan's converters train in float8 or MXFP8, not NVFP4 (Transformer Engine's, Megatron-LM's); search again with --precision fp8, or launch with Megatron-LM",
+        ),
     ];
     checks.extend(loss_and_gradient_refusals(job));
     checks.extend(release_refusals(job, release));

@@ -92,6 +92,7 @@ pub fn measured_node(
             hbm_bandwidth: copy.gbps * 1e9,
             // No FP8 rate is measured yet, nor the host link.
             fp8_peak_flops: None,
+            fp4_peak_flops: None,
             host_link_bandwidth: None,
         },
         nodes: shape.nodes,

@@ -373,8 +373,17 @@ fn unsupported(cell: &dyn Fn(&str) -> Option<String>) -> Option<String> {
     }
     if let Some(precision) = cell("precision") {
         let p = precision.to_lowercase();
-        if p.contains("fp4") {
+        if p.contains("fp4") && p != "nvfp4" {
             return Some(format!("precision {precision}"));
+        }
+        if p == "nvfp4"
+            && let Some(gpu) = cell("gpu").and_then(|g| crate::cluster::builtin_gpu(&g))
+            && gpu.fp4_peak_flops.is_none()
+        {
+            return Some(format!(
+                "NVFP4 on {}, which has no FP4 tensor cores",
+                gpu.name
+            ));
         }
         if p == "fp32" {
             return Some("fp32 training".into());
@@ -633,10 +642,11 @@ fn parse_row(table: &RunTable, index: usize, defaults: &RowDefaults) -> Result<R
     // Megatron-LM's CI names (`bf16+fp8-hybrid-tensorwise`) and paratune's.
     let precision = match cell("precision").map(str::to_lowercase) {
         Some(p) if p.contains("fp8") => Precision::Fp8,
+        Some(p) if p == "nvfp4" => Precision::Nvfp4,
         Some(p) if p == "bf16" || p == "fp16" || p.is_empty() => Precision::Bf16,
         Some(other) => {
             return Err(RowProblem::Invalid(format!(
-                "column `precision` must be bf16 or fp8 (or Megatron-LM's bf16+fp8-...), found `{other}`"
+                "column `precision` must be bf16, fp8 or nvfp4 (or Megatron-LM's bf16+fp8-...), found `{other}`"
             )));
         }
         None => Precision::Bf16,

@@ -194,6 +194,8 @@ pub struct MegatronConfig {
     /// `--fp8-recipe` as printed (Megatron-LM prints its default,
     /// `delayed`, whether FP8 is on or not).
     pub fp8_recipe: Option<String>,
+    /// `--fp4-format` (`e2m1`, printed as `fp4`) when NVFP4 is on.
+    pub fp4: Option<String>,
     /// `--grad-reduce-in-bf16`, or a bf16 run printing
     /// `accumulate_allreduce_grads_in_fp32 False` (what that flag sets).
     pub grad_reduce_in_bf16: bool,
@@ -915,6 +917,7 @@ fn config_from_arguments(
         cp_comm_type: text("cp_comm_type"),
         fp8: text("fp8"),
         fp8_recipe: text("fp8_recipe"),
+        fp4: text("fp4"),
         grad_reduce_in_bf16: flag("grad_reduce_in_bf16")?
             || (flag("bf16")?
                 && args
@@ -1076,12 +1079,18 @@ impl MegatronConfig {
                 (Some(_), Some("flex")) => crate::config::Dispatcher::Flex,
                 _ => crate::config::Dispatcher::default(),
             },
-            precision: if self.fp8.is_some() {
+            precision: if self.fp4.is_some() {
+                crate::config::Precision::Nvfp4
+            } else if self.fp8.is_some() {
                 crate::config::Precision::Fp8
             } else {
                 crate::config::Precision::Bf16
             },
-            fp8_recipe: self.fp8.as_ref().and_then(|_| self.recipe()),
+            fp8_recipe: self
+                .fp8
+                .as_ref()
+                .filter(|_| self.fp4.is_none())
+                .and_then(|_| self.recipe()),
             grad_reduce: if self.grad_reduce_in_bf16 {
                 crate::config::GradReduce::Bf16
             } else {
@@ -1844,6 +1853,12 @@ mod tests {
         assert_eq!(
             (bf16["precision"].as_str(), bf16["fp8_recipe"].as_str()),
             ("bf16", "")
+        );
+        // `--fp4-format e2m1` prints as `fp4`: an NVFP4 run, no FP8 recipe.
+        let nvfp4 = row_of(&[("fp4", "e2m1"), ("fp4_recipe", "nvfp4")]).unwrap();
+        assert_eq!(
+            (nvfp4["precision"].as_str(), nvfp4["fp8_recipe"].as_str()),
+            ("nvfp4", "")
         );
         let custom = row_of(&[("fp8", "hybrid"), ("fp8_recipe", "custom")]).unwrap_err();
         assert!(

@@ -254,8 +254,8 @@ pub fn unsupported(model: &crate::model::ModelSpec, c: &ParallelConfig) -> Optio
     let layers = model.layers;
     let reason = if let Some(reason) = experts_unsupported(model, c) {
         reason
-    } else if c.precision == Precision::Fp8 {
-        "FP8 GEMMs are not run by the worker (it computes in bf16 or fp32); plan with `precision bf16`"
+    } else if c.precision != Precision::Bf16 {
+        "FP8 and NVFP4 GEMMs are not run by the worker (it computes in bf16 or fp32); plan with `precision bf16`"
     } else if model.mtp_layers > 0 {
         "multi-token prediction modules are not built by the worker"
     } else if model.window.is_some() {
