@@ -924,10 +924,12 @@ pub struct ParallelConfig {
     /// token dispatch and combine hide under the other's compute.
     #[serde(default)]
     pub ep_comm_overlap: bool,
-    /// `--fp8-param-gather`: the layers' weights kept in FP8 (Transformer
-    /// Engine's `fp8_model_init`) with fp32 master copies in the sharded
-    /// optimizer, so no 16-bit copy is held and the all-gather moves 1 byte
-    /// a weight. Needs FP8 with Megatron-LM and sharded optimizer states.
+    /// `--fp8-param-gather` (`--fp4-param-gather` under NVFP4): the layers'
+    /// weights kept in FP8 or NVFP4 (Transformer Engine's
+    /// `quantized_model_init`) with fp32 master copies in the sharded
+    /// optimizer, so no 16-bit copy is held and the all-gather moves the
+    /// quantized bytes. Needs FP8 or NVFP4 with Megatron-LM and sharded
+    /// optimizer states.
     #[serde(default)]
     pub fp8_param_gather: bool,
     /// The gradients' number format in their buffer and collectives.
@@ -1922,12 +1924,12 @@ pub fn nvfp4_problem(c: &ParallelConfig) -> Option<&'static str> {
     }
 }
 
-/// What keeps Megatron-LM from keeping `c`'s weights in FP8, if anything:
-/// FP8 GEMMs, Transformer Engine's layers, and a sharded optimizer to hold
-/// the fp32 master weights the FP8 ones are cast from.
+/// What keeps Megatron-LM from keeping `c`'s weights in FP8 or NVFP4, if
+/// anything: GEMMs in that format, Transformer Engine's layers, and a
+/// sharded optimizer to hold the fp32 master weights they are cast from.
 pub fn fp8_param_gather_problem(c: &ParallelConfig) -> Option<&'static str> {
-    if c.precision != Precision::Fp8 {
-        Some("`precision fp8`")
+    if c.precision == Precision::Bf16 {
+        Some("`precision fp8` or `precision nvfp4`")
     } else if c.engine != Engine::Megatron {
         Some("`engine megatron` (torchao's float8 keeps 16-bit weights)")
     } else if c.optimizer_sharding == OptimizerSharding::None {
@@ -2444,7 +2446,10 @@ impl fmt::Display for ParallelConfig {
             }
         }
         if self.fp8_param_gather {
-            f.write_str(" fp8-weights")?;
+            f.write_str(match self.precision {
+                Precision::Nvfp4 => " fp4-weights",
+                _ => " fp8-weights",
+            })?;
         }
         if self.grad_reduce != GradReduce::Fp32 {
             write!(f, " grad-reduce={}", self.grad_reduce.name())?;

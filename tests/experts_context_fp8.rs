@@ -95,6 +95,20 @@ fn with<'a>(base: &[&'a str], extra: &[&'a str]) -> Vec<&'a str> {
     base.iter().chain(extra).copied().collect()
 }
 
+/// `command` for Llama 3 8B on one node of `gpu`, then `extra`.
+fn llama3_8b_on<'a>(command: &'a str, gpu: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let base = [
+        command,
+        "--model",
+        "llama3-8b",
+        "--gpu",
+        gpu,
+        "--nodes",
+        "1",
+    ];
+    with(&base, extra)
+}
+
 #[test]
 fn impossible_expert_context_and_precision_settings_name_the_flag() {
     let predict = |extra: &[&str]| fails(&with(&with(&["predict"], &MIXTRAL_ON_64), extra));
@@ -384,14 +398,7 @@ fn context_parallel_and_fp8_plans_export_their_flags() {
 #[test]
 fn fp8_recipes_are_checked_exported_and_priced() {
     let llama_on = |gpu: &'static str, extra: &[&'static str]| {
-        let base = [
-            "predict",
-            "--model",
-            "llama3-8b",
-            "--gpu",
-            gpu,
-            "--nodes",
-            "1",
+        let layout = [
             "--global-batch",
             "16",
             "--tp",
@@ -403,7 +410,7 @@ fn fp8_recipes_are_checked_exported_and_priced() {
             "--optimizer-sharding",
             "optimizer-states",
         ];
-        with(&base, extra)
+        llama3_8b_on("predict", gpu, &with(&layout, extra))
     };
     says(
         &fails(&llama_on(
@@ -1525,14 +1532,7 @@ fn an_explained_deferral_can_run_faster_than_the_winner() {
 #[test]
 fn nvfp4_plans_are_checked_exported_and_read_back() {
     let llama_on = |gpu: &'static str, extra: &[&'static str]| {
-        let base = [
-            "plan",
-            "--model",
-            "llama3-8b",
-            "--gpu",
-            gpu,
-            "--nodes",
-            "1",
+        let search = [
             "--global-batch",
             "128",
             "--precision",
@@ -1540,7 +1540,7 @@ fn nvfp4_plans_are_checked_exported_and_read_back() {
             "--top",
             "1",
         ];
-        with(&base, extra)
+        llama3_8b_on("plan", gpu, &with(&search, extra))
     };
     says(
         &fails(&llama_on("h100-sxm", &[])),
@@ -1569,8 +1569,18 @@ fn nvfp4_plans_are_checked_exported_and_read_back() {
         &["--precision nvfp4 needs --tp-comm-overlap off"],
     );
     let plan = ok(&llama_on("gb300", &[]));
-    says(&plan, &["--fp4-format e2m1", "--fp4-recipe nvfp4"]);
+    says(
+        &plan,
+        &[
+            "--fp4-format e2m1",
+            "--fp4-recipe nvfp4",
+            "--fp4-param-gather",
+        ],
+    );
     assert!(!plan.contains("--fp8-format"), "{plan}");
+    assert!(!plan.contains("--fp8-param-gather"), "{plan}");
+    let sixteen_bit_weights = ok(&llama_on("gb300", &["--fp8-param-gather", "off"]));
+    assert!(!sixteen_bit_weights.contains("--fp4-param-gather"));
     assert!(!plan.contains("--tp-comm-overlap"), "{plan}");
 
     // A run table's nvfp4 row is predicted; an MXFP4 one is left out.
@@ -1586,4 +1596,27 @@ fn nvfp4_plans_are_checked_exported_and_read_back() {
     .unwrap();
     let out = ok(&["evaluate", "--runs", runs.to_str().unwrap()]);
     says(&out, &["rows with a measured time   2"]);
+    // A row whose GPU comes from the flags is checked against it too.
+    std::fs::write(
+        &runs,
+        "model,gpus,global_batch,micro_batch,tp,pp,precision,tokens_per_s_per_gpu\n\
+         llama3-8b,8,128,1,1,1,nvfp4,40000\n\
+         llama3-8b,8,128,1,1,1,bf16,30000\n",
+    )
+    .unwrap();
+    let on_hopper = ["--gpu", "h100-sxm", "--nodes", "1"];
+    let out = ok(&with(
+        &["evaluate", "--runs", runs.to_str().unwrap()],
+        &on_hopper,
+    ));
+    says(&out, &["rows with a measured time   1"]);
+    // --explain refuses a precision the GPU lacks.
+    let explain = with(
+        &llama3_8b_on("plan", "h100-sxm", &["--global-batch", "64"]),
+        &["--explain", "precision=nvfp4"],
+    );
+    says(
+        &fails(&explain),
+        &["--explain: `precision nvfp4`", "no FP4 tensor cores"],
+    );
 }

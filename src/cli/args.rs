@@ -432,7 +432,8 @@ pub struct SpaceArgs {
     #[arg(long, value_delimiter = ',', value_parser = count(1 << 16), allow_negative_numbers = true)]
     pub etp: Option<Vec<u64>>,
     /// Number format of the layers' GEMMs: bf16 (default), fp8 (Transformer Engine's
-    /// FP8, MXFP8 on Blackwell; needs a GPU with FP8), or both to compare.
+    /// FP8, MXFP8 on Blackwell; needs a GPU with FP8), nvfp4 (Transformer Engine's
+    /// NVFP4; Blackwell and Megatron-LM only), or several to compare.
     #[arg(long, value_delimiter = ',')]
     pub precision: Option<Vec<String>>,
     /// How FP8 inputs are scaled (Megatron-LM's --fp8-recipe): tensorwise (current

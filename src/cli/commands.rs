@@ -95,7 +95,17 @@ pub fn plan(args: &PlanArgs) -> Result<()> {
             // refused before anything is printed.
             let explained = match &args.explain {
                 Some(spec) => {
-                    let config = resolve::config_spec(spec, &result.candidates[0].config)?;
+                    let mut config = resolve::config_spec(spec, &result.candidates[0].config)?;
+                    if let Some(problem) = config.precision.gpu_problem(&job.nodes.gpu) {
+                        bail!(
+                            "--explain: `precision {}`: {problem}",
+                            config.precision.name()
+                        );
+                    }
+                    // FP8 without a named recipe runs the GPU's, as the search's.
+                    if config.precision == paratune::config::Precision::Fp8 {
+                        config.fp8_recipe = Some(config.fp8_recipe_on(&job.nodes.gpu.name));
+                    }
                     if job.model.moe.is_none()
                         && config.dispatcher != result.candidates[0].config.dispatcher
                     {
@@ -943,10 +953,11 @@ pub fn gpus() -> Result<()> {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<11} {:>14} {:>11} {:>9} {:>9} {:>10} {:>13} {:>15}",
+        "{:<11} {:>14} {:>11} {:>11} {:>9} {:>9} {:>10} {:>13} {:>15}",
         "name",
         "16-bit TFLOP/s",
         "FP8 TFLOP/s",
+        "FP4 TFLOP/s",
         "memory",
         "HBM",
         "GPUs/node",
@@ -955,16 +966,16 @@ pub fn gpus() -> Result<()> {
     );
     for name in builtin_gpu_names() {
         let node = builtin_node(name, 1).context("catalogue")?;
-        let fp8 = node
-            .gpu
-            .fp8_peak_flops
-            .map_or_else(|| "-".to_string(), |f| format!("{:.1}", f / 1e12));
+        let tflops = |peak: Option<f64>| {
+            peak.map_or_else(|| "-".to_string(), |f| format!("{:.1}", f / 1e12))
+        };
         let _ = writeln!(
             out,
-            "{:<11} {:>14.1} {:>11} {:>6.1}GiB {:>6.2}TB/s {:>10} {:>13} {:>15}",
+            "{:<11} {:>14.1} {:>11} {:>11} {:>6.1}GiB {:>6.2}TB/s {:>10} {:>13} {:>15}",
             node.gpu.name,
             node.gpu.peak_flops / 1e12,
-            fp8,
+            tflops(node.gpu.fp8_peak_flops),
+            tflops(node.gpu.fp4_peak_flops),
             node.gpu.memory_bytes / GIB,
             node.gpu.hbm_bandwidth / 1e12,
             node.gpus_per_node,

@@ -188,6 +188,25 @@ fn node_group(table: &Table, at: &str) -> Result<NodeGroup, String> {
     Ok(group)
 }
 
+/// An optional dense low-precision peak of an inline GPU, FLOP/s: `key`
+/// in TFLOP/s, a positive number, or absent for a GPU without `format`'s
+/// tensor cores (`example` shows a value in the message).
+fn optional_peak(
+    table: &Table,
+    at: &str,
+    (key, format, example): (&str, &str, f64),
+) -> Result<Option<f64>, String> {
+    match table.get(key) {
+        None => Ok(None),
+        Some(Value::Integer(n)) if *n > 0 => Ok(Some(*n as f64 * 1e12)),
+        Some(Value::Float(x)) if x.is_finite() && *x > 0.0 => Ok(Some(x * 1e12)),
+        Some(other) => Err(format!(
+            "{at}: `{key}` must be a positive number of dense {format} TFLOP/s, \
+             e.g. `{key} = {example:.1}`, or left out for a GPU without {format}, not `{other}`"
+        )),
+    }
+}
+
 fn inline_gpu(table: &Table, at: &str) -> Result<GpuSpec, String> {
     for key in table.keys() {
         if !GPU_KEYS.contains(&key.as_str()) {
@@ -225,28 +244,8 @@ fn inline_gpu(table: &Table, at: &str) -> Result<GpuSpec, String> {
     };
     let memory = with_units::<Bytes>(&table["memory"], "memory", at)?.0;
     let hbm = bandwidth(&table["hbm_bandwidth"], "hbm_bandwidth", at)?;
-    let fp8_peak_flops = match table.get("fp8_peak_tflops") {
-        None => None,
-        Some(Value::Integer(n)) if *n > 0 => Some(*n as f64 * 1e12),
-        Some(Value::Float(x)) if x.is_finite() && *x > 0.0 => Some(x * 1e12),
-        Some(other) => {
-            return Err(format!(
-                "{at}: `fp8_peak_tflops` must be a positive number of dense FP8 TFLOP/s, \
-                 e.g. `fp8_peak_tflops = 1979.0`, or left out for a GPU without FP8, not `{other}`"
-            ));
-        }
-    };
-    let fp4_peak_flops = match table.get("fp4_peak_tflops") {
-        None => None,
-        Some(Value::Integer(n)) if *n > 0 => Some(*n as f64 * 1e12),
-        Some(Value::Float(x)) if x.is_finite() && *x > 0.0 => Some(x * 1e12),
-        Some(other) => {
-            return Err(format!(
-                "{at}: `fp4_peak_tflops` must be a positive number of dense FP4 TFLOP/s, \
-                 e.g. `fp4_peak_tflops = 9000.0`, or left out for a GPU without NVFP4, not `{other}`"
-            ));
-        }
-    };
+    let fp8_peak_flops = optional_peak(table, at, ("fp8_peak_tflops", "FP8", 1979.0))?;
+    let fp4_peak_flops = optional_peak(table, at, ("fp4_peak_tflops", "FP4", 9000.0))?;
     // Per direction, as the catalogue gives it; only activation
     // offloading reads it.
     let host_link_bandwidth = match table.get("host_link_bw") {

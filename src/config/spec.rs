@@ -152,8 +152,26 @@ impl ParallelConfig {
         if super::ep_overlap_config_problem(&c).is_some() && !given(&["ep_comm_overlap"]) {
             c.ep_comm_overlap = false;
         }
+        // Another precision takes its own switches, as the search sets
+        // them: FP8 weights where they can be kept, an FP8 recipe only under
+        // FP8, no TP comm overlap under NVFP4.
+        if c.precision != self.precision && !given(&["fp8_param_gather"]) {
+            c.fp8_param_gather = super::fp8_param_gather_problem(&c).is_none();
+        }
         if super::fp8_param_gather_problem(&c).is_some() && !given(&["fp8_param_gather"]) {
             c.fp8_param_gather = false;
+        }
+        if c.precision != Precision::Fp8 {
+            if given(&["fp8_recipe"]) {
+                return Err(SpecError(format!(
+                    "fp8_recipe needs precision=fp8, and this configuration runs {}; add precision=fp8 or leave fp8_recipe out",
+                    c.precision.name()
+                )));
+            }
+            c.fp8_recipe = None;
+        }
+        if c.precision == Precision::Nvfp4 && !given(&["tp_comm_overlap"]) {
+            c.tp_comm_overlap = false;
         }
         if !c.bpipe && !given(&["order", "stage_order"]) {
             c.stage_order = StageOrder::Megatron;
@@ -304,6 +322,35 @@ mod tests {
         );
         let c = interleaved.with_spec("pp=1,schedule=interleaved").unwrap();
         assert_eq!(c.schedule, ScheduleKind::Interleaved);
+    }
+
+    #[test]
+    fn another_precision_takes_its_own_switches() {
+        let fp8 = ParallelConfig {
+            precision: Precision::Fp8,
+            fp8_recipe: Some(Fp8Recipe::Mxfp8),
+            fp8_param_gather: true,
+            optimizer_sharding: OptimizerSharding::OptimizerStates,
+            sequence_parallel: true,
+            tp_comm_overlap: true,
+            ..base()
+        };
+        let c = fp8.with_spec("precision=nvfp4").unwrap();
+        assert_eq!(c.fp8_recipe, None);
+        // NVFP4 weights where the optimizer is sharded; no TP overlap.
+        assert!(c.fp8_param_gather && !c.tp_comm_overlap, "{c}");
+        let unsharded = fp8
+            .with_spec("precision=nvfp4,sharding=none")
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(!unsharded.fp8_param_gather);
+        let e = fp8
+            .with_spec("precision=nvfp4,fp8_recipe=mxfp8")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("fp8_recipe needs precision=fp8"), "{e}");
+        // bf16 keeps no quantized weights.
+        let bf16 = c.with_spec("precision=bf16").unwrap();
+        assert!(!bf16.fp8_param_gather);
     }
 
     #[test]

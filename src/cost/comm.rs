@@ -466,15 +466,20 @@ pub fn stage_sync(
     sync
 }
 
-/// Bytes an all-gather of `group`'s weights moves: 16-bit weights, or 1 byte
-/// a layer weight kept in FP8 (`fp8_param_gather`).
+/// Bytes an all-gather of `group`'s weights moves: 16-bit weights, or a
+/// layer weight kept quantized (`fp8_param_gather`): 1 byte in FP8, NVFP4's
+/// half byte with its block scales.
 fn gathered_weight_bytes(s: &Scenario, c: &ParallelConfig, group: &ParamGroup) -> f64 {
-    let fp8 = if c.fp8_param_gather && !group.tables {
-        0.5
+    let quantized = match c.precision {
+        crate::config::Precision::Nvfp4 => super::kernels::NVFP4,
+        _ => 1.0,
+    };
+    let share = if c.fp8_param_gather && !group.tables {
+        quantized / super::kernels::HALF
     } else {
         1.0
     };
-    group.params * s.coef().weight_bytes_per_param * fp8
+    group.params * s.coef().weight_bytes_per_param * share
 }
 
 /// A dense group's end-of-iteration collectives over its ranks: the

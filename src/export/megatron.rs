@@ -176,7 +176,10 @@ pub fn megatron_args(job: &LaunchJob) -> Result<Vec<String>, ExportError> {
         args.flag("--overlap-param-gather");
     }
     if c.fp8_param_gather {
-        args.flag("--fp8-param-gather");
+        args.flag(match c.precision {
+            Precision::Nvfp4 => "--fp4-param-gather",
+            _ => "--fp8-param-gather",
+        });
     }
     if c.cpu_offload_layers > 0 {
         // Sets `cpu_offloading` itself (activations, not weights).

@@ -326,6 +326,25 @@ pub fn runs_and_skipped(
             }
             Err(RowProblem::Invalid(message)) => return Err(row_error(message)),
         };
+        // The row's GPU, its own or the flags', must have its precision's
+        // tensor cores (a cluster file's GPU is the user's to describe).
+        if let Some(gpu) = crate::cluster::builtin_gpu(base.gpu_of(&run))
+            && run.config.precision.gpu_problem(&gpu).is_some()
+        {
+            let format = match run.config.precision {
+                Precision::Nvfp4 => "FP4",
+                _ => "FP8",
+            };
+            skipped.push(Skipped {
+                line,
+                reason: format!(
+                    "{} on {}, which has no {format} tensor cores",
+                    run.config.precision.name().to_uppercase(),
+                    gpu.name
+                ),
+            });
+            continue;
+        }
         run.model.check().map_err(row_error)?;
         let per_node = base.gpus_per_node_of(&run);
         run.config
@@ -376,26 +395,8 @@ fn unsupported(cell: &dyn Fn(&str) -> Option<String>) -> Option<String> {
         if p.contains("fp4") && p != "nvfp4" {
             return Some(format!("precision {precision}"));
         }
-        if p == "nvfp4"
-            && let Some(gpu) = cell("gpu").and_then(|g| crate::cluster::builtin_gpu(&g))
-            && gpu.fp4_peak_flops.is_none()
-        {
-            return Some(format!(
-                "NVFP4 on {}, which has no FP4 tensor cores",
-                gpu.name
-            ));
-        }
         if p == "fp32" {
             return Some("fp32 training".into());
-        }
-        if p.contains("fp8")
-            && let Some(gpu) = cell("gpu").and_then(|g| crate::cluster::builtin_gpu(&g))
-            && gpu.fp8_peak_flops.is_none()
-        {
-            return Some(format!(
-                "FP8 on {}, which has no FP8 tensor cores",
-                gpu.name
-            ));
         }
     }
     // Megatron-LM runs such a split only from a pipeline layout, which a

@@ -700,7 +700,7 @@ pub(crate) mod tests {
     /// `_add_validation_args` (`--eval-iters`), `_add_data_args`
     /// (`--mock-data`, `--seq-length`), `_add_tokenizer_args`
     /// (`--tokenizer-type`, `--vocab-size`), `_add_learning_rate_args` (`--lr`).
-    const MEGATRON_FLAGS: [&str; 65] = [
+    const MEGATRON_FLAGS: [&str; 66] = [
         "--tensor-model-parallel-size",
         "--pipeline-model-parallel-size",
         "--num-layers-per-virtual-pipeline-stage",
@@ -756,9 +756,11 @@ pub(crate) mod tests {
         // `_add_transformer_engine_args`.
         "--fp8-format",
         "--fp8-recipe",
-        // The same group's FP4 arguments (`dest='fp4'` and `fp4_recipe`).
+        // The same group's FP4 arguments (`dest='fp4'`, `fp4_recipe` and
+        // `fp4_param`).
         "--fp4-format",
         "--fp4-recipe",
+        "--fp4-param-gather",
         // `_add_distributed_args` (uneven pipelines, interleaving's micro-batch
         // group, the overlaps) and `_add_inference_args` (`--cuda-graph-impl`,
         // which training reads too), arguments.py at 000c4ac.
