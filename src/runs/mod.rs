@@ -360,6 +360,20 @@ pub fn runs_and_skipped(
     })
 }
 
+/// The FP8 recipe NVIDIA's performance tables name a precision by:
+/// "FP8-CS" current (tensor-wise) scaling, "FP8-MX" MXFP8, "FP8-DS"
+/// delayed scaling, "FP8-BS" DeepSeek's blocks (Megatron-Bridge
+/// `docs/performance-summary.md`, NeMo's performance summaries).
+fn published_fp8_recipe(text: &str) -> Option<Fp8Recipe> {
+    match text.trim().to_lowercase().as_str() {
+        "fp8-cs" => Some(Fp8Recipe::Tensorwise),
+        "fp8-mx" => Some(Fp8Recipe::Mxfp8),
+        "fp8-ds" => Some(Fp8Recipe::Delayed),
+        "fp8-bs" => Some(Fp8Recipe::Blockwise),
+        _ => None,
+    }
+}
+
 /// What a row asks for that paratune does not model yet, if anything:
 /// Megatron-LM's CI runs (`megatron_ci_runs.csv`) hold these beside the
 /// GPT rows.
@@ -655,10 +669,15 @@ fn parse_row(table: &RunTable, index: usize, defaults: &RowDefaults) -> Result<R
     // The recipe a `fp8_recipe` cell names, else the one in Megatron-LM's
     // CI name; without either, the GPU's default (`None`).
     let fp8_recipe = match (cell("fp8_recipe"), cell("precision")) {
-        (Some(text), _) => Some(Fp8Recipe::parse("fp8_recipe", text)?),
-        (None, Some(p)) => Fp8Recipe::ALL
-            .into_iter()
-            .find(|r| p.to_lowercase().ends_with(&format!("-{}", r.name()))),
+        (Some(text), _) => match published_fp8_recipe(text) {
+            Some(recipe) => Some(recipe),
+            None => Some(Fp8Recipe::parse("fp8_recipe", text)?),
+        },
+        (None, Some(p)) => published_fp8_recipe(p).or_else(|| {
+            Fp8Recipe::ALL
+                .into_iter()
+                .find(|r| p.to_lowercase().ends_with(&format!("-{}", r.name())))
+        }),
         (None, None) => None,
     }
     .filter(|_| precision == Precision::Fp8);
@@ -1181,6 +1200,30 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("line 2") && err.contains("tp"), "{err}");
+    }
+
+    /// The precisions NVIDIA's tables print ("FP8-CS", "FP8-MX") name
+    /// their recipes, in either column; NVFP4 reads as itself.
+    #[test]
+    fn published_precision_names_read_as_their_recipes() {
+        let text = "model,gpu,gpus,global_batch,micro_batch,tp,pp,precision,fp8_recipe\n\
+                    llama3-8b,b200,8,128,1,1,1,FP8-CS,\n\
+                    llama3-8b,b200,8,128,1,1,1,fp8,FP8-MX\n\
+                    llama3-8b,b200,8,128,1,1,1,NVFP4,\n";
+        let table = RunTable::parse(text, "t.csv").unwrap();
+        let runs = runs_from_table(&table, &defaults(), EIGHT_A100S).unwrap();
+        let c: Vec<_> = runs
+            .iter()
+            .map(|r| (r.config.precision, r.config.fp8_recipe))
+            .collect();
+        assert_eq!(
+            c,
+            [
+                (Precision::Fp8, Some(Fp8Recipe::Tensorwise)),
+                (Precision::Fp8, Some(Fp8Recipe::Mxfp8)),
+                (Precision::Nvfp4, None)
+            ]
+        );
     }
 
     /// A published benchmark's row: a built-in model by name, its rate in
