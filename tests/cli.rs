@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 mod common;
-use common::{BIN, fails, ok, says};
+use common::{BIN, fails, llama3_8b_on, ok, says};
 
 fn json(text: &str) -> Value {
     serde_json::from_str(text).unwrap_or_else(|e| panic!("not JSON ({e}):\n{text}"))
@@ -458,14 +458,7 @@ fn predict_json_parses_and_adds_up() {
 #[test]
 fn predict_says_when_only_the_fragmentation_allowance_is_over() {
     let predict = |extra: &[&str]| {
-        let mut a = vec![
-            "predict",
-            "--model",
-            "llama3-8b",
-            "--gpu",
-            "h100-sxm",
-            "--nodes",
-            "1",
+        let layout = [
             "--tp",
             "1",
             "--pp",
@@ -475,6 +468,7 @@ fn predict_says_when_only_the_fragmentation_allowance_is_over() {
             "--recompute",
             "none",
         ];
+        let mut a = llama3_8b_on("predict", "h100-sxm", &layout);
         a.extend_from_slice(extra);
         ok(&a)
     };

@@ -3,7 +3,7 @@
 //! flags Megatron-LM and torchtitan take, run tables read the columns.
 
 mod common;
-use common::{fails, ok};
+use common::{fails, llama3_8b_on, ok};
 
 /// Each line of `text` that `says` must all appear in.
 fn says(text: &str, parts: &[&str]) {
@@ -93,20 +93,6 @@ fn predicted_allocated(table: &std::path::Path, extra: &[&str]) -> Vec<f64> {
 
 fn with<'a>(base: &[&'a str], extra: &[&'a str]) -> Vec<&'a str> {
     base.iter().chain(extra).copied().collect()
-}
-
-/// `command` for Llama 3 8B on one node of `gpu`, then `extra`.
-fn llama3_8b_on<'a>(command: &'a str, gpu: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
-    let base = [
-        command,
-        "--model",
-        "llama3-8b",
-        "--gpu",
-        gpu,
-        "--nodes",
-        "1",
-    ];
-    with(&base, extra)
 }
 
 #[test]

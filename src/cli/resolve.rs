@@ -546,9 +546,19 @@ pub fn check_job_choices(space: &SearchSpace, job: &Job) -> Result<()> {
             bail!("--precision {}: {}", precision.name(), with_flags(&problem));
         }
     }
-    if asks(Precision::Nvfp4) && space.engine != paratune::config::Engine::Megatron {
+    // The engine NVFP4 needs, refused before the search as the rule would
+    // refuse every NVFP4 candidate.
+    let nvfp4_on_this_engine = ParallelConfig {
+        precision: Precision::Nvfp4,
+        engine: space.engine,
+        ..ParallelConfig::default()
+    };
+    if let Some(problem) =
+        paratune::config::nvfp4_problem(&nvfp4_on_this_engine).filter(|_| asks(Precision::Nvfp4))
+    {
         bail!(
-            "--precision nvfp4: NVFP4 training is Transformer Engine's, which Megatron-LM runs and torchtitan does not; use --engine megatron, or --precision fp8"
+            "--precision nvfp4 needs {}; or use --precision fp8",
+            with_flags(problem)
         );
     }
     if let Some(recipe) = space.fp8_recipe {

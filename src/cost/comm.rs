@@ -470,14 +470,9 @@ pub fn stage_sync(
 /// layer weight kept quantized (`fp8_param_gather`): 1 byte in FP8, NVFP4's
 /// half byte with its block scales.
 fn gathered_weight_bytes(s: &Scenario, c: &ParallelConfig, group: &ParamGroup) -> f64 {
-    let quantized = match c.precision {
-        crate::config::Precision::Nvfp4 => super::kernels::NVFP4,
+    let share = match super::memory::te_quantized_bytes(s, c) {
+        Some(quantized) if c.fp8_param_gather && !group.tables => quantized / super::kernels::HALF,
         _ => 1.0,
-    };
-    let share = if c.fp8_param_gather && !group.tables {
-        quantized / super::kernels::HALF
-    } else {
-        1.0
     };
     group.params * s.coef().weight_bytes_per_param * share
 }

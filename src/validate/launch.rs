@@ -602,7 +602,7 @@ pub fn launch_script(
             "export CUDA_DEVICE_MAX_CONNECTIONS=\"${{CUDA_DEVICE_MAX_CONNECTIONS:-1}}\""
         );
     }
-    hybrid_ep_environment(&mut s, plan, candidate, megatron_args);
+    hybrid_ep_environment(&mut s, plan, candidate);
     let _ = writeln!(s, "cd \"${{MEGATRON_PATH}}\"");
     launch_lines(&mut s, launcher);
     Ok(s)
@@ -614,13 +614,10 @@ pub fn launch_script(
 /// parallel ranks inside one domain, as NVIDIA's recipes set them
 /// (Megatron-Bridge `scripts/performance/perf_plugins.py`,
 /// `_set_nvl_domain_size`). Nothing for another dispatcher.
-fn hybrid_ep_environment(
-    s: &mut String,
-    plan: &PlanFile,
-    candidate: &PlannedCandidate,
-    megatron_args: &[String],
-) {
-    if !megatron_args.iter().any(|a| a == "hybridep") {
+fn hybrid_ep_environment(s: &mut String, plan: &PlanFile, candidate: &PlannedCandidate) {
+    if plan.model.moe.is_none()
+        || candidate.config.dispatcher != crate::config::Dispatcher::HybridEp
+    {
         return;
     }
     let gpu = &plan.nodes.gpu.name;

@@ -7,6 +7,21 @@ use std::process::Command;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_paratune");
 
+/// `command` for Llama 3 8B on one node of `gpu`, then `extra`: the job
+/// most CLI tests start from.
+pub fn llama3_8b_on<'a>(command: &'a str, gpu: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let job = [
+        command,
+        "--model",
+        "llama3-8b",
+        "--gpu",
+        gpu,
+        "--nodes",
+        "1",
+    ];
+    job.iter().chain(extra).copied().collect()
+}
+
 /// The repository root (where shipped profiles and test data are).
 pub fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
