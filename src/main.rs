@@ -17,8 +17,8 @@ fn main() -> ExitCode {
         Command::Profile(command) => cli::profile::run(command),
         Command::Ingest(command) => cli::ingest::run(command),
         Command::Validate(args) => cli::validate::run(args),
-        Command::Models => cli::commands::models(),
-        Command::Gpus => cli::commands::gpus(),
+        Command::Models(args) => cli::commands::models(args.format),
+        Command::Gpus(args) => cli::commands::gpus(args.format),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -561,6 +561,22 @@ fn predict_runs_keeps_every_column_and_adds_predictions() {
         ]
         .map(String::from),
     );
+    let parts = [
+        "compute",
+        "host",
+        "bubble",
+        "tensor_parallel",
+        "expert_parallel",
+        "context_parallel",
+        "pipeline_p2p",
+        "data_parallel",
+        "optimizer",
+        "bpipe_transfer",
+        "offload",
+        "fixed",
+    ]
+    .map(|part| format!("predicted_{part}_ms"));
+    expected.extend(parts.iter().cloned());
     assert_eq!(header, expected);
     // Reserved holds allocated; the device needs reserved and more.
     for row in &read("full").1 {
@@ -586,8 +602,16 @@ fn predict_runs_keeps_every_column_and_adds_predictions() {
         assert_eq!(row.len(), header.len(), "{row:?}");
         let ms: f64 = row[input.len()].parse().unwrap();
         assert!(ms > 0.0, "{row:?}");
-        let fits = &row[header.len() - 1];
+        let fits = &row[header.len() - 1 - parts.len()];
         assert!(fits == "true" || fits == "false", "{row:?}");
+        // The parts add up to the iteration (each written to 0.001 ms).
+        let summed: f64 = row[header.len() - parts.len()..]
+            .iter()
+            .map(|cell| cell.parse::<f64>().unwrap())
+            .sum();
+        assert!((summed - ms).abs() < 0.01, "{summed} vs {ms}: {row:?}");
+        let compute: f64 = row[header.len() - parts.len()].parse().unwrap();
+        assert!(compute > 0.0, "{row:?}");
     }
     assert_eq!(full[0][..4], ["8", "16", "1", "2048"]);
     assert_eq!(full[0][10], "1f1b", "input cells are kept as written");
@@ -680,6 +704,58 @@ fn models_and_gpus_list_the_catalogue() {
     for name in ["a100-80gb", "a100-40gb", "h100-sxm", "h200"] {
         assert!(gpus.lines().any(|l| l.starts_with(name)), "{name}:\n{gpus}");
     }
+    // An MoE model shows its experts in the table.
+    let qwen = models.lines().find(|l| l.starts_with("qwen3-30b-a3b"));
+    assert!(qwen.is_some_and(|l| l.ends_with("128 top-8")), "{models}");
+}
+
+/// `--format json|csv` give scripts the same catalogues: JSON with every
+/// field of each entry, CSV with the table's columns in plain units.
+#[test]
+fn models_and_gpus_list_the_catalogue_for_scripts() {
+    let models: serde_json::Value =
+        serde_json::from_str(&ok(&["models", "--format", "json"])).unwrap();
+    let deepseek = models
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == "deepseek-v3")
+        .unwrap();
+    assert_eq!(deepseek["moe"]["experts"], 256);
+    assert!(deepseek["params"].as_f64().unwrap() > 6e11, "{deepseek}");
+    let csv = ok(&["models", "--format", "csv"]);
+    let header: Vec<&str> = csv.lines().next().unwrap().split(',').collect();
+    let column = |name: &str| header.iter().position(|h| *h == name).unwrap();
+    let mixtral: Vec<&str> = csv
+        .lines()
+        .find(|l| l.starts_with("mixtral-8x7b,"))
+        .unwrap()
+        .split(',')
+        .collect();
+    assert_eq!(mixtral.len(), header.len());
+    assert_eq!(mixtral[column("experts")], "8");
+    assert_eq!(mixtral[column("moe_topk")], "2");
+
+    let gpus: serde_json::Value = serde_json::from_str(&ok(&["gpus", "--format", "json"])).unwrap();
+    let gb200 = gpus
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|g| g["gpu"]["name"] == "gb200")
+        .unwrap();
+    assert_eq!(gb200["gpus_per_node"], 72);
+    let csv = ok(&["gpus", "--format", "csv"]);
+    let header: Vec<&str> = csv.lines().next().unwrap().split(',').collect();
+    let h100: Vec<&str> = csv
+        .lines()
+        .find(|l| l.starts_with("h100-sxm,"))
+        .unwrap()
+        .split(',')
+        .collect();
+    let cell = |name: &str| h100[header.iter().position(|h| *h == name).unwrap()];
+    assert_eq!(cell("fp8_tflops").parse::<f64>().unwrap(), 1978.9);
+    assert_eq!(cell("fp4_tflops"), "", "no FP4 tensor cores");
+    assert_eq!(cell("gpus_per_node"), "8");
 }
 
 #[test]

@@ -136,9 +136,17 @@ pub enum Command {
     /// scripts), compare with the prediction, feed the measurements back and re-rank.
     Validate(Box<ValidateArgs>),
     /// List the built-in models.
-    Models,
+    Models(ListArgs),
     /// List the built-in GPUs and their default nodes.
-    Gpus,
+    Gpus(ListArgs),
+}
+
+/// How a catalogue is listed: a table to read, or JSON (every field of
+/// each entry) and CSV (the table's columns in plain units) for scripts.
+#[derive(Args, Debug)]
+pub struct ListArgs {
+    #[arg(long, value_enum, default_value_t = Format::Table)]
+    pub format: Format,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]

@@ -921,18 +921,96 @@ fn memory_lines(out: &mut String, m: &paratune::evaluate::MemorySummary) {
     );
 }
 
-pub fn models() -> Result<()> {
+pub fn models(format: Format) -> Result<()> {
+    let models = builtin_model_names()
+        .iter()
+        .map(|name| builtin_model(name).context("catalogue"))
+        .collect::<Result<Vec<_>>>()?;
+    match format {
+        Format::Json => {
+            let entries: Vec<serde_json::Value> = models
+                .iter()
+                .map(|m| {
+                    let mut entry = serde_json::to_value(m)?;
+                    entry["params"] = serde_json::json!(m.total_params());
+                    Ok(entry)
+                })
+                .collect::<Result<_>>()?;
+            emit(&json(&entries)?)
+        }
+        Format::Csv => {
+            let headers = [
+                "name",
+                "params",
+                "hidden",
+                "heads",
+                "kv_heads",
+                "ffn_hidden",
+                "layers",
+                "vocab",
+                "seq_len",
+                "gated_mlp",
+                "tied_embeddings",
+                "experts",
+                "moe_topk",
+                "moe_ffn_hidden",
+            ]
+            .map(String::from);
+            let rows: Vec<Vec<String>> = models
+                .iter()
+                .map(|m| {
+                    let moe = |field: fn(&paratune::model::MoeSpec) -> u64| {
+                        m.moe.as_ref().map(field).unwrap_or(0).to_string()
+                    };
+                    vec![
+                        m.name.clone(),
+                        format!("{:.0}", m.total_params()),
+                        m.hidden.to_string(),
+                        m.heads.to_string(),
+                        m.kv_heads.to_string(),
+                        m.ffn_hidden.to_string(),
+                        m.layers.to_string(),
+                        m.vocab.to_string(),
+                        m.seq_len.to_string(),
+                        m.gated_mlp.to_string(),
+                        m.tied_embeddings.to_string(),
+                        moe(|e| e.experts),
+                        moe(|e| e.topk),
+                        moe(|e| e.ffn_hidden),
+                    ]
+                })
+                .collect();
+            emit_csv(&headers, &rows)
+        }
+        Format::Table => emit(&models_table(&models)),
+    }
+}
+
+fn models_table(models: &[paratune::model::ModelSpec]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<14} {:>9} {:>7} {:>6} {:>4} {:>7} {:>7} {:>8} {:>6} {:<5} embeddings",
-        "name", "params", "hidden", "heads", "kv", "ffn", "layers", "vocab", "seq", "mlp",
+        "{:<14} {:>9} {:>7} {:>6} {:>4} {:>7} {:>7} {:>8} {:>6} {:<5} {:<6} {:>11}",
+        "name",
+        "params",
+        "hidden",
+        "heads",
+        "kv",
+        "ffn",
+        "layers",
+        "vocab",
+        "seq",
+        "mlp",
+        "embed",
+        "experts"
     );
-    for name in builtin_model_names() {
-        let m = builtin_model(name).context("catalogue")?;
+    for m in models {
+        let experts = m
+            .moe
+            .map_or_else(|| "-".into(), |e| format!("{} top-{}", e.experts, e.topk));
         let _ = writeln!(
             out,
-            "{:<14} {:>8.1}B {:>7} {:>6} {:>4} {:>7} {:>7} {:>8} {:>6} {:<5} {}",
+            "{:<14} {:>8.1}B {:>7} {:>6} {:>4} {:>7} {:>7} {:>8} {:>6} {:<5} {:<6} {:>11}",
             m.name,
             m.total_params() / 1e9,
             m.hidden,
@@ -943,45 +1021,86 @@ pub fn models() -> Result<()> {
             m.vocab,
             m.seq_len,
             if m.gated_mlp { "gated" } else { "gelu" },
-            if m.tied_embeddings { "tied" } else { "untied" }
+            if m.tied_embeddings { "tied" } else { "untied" },
+            experts
         );
     }
-    emit(&out)
+    out
 }
 
-pub fn gpus() -> Result<()> {
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "{:<11} {:>14} {:>11} {:>11} {:>9} {:>9} {:>10} {:>13} {:>15}",
-        "name",
-        "16-bit TFLOP/s",
-        "FP8 TFLOP/s",
-        "FP4 TFLOP/s",
-        "memory",
-        "HBM",
-        "GPUs/node",
-        "intra-node",
-        "inter-node"
-    );
-    for name in builtin_gpu_names() {
-        let node = builtin_node(name, 1).context("catalogue")?;
-        let tflops = |peak: Option<f64>| {
-            peak.map_or_else(|| "-".to_string(), |f| format!("{:.1}", f / 1e12))
-        };
-        let _ = writeln!(
-            out,
-            "{:<11} {:>14.1} {:>11} {:>11} {:>6.1}GiB {:>6.2}TB/s {:>10} {:>13} {:>15}",
-            node.gpu.name,
-            node.gpu.peak_flops / 1e12,
-            tflops(node.gpu.fp8_peak_flops),
-            tflops(node.gpu.fp4_peak_flops),
-            node.gpu.memory_bytes / GIB,
-            node.gpu.hbm_bandwidth / 1e12,
-            node.gpus_per_node,
-            node.intra_node_bw.to_string(),
-            node.inter_node_bw.to_string()
-        );
+pub fn gpus(format: Format) -> Result<()> {
+    let nodes = builtin_gpu_names()
+        .iter()
+        .map(|name| builtin_node(name, 1).context("catalogue"))
+        .collect::<Result<Vec<_>>>()?;
+    let tflops = |peak: Option<f64>| peak.map(|f| f / 1e12);
+    match format {
+        Format::Json => emit(&json(&nodes)?),
+        Format::Csv => {
+            let headers = [
+                "name",
+                "bf16_tflops",
+                "fp8_tflops",
+                "fp4_tflops",
+                "memory_gib",
+                "hbm_tb_per_s",
+                "gpus_per_node",
+                "intra_node_bw",
+                "inter_node_bw",
+            ]
+            .map(String::from);
+            let cell = |peak: Option<f64>| tflops(peak).map_or(String::new(), |t| format!("{t}"));
+            let rows: Vec<Vec<String>> = nodes
+                .iter()
+                .map(|node| {
+                    vec![
+                        node.gpu.name.clone(),
+                        cell(Some(node.gpu.peak_flops)),
+                        cell(node.gpu.fp8_peak_flops),
+                        cell(node.gpu.fp4_peak_flops),
+                        format!("{}", node.gpu.memory_bytes / GIB),
+                        format!("{}", node.gpu.hbm_bandwidth / 1e12),
+                        node.gpus_per_node.to_string(),
+                        node.intra_node_bw.to_string(),
+                        node.inter_node_bw.to_string(),
+                    ]
+                })
+                .collect();
+            emit_csv(&headers, &rows)
+        }
+        Format::Table => {
+            let mut out = String::new();
+            let _ = writeln!(
+                out,
+                "{:<11} {:>14} {:>11} {:>11} {:>9} {:>9} {:>10} {:>13} {:>15}",
+                "name",
+                "16-bit TFLOP/s",
+                "FP8 TFLOP/s",
+                "FP4 TFLOP/s",
+                "memory",
+                "HBM",
+                "GPUs/node",
+                "intra-node",
+                "inter-node"
+            );
+            let shown =
+                |peak: Option<f64>| tflops(peak).map_or_else(|| "-".into(), |t| format!("{t:.1}"));
+            for node in &nodes {
+                let _ = writeln!(
+                    out,
+                    "{:<11} {:>14.1} {:>11} {:>11} {:>6.1}GiB {:>6.2}TB/s {:>10} {:>13} {:>15}",
+                    node.gpu.name,
+                    node.gpu.peak_flops / 1e12,
+                    shown(node.gpu.fp8_peak_flops),
+                    shown(node.gpu.fp4_peak_flops),
+                    node.gpu.memory_bytes / GIB,
+                    node.gpu.hbm_bandwidth / 1e12,
+                    node.gpus_per_node,
+                    node.intra_node_bw.to_string(),
+                    node.inter_node_bw.to_string()
+                );
+            }
+            emit(&out)
+        }
     }
-    emit(&out)
 }

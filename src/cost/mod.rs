@@ -186,22 +186,51 @@ impl TimeBreakdown {
 
     /// Named parts, largest first not implied: in a fixed order for tables.
     pub fn parts(&self) -> [(&'static str, f64); 12] {
+        let values = self.values();
+        std::array::from_fn(|i| (PARTS[i].0, values[i]))
+    }
+
+    /// The parts under their column names (`predict --runs` writes them as
+    /// `predicted_<key>_ms`), in [`TimeBreakdown::parts`]'s order.
+    pub fn keyed_parts(&self) -> [(&'static str, f64); 12] {
+        let values = self.values();
+        std::array::from_fn(|i| (PARTS[i].1, values[i]))
+    }
+
+    fn values(&self) -> [f64; 12] {
         [
-            ("compute", self.compute),
-            ("host overhead", self.host),
-            ("pipeline bubble", self.bubble),
-            ("tensor-parallel comm", self.tensor_parallel),
-            ("expert-parallel comm", self.expert_parallel),
-            ("context-parallel comm", self.context_parallel),
-            ("pipeline p2p", self.pipeline_p2p),
-            ("data-parallel comm (exposed)", self.data_parallel),
-            ("optimizer step", self.optimizer),
-            ("BPipe transfer", self.bpipe_transfer),
-            ("activation offload", self.offload),
-            ("fixed per iteration", self.fixed),
+            self.compute,
+            self.host,
+            self.bubble,
+            self.tensor_parallel,
+            self.expert_parallel,
+            self.context_parallel,
+            self.pipeline_p2p,
+            self.data_parallel,
+            self.optimizer,
+            self.bpipe_transfer,
+            self.offload,
+            self.fixed,
         ]
     }
 }
+
+/// Each part of an iteration's time: how it is shown, and its key in
+/// tables; in the order of [`TimeBreakdown::values`].
+const PARTS: [(&str, &str); 12] = [
+    ("compute", "compute"),
+    ("host overhead", "host"),
+    ("pipeline bubble", "bubble"),
+    ("tensor-parallel comm", "tensor_parallel"),
+    ("expert-parallel comm", "expert_parallel"),
+    ("context-parallel comm", "context_parallel"),
+    ("pipeline p2p", "pipeline_p2p"),
+    ("data-parallel comm (exposed)", "data_parallel"),
+    ("optimizer step", "optimizer"),
+    ("BPipe transfer", "bpipe_transfer"),
+    ("activation offload", "offload"),
+    ("fixed per iteration", "fixed"),
+];
 
 /// The cost model's answer for one configuration.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]

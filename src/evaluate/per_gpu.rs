@@ -4,7 +4,7 @@
 
 use crate::cluster::{NodeGroup, builtin_node};
 use crate::coefficients::{CostModel, default_cost_model};
-use crate::cost::{Scenario, predict};
+use crate::cost::{Scenario, TimeBreakdown, predict};
 use crate::profile::Measurements;
 use crate::runs::{BaseNode, Run, RunTable, Runs};
 use std::collections::HashMap;
@@ -118,7 +118,9 @@ fn node_of(base: &NodeGroup, run: &Run) -> (String, u64) {
 /// the device memory the peak stage needs (reserved plus what lives outside
 /// PyTorch), which `fits` is judged on; the allocated and reserved peaks are
 /// PyTorch's, of the peak stage, of the first (which torchtitan logs) and
-/// of the last (which Megatron-LM logs).
+/// of the last (which Megatron-LM logs). After `fits` come the predicted
+/// iteration's parts ([`TimeBreakdown::keyed_parts`]) as
+/// `predicted_<part>_ms`, to show where a row's gap to its measurement is.
 pub const PREDICTED_COLUMNS: [&str; 10] = [
     "predicted_iter_ms",
     "predicted_tflops_per_gpu",
@@ -143,6 +145,7 @@ pub fn predicted_rows(
 ) -> (Vec<String>, Vec<Vec<String>>) {
     let mut headers = table.headers.clone();
     headers.extend(PREDICTED_COLUMNS.map(String::from));
+    headers.extend(part_columns());
     let by_line: HashMap<usize, &Run> = runs.runs.iter().map(|r| (r.line, r)).collect();
     let skipped: HashMap<usize, &str> = runs
         .skipped
@@ -167,6 +170,7 @@ pub fn predicted_rows(
                         "not predicted: {}",
                         skipped.get(&line).unwrap_or(&"")
                     ));
+                    row.extend(std::iter::repeat_n(String::new(), part_columns().len()));
                 }
             }
             row
@@ -175,17 +179,26 @@ pub fn predicted_rows(
     (headers, rows)
 }
 
+/// `predicted_<part>_ms` for every part of an iteration's time.
+fn part_columns() -> Vec<String> {
+    TimeBreakdown::default()
+        .keyed_parts()
+        .iter()
+        .map(|(key, _)| format!("predicted_{key}_ms"))
+        .collect()
+}
+
 fn predicted_cells(
     run: &Run,
     settings: &PerGpu,
     measurements: Option<&Measurements>,
-) -> [String; 10] {
+) -> Vec<String> {
     let (group, cost) = settings.of(run);
     let scenario = Scenario::new(&run.model, run.global_batch, group, run.gpus, cost)
         .with_profile(measurements.filter(|_| settings.is_base(run)));
     let p = predict(&scenario, &run.config);
     let gib = |bytes: f64| format!("{:.3}", bytes / GIB);
-    [
+    let mut cells = vec![
         format!("{:.3}", p.iteration_s * 1e3),
         format!("{:.2}", p.tflops_per_gpu),
         format!("{:.2}", p.peak_memory_gib()),
@@ -196,7 +209,14 @@ fn predicted_cells(
         gib(p.last_stage_allocated_bytes),
         gib(p.last_stage_reserved_bytes),
         p.fits.to_string(),
-    ]
+    ];
+    cells.extend(
+        p.time
+            .keyed_parts()
+            .iter()
+            .map(|(_, seconds)| format!("{:.3}", seconds * 1e3)),
+    );
+    cells
 }
 
 #[cfg(test)]
