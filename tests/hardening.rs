@@ -1087,6 +1087,12 @@ fn a_torchtitan_base_that_is_neither_a_config_function_nor_toml_is_refused() {
     );
     std::fs::write(dir.path().join("plan.json"), plan).unwrap();
     std::fs::write(dir.path().join("broken.toml"), "[training\n").unwrap();
+    // A 0.2 job whose model is not the plan's would time another network.
+    std::fs::write(
+        dir.path().join("70b.toml"),
+        "[model]\nname = \"llama3\"\nflavor = \"70B\"\n",
+    )
+    .unwrap();
     for (base, names) in [
         (None, &["--torchtitan-config", "MODULE:CONFIG"][..]),
         (
@@ -1100,6 +1106,14 @@ fn a_torchtitan_base_that_is_neither_a_config_function_nor_toml_is_refused() {
         (
             Some("broken.toml"),
             &["--torchtitan-config broken.toml", "not TOML"][..],
+        ),
+        (
+            Some("70b.toml"),
+            &[
+                "70b.toml",
+                "llama3 70B builds llama3-70b",
+                "plan is for llama3-8b",
+            ][..],
         ),
     ] {
         let mut args = vec![

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 mod common;
-use common::{BIN, fails_in as fails, megatron_plan_json, run_in as run};
+use common::{BIN, fails_in as fails, megatron_plan_json, ok_in, run_in as run};
 
 fn write(dir: &Path, name: &str, plan: &serde_json::Value) -> PathBuf {
     let path = dir.join(name);
@@ -613,4 +613,52 @@ fn a_candidate_too_big_for_this_machine_runs_fewer_layers() {
     // The run row is the model that ran.
     let table = common::read_table(&out.join("runs-history.csv"));
     assert_eq!(common::number(&table, 0, "layers"), layers as f64);
+}
+
+/// A plan none of whose candidates the engine can run is refused with the
+/// first one's reason and the fix, not reported as a run with nothing in it.
+#[test]
+fn cluster_trials_of_a_plan_the_engine_cannot_run_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let plan = ok_in(
+        d,
+        &[
+            "plan",
+            "--model",
+            "gpt3-13b",
+            "--gpu",
+            "a100-80gb",
+            "--nodes",
+            "2",
+            "--global-batch",
+            "64",
+            "--top",
+            "2",
+            "--bpipe",
+            "on",
+            "--format",
+            "json",
+        ],
+    );
+    let path = write(d, "plan.json", &serde_json::from_str(&plan).unwrap());
+    let (megatron, _) = fake_cluster(d);
+    let err = fails(
+        d,
+        &[
+            "validate",
+            path.to_str().unwrap(),
+            "--launch",
+            "megatron",
+            "--megatron-path",
+            megatron.to_str().unwrap(),
+            "--top",
+            "2",
+            "--dry-run",
+        ],
+    );
+    assert!(err.contains("--launch megatron"), "{err}");
+    assert!(err.contains("#1: ") && err.contains("BPipe"), "{err}");
+    assert!(err.contains("--bpipe off"), "the reason's fix: {err}");
+    assert!(!d.join("reports/plan/runs-history.csv").exists());
 }

@@ -62,8 +62,10 @@ fn cluster_of(
                 }
                 .into());
             };
+            let base = TorchtitanBase::parse(base)?;
+            base.check_model(&plan.model)?;
             Cluster::Torchtitan(TorchtitanSettings {
-                base: TorchtitanBase::parse(base)?,
+                base,
                 launcher,
                 train_iters,
             })

@@ -45,6 +45,17 @@ pub enum ClusterTrialError {
     Report(String),
     #[error("cannot write {path}: {message}")]
     Write { path: String, message: String },
+    /// The first round wrote no script: none of the candidates tried can
+    /// run on the chosen engine.
+    #[error(
+        "--launch {engine}: none of the plan's top {tried} candidate(s) can run on it (or raise --top); #{rank}: {reason}"
+    )]
+    NothingLaunchable {
+        engine: &'static str,
+        tried: usize,
+        rank: usize,
+        reason: String,
+    },
 }
 
 /// The engine the trials run on, with what its scripts share.
@@ -66,6 +77,15 @@ struct Measured {
 }
 
 impl Cluster {
+    /// The engine as `--launch` names it.
+    fn engine(&self) -> &'static str {
+        match self {
+            Cluster::Megatron(_) => "megatron",
+            Cluster::Torchtitan(_) => "torchtitan",
+            Cluster::Torch(_) => "torch",
+        }
+    }
+
     /// `megatron` or `torchtitan`, as `paratune ingest` names the log.
     fn log_kind(&self) -> &'static str {
         match self {
@@ -345,7 +365,19 @@ pub fn run_loop(
         top.candidates.truncate(settings.top);
         top.candidates.retain(|c| !tried.contains(&c.config));
         tried.extend(top.candidates.iter().map(|c| c.config));
-        let scripts = write_scripts(&top, cluster, &dir, &mut report)?;
+        let (scripts, skipped) = write_scripts(&top, cluster, &dir, &mut report)?;
+        if round == 1
+            && scripts.is_empty()
+            && resumed == 0
+            && let Some((rank, reason)) = skipped.into_iter().next()
+        {
+            return Err(ClusterTrialError::NothingLaunchable {
+                engine: cluster.engine(),
+                tried: top.candidates.len(),
+                rank,
+                reason,
+            });
+        }
         // A resumed first round whose candidates all ran still refits.
         if scripts.is_empty() && !(round == 1 && resumed > 0) {
             let _ = writeln!(report, "round {round}: no new candidate to run; stopping");
@@ -594,15 +626,20 @@ fn round_table(round: usize, trials: &[&RoundTrial], report: &mut String) -> Opt
     Some(mape)
 }
 
+/// A candidate's rank in the plan, and its script or why it has none.
+type WrittenScript = (usize, PathBuf);
+type SkippedCandidate = (usize, String);
+
 /// Writes the launch scripts of `plan`'s candidates into `dir`; reports
-/// each and returns the written ones.
+/// each and returns the written ones and the skipped ones.
 fn write_scripts(
     plan: &PlanFile,
     cluster: &Cluster,
     dir: &Path,
     report: &mut String,
-) -> Result<Vec<(usize, PathBuf)>, ClusterTrialError> {
+) -> Result<(Vec<WrittenScript>, Vec<SkippedCandidate>), ClusterTrialError> {
     let mut scripts = Vec::new();
+    let mut skipped = Vec::new();
     for outcome in cluster.write(plan, dir)? {
         match outcome {
             ScriptOutcome::Written { rank, path } => {
@@ -611,10 +648,11 @@ fn write_scripts(
             }
             ScriptOutcome::Skipped { rank, reason } => {
                 let _ = writeln!(report, "candidate #{rank}: no script ({reason})");
+                skipped.push((rank, reason));
             }
         }
     }
-    Ok(scripts)
+    Ok((scripts, skipped))
 }
 
 /// Runs one script, reads its log into the history, says what happened.

@@ -100,6 +100,15 @@ pub enum LaunchError {
     )]
     BadTorchtitanConfig { value: String, problem: String },
     #[error(
+        "--torchtitan-config {path}: its [model] {base} builds {built}, but the plan is for {planned}; set its [model] flavor to the plan's model, or plan for {built}"
+    )]
+    BaseModelDiffers {
+        path: String,
+        base: String,
+        built: String,
+        planned: String,
+    },
+    #[error(
         "candidate {rank}: the plan file's megatron_args do not match its config ({difference}); the file was edited: re-run `paratune plan ... --format json`"
     )]
     ArgumentsDiffer { rank: usize, difference: String },

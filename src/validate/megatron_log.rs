@@ -1273,6 +1273,22 @@ impl MegatronRun {
                 "paratune prices the tensorwise, delayed, mxfp8 and blockwise recipes; measure with one of them",
             ));
         }
+        if let Some(format) = &m.fp4 {
+            let recipe = m
+                .all
+                .get("fp4_recipe")
+                .map(|v| v.trim())
+                .filter(|v| *v != "None");
+            if format != "e2m1" || recipe.is_some_and(|r| r != "nvfp4") {
+                return Err(unsupported(
+                    format!(
+                        "FP4 training as `--fp4-format {format}` with the `{}` recipe",
+                        recipe.unwrap_or("default")
+                    ),
+                    "paratune prices NVFP4 (--fp4-format e2m1 --fp4-recipe nvfp4); measure with it",
+                ));
+            }
+        }
         if m.num_experts.is_some() {
             let dispatcher = m
                 .moe_token_dispatcher_type
@@ -1859,6 +1875,13 @@ mod tests {
         assert_eq!(
             (nvfp4["precision"].as_str(), nvfp4["fp8_recipe"].as_str()),
             ("nvfp4", "")
+        );
+        // Megatron-LM's other FP4 recipe is a user's own quantization.
+        let custom_fp4 = row_of(&[("fp4", "e2m1"), ("fp4_recipe", "custom")]).unwrap_err();
+        assert!(
+            custom_fp4.to_string().contains("`custom` recipe")
+                && custom_fp4.to_string().contains("--fp4-recipe nvfp4"),
+            "{custom_fp4}"
         );
         let custom = row_of(&[("fp8", "hybrid"), ("fp8_recipe", "custom")]).unwrap_err();
         assert!(

@@ -21,6 +21,7 @@ use super::launch::{
     node_shape, rank_environment, script_header, script_prologue, write_candidate,
 };
 use crate::export::{LaunchJob, merge_job_config, torchtitan_flags};
+use crate::model::ModelSpec;
 use crate::plan_file::{PlanFile, PlannedCandidate};
 use crate::text::{comment_safe, shell_quote};
 use std::fmt::Write as _;
@@ -71,6 +72,32 @@ impl TorchtitanBase {
         Ok(TorchtitanBase::Registry {
             module: module.into(),
             config: config.into(),
+        })
+    }
+
+    /// Refuses a 0.2 job TOML whose `[model]` builds another network than
+    /// the plan's: its trials would time a model the plan did not price.
+    /// A name and flavor paratune does not know is left to the user.
+    pub fn check_model(&self, plan_model: &ModelSpec) -> Result<(), LaunchError> {
+        let TorchtitanBase::JobToml { path, table } = self else {
+            return Ok(());
+        };
+        let model = table.get("model").and_then(|m| m.as_table());
+        let text = |key: &str| model.and_then(|m| m.get(key)).and_then(|v| v.as_str());
+        let (Some(name), Some(flavor)) = (text("name"), text("flavor")) else {
+            return Ok(());
+        };
+        let Some(built) = crate::export::catalogue_model_of(name, flavor) else {
+            return Ok(());
+        };
+        if same_network(&built, plan_model) {
+            return Ok(());
+        }
+        Err(LaunchError::BaseModelDiffers {
+            path: comment_safe(&path.display().to_string()),
+            base: format!("{name} {flavor}"),
+            built: built.name,
+            planned: plan_model.name.clone(),
         })
     }
 
@@ -352,6 +379,26 @@ pub fn write_torchtitan_scripts(
         });
     }
     Ok(outcomes)
+}
+
+/// Whether two models are the same network for a trial: widths, heads,
+/// layers, vocabulary and experts (torchtitan takes the sequence length
+/// from training, and names differ).
+fn same_network(a: &ModelSpec, b: &ModelSpec) -> bool {
+    let shape = |m: &ModelSpec| {
+        (
+            (
+                m.hidden,
+                m.heads,
+                m.kv_heads,
+                m.ffn_hidden,
+                m.layers,
+                m.vocab,
+            ),
+            m.moe.map(|e| (e.experts, e.topk, e.ffn_hidden)),
+        )
+    };
+    shape(a) == shape(b)
 }
 
 #[cfg(test)]
