@@ -21,6 +21,112 @@ crate::named_choices!(
     SyncMethod,
 );
 
+/// What CUDA graphs capture (Megatron-LM's `--cuda-graph-impl`;
+/// torch.compile's cudagraphs in torchtitan): the host then launches a
+/// graph instead of every kernel it holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum CudaGraphs {
+    /// Every kernel launched eagerly.
+    #[default]
+    Off,
+    /// Each layer captured apart (Transformer Engine's
+    /// `make_graphed_callables`, `--cuda-graph-impl transformer_engine`):
+    /// an MoE layer's dispatch and experts stay eager, since the token
+    /// counts come back to the host.
+    Layers,
+    /// The whole forward and backward of an iteration as one graph
+    /// (`--cuda-graph-impl full_iteration`, Megatron-LM from mid-2026): no
+    /// per-kernel or per-layer launches. An MoE layer must then dispatch
+    /// without a host sync: HybridEP into buffers pre-sized by an expert
+    /// rank capacity factor (Megatron-LM's paged stash, the user guide's
+    /// `docs/user-guide/features/paged_stash.md`).
+    FullIteration,
+}
+
+impl CudaGraphs {
+    pub const ALL: [CudaGraphs; 3] = [
+        CudaGraphs::Off,
+        CudaGraphs::Layers,
+        CudaGraphs::FullIteration,
+    ];
+
+    /// Whether any kernels are captured.
+    pub fn on(self) -> bool {
+        self != CudaGraphs::Off
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            CudaGraphs::Off => "off",
+            CudaGraphs::Layers => "on",
+            CudaGraphs::FullIteration => "full",
+        }
+    }
+
+    /// `off`/`on` as every switch reads (on: per layer), or `full` (also
+    /// Megatron-LM's `full_iteration`, `transformer_engine` and `local`
+    /// for the per-layer kinds); the error names `field`.
+    pub fn parse(field: &str, text: &str) -> Result<CudaGraphs, String> {
+        match text.trim().to_lowercase().as_str() {
+            "full" | "full_iteration" | "full-iteration" => Ok(CudaGraphs::FullIteration),
+            "transformer_engine" | "local" | "layers" => Ok(CudaGraphs::Layers),
+            "none" => Ok(CudaGraphs::Off),
+            other => crate::choice::parse_switch(field, other)
+                .map(|on| {
+                    if on {
+                        CudaGraphs::Layers
+                    } else {
+                        CudaGraphs::Off
+                    }
+                })
+                .map_err(|_| {
+                    format!(
+                        "`{field}` must be on, off or full (the whole iteration), found `{text}`"
+                    )
+                }),
+        }
+    }
+}
+
+/// The buffers a sync-free MoE layer pre-sizes for one rank's routed rows,
+/// as a multiple of a perfectly balanced share (Megatron-LM's
+/// `--moe-expert-rank-capacity-factor`): NVIDIA's full-iteration recipes
+/// use 1.5 (Megatron-Bridge's Qwen3-235B-A22B V2 config, Megatron-LM's
+/// DeepSeek-V3 paged-stash example); rows beyond it stop the run.
+pub const EXPERT_RANK_CAPACITY_FACTOR: f64 = 1.5;
+
+impl Serialize for CudaGraphs {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.name())
+    }
+}
+
+/// Reads the names, and the `true`/`false` that plan files written before
+/// the full-iteration kind hold.
+impl<'de> Deserialize<'de> for CudaGraphs {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Written {
+            Switch(bool),
+            Name(String),
+        }
+        match Written::deserialize(deserializer)? {
+            Written::Switch(true) => Ok(CudaGraphs::Layers),
+            Written::Switch(false) => Ok(CudaGraphs::Off),
+            Written::Name(name) => {
+                CudaGraphs::parse("cuda_graphs", &name).map_err(serde::de::Error::custom)
+            }
+        }
+    }
+}
+
+impl fmt::Display for CudaGraphs {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 use crate::model::{AttentionKind, ModelSpec};
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -948,11 +1054,9 @@ pub struct ParallelConfig {
     /// Engine's CPU offload); 0 keeps them all on the GPU.
     #[serde(default)]
     pub cpu_offload_layers: u64,
-    /// CUDA graphs (`--cuda-graph-impl`; torch.compile's cudagraphs in
-    /// torchtitan): each layer's kernels captured once and replayed, so the
-    /// host launches a graph instead of every kernel.
+    /// CUDA graphs: what is captured once and replayed.
     #[serde(default)]
-    pub cuda_graphs: bool,
+    pub cuda_graphs: CudaGraphs,
     #[serde(default)]
     pub stage_order: StageOrder,
     #[serde(default)]
@@ -1107,7 +1211,7 @@ impl Default for ParallelConfig {
             cross_entropy_fusion: CrossEntropyFusion::Off,
             wgrad_deferral: WgradDeferral::Off,
             cpu_offload_layers: 0,
-            cuda_graphs: false,
+            cuda_graphs: CudaGraphs::Off,
             stage_order: StageOrder::Megatron,
             engine: Engine::Megatron,
             compile: false,
@@ -1430,6 +1534,12 @@ impl ParallelConfig {
             (Rule::Fp8RecipeEngine, fp8_recipe_engine_problem(c)),
             (Rule::Nvfp4Needs, nvfp4_problem(c).is_some()),
             (
+                Rule::FullGraphNeedsSyncFreeExperts,
+                c.cuda_graphs == CudaGraphs::FullIteration
+                    && model.moe.is_some()
+                    && c.dispatcher != Dispatcher::HybridEp,
+            ),
+            (
                 Rule::TorchtitanStageSplit,
                 c.engine == Engine::Torchtitan
                     && c.pp > 1
@@ -1507,10 +1617,14 @@ impl ParallelConfig {
                         || !c.overlap_grad_reduce),
             ),
             (
-                // Megatron-LM's restriction; torchtitan 0.3 captures
-                // fully checkpointed steps (its llama3_70b config).
+                // Megatron-LM's restriction on per-layer graphs (a whole
+                // iteration's graph holds the recomputation); torchtitan
+                // 0.3 captures fully checkpointed steps (its llama3_70b
+                // config).
                 Rule::CudaGraphsWithFullRecompute,
-                c.cuda_graphs && c.recompute == Recompute::Full && c.engine == Engine::Megatron,
+                c.cuda_graphs == CudaGraphs::Layers
+                    && c.recompute == Recompute::Full
+                    && c.engine == Engine::Megatron,
             ),
             (
                 Rule::RecomputeForEngine,
@@ -1529,7 +1643,8 @@ impl ParallelConfig {
                 c.engine == Engine::Torchtitan
                     && (c.bpipe
                         || (c.tp_comm_overlap && !c.compile)
-                        || (c.cuda_graphs && c.pp > 1)
+                        || (c.cuda_graphs.on() && c.pp > 1)
+                        || c.cuda_graphs == CudaGraphs::FullIteration
                         || c.cross_entropy_fusion != CrossEntropyFusion::Off
                         || (model.moe.is_some() && c.dispatcher != Dispatcher::AllToAll)
                         || model.mtp_layers > 0),
@@ -1799,6 +1914,10 @@ pub enum Rule {
     /// CUDA graphs capture a fixed kernel sequence; Megatron-LM refuses them
     /// with full recomputation.
     CudaGraphsWithFullRecompute,
+    /// A whole iteration's CUDA graph captures the MoE layers too, which
+    /// must then dispatch without the host learning the token counts:
+    /// Megatron-LM's sync-free experts run on HybridEP.
+    FullGraphNeedsSyncFreeExperts,
     /// A recomputation policy of the other engine.
     RecomputeForEngine,
     AcFrequency,
@@ -2002,8 +2121,10 @@ pub fn ep_overlap_config_problem(c: &ParallelConfig) -> Option<&'static str> {
         Some("`moe_dispatcher alltoall`, `moe_dispatcher flex` or `moe_dispatcher hybridep`")
     } else if c.recompute == Recompute::Full {
         Some("`recompute selective` or `none` (not full)")
-    } else if c.cuda_graphs {
-        Some("`cuda_graphs off`")
+    } else if c.cuda_graphs == CudaGraphs::Layers {
+        // Megatron-LM's paged-stash recipes overlap a whole iteration's
+        // graph with it (`--cuda-graph-impl full_iteration`).
+        Some("`cuda_graphs off` or `full` (not per layer)")
     } else if c.pp > 1 && c.schedule != ScheduleKind::Interleaved {
         Some("`schedule interleaved` under a pipeline")
     } else {
@@ -2036,6 +2157,9 @@ impl Rule {
                 "param-gather overlap needs the distributed optimizer and grad-reduce overlap"
             }
             Rule::CudaGraphsWithFullRecompute => "CUDA graphs do not run with full recomputation",
+            Rule::FullGraphNeedsSyncFreeExperts => {
+                "a whole-iteration CUDA graph of an MoE model needs the HybridEP dispatcher"
+            }
             Rule::RecomputeForEngine => "a recomputation policy the engine lacks",
             Rule::AcFrequency => "selective-layer checkpointing needs a frequency of 1 or more",
             Rule::CompileWithoutTorchtitan => "torch.compile needs the torchtitan engine",
@@ -2202,8 +2326,12 @@ impl Rule {
                 "`overlap_param_gather` needs `optimizer_sharding optimizer-states` (the distributed optimizer) and `overlap_grad_reduce on`".into()
             }
             Rule::CudaGraphsWithFullRecompute => {
-                "`cuda_graphs on` does not run with `recompute full` (Megatron-LM refuses it); use selective or none".into()
+                "`cuda_graphs on` (per layer) does not run with `recompute full` (Megatron-LM refuses it); use selective or none, or `cuda_graphs full` (the whole iteration)".into()
             }
+            Rule::FullGraphNeedsSyncFreeExperts => format!(
+                "`cuda_graphs full` captures the MoE layers too, which must then dispatch without a host sync: Megatron-LM's sync-free experts run on `moe_dispatcher hybridep` (found {}); use it, or `cuda_graphs on` (per layer)",
+                c.dispatcher.name()
+            ),
             Rule::RecomputeForEngine | Rule::CompileWithoutTorchtitan => self.explain_engine(c),
             Rule::AcFrequency => "`ac_frequency` must be at least 1".into(),
             Rule::EngineCannotRun => {
@@ -2223,6 +2351,8 @@ impl Rule {
                         "the {} token dispatcher (its expert parallelism dispatches with all-to-all: `moe_dispatcher alltoall`)",
                         c.dispatcher.name()
                     )
+                } else if c.cuda_graphs == CudaGraphs::FullIteration {
+                    "Megatron-LM's whole-iteration graph (`cuda_graphs full`; torchtitan's own graphs are `cuda_graphs on`)".to_string()
                 } else {
                     "CUDA graphs with a pipeline (`cuda_graphs off`, or pp 1)".to_string()
                 };
@@ -2421,8 +2551,8 @@ impl fmt::Display for ParallelConfig {
         if !overlaps.is_empty() {
             write!(f, " overlap={}", overlaps.join(","))?;
         }
-        if self.cuda_graphs {
-            f.write_str(" graphs=on")?;
+        if self.cuda_graphs.on() {
+            write!(f, " graphs={}", self.cuda_graphs)?;
         }
         if self.stage_order != StageOrder::Megatron {
             write!(f, " order={}", self.stage_order.name())?;
@@ -2539,6 +2669,25 @@ mod tests {
     }
 
     use super::*;
+
+    /// Plan files written before the whole-iteration kind hold a switch;
+    /// they read back as the per-layer graphs they meant, and every kind
+    /// round-trips through its name.
+    #[test]
+    fn cuda_graphs_read_old_switches_and_their_own_names() {
+        let read = |text: &str| serde_json::from_str::<CudaGraphs>(text).unwrap();
+        assert_eq!(read("true"), CudaGraphs::Layers);
+        assert_eq!(read("false"), CudaGraphs::Off);
+        for kind in CudaGraphs::ALL {
+            assert_eq!(read(&serde_json::to_string(&kind).unwrap()), kind);
+        }
+        assert_eq!(read("\"full_iteration\""), CudaGraphs::FullIteration);
+        assert!(serde_json::from_str::<CudaGraphs>("\"sometimes\"").is_err());
+        let mut written = serde_json::to_value(ParallelConfig::default()).unwrap();
+        written["cuda_graphs"] = serde_json::Value::Bool(true);
+        let old: ParallelConfig = serde_json::from_value(written).unwrap();
+        assert_eq!(old.cuda_graphs, CudaGraphs::Layers);
+    }
 
     /// The chunks, taken in the model's order (chunk j of every stage, then
     /// chunk j + 1), tile the layers, and each stage's chunks hold its

@@ -1606,3 +1606,229 @@ fn nvfp4_plans_are_checked_exported_and_read_back() {
         &["--explain: `precision nvfp4`", "no FP4 tensor cores"],
     );
 }
+
+/// Qwen3-30B-A3B on one GB300 tray pair, as NVIDIA's MXFP8 recipe runs it
+/// with HybridEP, plus `extra`.
+fn qwen3_30b_on_8_gb300(extra: &[&str]) -> serde_json::Value {
+    let mut args = vec![
+        "predict",
+        "--model",
+        "qwen3-30b-a3b",
+        "--gpu",
+        "gb300",
+        "--gpus",
+        "8",
+        "--global-batch",
+        "512",
+        "--micro-batch",
+        "4",
+        "--ep",
+        "8",
+        "--precision",
+        "fp8",
+        "--moe-dispatcher",
+        "hybridep",
+        "--optimizer-sharding",
+        "optimizer-states",
+        "--format",
+        "json",
+    ];
+    args.extend(extra);
+    serde_json::from_str(&ok(&args)).unwrap()
+}
+
+/// `--cuda-graphs full` (Megatron-LM's `--cuda-graph-impl full_iteration`)
+/// leaves the host nothing per layer, MoE dispatch included, exports the
+/// sync-free experts it needs, and is refused where it cannot run.
+#[test]
+fn a_whole_iteration_graph_runs_sync_free_experts() {
+    let layers = qwen3_30b_on_8_gb300(&["--cuda-graphs", "on"]);
+    let whole = qwen3_30b_on_8_gb300(&["--cuda-graphs", "full"]);
+    let host = |p: &serde_json::Value| p["prediction"]["time"]["host"].as_f64().unwrap();
+    let iteration = |p: &serde_json::Value| p["prediction"]["iteration_s"].as_f64().unwrap();
+    assert!(
+        host(&whole) < host(&layers) / 2.0,
+        "{} vs {}",
+        host(&whole),
+        host(&layers)
+    );
+    assert!(iteration(&whole) < iteration(&layers));
+    assert_eq!(whole["config"]["cuda_graphs"], "full");
+    let args: Vec<String> = serde_json::from_value(whole["megatron_args"].clone()).unwrap();
+    let joined = args.join(" ");
+    for part in [
+        "--cuda-graph-impl full_iteration",
+        "--moe-flex-dispatcher-backend hybridep",
+        "--use-transformer-engine-op-fuser",
+        "--moe-expert-rank-capacity-factor 1.5",
+        "--moe-paged-stash",
+    ] {
+        assert!(joined.contains(part), "{part} missing: {joined}");
+    }
+    let layer_args: Vec<String> = serde_json::from_value(layers["megatron_args"].clone()).unwrap();
+    assert!(
+        layer_args
+            .join(" ")
+            .contains("--cuda-graph-impl transformer_engine")
+    );
+    assert!(!layer_args.contains(&"--moe-paged-stash".to_string()));
+
+    // An MoE layer that syncs the host cannot be captured whole.
+    let e = fails(&[
+        "predict",
+        "--model",
+        "qwen3-30b-a3b",
+        "--gpu",
+        "gb300",
+        "--gpus",
+        "8",
+        "--global-batch",
+        "512",
+        "--ep",
+        "8",
+        "--moe-dispatcher",
+        "alltoall",
+        "--cuda-graphs",
+        "full",
+    ]);
+    says(
+        &e,
+        &[
+            "--cuda-graphs full",
+            "--moe-dispatcher hybridep",
+            "alltoall",
+        ],
+    );
+    // torchtitan's graphs are its own `on`.
+    let predict_llama =
+        |extra: &[&'static str]| with(&with(&["predict"], &LLAMA3_8B_ON_ONE_NODE), extra);
+    let e = fails(&predict_llama(&[
+        "--engine",
+        "torchtitan",
+        "--cuda-graphs",
+        "full",
+    ]));
+    says(&e, &["torchtitan", "--cuda-graphs full"]);
+    // Megatron-LM captures full recomputation only in a whole iteration.
+    let e = fails(&predict_llama(&[
+        "--recompute",
+        "full",
+        "--cuda-graphs",
+        "on",
+    ]));
+    says(&e, &["--recompute full", "--cuda-graphs full"]);
+    ok(&predict_llama(&[
+        "--recompute",
+        "full",
+        "--cuda-graphs",
+        "full",
+    ]));
+    let e = fails(&predict_llama(&["--cuda-graphs", "always"]));
+    says(&e, &["--cuda-graphs", "on, off or full", "always"]);
+}
+
+/// The search tries a whole iteration's graph when asked, and a run table
+/// reads it from its `cuda_graphs` column.
+#[test]
+fn whole_iteration_graphs_are_searched_and_read_from_run_tables() {
+    let best = |graphs: &str| -> (String, f64) {
+        let plan: serde_json::Value = serde_json::from_str(&ok(&[
+            "plan",
+            "--model",
+            "qwen3-30b-a3b",
+            "--gpu",
+            "gb300",
+            "--gpus",
+            "8",
+            "--global-batch",
+            "512",
+            "--ep",
+            "8",
+            "--moe-dispatcher",
+            "hybridep",
+            "--cuda-graphs",
+            graphs,
+            "--top",
+            "1",
+            "--format",
+            "json",
+        ]))
+        .unwrap();
+        let winner = &plan["candidates"][0];
+        (
+            winner["config"]["cuda_graphs"]
+                .as_str()
+                .unwrap()
+                .to_string(),
+            winner["prediction"]["iteration_s"].as_f64().unwrap(),
+        )
+    };
+    let (layers_only, layers_s) = best("on");
+    let (either, either_s) = best("on,full");
+    assert_eq!(layers_only, "on");
+    assert_eq!(either, "full", "the host-free graph wins");
+    assert!(either_s < layers_s, "{either_s} vs {layers_s}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let table = dir.path().join("runs.csv");
+    std::fs::write(
+        &table,
+        "model,gpu,gpus,global_batch,micro_batch,tp,pp,seq_len,ep,precision,fp8_recipe,moe_dispatcher,optimizer_sharding,cuda_graphs,iter_ms\n\
+         qwen3-30b-a3b,gb300,8,512,4,1,1,4096,8,fp8,mxfp8,hybridep,optimizer-states,on,9000\n\
+         qwen3-30b-a3b,gb300,8,512,4,1,1,4096,8,fp8,mxfp8,hybridep,optimizer-states,full_iteration,9000\n",
+    )
+    .unwrap();
+    let out = ok(&["predict", "--runs", table.to_str().unwrap()]);
+    let mut lines = out.lines();
+    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+    let column = |name: &str| header.iter().position(|h| *h == name).unwrap();
+    let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
+    let host = |row: &Vec<&str>| row[column("predicted_host_ms")].parse::<f64>().unwrap();
+    assert!(host(&rows[1]) < host(&rows[0]) / 2.0, "{rows:?}");
+}
+
+/// Megatron-Core's batch-level EP overlap without a pipeline pairs the next
+/// micro-batch's forward layer by layer with this one's backward: one
+/// layer more at the peak, not a micro-batch. Megatron-LM's own CI run of it
+/// (`..._a2a_ovlp_8experts_etp1_ep4`, H100, the last rank's allocated peak)
+/// is the check.
+#[test]
+fn batch_level_overlap_without_a_pipeline_holds_one_layer_more() {
+    let table = common::root().join("tests/data/reference/megatron_ci_runs.csv");
+    let text = std::fs::read_to_string(table).unwrap();
+    let header = text.lines().next().unwrap();
+    let row = text
+        .lines()
+        .find(|l| l.starts_with("gpt3_mcore_te_tp2_pp1_te_a2a_ovlp_8experts_etp1_ep4,"))
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("overlap.csv");
+    std::fs::write(
+        &path,
+        format!("{header},moe_dispatcher,ep_comm_overlap\n{row},alltoall,off\n{row},alltoall,on\n"),
+    )
+    .unwrap();
+    let out = ok(&[
+        "predict",
+        "--runs",
+        path.to_str().unwrap(),
+        "--memory-rank",
+        "last",
+    ]);
+    let mut lines = out.lines();
+    let names: Vec<&str> = lines.next().unwrap().split(',').collect();
+    let cell = |line: &str, name: &str| -> f64 {
+        let at = names.iter().position(|n| *n == name).unwrap();
+        line.split(',').nth(at).unwrap().parse().unwrap()
+    };
+    let rows: Vec<&str> = lines.collect();
+    let predicted = |i: usize| cell(rows[i], "predicted_last_stage_allocated_gib");
+    let measured = cell(rows[1], "peak_allocated_gib");
+    let (off, on) = (predicted(0), predicted(1));
+    // Twelve layers: one more is about a twelfth of the activations.
+    assert!(on > off && on - off < 0.1 * off, "{off} -> {on}");
+    assert!(
+        (on / measured - 1.0).abs() < 0.1,
+        "{on} GiB against {measured}"
+    );
+}

@@ -339,9 +339,14 @@ fn build(model: ModelSpec, cost: CostModel, p: Picks) -> Case {
             && overlap_grad_reduce
             && optimizer_sharding == OptimizerSharding::OptimizerStates,
         tp_comm_overlap: tp_overlap && sequence_parallel && (engine == Engine::Megatron || compile),
-        cuda_graphs: graphs
+        cuda_graphs: if graphs
             && recompute != Recompute::Full
-            && (engine == Engine::Megatron || pp == 1),
+            && (engine == Engine::Megatron || pp == 1)
+        {
+            paratune::config::CudaGraphs::Layers
+        } else {
+            paratune::config::CudaGraphs::Off
+        },
         stage_order: if bpipe && p.pairs {
             StageOrder::BpipePairs
         } else {

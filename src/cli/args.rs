@@ -404,7 +404,8 @@ pub struct SpaceArgs {
     /// --fp8-param-gather; default on with --precision fp8 where it runs): on, off.
     #[arg(long, value_delimiter = ',')]
     pub fp8_param_gather: Option<Vec<String>>,
-    /// CUDA graphs (--cuda-graph-impl; torch.compile's cudagraphs): on, off.
+    /// CUDA graphs (--cuda-graph-impl; torch.compile's cudagraphs): off, on (each layer), full
+    /// (the whole iteration, Megatron-LM; an MoE model then needs --moe-dispatcher hybridep).
     #[arg(long, value_delimiter = ',')]
     pub cuda_graphs: Option<Vec<String>>,
     /// Where pipeline stages sit: megatron (neighbours side by side), bpipe-pairs

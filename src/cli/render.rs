@@ -160,7 +160,7 @@ pub fn ranking_row(
         overlap_name(c),
         format!(
             "{:>6}{}",
-            on_off(c.cuda_graphs),
+            c.cuda_graphs.name(),
             precision_cell(Some(c), columns)
         ),
         seconds(p.iteration_s),
@@ -408,7 +408,7 @@ mod tests {
     #[test]
     fn configurations_differ_by_the_words_of_their_one_line_forms() {
         let a = ParallelConfig {
-            cuda_graphs: true,
+            cuda_graphs: paratune::config::CudaGraphs::Layers,
             ..ParallelConfig::default()
         };
         let b = ParallelConfig::default();

@@ -10,9 +10,9 @@ use paratune::coefficients::{
     CostModel, builtin_cost_model, builtin_cost_model_names, default_cost_model, parse_cost_model,
 };
 use paratune::config::{
-    CpComm, CrossEntropyFusion, Dispatcher, Engine, Fp8Recipe, GradReduce, OptimizerSharding,
-    ParallelConfig, Precision, Recompute, RecomputeModules, Rule, ScheduleKind, StageOrder,
-    SyncMethod, WgradDeferral,
+    CpComm, CrossEntropyFusion, CudaGraphs, Dispatcher, Engine, Fp8Recipe, GradReduce,
+    OptimizerSharding, ParallelConfig, Precision, Recompute, RecomputeModules, Rule, ScheduleKind,
+    StageOrder, SyncMethod, WgradDeferral,
 };
 use paratune::evaluate::{CostModelChoice, PerGpu};
 use paratune::model::{
@@ -460,7 +460,16 @@ pub fn space(args: &SpaceArgs) -> Result<SearchSpace> {
         tp_comm_overlap: switches("--tp-comm-overlap", &args.tp_comm_overlap)?,
         ep_comm_overlap: switches("--ep-comm-overlap", &args.ep_comm_overlap)?,
         fp8_param_gather: switches("--fp8-param-gather", &args.fp8_param_gather)?,
-        cuda_graphs: switches("--cuda-graphs", &args.cuda_graphs)?,
+        cuda_graphs: args
+            .cuda_graphs
+            .as_ref()
+            .map(|texts| {
+                texts
+                    .iter()
+                    .map(|t| CudaGraphs::parse("--cuda-graphs", t).map_err(|e| anyhow!(e)))
+                    .collect::<Result<Vec<_>>>()
+            })
+            .transpose()?,
         stage_order: choices::<StageOrder>("--stage-order", &args.stage_order)?,
         engine: engine(args)?,
         compile: switches("--compile", &args.compile)?,
@@ -762,7 +771,7 @@ pub fn single_config(args: &SpaceArgs, job: &Job) -> Result<ParallelConfig> {
         tp_comm_overlap: single("--tp-comm-overlap", &space.tp_comm_overlap, false)?,
         ep_comm_overlap: single("--ep-comm-overlap", &space.ep_comm_overlap, false)?,
         fp8_param_gather: single("--fp8-param-gather", &space.fp8_param_gather, false)?,
-        cuda_graphs: single("--cuda-graphs", &space.cuda_graphs, false)?,
+        cuda_graphs: single("--cuda-graphs", &space.cuda_graphs, CudaGraphs::Off)?,
         stage_order: single("--stage-order", &space.stage_order, StageOrder::Megatron)?,
         engine: space.engine,
         compile: single("--compile", &space.compile, false)?,
@@ -839,7 +848,7 @@ pub fn row_defaults(
         overlap_grad_reduce: single("--overlap-grad-reduce", &space.overlap_grad_reduce, false)?,
         overlap_param_gather: single("--overlap-param-gather", &space.overlap_param_gather, false)?,
         tp_comm_overlap: single("--tp-comm-overlap", &space.tp_comm_overlap, false)?,
-        cuda_graphs: single("--cuda-graphs", &space.cuda_graphs, false)?,
+        cuda_graphs: single("--cuda-graphs", &space.cuda_graphs, CudaGraphs::Off)?,
         engine: space.engine,
         compile: single("--compile", &space.compile, false)?,
         ac_frequency: single("--ac-frequency", &space.ac_frequency, 2)?,

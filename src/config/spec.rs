@@ -3,7 +3,7 @@
 //! switches the given keys rule out follow them.
 
 use super::{
-    CpComm, CrossEntropyFusion, Dispatcher, Fp8Recipe, GradReduce, OptimizerSharding,
+    CpComm, CrossEntropyFusion, CudaGraphs, Dispatcher, Fp8Recipe, GradReduce, OptimizerSharding,
     ParallelConfig, Precision, Recompute, RecomputeModules, ScheduleKind, StageOrder, SyncMethod,
     WgradDeferral,
 };
@@ -146,8 +146,11 @@ impl ParallelConfig {
             c.overlap_grad_reduce = false;
             c.overlap_param_gather = false;
         }
-        if c.recompute == Recompute::Full && !given(&["graphs", "cuda_graphs"]) {
-            c.cuda_graphs = false;
+        if c.recompute == Recompute::Full
+            && c.cuda_graphs == CudaGraphs::Layers
+            && !given(&["graphs", "cuda_graphs"])
+        {
+            c.cuda_graphs = CudaGraphs::Off;
         }
         if super::ep_overlap_config_problem(&c).is_some() && !given(&["ep_comm_overlap"]) {
             c.ep_comm_overlap = false;
@@ -248,7 +251,9 @@ fn set(c: &mut ParallelConfig, key: &str, value: &str) -> Result<(), SpecError> 
         "ep_comm_overlap" => c.ep_comm_overlap = switch(key, value)?,
         "fp8_param_gather" => c.fp8_param_gather = switch(key, value)?,
         "cp_a2a" | "cp-a2a" => c.cp_a2a = number()?,
-        "graphs" | "cuda_graphs" => c.cuda_graphs = switch(key, value)?,
+        "graphs" | "cuda_graphs" => {
+            c.cuda_graphs = CudaGraphs::parse(key, value).map_err(SpecError)?
+        }
         "compile" => c.compile = switch(key, value)?,
         "every" | "ac_frequency" => c.ac_frequency = number()?,
         "dp_shard" => c.dp_shard = Some(number()?),

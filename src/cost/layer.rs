@@ -18,7 +18,8 @@ use super::kernels::{self, HALF, LinearInput};
 use super::{ProfileUsage, Scenario, comm};
 use crate::cluster::GroupSpan;
 use crate::config::{
-    CpComm, CrossEntropyFusion, Dispatcher, Engine, ParallelConfig, Recompute, RecomputeModules,
+    CpComm, CrossEntropyFusion, CudaGraphs, Dispatcher, Engine, ParallelConfig, Recompute,
+    RecomputeModules,
 };
 use crate::model::{AttentionKind, Split};
 use crate::profile::{LayerArch, LayerShape};
@@ -681,7 +682,8 @@ fn recomputed_dispatches(s: &Scenario, c: &ParallelConfig, kind: LayerKind) -> f
 /// Host launch work an MoE layer adds to a pass, as a multiple of a dense
 /// layer's, split at the dispatcher's sync: (routing, before it; the
 /// dispatch, each local expert's GEMM launches and the combine, after it).
-/// Eager under CUDA graphs too; see the coefficients.
+/// Eager under per-layer CUDA graphs too (see the coefficients); a whole
+/// iteration's graph holds them.
 fn moe_host_parts(s: &Scenario, c: &ParallelConfig, kind: LayerKind) -> (f64, f64) {
     match (kind, s.model.moe) {
         (LayerKind::Moe, Some(moe)) => {
@@ -727,7 +729,8 @@ impl SyncSegment {
 /// (`None` for a dense layer): Megatron-Core's every dispatcher
 /// (`cuda_sync_point`, Transformer Engine's GroupedLinear takes the
 /// per-expert row counts as host integers), and any engine's all-to-all
-/// over ep > 1 (its split sizes are host lists).
+/// over ep > 1 (its split sizes are host lists); none under a whole
+/// iteration's graph, whose dispatch is sync-free.
 fn host_sync_segment(
     s: &Scenario,
     c: &ParallelConfig,
@@ -736,7 +739,7 @@ fn host_sync_segment(
     (pass_host, post_host): (f64, f64),
 ) -> Option<SyncSegment> {
     s.model.moe.filter(|_| kind == LayerKind::Moe)?;
-    if c.engine != Engine::Megatron && c.ep <= 1 {
+    if (c.engine != Engine::Megatron && c.ep <= 1) || c.cuda_graphs == CudaGraphs::FullIteration {
         return None;
     }
     Some(SyncSegment {
@@ -959,17 +962,24 @@ pub fn layer_time_of(
     let (exposed, hidden) = tp_overlap(s, c, tp_total, gemm);
     let gpu_compute = formula_compute + k.overlap_sm_cost * hidden;
     // CUDA graphs replay a captured layer: the host launches one graph
-    // instead of every kernel.
-    let launch = if c.cuda_graphs {
-        k.cuda_graph_host_fraction
-    } else {
-        1.0
+    // instead of every kernel. A whole iteration's graph leaves the host
+    // nothing per layer: no launches, no Python between the ranks'
+    // collectives, no MoE dispatch or sync (it runs sync-free).
+    let launch = match c.cuda_graphs {
+        CudaGraphs::Off => 1.0,
+        CudaGraphs::Layers => k.cuda_graph_host_fraction,
+        CudaGraphs::FullIteration => 0.0,
     };
+    let eager = f64::from(u8::from(c.cuda_graphs != CudaGraphs::FullIteration));
     let unit = k.host_us_per_layer_pass * 1e-6;
     let (routing, after_sync) = moe_host_parts(s, c, kind);
-    let pass_host = unit * (launch + routing + after_sync);
+    let pass_host = unit * (launch + eager * (routing + after_sync));
     let host = host_passes * pass_host
-        + tensor_parallel_calls(s, c, kind) * (c.tp - 1) as f64 * k.host_sync_us_per_rank * 1e-6;
+        + eager
+            * tensor_parallel_calls(s, c, kind)
+            * (c.tp - 1) as f64
+            * k.host_sync_us_per_rank
+            * 1e-6;
     let gpu = gpu_compute + exposed;
     let host_time = match host_sync_segment(s, c, kind, &fwd, (pass_host, unit * after_sync)) {
         // The forward passes that sync; the backward and the rest overlap

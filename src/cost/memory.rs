@@ -420,6 +420,10 @@ fn layer_kept(s: &Scenario, c: &ParallelConfig, recompute: Recompute, kind: Laye
         // experts keep theirs over the tokens, and the router its fp32
         // probabilities.
         (LayerKind::Moe, Some(moe)) => {
+            // Sync-free experts (a whole iteration's graph) work in
+            // buffers pre-sized to the rank's capacity, but page what they
+            // keep for the backward pass (Megatron-LM's paged stash, which
+            // the export turns on): the rows routed, as eager ones.
             let rows = expert_rows(s, c);
             // The all-gather dispatcher keeps the gathered hidden states of
             // its whole group for the backward pass as well.
@@ -517,9 +521,12 @@ pub fn schedule_in_flight(c: &ParallelConfig, m: u64, stage: u64) -> f64 {
     let p = c.pp;
     match c.schedule {
         ScheduleKind::Gpipe => m as f64,
-        // Batch-level EP overlap runs the next micro-batch's forward beside
-        // this one's backward: one more chunk in flight.
-        ScheduleKind::OneFOneB => (p - stage + u64::from(c.ep_comm_overlap)).min(m) as f64,
+        // Batch-level EP overlap without a pipeline (its only 1F1B case)
+        // pairs the next micro-batch's forward, layer by layer, with this
+        // one's backward from the last layer down: what the one builds the
+        // other frees, so no more micro-batches are held, only one layer
+        // more at the peak ([`ep_overlap_layer_bytes`]).
+        ScheduleKind::OneFOneB => (p - stage).min(m) as f64,
         ScheduleKind::Interleaved => {
             // Megatron's warm-up: (p - i - 1) * 2 + (v - 1) * n chunks, plus
             // the one in progress, n the micro-batch group (pp unless the
@@ -689,6 +696,30 @@ pub fn state_key(c: &ParallelConfig) -> ParallelConfig {
     }
 }
 
+/// What Megatron-Core's batch-level EP overlap holds on top of a stage's
+/// in-flight micro-batches without a pipeline: the layer the paired forward
+/// builds before the backward beside it frees its own
+/// (`combined_1f1b_schedule_for_no_pipelining`, whose
+/// `TransformerModelChunkSchedulePlan` runs forward layer i beside backward
+/// layer L-1-i), the largest of the stage's kinds. One measured run agrees:
+/// Megatron-LM's CI test `gpt3_mcore_te_tp2_pp1_te_a2a_ovlp_8experts_etp1_ep4`
+/// peaks at 3.79 GiB, against 3.43 GiB without the overlap's layer and 5.00
+/// with a whole micro-batch more.
+fn ep_overlap_layer_bytes(s: &Scenario, c: &ParallelConfig, stage: u64) -> f64 {
+    if !c.ep_comm_overlap || c.schedule != ScheduleKind::OneFOneB {
+        return 0.0;
+    }
+    let (dense, moe) = super::stage_layer_kinds(s, c, stage);
+    let kept = |present: u64, kind| {
+        if present > 0 {
+            layer_kept(s, c, c.recompute, kind)
+        } else {
+            0.0
+        }
+    };
+    kept(dense, LayerKind::Dense).max(kept(moe, LayerKind::Moe))
+}
+
 pub fn stage_memory(s: &Scenario, c: &ParallelConfig, stage: u64) -> StageMemory {
     let k = s.coef();
     let model = s.model;
@@ -702,8 +733,9 @@ pub fn stage_memory(s: &Scenario, c: &ParallelConfig, stage: u64) -> StageMemory
     let tokens = local_tokens(s, c);
     let h = model.hidden as f64;
     let held = in_flight(c, m, stage);
-    let mut activations =
-        held * (stage_activation_bytes(s, c, stage) - offloaded_activation_bytes(s, c));
+    let mut activations = held
+        * (stage_activation_bytes(s, c, stage) - offloaded_activation_bytes(s, c))
+        + ep_overlap_layer_bytes(s, c, stage);
     if c.recompute != Recompute::None && c.recompute != Recompute::Selective {
         // Recomputing rebuilds one layer's activations for one micro-batch:
         // the largest of the kinds of layer this stage holds (an all-dense
@@ -751,7 +783,7 @@ pub fn stage_memory(s: &Scenario, c: &ParallelConfig, stage: u64) -> StageMemory
         // 16-bit buffer for each of the layer's four overlapped GEMMs.
         buffers += 4.0 * HALF * tokens * h;
     }
-    if c.cuda_graphs {
+    if c.cuda_graphs.on() {
         buffers += k.cuda_graph_memory_gib * GIB;
     }
     buffers += k.workspace_gib * GIB;

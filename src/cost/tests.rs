@@ -1648,7 +1648,7 @@ mod overlap_and_layout {
         let s = f.scenario();
         let eager = predict(&s, &c);
         let mut graphs = c;
-        graphs.cuda_graphs = true;
+        graphs.cuda_graphs = crate::config::CudaGraphs::Layers;
         let graphs = f.checked(graphs);
         let captured = predict(&s, &graphs);
         assert!(
@@ -1662,6 +1662,24 @@ mod overlap_and_layout {
         assert_eq!(
             full.violation(&f.model, f.global_batch, f.gpus, 8),
             Some(Rule::CudaGraphsWithFullRecompute)
+        );
+        // A whole iteration's graph leaves the host nothing per layer and
+        // holds full recomputation.
+        let mut whole = graphs;
+        whole.cuda_graphs = crate::config::CudaGraphs::FullIteration;
+        let whole = f.checked(whole);
+        let replayed = predict(&s, &whole);
+        assert!(
+            replayed.time.host < captured.time.host,
+            "{:?}",
+            replayed.time
+        );
+        assert!(replayed.iteration_s <= captured.iteration_s);
+        let mut recomputed = whole;
+        recomputed.recompute = Recompute::Full;
+        assert_eq!(
+            recomputed.violation(&f.model, f.global_batch, f.gpus, 8),
+            None
         );
     }
 
@@ -1988,7 +2006,7 @@ mod allocator_and_engines {
         let ub = at(&f, overlapped_c, 0).buffers - base.buffers;
         assert_close(ub, 4.0 * 2.0 * 1024.0 * 4.0 * 512.0, 1e-12, "userbuffers");
         let mut graphs = c;
-        graphs.cuda_graphs = true;
+        graphs.cuda_graphs = crate::config::CudaGraphs::Layers;
         assert_close(
             at(&f, graphs, 0).buffers - base.buffers,
             k.cuda_graph_memory_gib * GIB,

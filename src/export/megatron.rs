@@ -7,8 +7,8 @@
 
 use super::{ExportError, LaunchJob, check_job, shell_quote};
 use crate::config::{
-    CrossEntropyFusion, GradReduce, OptimizerSharding, Precision, Recompute, ScheduleKind,
-    WgradDeferral,
+    CrossEntropyFusion, CudaGraphs, EXPERT_RANK_CAPACITY_FACTOR, GradReduce, OptimizerSharding,
+    Precision, Recompute, ScheduleKind, WgradDeferral,
 };
 use crate::model::AttentionKind;
 
@@ -216,10 +216,25 @@ pub fn megatron_args(job: &LaunchJob) -> Result<Vec<String>, ExportError> {
     if c.tp_comm_overlap {
         args.flag("--tp-comm-overlap");
     }
-    if c.cuda_graphs {
+    match c.cuda_graphs {
+        CudaGraphs::Off => {}
         // Transformer Engine's make_graphed_callables, per layer (the
         // default --cuda-graph-scope full).
-        args.pair("--cuda-graph-impl", "transformer_engine");
+        CudaGraphs::Layers => args.pair("--cuda-graph-impl", "transformer_engine"),
+        CudaGraphs::FullIteration => {
+            args.pair("--cuda-graph-impl", "full_iteration");
+            if job.model.moe.is_some() {
+                // Sync-free experts (the rules hold the dispatcher to
+                // HybridEP), their activations paged: Megatron-LM's
+                // docs/user-guide/features/paged_stash.md.
+                args.flag("--use-transformer-engine-op-fuser");
+                args.pair(
+                    "--moe-expert-rank-capacity-factor",
+                    EXPERT_RANK_CAPACITY_FACTOR,
+                );
+                args.flag("--moe-paged-stash");
+            }
+        }
     }
     if c.sequence_parallel {
         args.flag("--sequence-parallel");

@@ -880,7 +880,7 @@ pub(crate) mod tests {
             tp: 1,
             dp: 64,
             compile: true,
-            cuda_graphs: true,
+            cuda_graphs: crate::config::CudaGraphs::Layers,
             engine: crate::config::Engine::Torchtitan,
             recompute: Recompute::None,
             ..llama_plan()

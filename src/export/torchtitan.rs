@@ -195,7 +195,7 @@ fn release_refusals(job: &LaunchJob, release: Release) -> Vec<Result<(), ExportE
     let c = job.config;
     match release {
         Release::V02 => vec![refuse(
-            c.cuda_graphs,
+            c.cuda_graphs.on(),
             "CUDA graphs",
             "the TOML job config of torchtitan 0.2 has no CUDA-graph switch (0.3 captures \
              whole steps by default, without pipeline parallelism); search again with \
@@ -203,7 +203,7 @@ fn release_refusals(job: &LaunchJob, release: Release) -> Vec<Result<(), ExportE
         )],
         Release::V03 => vec![
             refuse(
-                c.cuda_graphs && c.pp > 1,
+                c.cuda_graphs.on() && c.pp > 1,
                 "CUDA graphs under a pipeline",
                 "torchtitan captures CUDA graphs only without pipeline parallelism; search again with --cuda-graphs off or --pp 1",
             ),
@@ -842,7 +842,7 @@ pub fn torchtitan_flags(job: &LaunchJob) -> Result<TorchtitanFlags, ExportError>
     }
     switch("compile", "enable", c.compile);
     switch("compile", "enable_async_tensor_parallel", c.tp_comm_overlap);
-    switch("training", "disable_cuda_graphs", !c.cuda_graphs);
+    switch("training", "disable_cuda_graphs", !c.cuda_graphs.on());
     Ok(TorchtitanFlags {
         flags,
         activation_checkpoint,
@@ -973,7 +973,7 @@ mod tests {
         let plan = ParallelConfig {
             cross_entropy_fusion: CrossEntropyFusion::Te,
             grad_reduce: GradReduce::Bf16,
-            cuda_graphs: true,
+            cuda_graphs: crate::config::CudaGraphs::Layers,
             ..data_parallel(8)
         };
         let error = torchtitan_toml(&launch(&model, &plan)).unwrap_err();
@@ -1171,7 +1171,7 @@ mod layout_tests {
         let compiled = flags("llama3-8b", compiled);
         assert!(compiled.is_ok(), "{compiled:?}");
         let graphs = ParallelConfig {
-            cuda_graphs: true,
+            cuda_graphs: crate::config::CudaGraphs::Layers,
             ..pipeline(None, None)
         };
         let said = flags("qwen3-30b-a3b", graphs).unwrap_err().to_string();

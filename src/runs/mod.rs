@@ -16,9 +16,9 @@ pub use table::{RunTable, merge_rows, write_csv, write_rows};
 
 use crate::choice::Choice;
 use crate::config::{
-    CpComm, CrossEntropyFusion, Dispatcher, Engine, Fp8Recipe, GradReduce, OptimizerSharding,
-    ParallelConfig, Precision, Recompute, RecomputeModules, ScheduleKind, StageOrder, SyncMethod,
-    WgradDeferral,
+    CpComm, CrossEntropyFusion, CudaGraphs, Dispatcher, Engine, Fp8Recipe, GradReduce,
+    OptimizerSharding, ParallelConfig, Precision, Recompute, RecomputeModules, ScheduleKind,
+    StageOrder, SyncMethod, WgradDeferral,
 };
 pub use crate::cost::MemoryRank;
 use crate::model::{AttentionKind, ModelSpec, MoeSpec};
@@ -44,7 +44,7 @@ pub struct RowDefaults {
     pub overlap_grad_reduce: bool,
     pub overlap_param_gather: bool,
     pub tp_comm_overlap: bool,
-    pub cuda_graphs: bool,
+    pub cuda_graphs: CudaGraphs,
     pub engine: Engine,
     pub compile: bool,
     pub ac_frequency: u64,
@@ -72,7 +72,7 @@ impl RowDefaults {
             overlap_grad_reduce: false,
             overlap_param_gather: false,
             tp_comm_overlap: false,
-            cuda_graphs: false,
+            cuda_graphs: CudaGraphs::Off,
             engine: Engine::Megatron,
             compile: false,
             ac_frequency: 2,
@@ -799,7 +799,10 @@ fn parse_row(table: &RunTable, index: usize, defaults: &RowDefaults) -> Result<R
             Some("0") | None => 0,
             Some(_) => int("cpu_offload_layers")?.unwrap_or(0),
         },
-        cuda_graphs: switch("cuda_graphs", defaults.cuda_graphs)?,
+        cuda_graphs: match cell("cuda_graphs") {
+            Some(text) => CudaGraphs::parse("cuda_graphs", text)?,
+            None => defaults.cuda_graphs,
+        },
         stage_order: match cell("stage_order") {
             Some(text) => StageOrder::parse("stage_order", text)?,
             None => StageOrder::Megatron,

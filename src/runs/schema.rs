@@ -74,7 +74,7 @@ pub fn config_cells(model: &ModelSpec, c: &ParallelConfig) -> Vec<String> {
         on_off(c.overlap_grad_reduce).into(),
         on_off(c.overlap_param_gather).into(),
         on_off(c.tp_comm_overlap).into(),
-        on_off(c.cuda_graphs).into(),
+        c.cuda_graphs.name().into(),
         c.stage_order.name().into(),
         c.engine.name().into(),
         on_off(c.compile).into(),

@@ -5,9 +5,9 @@
 
 use super::Job;
 use crate::config::{
-    CpComm, CrossEntropyFusion, Dispatcher, Engine, Fp8Recipe, GradReduce, OptimizerSharding,
-    ParallelConfig, Precision, Recompute, RecomputeModules, ScheduleKind, StageOrder, SyncMethod,
-    WgradDeferral,
+    CpComm, CrossEntropyFusion, CudaGraphs, Dispatcher, Engine, Fp8Recipe, GradReduce,
+    OptimizerSharding, ParallelConfig, Precision, Recompute, RecomputeModules, ScheduleKind,
+    StageOrder, SyncMethod, WgradDeferral,
 };
 use crate::model::{AttentionKind, ModelSpec};
 use std::borrow::Cow;
@@ -40,7 +40,9 @@ pub struct SearchSpace {
     pub tp_comm_overlap: Option<Vec<bool>>,
     pub ep_comm_overlap: Option<Vec<bool>>,
     pub fp8_param_gather: Option<Vec<bool>>,
-    pub cuda_graphs: Option<Vec<bool>>,
+    /// Tried: off and per layer unless given (a whole iteration's graph
+    /// only when asked for: Megatron-LM calls it experimental).
+    pub cuda_graphs: Option<Vec<CudaGraphs>>,
     pub stage_order: Option<Vec<StageOrder>>,
     /// The one engine the search plans for.
     pub engine: Engine,
@@ -556,7 +558,7 @@ struct InnerDims<'a> {
     attention: Vec<AttentionKind>,
     grad_overlaps: Vec<bool>,
     compiles: Vec<bool>,
-    graphs: Vec<bool>,
+    graphs: Vec<CudaGraphs>,
 }
 
 impl<'a> InnerDims<'a> {
@@ -615,7 +617,11 @@ impl<'a> InnerDims<'a> {
             attention: space.attention.clone().unwrap_or(vec![job.model.attention]),
             grad_overlaps,
             compiles: switch(&space.compile, torchtitan).to_vec(),
-            graphs: switch(&space.cuda_graphs, !torchtitan || o.pp == 1).to_vec(),
+            graphs: match &space.cuda_graphs {
+                Some(given) => given.clone(),
+                None if !torchtitan || o.pp == 1 => vec![CudaGraphs::Off, CudaGraphs::Layers],
+                None => vec![CudaGraphs::Off],
+            },
         }
     }
 
@@ -775,10 +781,11 @@ impl<'a> InnerDims<'a> {
             },
             |c, on| c.tp_comm_overlap = on,
         )
-        // Megatron-LM's CUDA graphs do not capture full recomputation.
+        // Megatron-LM's per-layer CUDA graphs do not capture full
+        // recomputation.
         .then(
             |c| match (&space.cuda_graphs, c.recompute) {
-                (None, Recompute::Full) if !torchtitan => lend(&[false]),
+                (None, Recompute::Full) if !torchtitan => lend(&[CudaGraphs::Off]),
                 _ => lend(&d.graphs),
             },
             |c, on| c.cuda_graphs = on,

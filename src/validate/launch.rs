@@ -706,7 +706,7 @@ pub(crate) mod tests {
     /// `_add_validation_args` (`--eval-iters`), `_add_data_args`
     /// (`--mock-data`, `--seq-length`), `_add_tokenizer_args`
     /// (`--tokenizer-type`, `--vocab-size`), `_add_learning_rate_args` (`--lr`).
-    const MEGATRON_FLAGS: [&str; 66] = [
+    const MEGATRON_FLAGS: [&str; 69] = [
         "--tensor-model-parallel-size",
         "--pipeline-model-parallel-size",
         "--num-layers-per-virtual-pipeline-stage",
@@ -752,6 +752,11 @@ pub(crate) mod tests {
         "--expert-tensor-parallel-size",
         "--moe-token-dispatcher-type",
         "--moe-grouped-gemm",
+        // Sync-free experts under a whole iteration's graph (mid-2026;
+        // docs/user-guide/features/paged_stash.md).
+        "--use-transformer-engine-op-fuser",
+        "--moe-expert-rank-capacity-factor",
+        "--moe-paged-stash",
         "--kv-channels",
         "--multi-latent-attention",
         "--q-lora-rank",

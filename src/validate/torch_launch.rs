@@ -270,7 +270,7 @@ pub fn unsupported(model: &crate::model::ModelSpec, c: &ParallelConfig) -> Optio
         "torch.compile is not run by the worker (plan with --compile off)"
     } else if c.bpipe {
         "BPipe's activation eviction is not run by the worker"
-    } else if c.cuda_graphs || c.tp_comm_overlap {
+    } else if c.cuda_graphs.on() || c.tp_comm_overlap {
         "CUDA graphs and async tensor parallelism are not run by the worker"
     } else if c.virtual_stages > 1
         && (c.uneven() || !layers.is_multiple_of(c.pp * c.virtual_stages))
@@ -1056,7 +1056,7 @@ impl TorchTrial {
             on_off(c.overlap_grad_reduce),
             on_off(c.overlap_param_gather),
             on_off(c.tp_comm_overlap),
-            on_off(c.cuda_graphs),
+            c.cuda_graphs.name().to_string(),
             c.stage_order.name().to_string(),
             m.layers.to_string(),
             m.seq_len.to_string(),
@@ -1295,7 +1295,7 @@ mod tests {
             SearchSpace {
                 engine: Engine::Torchtitan,
                 compile: Some(vec![false]),
-                cuda_graphs: Some(vec![false]),
+                cuda_graphs: Some(vec![crate::config::CudaGraphs::Off]),
                 tp_comm_overlap: Some(vec![false]),
                 ..space
             },

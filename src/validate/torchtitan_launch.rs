@@ -504,7 +504,7 @@ mod tests {
         };
         // 0.2 has no CUDA graphs.
         let plan = plan(SearchSpace {
-            cuda_graphs: Some(vec![false]),
+            cuda_graphs: Some(vec![crate::config::CudaGraphs::Off]),
             ..SearchSpace::default()
         });
         let out = dir.path().join("trials");

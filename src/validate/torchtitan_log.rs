@@ -2112,7 +2112,11 @@ fn resolve(
         attention: AttentionKind::Flash,
         overlap_grad_reduce: dp > 1,
         tp_comm_overlap,
-        cuda_graphs,
+        cuda_graphs: if cuda_graphs {
+            crate::config::CudaGraphs::Layers
+        } else {
+            crate::config::CudaGraphs::Off
+        },
         engine: crate::config::Engine::Torchtitan,
         compile,
         ac_frequency,
@@ -3091,7 +3095,7 @@ impl TorchtitanRun {
             on_off(c.overlap_grad_reduce),
             on_off(c.overlap_param_gather),
             on_off(c.tp_comm_overlap),
-            on_off(c.cuda_graphs),
+            c.cuda_graphs.name().to_string(),
             m.layers.to_string(),
             m.seq_len.to_string(),
             m.vocab.to_string(),
@@ -3155,7 +3159,7 @@ impl TorchtitanRun {
         for (on, name) in [
             (c.compile, "compile"),
             (c.tp_comm_overlap, "async-tp"),
-            (c.cuda_graphs, "cuda-graphs"),
+            (c.cuda_graphs.on(), "cuda-graphs"),
         ] {
             if on {
                 text.push(' ');
@@ -3460,7 +3464,7 @@ mod tests {
             (Recompute::SelectiveLayer, 3)
         );
         assert_eq!(c.optimizer_sharding, OptimizerSharding::Full);
-        assert!(c.sequence_parallel && !c.compile && !c.cuda_graphs && c.overlap_grad_reduce);
+        assert!(c.sequence_parallel && !c.compile && !c.cuda_graphs.on() && c.overlap_grad_reduce);
         // 16 x 2048 tokens / (4096 tokens/s x 8 GPUs) = 1 s.
         assert!((run.steady_median_ms - 1000.0).abs() < 1e-9);
         assert_eq!(run.steady_steps, 4);
@@ -3717,7 +3721,7 @@ mod tests {
         assert_eq!(run.release, Release::V03);
         assert_eq!((c.tp, c.dp, c.micro_batch, run.gpus), (2, 2, 2, 4));
         assert_eq!(c.recompute, Recompute::None);
-        assert!(c.compile && c.tp_comm_overlap && c.cuda_graphs && c.sequence_parallel);
+        assert!(c.compile && c.tp_comm_overlap && c.cuda_graphs.on() && c.sequence_parallel);
         // 4 x 1024 tokens / (2048 x 4) = 0.5 s.
         assert!((run.steady_median_ms - 500.0).abs() < 1e-9);
         assert!(run.notes.is_empty(), "{:?}", run.notes);
