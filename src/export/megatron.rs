@@ -218,9 +218,20 @@ pub fn megatron_args(job: &LaunchJob) -> Result<Vec<String>, ExportError> {
     }
     match c.cuda_graphs {
         CudaGraphs::Off => {}
-        // Transformer Engine's make_graphed_callables, per layer (the
-        // default --cuda-graph-scope full).
-        CudaGraphs::Layers => args.pair("--cuda-graph-impl", "transformer_engine"),
+        // Transformer Engine's make_graphed_callables, per layer: the whole
+        // layer of a dense model; of an MoE layer the attention, router and
+        // preprocess, as NVIDIA's MoE recipes scope it, since Megatron-LM
+        // captures a dropless MoE module whole only sync-free
+        // (`validate_moe_cuda_graph_support`).
+        CudaGraphs::Layers => {
+            args.pair("--cuda-graph-impl", "transformer_engine");
+            if job.model.moe.is_some() {
+                args.values(
+                    "--cuda-graph-scope",
+                    ["attn", "moe_router", "moe_preprocess"],
+                );
+            }
+        }
         CudaGraphs::FullIteration => {
             args.pair("--cuda-graph-impl", "full_iteration");
             if job.model.moe.is_some() {

@@ -706,7 +706,7 @@ pub(crate) mod tests {
     /// `_add_validation_args` (`--eval-iters`), `_add_data_args`
     /// (`--mock-data`, `--seq-length`), `_add_tokenizer_args`
     /// (`--tokenizer-type`, `--vocab-size`), `_add_learning_rate_args` (`--lr`).
-    const MEGATRON_FLAGS: [&str; 69] = [
+    const MEGATRON_FLAGS: [&str; 70] = [
         "--tensor-model-parallel-size",
         "--pipeline-model-parallel-size",
         "--num-layers-per-virtual-pipeline-stage",
@@ -783,6 +783,9 @@ pub(crate) mod tests {
         "--overlap-param-gather",
         "--tp-comm-overlap",
         "--cuda-graph-impl",
+        // The per-layer graphs' modules (`--cuda-graph-scope attn moe_router
+        // moe_preprocess`, as NVIDIA's MoE recipes and examples pass them).
+        "--cuda-graph-scope",
         // Megatron-FSDP: `_add_distributed_args` (`--use-megatron-fsdp`,
         // `--data-parallel-sharding-strategy`), `_add_training_args`
         // (`--no-gradient-accumulation-fusion`), `_add_checkpointing_args`
