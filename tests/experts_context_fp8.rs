@@ -1607,23 +1607,27 @@ fn nvfp4_plans_are_checked_exported_and_read_back() {
     );
 }
 
-/// Qwen3-30B-A3B on one GB300 tray pair, as NVIDIA's MXFP8 recipe runs it
-/// with HybridEP, plus `extra`.
+/// Qwen3-30B-A3B on two GB300 trays (8 GPUs) at ep 8.
+const QWEN3_30B_ON_8_GB300: [&str; 10] = [
+    "--model",
+    "qwen3-30b-a3b",
+    "--gpu",
+    "gb300",
+    "--gpus",
+    "8",
+    "--global-batch",
+    "512",
+    "--ep",
+    "8",
+];
+
+/// [`QWEN3_30B_ON_8_GB300`] as NVIDIA's MXFP8 recipe runs it with HybridEP,
+/// predicted with `extra`.
 fn qwen3_30b_on_8_gb300(extra: &[&str]) -> serde_json::Value {
-    let mut args = vec![
-        "predict",
-        "--model",
-        "qwen3-30b-a3b",
-        "--gpu",
-        "gb300",
-        "--gpus",
-        "8",
-        "--global-batch",
-        "512",
+    let mut args = with(&["predict"], &QWEN3_30B_ON_8_GB300);
+    args.extend([
         "--micro-batch",
         "4",
-        "--ep",
-        "8",
         "--precision",
         "fp8",
         "--moe-dispatcher",
@@ -1632,7 +1636,7 @@ fn qwen3_30b_on_8_gb300(extra: &[&str]) -> serde_json::Value {
         "optimizer-states",
         "--format",
         "json",
-    ];
+    ]);
     args.extend(extra);
     serde_json::from_str(&ok(&args)).unwrap()
 }
@@ -1674,23 +1678,10 @@ fn a_whole_iteration_graph_runs_sync_free_experts() {
     assert!(!layer_args.contains(&"--moe-paged-stash".to_string()));
 
     // An MoE layer that syncs the host cannot be captured whole.
-    let e = fails(&[
-        "predict",
-        "--model",
-        "qwen3-30b-a3b",
-        "--gpu",
-        "gb300",
-        "--gpus",
-        "8",
-        "--global-batch",
-        "512",
-        "--ep",
-        "8",
-        "--moe-dispatcher",
-        "alltoall",
-        "--cuda-graphs",
-        "full",
-    ]);
+    let e = fails(&with(
+        &with(&["predict"], &QWEN3_30B_ON_8_GB300),
+        &["--moe-dispatcher", "alltoall", "--cuda-graphs", "full"],
+    ));
     says(
         &e,
         &[
@@ -1732,28 +1723,21 @@ fn a_whole_iteration_graph_runs_sync_free_experts() {
 #[test]
 fn whole_iteration_graphs_are_searched_and_read_from_run_tables() {
     let best = |graphs: &str| -> (String, f64) {
-        let plan: serde_json::Value = serde_json::from_str(&ok(&[
-            "plan",
-            "--model",
-            "qwen3-30b-a3b",
-            "--gpu",
-            "gb300",
-            "--gpus",
-            "8",
-            "--global-batch",
-            "512",
-            "--ep",
-            "8",
-            "--moe-dispatcher",
-            "hybridep",
-            "--cuda-graphs",
-            graphs,
-            "--top",
-            "1",
-            "--format",
-            "json",
-        ]))
-        .unwrap();
+        let plan = with(&["plan"], &QWEN3_30B_ON_8_GB300);
+        let plan = with(
+            &plan,
+            &[
+                "--moe-dispatcher",
+                "hybridep",
+                "--cuda-graphs",
+                graphs,
+                "--top",
+                "1",
+                "--format",
+                "json",
+            ],
+        );
+        let plan: serde_json::Value = serde_json::from_str(&ok(&plan)).unwrap();
         let winner = &plan["candidates"][0];
         (
             winner["config"]["cuda_graphs"]
