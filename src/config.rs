@@ -105,19 +105,24 @@ impl Serialize for CudaGraphs {
 /// the full-iteration kind hold.
 impl<'de> Deserialize<'de> for CudaGraphs {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Written {
-            Switch(bool),
-            Name(String),
-        }
-        match Written::deserialize(deserializer)? {
-            Written::Switch(true) => Ok(CudaGraphs::Layers),
-            Written::Switch(false) => Ok(CudaGraphs::Off),
-            Written::Name(name) => {
-                CudaGraphs::parse("cuda_graphs", &name).map_err(serde::de::Error::custom)
+        struct Written;
+        impl serde::de::Visitor<'_> for Written {
+            type Value = CudaGraphs;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("`cuda_graphs` as \"off\", \"on\" or \"full\"")
+            }
+            fn visit_bool<E: serde::de::Error>(self, on: bool) -> Result<CudaGraphs, E> {
+                Ok(if on {
+                    CudaGraphs::Layers
+                } else {
+                    CudaGraphs::Off
+                })
+            }
+            fn visit_str<E: serde::de::Error>(self, name: &str) -> Result<CudaGraphs, E> {
+                CudaGraphs::parse("cuda_graphs", name).map_err(E::custom)
             }
         }
+        deserializer.deserialize_any(Written)
     }
 }
 
@@ -2156,7 +2161,9 @@ impl Rule {
             Rule::ParamGatherOverlap => {
                 "param-gather overlap needs the distributed optimizer and grad-reduce overlap"
             }
-            Rule::CudaGraphsWithFullRecompute => "CUDA graphs do not run with full recomputation",
+            Rule::CudaGraphsWithFullRecompute => {
+                "per-layer CUDA graphs do not run with full recomputation"
+            }
             Rule::FullGraphNeedsSyncFreeExperts => {
                 "a whole-iteration CUDA graph of an MoE model needs the HybridEP dispatcher"
             }
@@ -2180,7 +2187,7 @@ impl Rule {
             Rule::FlexGroupAcrossNodes => "a flex dispatcher's group straddles nodes",
             Rule::MoeTpWithoutSp => "MoE with tp needs sequence parallelism",
             Rule::EpOverlapNeeds => {
-                "EP comm overlap needs ep > 1, an alltoall or flex dispatcher, no full recomputation or CUDA graphs, and interleaving under a pipeline"
+                "EP comm overlap needs ep > 1, an alltoall or flex dispatcher, no full recomputation or per-layer CUDA graphs, and interleaving under a pipeline"
             }
             Rule::Fp8ParamGatherNeeds => {
                 "FP8 parameter gather needs FP8 with Megatron-LM and sharded optimizer states"
@@ -2683,6 +2690,10 @@ mod tests {
         }
         assert_eq!(read("\"full_iteration\""), CudaGraphs::FullIteration);
         assert!(serde_json::from_str::<CudaGraphs>("\"sometimes\"").is_err());
+        let number = serde_json::from_str::<CudaGraphs>("1")
+            .unwrap_err()
+            .to_string();
+        assert!(number.contains("`cuda_graphs` as"), "{number}");
         let mut written = serde_json::to_value(ParallelConfig::default()).unwrap();
         written["cuda_graphs"] = serde_json::Value::Bool(true);
         let old: ParallelConfig = serde_json::from_value(written).unwrap();

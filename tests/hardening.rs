@@ -1087,12 +1087,14 @@ fn a_torchtitan_base_that_is_neither_a_config_function_nor_toml_is_refused() {
     );
     std::fs::write(dir.path().join("plan.json"), plan).unwrap();
     std::fs::write(dir.path().join("broken.toml"), "[training\n").unwrap();
-    // A 0.2 job whose model is not the plan's would time another network.
+    // A 0.2 job whose model is not the plan's would time another network,
+    // torchtitan's default debug model too.
     std::fs::write(
         dir.path().join("70b.toml"),
         "[model]\nname = \"llama3\"\nflavor = \"70B\"\n",
     )
     .unwrap();
+    std::fs::write(dir.path().join("default.toml"), "[training]\nsteps = 10\n").unwrap();
     for (base, names) in [
         (None, &["--torchtitan-config", "MODULE:CONFIG"][..]),
         (
@@ -1114,6 +1116,10 @@ fn a_torchtitan_base_that_is_neither_a_config_function_nor_toml_is_refused() {
                 "llama3 70B builds llama3-70b",
                 "plan is for llama3-8b",
             ][..],
+        ),
+        (
+            Some("default.toml"),
+            &["default.toml", "llama3 debugmodel builds llama3-debugmodel"][..],
         ),
     ] {
         let mut args = vec![

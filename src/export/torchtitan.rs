@@ -166,6 +166,11 @@ fn refusals(job: &LaunchJob, release: Release) -> Result<(), ExportError> {
         },
         check_experts_and_context(job, release),
         refuse(
+            c.cuda_graphs == crate::config::CudaGraphs::FullIteration,
+            "Megatron-LM's whole-iteration CUDA graph",
+            "torchtitan's own graphs are --cuda-graphs on; search again with --cuda-graphs off,on",
+        ),
+        refuse(
             c.precision == crate::config::Precision::Nvfp4,
             "NVFP4 training",
             "torchtitan's converters train in float8 or MXFP8, not NVFP4 (Transformer Engine's, Megatron-LM's); search again with --precision fp8, or launch with Megatron-LM",

@@ -48,11 +48,13 @@ pub enum ClusterTrialError {
     /// The first round wrote no script: none of the candidates tried can
     /// run on the chosen engine.
     #[error(
-        "--launch {engine}: none of the plan's top {tried} candidate(s) can run on it (or raise --top); #{rank}: {reason}"
+        "--launch {engine}: none of the plan's top {tried} candidate(s) can run on it{more}; #{rank}: {reason}"
     )]
     NothingLaunchable {
         engine: &'static str,
         tried: usize,
+        /// ` (raise --top to try more)` where the plan holds more.
+        more: &'static str,
         rank: usize,
         reason: String,
     },
@@ -127,7 +129,8 @@ impl Cluster {
     fn older_columns(&self) -> &'static [&'static [&'static str]] {
         match self {
             Cluster::Torch(_) => &[&torch_launch::ROW_COLUMNS_V1, &torch_launch::ROW_COLUMNS_V2],
-            Cluster::Megatron(_) | Cluster::Torchtitan(_) => &[],
+            Cluster::Megatron(_) => &[&crate::validate::megatron_log::ROW_COLUMNS_V1],
+            Cluster::Torchtitan(_) => &[],
         }
     }
 
@@ -371,9 +374,15 @@ pub fn run_loop(
             && resumed == 0
             && let Some((rank, reason)) = skipped.into_iter().next()
         {
+            let tried = top.candidates.len();
             return Err(ClusterTrialError::NothingLaunchable {
                 engine: cluster.engine(),
-                tried: top.candidates.len(),
+                tried,
+                more: if plan.candidates.len() > tried {
+                    " (raise --top to try more)"
+                } else {
+                    ""
+                },
                 rank,
                 reason,
             });
@@ -399,7 +408,7 @@ pub fn run_loop(
             if upgraded {
                 let _ = writeln!(
                     report,
-                    "note: {}: rewritten with this paratune's columns (the experts' columns added, empty in its earlier rows)",
+                    "note: {}: rewritten with this paratune's columns (the columns it lacked added, empty in its earlier rows)",
                     history_path.display()
                 );
             }

@@ -196,6 +196,11 @@ pub struct MegatronConfig {
     pub fp8_recipe: Option<String>,
     /// `--fp4-format` (`e2m1`, printed as `fp4`) when NVFP4 is on.
     pub fp4: Option<String>,
+    /// `--cuda-graph-impl` (`none`, `local`, `transformer_engine`,
+    /// `full_iteration`), and `--cuda-graph-scope`, which named
+    /// `full_iteration` before it became an implementation.
+    pub cuda_graph_impl: Option<String>,
+    pub cuda_graph_scope: Option<String>,
     /// `--grad-reduce-in-bf16`, or a bf16 run printing
     /// `accumulate_allreduce_grads_in_fp32 False` (what that flag sets).
     pub grad_reduce_in_bf16: bool,
@@ -918,6 +923,8 @@ fn config_from_arguments(
         fp8: text("fp8"),
         fp8_recipe: text("fp8_recipe"),
         fp4: text("fp4"),
+        cuda_graph_impl: text("cuda_graph_impl"),
+        cuda_graph_scope: text("cuda_graph_scope"),
         grad_reduce_in_bf16: flag("grad_reduce_in_bf16")?
             || (flag("bf16")?
                 && args
@@ -1098,7 +1105,23 @@ impl MegatronConfig {
             },
             cross_entropy_fusion: self.cross_entropy_fusion,
             wgrad_deferral: self.wgrad_deferral,
+            cuda_graphs: self.cuda_graphs(),
             ..ParallelConfig::default()
+        }
+    }
+
+    /// What the run's CUDA graphs captured: the whole iteration
+    /// (`full_iteration` as the implementation, or as the scope in older
+    /// logs), each layer (`local` or `transformer_engine`), or nothing.
+    pub fn cuda_graphs(&self) -> crate::config::CudaGraphs {
+        use crate::config::CudaGraphs;
+        let whole = |v: &Option<String>| v.as_deref().is_some_and(|v| v.contains("full_iteration"));
+        if whole(&self.cuda_graph_impl) || whole(&self.cuda_graph_scope) {
+            return CudaGraphs::FullIteration;
+        }
+        match self.cuda_graph_impl.as_deref() {
+            Some("local" | "transformer_engine") => CudaGraphs::Layers,
+            _ => CudaGraphs::Off,
         }
     }
 
@@ -1147,10 +1170,18 @@ impl MegatronConfig {
     }
 }
 
+/// [`ROW_COLUMNS`] before `cuda_graphs`: a validation history of such rows
+/// is rewritten with the column (empty, read as off) on opening.
+pub const ROW_COLUMNS_V1: [&str; 48] =
+    crate::validate::torch_launch::without(&ROW_COLUMNS, CUDA_GRAPHS_COLUMN_AT);
+
+/// Where `cuda_graphs` sits, after `wgrad_deferral` as in the run table.
+const CUDA_GRAPHS_COLUMN_AT: usize = 10;
+
 /// The columns of the run-table row [`MegatronRun::row`] gives: paratune's
 /// run-table schema (see `runs::KNOWN_COLUMNS`), then measurements the
 /// schema does not read, carried through as the user's own columns.
-pub const ROW_COLUMNS: [&str; 48] = [
+pub const ROW_COLUMNS: [&str; 49] = [
     "gpus",
     "global_batch",
     "micro_batch",
@@ -1161,6 +1192,7 @@ pub const ROW_COLUMNS: [&str; 48] = [
     "grad_reduce",
     "cross_entropy_fusion",
     "wgrad_deferral",
+    "cuda_graphs",
     "layers",
     "seq_len",
     "vocab",
@@ -1348,6 +1380,7 @@ impl MegatronRun {
             c.grad_reduce.name().to_string(),
             c.cross_entropy_fusion.name().to_string(),
             c.wgrad_deferral.name(),
+            c.cuda_graphs.name().to_string(),
             m.num_layers.to_string(),
             m.seq_length.to_string(),
             vocab.to_string(),
@@ -1421,6 +1454,40 @@ mod tests {
     #[test]
     fn row_columns_follow_the_run_table_schema() {
         crate::runs::assert_row_columns_follow_the_schema(&ROW_COLUMNS);
+        assert_eq!(ROW_COLUMNS[CUDA_GRAPHS_COLUMN_AT], "cuda_graphs");
+        assert!(!ROW_COLUMNS_V1.contains(&"cuda_graphs"));
+        assert_eq!(ROW_COLUMNS_V1.len() + 1, ROW_COLUMNS.len());
+    }
+
+    /// The graphs a run captured, as the implementation (and, in older
+    /// logs, the scope) names them.
+    #[test]
+    fn cuda_graphs_are_read_from_the_implementation_and_the_old_scope() {
+        use crate::config::CudaGraphs;
+        let graphs = |extra: &[(&str, &str)]| {
+            parse(&log(extra, &[900.0, 300.0, 200.0]), "g.log", 2)
+                .unwrap()
+                .config
+                .cuda_graphs()
+        };
+        assert_eq!(graphs(&[]), CudaGraphs::Off);
+        assert_eq!(graphs(&[("cuda_graph_impl", "none")]), CudaGraphs::Off);
+        assert_eq!(graphs(&[("cuda_graph_impl", "local")]), CudaGraphs::Layers);
+        assert_eq!(
+            graphs(&[("cuda_graph_impl", "transformer_engine")]),
+            CudaGraphs::Layers
+        );
+        assert_eq!(
+            graphs(&[("cuda_graph_impl", "full_iteration")]),
+            CudaGraphs::FullIteration
+        );
+        assert_eq!(
+            graphs(&[
+                ("cuda_graph_impl", "local"),
+                ("cuda_graph_scope", "['full_iteration']")
+            ]),
+            CudaGraphs::FullIteration
+        );
     }
     use super::*;
     use crate::model::ModelSpec;
@@ -1682,6 +1749,8 @@ mod tests {
                 ("attention_backend", "AttnBackend.unfused"),
                 ("global_batch_size", "32"),
             ],
+            vec![("cuda_graph_impl", "transformer_engine")],
+            vec![("cuda_graph_impl", "full_iteration")],
         ] {
             let run = parse(&log(&extra, &[900.0, 300.0, 200.0]), "r.log", 2).unwrap();
             let headers: Vec<String> = ROW_COLUMNS.iter().map(|s| s.to_string()).collect();

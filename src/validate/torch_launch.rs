@@ -993,7 +993,7 @@ pub const ROW_COLUMNS_V2: [&str; 50] = without(&ROW_COLUMNS, CONTEXT_COLUMNS_AT)
 pub const ROW_COLUMNS_V1: [&str; 41] = without(&ROW_COLUMNS_V2, EXPERT_COLUMNS_AT);
 
 /// `columns` less the `N - M` of them from index `at`.
-const fn without<const N: usize, const M: usize>(
+pub(crate) const fn without<const N: usize, const M: usize>(
     columns: &[&'static str; N],
     at: usize,
 ) -> [&'static str; M] {

@@ -77,17 +77,23 @@ impl TorchtitanBase {
 
     /// Refuses a 0.2 job TOML whose `[model]` builds another network than
     /// the plan's: its trials would time a model the plan did not price.
-    /// A name and flavor paratune does not know is left to the user.
+    /// A key left out is torchtitan's default (`JobConfig`'s `Model`: name
+    /// `llama3`, flavor `debugmodel`); a name and flavor paratune does not
+    /// know is left to the user.
     pub fn check_model(&self, plan_model: &ModelSpec) -> Result<(), LaunchError> {
         let TorchtitanBase::JobToml { path, table } = self else {
             return Ok(());
         };
         let model = table.get("model").and_then(|m| m.as_table());
         let text = |key: &str| model.and_then(|m| m.get(key)).and_then(|v| v.as_str());
-        let (Some(name), Some(flavor)) = (text("name"), text("flavor")) else {
-            return Ok(());
-        };
-        let Some(built) = crate::export::catalogue_model_of(name, flavor) else {
+        let name = text("name").unwrap_or("llama3");
+        let flavor = text("flavor").unwrap_or("debugmodel");
+        let built = crate::export::catalogue_model_of(name, flavor).or_else(|| {
+            (name == "llama3")
+                .then(|| super::torchtitan_log::llama3_flavor(flavor))
+                .flatten()
+        });
+        let Some(built) = built else {
             return Ok(());
         };
         if same_network(&built, plan_model) {

@@ -2457,7 +2457,7 @@ fn llama_spec(
 /// `TransformerModelArgs`'s default 128256 (`model/args.py` at 0803909)
 /// unless the flavor sets one. 8B, 70B and 405B are paratune's catalogue
 /// models llama3-8b, llama3-70b and llama3-405b.
-fn llama3_flavor(flavor: &str) -> Option<ModelSpec> {
+pub(crate) fn llama3_flavor(flavor: &str) -> Option<ModelSpec> {
     // `8B_flex`, `debugmodel_varlen_attn`: the same shapes, another attention kernel.
     let base = ["_flex", "_varlen"]
         .iter()
