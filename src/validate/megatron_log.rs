@@ -1459,6 +1459,35 @@ mod tests {
         assert_eq!(ROW_COLUMNS_V1.len() + 1, ROW_COLUMNS.len());
     }
 
+    /// A validation history written before the `cuda_graphs` column is
+    /// rewritten with it, empty (off), and its rows read back as before.
+    #[test]
+    fn a_history_without_the_graphs_column_gains_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("runs-history.csv");
+        let run = parse(&log(&[], &[900.0, 300.0, 200.0]), "r.log", 2).unwrap();
+        let row = run.row("r.log", "r.log").unwrap();
+        let old: Vec<&str> = ROW_COLUMNS
+            .iter()
+            .zip(&row)
+            .filter(|(c, _)| **c != "cuda_graphs")
+            .map(|(_, v)| v.as_str())
+            .collect();
+        std::fs::write(
+            &path,
+            format!("{}\n{}\n", ROW_COLUMNS_V1.join(","), old.join(",")),
+        )
+        .unwrap();
+        let (_, _, upgraded) =
+            crate::runs::RunHistory::open_upgrading(&path, &ROW_COLUMNS, &[&ROW_COLUMNS_V1])
+                .unwrap();
+        assert!(upgraded);
+        let table = RunTable::read(&path).unwrap();
+        assert_eq!(table.headers, ROW_COLUMNS.map(String::from).to_vec());
+        assert_eq!(table.cell(0, "cuda_graphs"), None);
+        assert_eq!(table.cell(0, "tp"), Some("2"));
+    }
+
     /// The graphs a run captured, as the implementation (and, in older
     /// logs, the scope) names them.
     #[test]
