@@ -832,7 +832,8 @@ fn batch_level_overlap_hides_the_expert_all_to_alls() {
         &[
             "--overlap-moe-expert-parallel-comm",
             "--delay-wgrad-compute",
-            "torchtitan cannot run Megatron-Core's batch-level EP overlap",
+            "torchtitan cannot run",
+            "Megatron-Core's batch-level EP overlap (torchtitan does not pair micro-batches",
         ],
     );
 }
@@ -1458,16 +1459,24 @@ fn plans_try_the_recipes_module_sets_when_asked() {
         .lines()
         .find(|l| l.starts_with("Why #1 wins:"))
         .unwrap();
+    // The one-line form joins the modules with `+`, the export with spaces.
     let modules = winner
         .split_whitespace()
         .find_map(|w| w.strip_prefix("modules="))
-        .unwrap_or("core_attn");
+        .unwrap_or("core_attn")
+        .replace('+', ",");
     assert!(
-        ["core_attn", "layernorm,moe_act", "moe_act"].contains(&modules),
+        ["core_attn", "layernorm,moe_act", "moe_act"].contains(&modules.as_str()),
         "{winner}"
     );
     if modules != "core_attn" {
-        says(&asked, &[&format!("--recompute-modules {modules}")]);
+        says(
+            &asked,
+            &[&format!(
+                "--recompute-modules {}",
+                modules.replace(',', " ")
+            )],
+        );
     }
     says(
         &fails(&with(
@@ -1669,6 +1678,12 @@ fn a_whole_iteration_graph_runs_sync_free_experts() {
     ] {
         assert!(joined.contains(part), "{part} missing: {joined}");
     }
+    // The batch-level EP overlap runs beside the scoped per-layer graphs,
+    // as NVIDIA's MoE recipes run them.
+    let overlapped = qwen3_30b_on_8_gb300(&["--cuda-graphs", "on", "--ep-comm-overlap", "on"]);
+    let overlapped: Vec<String> =
+        serde_json::from_value(overlapped["megatron_args"].clone()).unwrap();
+    assert!(overlapped.contains(&"--overlap-moe-expert-parallel-comm".to_string()));
     let layer_args: Vec<String> = serde_json::from_value(layers["megatron_args"].clone()).unwrap();
     // Megatron-LM captures a dropless MoE module whole only sync-free: the
     // per-layer graphs of an MoE model leave the experts out.

@@ -790,8 +790,7 @@ impl<'a> InnerDims<'a> {
             },
             |c, on| c.cuda_graphs = on,
         )
-        // Tried where Megatron-Core can run it (after the graphs, which
-        // exclude it).
+        // Tried where Megatron-Core can run it.
         .then(
             |c| {
                 let runs = crate::config::ep_overlap_problem(&job.model, c).is_none();
