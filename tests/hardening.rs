@@ -1121,6 +1121,14 @@ fn a_torchtitan_base_that_is_neither_a_config_function_nor_toml_is_refused() {
             Some("default.toml"),
             &["default.toml", "llama3 debugmodel builds llama3-debugmodel"][..],
         ),
+        (
+            Some("llama3:llama3_70b"),
+            &[
+                "llama3:llama3_70b",
+                "config function llama3_70b builds llama3-70b",
+                "plan is for llama3-8b",
+            ][..],
+        ),
     ] {
         let mut args = vec![
             "validate",

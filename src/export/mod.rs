@@ -15,8 +15,8 @@ mod torchtitan;
 
 pub use megatron::{megatron_args, megatron_command_line};
 pub use torchtitan::{
-    TorchtitanFlags, catalogue_model_of, known_torchtitan_models, merge_job_config,
-    torchtitan_flags, torchtitan_module, torchtitan_toml,
+    TorchtitanFlags, catalogue_model_of, catalogue_model_of_config, known_torchtitan_models,
+    merge_job_config, torchtitan_flags, torchtitan_module, torchtitan_toml,
 };
 
 use crate::config::{ParallelConfig, SyncMethod};

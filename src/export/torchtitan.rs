@@ -371,6 +371,20 @@ pub fn catalogue_model_of(name: &str, flavor: &str) -> Option<ModelSpec> {
         .and_then(|m| builtin_model(m.0))
 }
 
+/// The built-in model torchtitan 0.3's config function `config` of
+/// `module` builds, where its name follows the config registries'
+/// `<module>_<flavor>` (`llama3_8b`, `qwen3_30b_a3b`: `config_registry.py`
+/// of each model, whose functions call `model_registry("30B-A3B")`), with
+/// the model and flavor of one of [`TORCHTITAN_MODELS`].
+pub fn catalogue_model_of_config(module: &str, config: &str) -> Option<ModelSpec> {
+    TORCHTITAN_MODELS
+        .iter()
+        .find(|m| {
+            m.1 == module && config == format!("{}_{}", m.1, m.2.to_lowercase().replace('-', "_"))
+        })
+        .and_then(|m| builtin_model(m.0))
+}
+
 /// The torchtitan models and flavors paratune knows, for messages.
 pub fn known_torchtitan_models() -> String {
     let mut known: Vec<String> = Vec::new();

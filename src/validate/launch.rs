@@ -100,7 +100,7 @@ pub enum LaunchError {
     )]
     BadTorchtitanConfig { value: String, problem: String },
     #[error(
-        "--torchtitan-config {path}: its [model] {base} builds {built}, but the plan is for {planned}; set its [model] name and flavor to the plan's model's, or plan for {built}"
+        "--torchtitan-config {path}: {base} builds {built}, but the plan is for {planned}; give a base that builds the plan's model, or plan for {built}"
     )]
     BaseModelDiffers {
         path: String,

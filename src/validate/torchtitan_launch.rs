@@ -81,8 +81,22 @@ impl TorchtitanBase {
     /// `llama3`, flavor `debugmodel`); a name and flavor paratune does not
     /// know is left to the user.
     pub fn check_model(&self, plan_model: &ModelSpec) -> Result<(), LaunchError> {
-        let TorchtitanBase::JobToml { path, table } = self else {
-            return Ok(());
+        let (path, table) = match self {
+            TorchtitanBase::JobToml { path, table } => (path, table),
+            // A 0.3 config function named for a model paratune knows.
+            TorchtitanBase::Registry { module, config } => {
+                return match crate::export::catalogue_model_of_config(module, config) {
+                    Some(built) if !same_network(&built, plan_model) => {
+                        Err(LaunchError::BaseModelDiffers {
+                            path: format!("{module}:{config}"),
+                            base: format!("its config function {config}"),
+                            built: built.name,
+                            planned: plan_model.name.clone(),
+                        })
+                    }
+                    _ => Ok(()),
+                };
+            }
         };
         let model = table.get("model").and_then(|m| m.as_table());
         let text = |key: &str| model.and_then(|m| m.get(key)).and_then(|v| v.as_str());
@@ -101,7 +115,7 @@ impl TorchtitanBase {
         }
         Err(LaunchError::BaseModelDiffers {
             path: comment_safe(&path.display().to_string()),
-            base: format!("{name} {flavor}"),
+            base: format!("its [model] {name} {flavor}"),
             built: built.name,
             planned: plan_model.name.clone(),
         })
