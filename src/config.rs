@@ -21,6 +21,10 @@ crate::named_choices!(
     SyncMethod,
 );
 
+use crate::model::{AttentionKind, ModelSpec};
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
 /// What CUDA graphs capture (Megatron-LM's `--cuda-graph-impl`;
 /// torch.compile's cudagraphs in torchtitan): the host then launches a
 /// graph instead of every kernel it holds.
@@ -131,10 +135,6 @@ impl fmt::Display for CudaGraphs {
         f.write_str(self.name())
     }
 }
-
-use crate::model::{AttentionKind, ModelSpec};
-use serde::{Deserialize, Serialize};
-use std::fmt;
 
 /// Pipeline schedule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -1916,8 +1916,8 @@ pub enum Rule {
     /// `--overlap-param-gather` needs the distributed optimizer and
     /// `--overlap-grad-reduce`.
     ParamGatherOverlap,
-    /// CUDA graphs capture a fixed kernel sequence; Megatron-LM refuses them
-    /// with full recomputation.
+    /// Per-layer CUDA graphs capture a fixed kernel sequence; Megatron-LM
+    /// refuses them with full recomputation.
     CudaGraphsWithFullRecompute,
     /// A whole iteration's CUDA graph captures the MoE layers too, which
     /// must then dispatch without the host learning the token counts:

@@ -965,21 +965,24 @@ pub fn layer_time_of(
     // instead of every kernel. A whole iteration's graph leaves the host
     // nothing per layer: no launches, no Python between the ranks'
     // collectives, no MoE dispatch or sync (it runs sync-free).
-    let launch = match c.cuda_graphs {
-        CudaGraphs::Off => 1.0,
-        CudaGraphs::Layers => k.cuda_graph_host_fraction,
-        CudaGraphs::FullIteration => 0.0,
+    let launch = if c.cuda_graphs == CudaGraphs::Layers {
+        k.cuda_graph_host_fraction
+    } else {
+        1.0
     };
-    let eager = f64::from(u8::from(c.cuda_graphs != CudaGraphs::FullIteration));
     let unit = k.host_us_per_layer_pass * 1e-6;
     let (routing, after_sync) = moe_host_parts(s, c, kind);
-    let pass_host = unit * (launch + eager * (routing + after_sync));
-    let host = host_passes * pass_host
-        + eager
-            * tensor_parallel_calls(s, c, kind)
-            * (c.tp - 1) as f64
-            * k.host_sync_us_per_rank
-            * 1e-6;
+    let pass_host = unit * (launch + routing + after_sync);
+    let host = match c.cuda_graphs {
+        CudaGraphs::FullIteration => 0.0,
+        CudaGraphs::Off | CudaGraphs::Layers => {
+            host_passes * pass_host
+                + tensor_parallel_calls(s, c, kind)
+                    * (c.tp - 1) as f64
+                    * k.host_sync_us_per_rank
+                    * 1e-6
+        }
+    };
     let gpu = gpu_compute + exposed;
     let host_time = match host_sync_segment(s, c, kind, &fwd, (pass_host, unit * after_sync)) {
         // The forward passes that sync; the backward and the rest overlap

@@ -709,15 +709,23 @@ fn ep_overlap_layer_bytes(s: &Scenario, c: &ParallelConfig, stage: u64) -> f64 {
     if !c.ep_comm_overlap || c.schedule != ScheduleKind::OneFOneB {
         return 0.0;
     }
+    largest_layer_of_stage(s, c, stage, |kind| layer_kept(s, c, c.recompute, kind))
+}
+
+/// The largest `bytes` of the kinds of layer stage `stage` holds (an
+/// all-dense stage of an MoE model counts only its dense layers).
+fn largest_layer_of_stage(
+    s: &Scenario,
+    c: &ParallelConfig,
+    stage: u64,
+    bytes: impl Fn(LayerKind) -> f64,
+) -> f64 {
     let (dense, moe) = super::stage_layer_kinds(s, c, stage);
-    let kept = |present: u64, kind| {
-        if present > 0 {
-            layer_kept(s, c, c.recompute, kind)
-        } else {
-            0.0
-        }
-    };
-    kept(dense, LayerKind::Dense).max(kept(moe, LayerKind::Moe))
+    [(dense, LayerKind::Dense), (moe, LayerKind::Moe)]
+        .into_iter()
+        .filter(|&(count, _)| count > 0)
+        .map(|(_, kind)| bytes(kind))
+        .fold(0.0, f64::max)
 }
 
 pub fn stage_memory(s: &Scenario, c: &ParallelConfig, stage: u64) -> StageMemory {
@@ -740,20 +748,9 @@ pub fn stage_memory(s: &Scenario, c: &ParallelConfig, stage: u64) -> StageMemory
         // Recomputing rebuilds one layer's activations for one micro-batch:
         // the largest of the kinds of layer this stage holds (an all-dense
         // stage of an MoE model rebuilds a dense layer).
-        let rebuilt =
-            |kind| layer_kept(s, c, Recompute::None, kind) - layer_kept(s, c, c.recompute, kind);
-        let (dense, moe) = super::stage_layer_kinds(s, c, stage);
-        let dense_buffer = if dense > 0 {
-            rebuilt(LayerKind::Dense)
-        } else {
-            0.0
-        };
-        let moe_buffer = if moe > 0 {
-            rebuilt(LayerKind::Moe)
-        } else {
-            0.0
-        };
-        activations += dense_buffer.max(moe_buffer);
+        activations += largest_layer_of_stage(s, c, stage, |kind| {
+            layer_kept(s, c, Recompute::None, kind) - layer_kept(s, c, c.recompute, kind)
+        });
     }
     if stage == 0 {
         // Embedding output (and its dropout mask), per in-flight micro-batch.

@@ -75,50 +75,48 @@ impl TorchtitanBase {
         })
     }
 
-    /// Refuses a 0.2 job TOML whose `[model]` builds another network than
-    /// the plan's: its trials would time a model the plan did not price.
-    /// A key left out is torchtitan's default (`JobConfig`'s `Model`: name
-    /// `llama3`, flavor `debugmodel`); a name and flavor paratune does not
-    /// know is left to the user.
+    /// Refuses a base that builds another network than the plan's: its
+    /// trials would time a model the plan did not price. A 0.2 job TOML's
+    /// `[model]` (a key left out is torchtitan's default, `JobConfig`'s
+    /// `Model`: name `llama3`, flavor `debugmodel`), or a 0.3 config
+    /// function named for a catalogue model; a model paratune does not know
+    /// is left to the user.
     pub fn check_model(&self, plan_model: &ModelSpec) -> Result<(), LaunchError> {
-        let (path, table) = match self {
-            TorchtitanBase::JobToml { path, table } => (path, table),
+        let (path, base, built) = match self {
             // A 0.3 config function named for a model paratune knows.
-            TorchtitanBase::Registry { module, config } => {
-                return match crate::export::catalogue_model_of_config(module, config) {
-                    Some(built) if !same_network(&built, plan_model) => {
-                        Err(LaunchError::BaseModelDiffers {
-                            path: format!("{module}:{config}"),
-                            base: format!("its config function {config}"),
-                            built: built.name,
-                            planned: plan_model.name.clone(),
-                        })
-                    }
-                    _ => Ok(()),
-                };
+            TorchtitanBase::Registry { module, config } => (
+                format!("{module}:{config}"),
+                format!("its config function {config}"),
+                crate::export::catalogue_model_of_config(module, config),
+            ),
+            TorchtitanBase::JobToml { path, table } => {
+                let model = table.get("model").and_then(|m| m.as_table());
+                let text = |key: &str| model.and_then(|m| m.get(key)).and_then(|v| v.as_str());
+                let name = text("name").unwrap_or("llama3");
+                let flavor = text("flavor").unwrap_or("debugmodel");
+                let built = crate::export::catalogue_model_of(name, flavor).or_else(|| {
+                    (name == "llama3")
+                        .then(|| super::torchtitan_log::llama3_flavor(flavor))
+                        .flatten()
+                });
+                (
+                    comment_safe(&path.display().to_string()),
+                    format!("its [model] {name} {flavor}"),
+                    built,
+                )
             }
         };
-        let model = table.get("model").and_then(|m| m.as_table());
-        let text = |key: &str| model.and_then(|m| m.get(key)).and_then(|v| v.as_str());
-        let name = text("name").unwrap_or("llama3");
-        let flavor = text("flavor").unwrap_or("debugmodel");
-        let built = crate::export::catalogue_model_of(name, flavor).or_else(|| {
-            (name == "llama3")
-                .then(|| super::torchtitan_log::llama3_flavor(flavor))
-                .flatten()
-        });
-        let Some(built) = built else {
-            return Ok(());
-        };
-        if same_network(&built, plan_model) {
-            return Ok(());
+        match built {
+            Some(built) if !same_network(&built, plan_model) => {
+                Err(LaunchError::BaseModelDiffers {
+                    path,
+                    base,
+                    built: built.name,
+                    planned: plan_model.name.clone(),
+                })
+            }
+            _ => Ok(()),
         }
-        Err(LaunchError::BaseModelDiffers {
-            path: comment_safe(&path.display().to_string()),
-            base: format!("its [model] {name} {flavor}"),
-            built: built.name,
-            planned: plan_model.name.clone(),
-        })
     }
 
     fn release(&self) -> &'static str {
