@@ -888,7 +888,7 @@ fn sliding_window_layers_attend_only_to_their_window() {
         "--top",
         "1",
     ]);
-    says(&plan, &["--window-size 128,0", "--window-attn-skip-freq 2"]);
+    says(&plan, &["--window-size 127,0", "--window-attn-skip-freq 2"]);
     says(
         &fails(&with(
             &with(&["predict"], &LLAMA3_8B_ON_ONE_NODE),

@@ -235,8 +235,9 @@ pub struct ModelArgs {
     /// DeepSeek-V3 has 1; 0 takes them away).
     #[arg(long, value_parser = clap::value_parser!(u64).range(0..=16))]
     pub mtp_layers: Option<u64>,
-    /// Sliding-window attention: each query of a windowed layer attends to the N
-    /// tokens before it (Megatron-LM's --window-size N,0; gpt-oss: 128; 0: none)
+    /// Sliding-window attention: each query of a windowed layer attends to itself and
+    /// the N tokens before it (Megatron-LM's --window-size N,0; gpt-oss: 127, Hugging
+    /// Face's sliding_window 128 counting the query; 0: none)
     #[arg(long, value_parser = clap::value_parser!(u64).range(0..=1 << 24))]
     pub sliding_window: Option<u64>,
     /// Every N-th layer attends fully instead (--window-attn-skip-freq; gpt-oss: 2;

@@ -100,9 +100,12 @@ struct Moe {
 // - gpt-oss-20b, gpt-oss-120b: openai/gpt-oss (`gpt_oss/torch/model.py`:
 //   hidden 2880, 64 heads of 64, 8 KV heads, experts 2880 wide, top-4,
 //   initial context 4096; 20.9B and 116.8B). Their alternate layers attend
-//   over a 128-token window (config.json's sliding_window 128, layer_types
-//   sliding then full: Megatron-LM's --window-size 128,0
-//   --window-attn-skip-freq 2). Their attention sinks are not priced
+//   over a 128-token window that holds the query itself (config.json's
+//   sliding_window 128, layer_types sliding then full): 127 tokens before
+//   each query, Megatron-LM's --window-size 127,0 --window-attn-skip-freq 2
+//   as Megatron-Bridge's gpt-oss recipes set it (window_size (127, 0) in
+//   scripts/performance/dryrun_configs/gpt_oss/*.yaml), and FlashAttention's
+//   window_size (127, 0) in vLLM's gpt-oss. Their attention sinks are not priced
 //   (one logit per head).
 #[rustfmt::skip]
 const MOE: [Moe; 6] = [
@@ -173,7 +176,7 @@ impl Moe {
         spec.head_dim_override = self.head_dim;
         if self.name.starts_with("gpt-oss") {
             spec.window = Some(crate::model::WindowSpec {
-                tokens: 128,
+                tokens: 127,
                 full_every: 2,
             });
         }

@@ -24,7 +24,7 @@
 //! moe_dense_layers = 0       # leading layers with a dense MLP (default 0)
 //! moe_layer_freq = 1         # then every n-th layer has experts (default 1)
 //! moe_router_num_groups = 0  # group-limited routing: expert groups (0: none)
-//! sliding_window = 128       # windowed attention: tokens before each query
+//! sliding_window = 127       # windowed attention: tokens before each query
 //! window_attn_skip_freq = 2  # every n-th layer attends fully (0: none)
 //! moe_router_group_topk = 0  # groups each token's experts come from
 //! kv_lora_rank = 512         # multi-latent attention (DeepSeek): the keys' and values' latent

@@ -555,14 +555,14 @@ impl ModelSpec {
 
     /// The share of the full score products a fused kernel computes,
     /// averaged over the layers: [`CAUSAL_SHARE`] for causal layers, and
-    /// for windowed ones the mean of min(position, window) keys per query
-    /// over the sequence, t/s (1 - t/2s), which meets the causal half at
-    /// t = s.
+    /// for windowed ones the mean of min(position, t) keys per query over
+    /// the sequence, t/s (1 - t/2s), where t counts the query and the
+    /// tokens before it; it meets the causal half at t = s.
     pub fn attended_share(&self) -> f64 {
         let Some(window) = self.window else {
             return CAUSAL_SHARE;
         };
-        let (t, s) = (window.tokens as f64, self.seq_len.max(1) as f64);
+        let (t, s) = ((window.tokens + 1) as f64, self.seq_len.max(1) as f64);
         let windowed = if t >= s {
             CAUSAL_SHARE
         } else {
@@ -739,8 +739,9 @@ mod tests {
     fn windowed_layers_attend_to_their_window_and_full_ones_causally() {
         let mut m = crate::model::builtin_model("gpt-oss-120b").unwrap();
         assert_eq!(m.windowed_layers(), 18);
-        // 128 of 4,096 keys: t/s (1 - t/2s) for half the layers, the causal
-        // half for the others.
+        // 127 tokens before each query and the query itself, 128 of 4,096
+        // keys: t/s (1 - t/2s) for half the layers, the causal half for the
+        // others.
         let windowed = 128.0 / 4096.0 * (1.0 - 128.0 / 8192.0);
         assert!((m.attended_share() - (windowed + CAUSAL_SHARE) / 2.0).abs() < 1e-12);
         // A window as long as the sequence is plain causal attention.
