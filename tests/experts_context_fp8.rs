@@ -901,6 +901,82 @@ fn sliding_window_layers_attend_only_to_their_window() {
     );
 }
 
+/// gpt-oss exports as Megatron-LM builds it: quick-GeGLU clamped at 7 with
+/// its offset (never beside --swiglu, which Megatron-LM asserts apart),
+/// learnable softmax offsets on cuDNN's fused attention (FlashAttention has
+/// none); the clamps price a step above the same model without them, and
+/// the flags refuse a model without the activation.
+#[test]
+fn gpt_oss_exports_its_activation_and_sinks_and_prices_its_clamps() {
+    let job = [
+        "--model",
+        "gpt-oss-20b",
+        "--gpu",
+        "h100-sxm",
+        "--nodes",
+        "1",
+        "--global-batch",
+        "64",
+    ];
+    let plan = ok(&with(&with(&["plan"], &job), &["--top", "1"]));
+    says(
+        &plan,
+        &[
+            "--quick-geglu",
+            "--activation-func-clamp-value 7",
+            "--glu-linear-offset 1",
+            "--softmax-type learnable",
+            "--attention-backend fused",
+        ],
+    );
+    assert!(!plan.contains("--swiglu"), "{plan}");
+    let llama = ok(&with(&["plan", "--top", "1"], &LLAMA3_8B_ON_ONE_NODE));
+    assert!(
+        llama.contains("--swiglu") && llama.contains("--attention-backend flash"),
+        "{llama}"
+    );
+    assert!(!llama.contains("--softmax-type"), "{llama}");
+
+    let one = with(
+        &with(&["predict"], &job),
+        &["--micro-batch", "1", "--ep", "8"],
+    );
+    let seconds = |out: &str| -> f64 {
+        let line = out
+            .lines()
+            .find(|l| l.contains(" s per iteration,"))
+            .unwrap();
+        line.split_whitespace().next().unwrap().parse().unwrap()
+    };
+    let clamped = seconds(&ok(&one));
+    let unclamped = seconds(&ok(&with(&one, &["--activation-clamp", "0"])));
+    assert!(clamped > unclamped, "{clamped} s against {unclamped} s");
+    let plain = ok(&with(
+        &with(&["plan", "--top", "1"], &job),
+        &["--quick-geglu", "off", "--attention-sinks", "off"],
+    ));
+    says(&plain, &["--swiglu", "--attention-backend flash"]);
+    assert!(!plain.contains("--softmax-type"), "{plain}");
+    says(
+        &fails(&with(
+            &with(&["predict"], &LLAMA3_8B_ON_ONE_NODE),
+            &["--activation-clamp", "7"],
+        )),
+        &[
+            "--activation-clamp needs gpt-oss's activation",
+            "--quick-geglu on",
+        ],
+    );
+    says(
+        &fails(&with(&one, &["--activation-clamp", "-2"])),
+        &["--activation-clamp must be"],
+    );
+    says(
+        &fails(&with(&one, &["--gated-mlp", "off"])),
+        &["--quick-geglu is a gated MLP", "--gated-mlp on"],
+    );
+}
+
 /// Run tables carry this stop's columns: the flex dispatcher with router
 /// groups, the batch-level EP overlap and a sliding window each price a
 /// row below the same row without them.

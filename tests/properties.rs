@@ -105,6 +105,8 @@ fn synthetic_model() -> impl Strategy<Value = ModelSpec> {
                     // Every third depth also trains a prediction module.
                     mtp_layers: u64::from(layers % 3 == 0),
                     window: None,
+                    quick_geglu: None,
+                    attention_sinks: false,
                     attention: if flash {
                         AttentionKind::Flash
                     } else {

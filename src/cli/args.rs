@@ -244,6 +244,20 @@ pub struct ModelArgs {
     /// 0: every layer windowed)
     #[arg(long, value_parser = clap::value_parser!(u64).range(0..=65536))]
     pub window_attn_skip_freq: Option<u64>,
+    /// gpt-oss's gated MLP: quick-GeLU instead of SiLU (Megatron-LM's --quick-geglu): on/off
+    #[arg(long)]
+    pub quick_geglu: Option<String>,
+    /// Clamp the first projection's halves to this bound before the quick-GeGLU
+    /// (--activation-func-clamp-value; gpt-oss: 7; 0: none)
+    #[arg(long, allow_negative_numbers = true)]
+    pub activation_clamp: Option<f64>,
+    /// Added to the quick-GeGLU's linear half (--glu-linear-offset; gpt-oss: 1)
+    #[arg(long, allow_negative_numbers = true)]
+    pub glu_linear_offset: Option<f64>,
+    /// A learnable softmax offset per head, gpt-oss's attention sinks
+    /// (--softmax-type learnable): on/off
+    #[arg(long)]
+    pub attention_sinks: Option<String>,
 }
 
 /// Where to train.

@@ -89,6 +89,10 @@ pub fn model(args: &ModelArgs) -> Result<ModelSpec> {
     apply_moe_flags(args, &mut model)?;
     apply_mla_flags(args, &mut model)?;
     apply_window_flags(args, &mut model)?;
+    apply_quick_geglu_flags(args, &mut model)?;
+    if let Some(text) = &args.attention_sinks {
+        model.attention_sinks = parse_switch("--attention-sinks", text).map_err(|e| anyhow!(e))?;
+    }
     if let Some(mtp) = args.mtp_layers {
         model.mtp_layers = mtp;
     }
@@ -99,6 +103,43 @@ pub fn model(args: &ModelArgs) -> Result<ModelSpec> {
 /// The mixture-of-experts flags: `--experts` makes the model one (with
 /// Megatron-LM's defaults for the rest), the others change the model's
 /// experts and need it to have some.
+/// gpt-oss's activation flags: `--quick-geglu on` makes the gated MLP a
+/// quick-GeGLU (no clamp, no offset unless given), `off` a SwiGLU again;
+/// `--activation-clamp` and `--glu-linear-offset` need one.
+fn apply_quick_geglu_flags(args: &ModelArgs, model: &mut ModelSpec) -> Result<()> {
+    if let Some(text) = &args.quick_geglu {
+        let on = parse_switch("--quick-geglu", text).map_err(|e| anyhow!(e))?;
+        model.quick_geglu = match (on, model.quick_geglu) {
+            (false, _) => None,
+            (true, Some(glu)) => Some(glu),
+            (true, None) => Some(paratune::model::QuickGeglu {
+                clamp: 0.0,
+                linear_offset: 0.0,
+            }),
+        };
+    }
+    let given = [
+        ("--activation-clamp", args.activation_clamp),
+        ("--glu-linear-offset", args.glu_linear_offset),
+    ];
+    let Some(glu) = model.quick_geglu.as_mut() else {
+        if let Some((flag, _)) = given.iter().find(|(_, v)| v.is_some()) {
+            bail!(
+                "{flag} needs gpt-oss's activation, and model `{}` has none: add --quick-geglu on or leave {flag} out",
+                model.name
+            );
+        }
+        return Ok(());
+    };
+    if let Some(clamp) = args.activation_clamp {
+        glu.clamp = clamp;
+    }
+    if let Some(offset) = args.glu_linear_offset {
+        glu.linear_offset = offset;
+    }
+    Ok(())
+}
+
 /// The sliding-window flags: `--sliding-window N` windows the attention (0
 /// takes the model's window away); `--window-attn-skip-freq` needs one.
 fn apply_window_flags(args: &ModelArgs, model: &mut ModelSpec) -> Result<()> {

@@ -321,7 +321,7 @@ fn layer_passes(s: &Scenario, c: &ParallelConfig, kind: LayerKind) -> (PassTime,
         expert_gemm: experts.0,
         attention: attention_fwd,
         score_passes: pass(traffic.scores),
-        elementwise: pass(traffic.other),
+        elementwise: pass(traffic.other + traffic.clamp),
     };
     // Backward reads the saved tensors and the incoming gradient and writes
     // the outgoing gradient: about twice the forward traffic.
@@ -330,7 +330,7 @@ fn layer_passes(s: &Scenario, c: &ParallelConfig, kind: LayerKind) -> (PassTime,
         expert_gemm: experts.1,
         attention: attention_bwd,
         score_passes: 2.0 * forward.score_passes,
-        elementwise: 2.0 * forward.elementwise,
+        elementwise: pass(2.0 * traffic.other + CLAMP_BACKWARD_SHARE * traffic.clamp),
     };
     (forward, backward)
 }
@@ -340,6 +340,8 @@ fn layer_passes(s: &Scenario, c: &ParallelConfig, kind: LayerKind) -> (PassTime,
 struct Traffic {
     scores: f64,
     other: f64,
+    /// gpt-oss's eager clamps, forward ([`clamp_bytes_per_width`]).
+    clamp: f64,
 }
 
 fn elementwise_bytes(s: &Scenario, c: &ParallelConfig, kind: LayerKind) -> Traffic {
@@ -355,18 +357,22 @@ fn elementwise_bytes(s: &Scenario, c: &ParallelConfig, kind: LayerKind) -> Traff
     let replicated = 22.0 * tokens * h / if c.sequence_parallel { t } else { 1.0 };
     // Activation of the MLP: GeLU reads and writes f; SwiGLU reads 2f, writes f.
     let per_width = if model.gated_mlp { 3.0 } else { 2.0 } * HALF;
-    let activation = match (kind, model.moe) {
+    // Elements of MLP width the activations run over: the experts' over
+    // their rows and the shared experts' over the tokens, or the dense MLP's.
+    let (widths, permuted) = match (kind, model.moe) {
         (LayerKind::Moe, Some(moe)) => {
             let rows = expert_rows(s, c);
-            // The experts' activations over their rows, the shared experts'
-            // over the tokens, and the permutation of the rows into expert
-            // order and back (read and write h each way).
-            per_width * rows * moe.ffn_hidden as f64 / c.etp as f64
-                + per_width * tokens * moe.shared_ffn_hidden as f64 / t
-                + 4.0 * HALF * rows * h
+            (
+                rows * moe.ffn_hidden as f64 / c.etp as f64
+                    + tokens * moe.shared_ffn_hidden as f64 / t,
+                // The permutation of the rows into expert order and back
+                // (read and write h each way).
+                4.0 * HALF * rows * h,
+            )
         }
-        _ => per_width * tokens * f / t,
+        _ => (tokens * f / t, 0.0),
     };
+    let activation = per_width * widths + permuted;
     // Unfused softmax path on a*s*s scores per micro-batch: write scores,
     // scale-mask-softmax read+write, dropout read+write+mask, read by AV.
     let scores = match c.attention {
@@ -376,8 +382,26 @@ fn elementwise_bytes(s: &Scenario, c: &ParallelConfig, kind: LayerKind) -> Traff
     Traffic {
         scores,
         other: replicated + activation,
+        clamp: clamp_bytes_per_width(model) * widths,
     }
 }
+
+/// Forward bytes per element of MLP width that gpt-oss's clamps move
+/// before the activation ([`crate::model::QuickGeglu`]): two eager `clamp`
+/// kernels and a `torch.cat`, each reading and writing the projection's
+/// 2f outputs in 16 bits, 4 x 2 x 2 bytes; none without a clamp.
+fn clamp_bytes_per_width(model: &crate::model::ModelSpec) -> f64 {
+    match model.quick_geglu {
+        Some(glu) if glu.clamps() => 4.0 * 2.0 * HALF,
+        _ => 0.0,
+    }
+}
+
+/// The clamps' backward traffic over their forward's: each clamp's
+/// backward reads its gradient and its saved input and writes the input's
+/// gradient (3 passes over its half against the forward's 2, with the
+/// concatenation's 2 more), and the concatenation's backward only slices.
+const CLAMP_BACKWARD_SHARE: f64 = 3.0 / 4.0;
 
 /// The share of a dense layer's tensor-parallel collectives a layer of
 /// `kind` runs: an MoE layer keeps the attention's half of them, and the
@@ -602,8 +626,8 @@ fn selective_recompute(
     let sp = if c.sequence_parallel { t } else { 1.0 };
     let pass = |bytes: f64| kernels::memory_pass(s, bytes) * k.elementwise_traffic_scale;
     // An activation reads its input (both projections when gated) and
-    // writes its output.
-    let activation = if model.gated_mlp { 3.0 } else { 2.0 } * HALF;
+    // writes its output, after gpt-oss's clamps where it has them.
+    let activation = if model.gated_mlp { 3.0 } else { 2.0 } * HALF + clamp_bytes_per_width(model);
     let operator = 1.0 / LAYER_OPERATORS;
     let (mut host, mut gpu, mut gemm) = (3.0, 0.0, 0.0);
     if modules.has(RecomputeModules::CORE_ATTN) {

@@ -410,8 +410,15 @@ fn layer_kept(s: &Scenario, c: &ParallelConfig, recompute: Recompute, kind: Laye
         _ => 2.0,
     };
     // Bytes per element of an MLP's width: its projections' outputs in 16
-    // bits, the activation's output (the second GEMM's input) as kept.
-    let per_width = HALF * (mlp_width - 1.0) + input;
+    // bits, the activation's output (the second GEMM's input) as kept, and
+    // gpt-oss's clamps' own copy of the projections' unclamped 2f outputs,
+    // which `clamp` saves for its backward beside the clamped ones the
+    // activation saves (`crate::model::QuickGeglu`).
+    let clamp_copy = match model.quick_geglu {
+        Some(glu) if glu.clamps() => 2.0 * HALF,
+        _ => 0.0,
+    };
+    let per_width = HALF * (mlp_width - 1.0) + input + clamp_copy;
     let mlp = match (kind, model.moe) {
         (LayerKind::Moe, Some(_)) if recomputed(RecomputeModules::MOE) => 0.0,
         // Each routed row keeps its permuted input to the expert and the
@@ -433,8 +440,10 @@ fn layer_kept(s: &Scenario, c: &ParallelConfig, recompute: Recompute, kind: Laye
                 // outside PyTorch's allocator (`dispatcher_buffers`).
                 Dispatcher::AllToAll | Dispatcher::Flex | Dispatcher::HybridEp => 0.0,
             };
+            // A recomputed activation (clamps included) keeps only its
+            // checkpoint's input, the projections' outputs.
             let expert_width = if recomputed(RecomputeModules::MOE_ACT) {
-                per_width - input
+                per_width - input - clamp_copy
             } else {
                 per_width
             };

@@ -3154,6 +3154,51 @@ mod recompute_modules {
         }
     }
 
+    /// gpt-oss's eager clamps cost time and keep the unclamped copy, which
+    /// recomputing the activation (`moe_act`) drops with the rest of it.
+    #[test]
+    fn gpt_oss_clamps_take_time_and_keep_a_copy_unless_recomputed() {
+        let oss = builtin_model("gpt-oss-120b").unwrap();
+        let mut unclamped = oss.clone();
+        unclamped.quick_geglu = Some(crate::model::QuickGeglu {
+            clamp: 0.0,
+            ..crate::model::QuickGeglu::GPT_OSS
+        });
+        let fixture = |model: &ModelSpec| Fixture {
+            group: builtin_node("h100-sxm", 8).unwrap(),
+            ..Fixture::new(model.clone(), 64, 512)
+        };
+        let (clamped, plain) = (fixture(&oss), fixture(&unclamped));
+        let (clamped, plain) = (clamped.scenario(), plain.scenario());
+        for modules in ["layernorm", "layernorm,moe_act"] {
+            let c = ParallelConfig {
+                dp: 64,
+                attention: AttentionKind::Flash,
+                ..selective(modules)
+            };
+            assert_eq!(c.violation(&oss, 512, 64, 8), None, "{modules}");
+            assert!(
+                predict(&clamped, &c).iteration_s > predict(&plain, &c).iteration_s,
+                "{modules}"
+            );
+            let extra = memory::stage_activation_bytes(&clamped, &c, 0)
+                - memory::stage_activation_bytes(&plain, &c, 0);
+            if modules.contains("moe_act") {
+                assert_eq!(extra, 0.0, "{modules}");
+            } else {
+                // One 16-bit copy of the 2 x 2880-wide projection per routed
+                // row (top-4 over the micro-batch's 4,096 tokens) and layer.
+                let layers = oss.layers as f64;
+                let per_layer = 2.0 * 2.0 * 2880.0 * 4.0 * 4096.0;
+                let in_flight = extra / (per_layer * layers);
+                assert!(
+                    (in_flight - in_flight.round()).abs() < 1e-9 && in_flight >= 1.0,
+                    "{extra} bytes is not whole micro-batches of copies"
+                );
+            }
+        }
+    }
+
     #[test]
     fn modules_the_model_lacks_or_another_policy_are_refused() {
         let llama = builtin_model("llama3-8b").unwrap();

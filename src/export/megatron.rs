@@ -24,8 +24,9 @@ const ENGINE: &str = "Megatron-LM";
 ///
 /// Mapping: the interleaved schedule becomes
 /// `--num-layers-per-virtual-pipeline-stage L/(pp*v)`; attention `Flash`
-/// becomes `--attention-backend flash` and `Standard` `--attention-backend
-/// unfused` (Megatron-Core picks its attention kernel from this switch;
+/// becomes `--attention-backend flash` (`fused`, cuDNN's, for a model with
+/// attention sinks, which FlashAttention lacks) and `Standard`
+/// `--attention-backend unfused` (Megatron-Core picks its attention kernel from this switch;
 /// `--use-flash-attn` is still accepted but only the legacy models read it);
 /// selective recomputation is `--recompute-granularity selective` (the
 /// default module list is the attention core, as paratune models it); full
@@ -289,8 +290,19 @@ pub fn megatron_args(job: &LaunchJob) -> Result<Vec<String>, ExportError> {
         args.pair("--num-query-groups", model.kv_heads);
     }
     args.pair("--ffn-hidden-size", model.ffn_hidden);
-    if model.gated_mlp {
-        args.flag("--swiglu");
+    match (model.gated_mlp, model.quick_geglu) {
+        // Megatron-LM asserts the two apart.
+        (true, Some(glu)) => {
+            args.flag("--quick-geglu");
+            if glu.clamps() {
+                args.pair("--activation-func-clamp-value", glu.clamp);
+            }
+            if glu.linear_offset != 0.0 {
+                args.pair("--glu-linear-offset", glu.linear_offset);
+            }
+        }
+        (true, None) => args.flag("--swiglu"),
+        (false, _) => {}
     }
     args.pair("--seq-length", model.seq_len);
     args.pair("--max-position-embeddings", model.seq_len);
@@ -301,11 +313,18 @@ pub fn megatron_args(job: &LaunchJob) -> Result<Vec<String>, ExportError> {
         args.flag("--untie-embeddings-and-output-weights");
     }
 
+    if model.attention_sinks {
+        args.pair("--softmax-type", "learnable");
+    }
     args.pair(
         "--attention-backend",
-        match c.attention {
-            AttentionKind::Flash => "flash",
-            AttentionKind::Standard => "unfused",
+        match (c.attention, model.attention_sinks) {
+            // Transformer Engine runs learnable softmax offsets in cuDNN's
+            // fused attention (TE 2.8, cuDNN 9.13.1+) and disables
+            // FlashAttention for them.
+            (AttentionKind::Flash, true) => "fused",
+            (AttentionKind::Flash, false) => "flash",
+            (AttentionKind::Standard, _) => "unfused",
         },
     );
     match c.recompute {

@@ -269,6 +269,8 @@ pub(crate) mod tests {
             moe: None,
             mtp_layers: 0,
             window: None,
+            quick_geglu: None,
+            attention_sinks: false,
             attention: AttentionKind::Flash,
         }
     }

@@ -105,8 +105,11 @@ struct Moe {
 //   each query, Megatron-LM's --window-size 127,0 --window-attn-skip-freq 2
 //   as Megatron-Bridge's gpt-oss recipes set it (window_size (127, 0) in
 //   scripts/performance/dryrun_configs/gpt_oss/*.yaml), and FlashAttention's
-//   window_size (127, 0) in vLLM's gpt-oss. Their attention sinks are not priced
-//   (one logit per head).
+//   window_size (127, 0) in vLLM's gpt-oss. Their attention has sinks (a
+//   learnable logit per head: `softmax_type: learnable` in those recipes)
+//   and their MLP is a quick-GeGLU clamped at 7 with the linear half offset
+//   by 1 (`activation_func: quick_gelu`, `activation_func_clamp_value: 7.0`,
+//   `glu_linear_offset: 1.0`).
 #[rustfmt::skip]
 const MOE: [Moe; 6] = [
     Moe { name: "mixtral-8x7b", hidden: 4096, heads: 32, kv_heads: 8, head_dim: None, layers: 32, vocab: 32000, seq_len: 32768, experts: 8, topk: 2, expert_ffn: 14336 },
@@ -179,6 +182,8 @@ impl Moe {
                 tokens: 127,
                 full_every: 2,
             });
+            spec.quick_geglu = Some(crate::model::QuickGeglu::GPT_OSS);
+            spec.attention_sinks = true;
         }
         spec.moe = Some(MoeSpec {
             experts: self.experts,
@@ -215,6 +220,8 @@ impl Llama {
             moe: None,
             mtp_layers: 0,
             window: None,
+            quick_geglu: None,
+            attention_sinks: false,
         }
     }
 }

@@ -33,6 +33,10 @@
 //! qk_pos_head_dim = 64       # per head, rotary (default 64)
 //! v_head_dim = 128           # per head, values (default 128)
 //! mtp_layers = 1             # multi-token prediction modules (DeepSeek-V3: 1; default 0)
+//! quick_geglu = true         # gpt-oss's gated MLP: quick-GeLU instead of SiLU (default false)
+//! activation_clamp = 7.0     # clamp the first projection's halves (gpt-oss: 7; 0: none)
+//! glu_linear_offset = 1.0    # added to the linear half (gpt-oss: 1; default 0)
+//! attention_sinks = true     # a learnable softmax offset per head (gpt-oss; default false)
 //! ```
 //!
 //! With `base`, an absent key keeps the base's value (changing `hidden` does
@@ -59,7 +63,7 @@ pub enum ModelFileError {
 }
 
 /// Keys a model file may hold, in the order they are documented.
-const KEYS: [&str; 31] = [
+const KEYS: [&str; 35] = [
     "base",
     "name",
     "hidden",
@@ -91,6 +95,10 @@ const KEYS: [&str; 31] = [
     "mtp_layers",
     "sliding_window",
     "window_attn_skip_freq",
+    "quick_geglu",
+    "activation_clamp",
+    "glu_linear_offset",
+    "attention_sinks",
 ];
 
 /// Multi-latent attention's keys besides `kv_lora_rank`.
@@ -139,7 +147,14 @@ pub fn render_model_toml(model: &ModelSpec) -> String {
     flat.moe = None;
     flat.mla = None;
     flat.window = None;
+    flat.quick_geglu = None;
     let mut text = toml::to_string(&flat).expect("a model always serialises");
+    if let Some(glu) = model.quick_geglu {
+        text.push_str(&format!(
+            "quick_geglu = true\nactivation_clamp = {:?}\nglu_linear_offset = {:?}\n",
+            glu.clamp, glu.linear_offset
+        ));
+    }
     if let Some(mla) = model.mla {
         text.push_str(&format!(
             "kv_lora_rank = {}\nq_lora_rank = {}\nqk_head_dim = {}\nqk_pos_head_dim = {}\nv_head_dim = {}\n",
@@ -196,6 +211,46 @@ fn apply_window(table: &Table, model: &mut ModelSpec) -> Result<(), String> {
             Some(Value::Integer(0)) => 0,
             _ => positive(table, "window_attn_skip_freq")?.unwrap_or(0),
         };
+    }
+    Ok(())
+}
+
+/// gpt-oss's activation keys applied to `model`: `quick_geglu = true`
+/// makes its gated MLP a quick-GeGLU (Megatron-LM's defaults, no clamp and
+/// no offset, for what is left out), `false` a SwiGLU again; the clamp and
+/// the offset need one.
+fn apply_quick_geglu(table: &Table, model: &mut ModelSpec) -> Result<(), String> {
+    match boolean(table, "quick_geglu")? {
+        Some(false) => model.quick_geglu = None,
+        Some(true) if model.quick_geglu.is_none() => {
+            model.quick_geglu = Some(crate::model::QuickGeglu {
+                clamp: 0.0,
+                linear_offset: 0.0,
+            })
+        }
+        _ => {}
+    }
+    let Some(glu) = model.quick_geglu.as_mut() else {
+        if let Some(key) = ["activation_clamp", "glu_linear_offset"]
+            .into_iter()
+            .find(|k| table.contains_key(*k))
+        {
+            return Err(format!(
+                "`{key}` needs gpt-oss's activation: add `quick_geglu = true` or remove `{key}`"
+            ));
+        }
+        return Ok(());
+    };
+    if let Some(clamp) = number(table, "activation_clamp")? {
+        if clamp < 0.0 {
+            return Err(format!(
+                "`activation_clamp = {clamp}` must be 0 or more (0: no clamp; gpt-oss: 7.0)"
+            ));
+        }
+        glu.clamp = clamp;
+    }
+    if let Some(offset) = number(table, "glu_linear_offset")? {
+        glu.linear_offset = offset;
     }
     Ok(())
 }
@@ -341,6 +396,8 @@ fn parse(text: &str, path: &str) -> Result<ModelSpec, String> {
                 moe: None,
                 mtp_layers: 0,
                 window: None,
+                quick_geglu: None,
+                attention_sinks: false,
             }
         }
     };
@@ -359,11 +416,12 @@ fn parse(text: &str, path: &str) -> Result<ModelSpec, String> {
             *field = value;
         }
     }
-    let flags: [(&str, &mut bool); 4] = [
+    let flags: [(&str, &mut bool); 5] = [
         ("gated_mlp", &mut model.gated_mlp),
         ("tied_embeddings", &mut model.tied_embeddings),
         ("learned_positions", &mut model.learned_positions),
         ("dropout", &mut model.dropout),
+        ("attention_sinks", &mut model.attention_sinks),
     ];
     for (key, field) in flags {
         if let Some(value) = boolean(&table, key)? {
@@ -379,6 +437,7 @@ fn parse(text: &str, path: &str) -> Result<ModelSpec, String> {
     apply_moe(&table, &mut model)?;
     apply_mla(&table, &mut model)?;
     apply_window(&table, &mut model)?;
+    apply_quick_geglu(&table, &mut model)?;
     // 0 is allowed: it takes a base model's prediction modules away.
     match table.get("mtp_layers") {
         None => {}
@@ -471,6 +530,18 @@ fn boolean(table: &Table, key: &str) -> Result<Option<bool>, String> {
     }
 }
 
+/// A finite number, written with or without a decimal point.
+fn number(table: &Table, key: &str) -> Result<Option<f64>, String> {
+    match table.get(key) {
+        None => Ok(None),
+        Some(Value::Float(x)) if x.is_finite() => Ok(Some(*x)),
+        Some(Value::Integer(n)) => Ok(Some(*n as f64)),
+        Some(other) => Err(format!(
+            "`{key}` must be a number, not `{other}`; write e.g. `{key} = 7.0`"
+        )),
+    }
+}
+
 fn string<'a>(table: &'a Table, key: &str) -> Result<Option<&'a str>, String> {
     match table.get(key) {
         None => Ok(None),
@@ -528,6 +599,45 @@ mod tests {
         let text = render_model_toml(&m);
         assert!(text.contains("attention = \"standard\""), "{text}");
         assert_eq!(parse_model_toml(&text, "x.toml").unwrap(), m);
+    }
+
+    #[test]
+    fn gpt_oss_activation_keys_set_change_and_need_a_quick_geglu() {
+        let oss = builtin_model("gpt-oss-20b").unwrap();
+        assert_eq!(oss.quick_geglu, Some(crate::model::QuickGeglu::GPT_OSS));
+        assert!(oss.attention_sinks);
+        let plain = parse_model_toml(
+            "base = \"gpt-oss-20b\"\nquick_geglu = false\nattention_sinks = false\n",
+            "x.toml",
+        )
+        .unwrap();
+        assert_eq!((plain.quick_geglu, plain.attention_sinks), (None, false));
+        let unclamped =
+            parse_model_toml("base = \"gpt-oss-20b\"\nactivation_clamp = 0\n", "x.toml").unwrap();
+        assert!(!unclamped.quick_geglu.unwrap().clamps());
+        let own = parse_model_toml(
+            "base = \"llama3-8b\"\nquick_geglu = true\nactivation_clamp = 5.5\n",
+            "x.toml",
+        )
+        .unwrap();
+        assert_eq!(
+            own.quick_geglu,
+            Some(crate::model::QuickGeglu {
+                clamp: 5.5,
+                linear_offset: 0.0
+            })
+        );
+        let err = error("base = \"llama3-8b\"\nactivation_clamp = 7.0\n");
+        assert!(err.contains("`quick_geglu = true`"), "{err}");
+        let err = error("base = \"gpt-oss-20b\"\nactivation_clamp = -1.0\n");
+        assert!(err.contains("`activation_clamp = -1`"), "{err}");
+        let err = error("base = \"gpt-oss-20b\"\ngated_mlp = false\n");
+        assert!(err.contains("`gated_mlp`"), "{err}");
+        let err = error("base = \"gpt-oss-20b\"\nglu_linear_offset = \"one\"\n");
+        assert!(
+            err.contains("`glu_linear_offset` must be a number"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -83,6 +83,53 @@ pub struct ModelSpec {
     /// on the last pipeline stage. They are training-only.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub mtp_layers: u64,
+    /// gpt-oss's gated MLP, where the model has it: quick-GeLU in place of
+    /// SiLU, its projections clamped first (Megatron-LM's `--quick-geglu
+    /// --activation-func-clamp-value --glu-linear-offset`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quick_geglu: Option<QuickGeglu>,
+    /// A learnable softmax offset per head (gpt-oss's attention sinks;
+    /// Megatron-LM's `--softmax-type learnable`): one more logit per head
+    /// that no key owns. FlashAttention has no kernel for it; Transformer
+    /// Engine runs it in cuDNN's fused attention.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub attention_sinks: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+/// gpt-oss's activation, `(x_glu * sigmoid(1.702 x_glu)) * (x_linear +
+/// linear_offset)` over the first projection's two halves, each clamped to
+/// `clamp` first (x_glu from above only): Megatron-Core's
+/// `weighted_bias_quick_geglu_impl` (`megatron/core/fusions/
+/// fused_bias_geglu.py`) clamps them with two eager `clamp` kernels and a
+/// `torch.cat` outside the fused function, so a clamp costs two more passes
+/// over the projection's output forward and keeps the unclamped copy for
+/// the clamps' backward.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QuickGeglu {
+    /// Bound of the clamps (gpt-oss: 7.0); 0 clamps nothing.
+    pub clamp: f64,
+    /// Added to the linear half (gpt-oss: 1.0).
+    pub linear_offset: f64,
+}
+
+impl QuickGeglu {
+    /// gpt-oss's: clamped at 7 with the linear half offset by 1
+    /// (openai/gpt-oss `gpt_oss/torch/model.py`, `swiglu(x, alpha=1.702,
+    /// limit=7.0)` and `x_linear + 1`).
+    pub const GPT_OSS: QuickGeglu = QuickGeglu {
+        clamp: 7.0,
+        linear_offset: 1.0,
+    };
+
+    /// Whether the projections are clamped (the eager kernels run).
+    pub fn clamps(&self) -> bool {
+        self.clamp > 0.0
+    }
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -247,6 +294,8 @@ impl ModelSpec {
             moe: None,
             mtp_layers: 0,
             window: None,
+            quick_geglu: None,
+            attention_sinks: false,
         }
     }
 
@@ -660,6 +709,20 @@ impl ModelSpec {
         }
         if let Some(moe) = self.moe {
             self.check_moe(&moe)?;
+        }
+        if let Some(glu) = self.quick_geglu {
+            if !self.gated_mlp {
+                return Err(format!(
+                    "model `{}`: `quick_geglu` is a gated MLP: turn `gated_mlp` on or leave `quick_geglu` out",
+                    self.name
+                ));
+            }
+            if !(glu.clamp >= 0.0 && glu.clamp.is_finite() && glu.linear_offset.is_finite()) {
+                return Err(format!(
+                    "model `{}`: `activation_clamp` must be a finite bound of 0 or more (0: no clamp)",
+                    self.name
+                ));
+            }
         }
         if self.window.is_some_and(|w| w.tokens == 0) {
             return Err(format!(

@@ -260,6 +260,8 @@ pub fn unsupported(model: &crate::model::ModelSpec, c: &ParallelConfig) -> Optio
         "multi-token prediction modules are not built by the worker"
     } else if model.window.is_some() {
         "sliding-window attention is not built by the worker (it attends over the whole causal context)"
+    } else if model.attention_sinks || model.quick_geglu.is_some() {
+        "gpt-oss's attention sinks and clamped quick-GeGLU are not built by the worker (it runs a plain softmax and SwiGLU)"
     } else if let Some(reason) = context_unsupported(model, c) {
         reason
     } else if model.head_dim_override.is_some() || model.mla.is_some() {

@@ -2448,6 +2448,8 @@ fn llama_spec(
         moe: None,
         mtp_layers: 0,
         window: None,
+        quick_geglu: None,
+        attention_sinks: false,
     }
 }
 
