@@ -930,6 +930,9 @@ fn gpt_oss_exports_its_activation_and_sinks_and_prices_its_clamps() {
         ],
     );
     assert!(!plan.contains("--swiglu"), "{plan}");
+    // RMSNorm, no dropout, and the biases gpt-oss's linears carry.
+    says(&plan, &["--normalization RMSNorm", "--hidden-dropout 0"]);
+    assert!(!plan.contains("--disable-bias-linear"), "{plan}");
     let llama = ok(&with(&["plan", "--top", "1"], &LLAMA3_8B_ON_ONE_NODE));
     assert!(
         llama.contains("--swiglu") && llama.contains("--attention-backend flash"),

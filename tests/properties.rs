@@ -107,6 +107,8 @@ fn synthetic_model() -> impl Strategy<Value = ModelSpec> {
                     window: None,
                     quick_geglu: None,
                     attention_sinks: false,
+                    rms_norm: false,
+                    linear_bias: true,
                     attention: if flash {
                         AttentionKind::Flash
                     } else {

@@ -258,6 +258,12 @@ pub struct ModelArgs {
     /// (--softmax-type learnable): on/off
     #[arg(long)]
     pub attention_sinks: Option<String>,
+    /// RMSNorm instead of LayerNorm (Llama and the models after it; --normalization RMSNorm): on/off
+    #[arg(long)]
+    pub rms_norm: Option<String>,
+    /// Biases on the linear layers (GPT and gpt-oss; off: --disable-bias-linear): on/off
+    #[arg(long)]
+    pub linear_bias: Option<String>,
 }
 
 /// Where to train.

@@ -90,8 +90,19 @@ pub fn model(args: &ModelArgs) -> Result<ModelSpec> {
     apply_mla_flags(args, &mut model)?;
     apply_window_flags(args, &mut model)?;
     apply_quick_geglu_flags(args, &mut model)?;
-    if let Some(text) = &args.attention_sinks {
-        model.attention_sinks = parse_switch("--attention-sinks", text).map_err(|e| anyhow!(e))?;
+    let switches = [
+        (
+            "--attention-sinks",
+            &args.attention_sinks,
+            &mut model.attention_sinks,
+        ),
+        ("--rms-norm", &args.rms_norm, &mut model.rms_norm),
+        ("--linear-bias", &args.linear_bias, &mut model.linear_bias),
+    ];
+    for (flag, text, field) in switches {
+        if let Some(text) = text {
+            *field = parse_switch(flag, text).map_err(|e| anyhow!(e))?;
+        }
     }
     if let Some(mtp) = args.mtp_layers {
         model.mtp_layers = mtp;

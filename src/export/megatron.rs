@@ -312,6 +312,18 @@ pub fn megatron_args(job: &LaunchJob) -> Result<Vec<String>, ExportError> {
     if !model.tied_embeddings {
         args.flag("--untie-embeddings-and-output-weights");
     }
+    if model.rms_norm {
+        args.pair("--normalization", "RMSNorm");
+    }
+    if !model.linear_bias {
+        args.flag("--disable-bias-linear");
+    }
+    // Megatron-LM drops out 0.1 of both unless told (`--attention-dropout`,
+    // `--hidden-dropout`); a model planned without dropout keeps no masks.
+    if !model.dropout {
+        args.pair("--attention-dropout", 0);
+        args.pair("--hidden-dropout", 0);
+    }
 
     if model.attention_sinks {
         args.pair("--softmax-type", "learnable");

@@ -271,6 +271,8 @@ pub(crate) mod tests {
             window: None,
             quick_geglu: None,
             attention_sinks: false,
+            rms_norm: true,
+            linear_bias: false,
             attention: AttentionKind::Flash,
         }
     }
@@ -297,6 +299,15 @@ pub(crate) mod tests {
     /// network size, training, data, distributed and mixed precision.
     const MEGATRON_FLAGS: &[&str] = &[
         // network size
+        "--normalization",
+        "--disable-bias-linear",
+        "--quick-geglu",
+        "--activation-func-clamp-value",
+        "--glu-linear-offset",
+        "--softmax-type",
+        // regularization
+        "--attention-dropout",
+        "--hidden-dropout",
         "--num-layers",
         "--encoder-num-layers",
         "--decoder-num-layers",
@@ -488,6 +499,9 @@ pub(crate) mod tests {
             "--position-embedding-type rope",
             "--ffn-hidden-size 14336",
             "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1",
+            "--normalization RMSNorm",
+            "--disable-bias-linear",
+            "--attention-dropout 0 --hidden-dropout 0",
         ] {
             assert!(
                 joined.contains(expected),
@@ -515,6 +529,11 @@ pub(crate) mod tests {
             "--swiglu",
             "--untie-embeddings-and-output-weights",
             "--position-embedding-type",
+            // GPT keeps LayerNorm, its biases and Megatron-LM's 0.1 dropout.
+            "--normalization",
+            "--disable-bias-linear",
+            "--attention-dropout",
+            "--hidden-dropout",
         ] {
             assert!(
                 !joined.contains(absent),

@@ -27,8 +27,8 @@ const GPT3: [(&str, u64, u64, u64); 2] = [("gpt3-175b", 12288, 96, 96), ("gpt3-1
 const GPT_VOCAB: u64 = 51200;
 const GPT_SEQ: u64 = 2048;
 
-/// A Llama shape: SwiGLU MLP, rotary positions, untied head, grouped-query
-/// attention where `kv_heads < heads`.
+/// A Llama shape: SwiGLU MLP, rotary positions, RMSNorm, no biases, untied
+/// head, grouped-query attention where `kv_heads < heads`.
 struct Llama {
     name: &'static str,
     hidden: u64,
@@ -184,6 +184,9 @@ impl Moe {
             });
             spec.quick_geglu = Some(crate::model::QuickGeglu::GPT_OSS);
             spec.attention_sinks = true;
+            // add_bias_linear: true in the recipes, as openai/gpt-oss's
+            // linears carry biases.
+            spec.linear_bias = true;
         }
         spec.moe = Some(MoeSpec {
             experts: self.experts,
@@ -222,6 +225,8 @@ impl Llama {
             window: None,
             quick_geglu: None,
             attention_sinks: false,
+            rms_norm: true,
+            linear_bias: false,
         }
     }
 }

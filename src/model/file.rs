@@ -37,6 +37,8 @@
 //! activation_clamp = 7.0     # clamp the first projection's halves (gpt-oss: 7; 0: none)
 //! glu_linear_offset = 1.0    # added to the linear half (gpt-oss: 1; default 0)
 //! attention_sinks = true     # a learnable softmax offset per head (gpt-oss; default false)
+//! rms_norm = true            # RMSNorm instead of LayerNorm (Llama and after; default false)
+//! linear_bias = false        # biases on the linear layers (default true, as GPT)
 //! ```
 //!
 //! With `base`, an absent key keeps the base's value (changing `hidden` does
@@ -63,7 +65,7 @@ pub enum ModelFileError {
 }
 
 /// Keys a model file may hold, in the order they are documented.
-const KEYS: [&str; 35] = [
+const KEYS: [&str; 37] = [
     "base",
     "name",
     "hidden",
@@ -99,6 +101,8 @@ const KEYS: [&str; 35] = [
     "activation_clamp",
     "glu_linear_offset",
     "attention_sinks",
+    "rms_norm",
+    "linear_bias",
 ];
 
 /// Multi-latent attention's keys besides `kv_lora_rank`.
@@ -398,6 +402,8 @@ fn parse(text: &str, path: &str) -> Result<ModelSpec, String> {
                 window: None,
                 quick_geglu: None,
                 attention_sinks: false,
+                rms_norm: false,
+                linear_bias: true,
             }
         }
     };
@@ -416,12 +422,14 @@ fn parse(text: &str, path: &str) -> Result<ModelSpec, String> {
             *field = value;
         }
     }
-    let flags: [(&str, &mut bool); 5] = [
+    let flags: [(&str, &mut bool); 7] = [
         ("gated_mlp", &mut model.gated_mlp),
         ("tied_embeddings", &mut model.tied_embeddings),
         ("learned_positions", &mut model.learned_positions),
         ("dropout", &mut model.dropout),
         ("attention_sinks", &mut model.attention_sinks),
+        ("rms_norm", &mut model.rms_norm),
+        ("linear_bias", &mut model.linear_bias),
     ];
     for (key, field) in flags {
         if let Some(value) = boolean(&table, key)? {
@@ -579,6 +587,8 @@ mod tests {
         learned_positions = false
         attention = "flash"
         dropout = false
+        rms_norm = true
+        linear_bias = false
     "#;
 
     #[test]

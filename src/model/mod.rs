@@ -94,10 +94,29 @@ pub struct ModelSpec {
     /// Engine runs it in cuDNN's fused attention.
     #[serde(default, skip_serializing_if = "is_false")]
     pub attention_sinks: bool,
+    /// Root-mean-square norms (Llama and the models after it) instead of
+    /// GPT's LayerNorm: Megatron-LM's `--normalization RMSNorm`. The same
+    /// reads and writes; the export names it.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub rms_norm: bool,
+    /// Biases on the linear layers, as GPT and gpt-oss have them; Llama,
+    /// Mixtral, Qwen3 and DeepSeek-V3 have none (Megatron-LM's
+    /// `--disable-bias-linear`). Their adds ride on fused kernels; the
+    /// export names it.
+    #[serde(default = "linear_bias_default", skip_serializing_if = "is_true")]
+    pub linear_bias: bool,
 }
 
 fn is_false(b: &bool) -> bool {
     !*b
+}
+
+fn is_true(b: &bool) -> bool {
+    *b
+}
+
+fn linear_bias_default() -> bool {
+    true
 }
 
 /// gpt-oss's activation, `(x_glu * sigmoid(1.702 x_glu)) * (x_linear +
@@ -296,6 +315,8 @@ impl ModelSpec {
             window: None,
             quick_geglu: None,
             attention_sinks: false,
+            rms_norm: false,
+            linear_bias: true,
         }
     }
 

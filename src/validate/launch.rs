@@ -701,12 +701,18 @@ pub(crate) mod tests {
     /// `--attention-backend`, `--group-query-attention`,
     /// `--num-query-groups`, `--max-position-embeddings`,
     /// `--position-embedding-type`, `--swiglu`,
-    /// `--untie-embeddings-and-output-weights`), `_add_mixed_precision_args`
+    /// `--untie-embeddings-and-output-weights`, `--normalization`,
+    /// `--disable-bias-linear`), `_add_regularization_args`
+    /// (`--attention-dropout`, `--hidden-dropout`), `_add_mixed_precision_args`
     /// (`--bf16`), `_add_logging_args` (`--log-throughput`),
     /// `_add_validation_args` (`--eval-iters`), `_add_data_args`
     /// (`--mock-data`, `--seq-length`), `_add_tokenizer_args`
     /// (`--tokenizer-type`, `--vocab-size`), `_add_learning_rate_args` (`--lr`).
-    const MEGATRON_FLAGS: [&str; 70] = [
+    const MEGATRON_FLAGS: [&str; 74] = [
+        "--normalization",
+        "--disable-bias-linear",
+        "--attention-dropout",
+        "--hidden-dropout",
         "--tensor-model-parallel-size",
         "--pipeline-model-parallel-size",
         "--num-layers-per-virtual-pipeline-stage",

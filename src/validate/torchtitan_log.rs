@@ -2450,6 +2450,8 @@ fn llama_spec(
         window: None,
         quick_geglu: None,
         attention_sinks: false,
+        rms_norm: true,
+        linear_bias: false,
     }
 }
 
