@@ -933,6 +933,24 @@ fn gpt_oss_exports_its_activation_and_sinks_and_prices_its_clamps() {
     // RMSNorm, no dropout, and the biases gpt-oss's linears carry.
     says(&plan, &["--normalization RMSNorm", "--hidden-dropout 0"]);
     assert!(!plan.contains("--disable-bias-linear"), "{plan}");
+    assert!(!plan.contains("--qk-layernorm"), "{plan}");
+    // Qwen3 normalises its queries and keys; --qk-layernorm off drops them.
+    let qwen = [
+        "plan",
+        "--model",
+        "qwen3-30b-a3b",
+        "--gpu",
+        "h100-sxm",
+        "--nodes",
+        "1",
+        "--global-batch",
+        "64",
+        "--top",
+        "1",
+    ];
+    says(&ok(&qwen), &["--qk-layernorm", "--disable-bias-linear"]);
+    let bare = ok(&with(&qwen, &["--qk-layernorm", "off"]));
+    assert!(!bare.contains("--qk-layernorm"), "{bare}");
     let llama = ok(&with(&["plan", "--top", "1"], &LLAMA3_8B_ON_ONE_NODE));
     assert!(
         llama.contains("--swiglu") && llama.contains("--attention-backend flash"),

@@ -109,6 +109,7 @@ fn synthetic_model() -> impl Strategy<Value = ModelSpec> {
                     attention_sinks: false,
                     rms_norm: false,
                     linear_bias: true,
+                    qk_layernorm: false,
                     attention: if flash {
                         AttentionKind::Flash
                     } else {

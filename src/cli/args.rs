@@ -264,6 +264,9 @@ pub struct ModelArgs {
     /// Biases on the linear layers (GPT and gpt-oss; off: --disable-bias-linear): on/off
     #[arg(long)]
     pub linear_bias: Option<String>,
+    /// Normalise queries and keys before attention (Qwen3; --qk-layernorm): on/off
+    #[arg(long)]
+    pub qk_layernorm: Option<String>,
 }
 
 /// Where to train.

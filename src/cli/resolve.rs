@@ -98,6 +98,11 @@ pub fn model(args: &ModelArgs) -> Result<ModelSpec> {
         ),
         ("--rms-norm", &args.rms_norm, &mut model.rms_norm),
         ("--linear-bias", &args.linear_bias, &mut model.linear_bias),
+        (
+            "--qk-layernorm",
+            &args.qk_layernorm,
+            &mut model.qk_layernorm,
+        ),
     ];
     for (flag, text, field) in switches {
         if let Some(text) = text {

@@ -321,7 +321,7 @@ fn layer_passes(s: &Scenario, c: &ParallelConfig, kind: LayerKind) -> (PassTime,
         expert_gemm: experts.0,
         attention: attention_fwd,
         score_passes: pass(traffic.scores),
-        elementwise: pass(traffic.other + traffic.clamp),
+        elementwise: pass(traffic.other + traffic.counted.0),
     };
     // Backward reads the saved tensors and the incoming gradient and writes
     // the outgoing gradient: about twice the forward traffic.
@@ -330,7 +330,7 @@ fn layer_passes(s: &Scenario, c: &ParallelConfig, kind: LayerKind) -> (PassTime,
         expert_gemm: experts.1,
         attention: attention_bwd,
         score_passes: 2.0 * forward.score_passes,
-        elementwise: pass(2.0 * traffic.other + CLAMP_BACKWARD_SHARE * traffic.clamp),
+        elementwise: pass(2.0 * traffic.other + traffic.counted.1),
     };
     (forward, backward)
 }
@@ -339,9 +339,12 @@ fn layer_passes(s: &Scenario, c: &ParallelConfig, kind: LayerKind) -> (PassTime,
 /// pass on one shard, counted from Megatron-LM's fused kernels.
 struct Traffic {
     scores: f64,
+    /// Kernels whose backward moves about twice their forward's bytes.
     other: f64,
-    /// gpt-oss's eager clamps, forward ([`clamp_bytes_per_width`]).
-    clamp: f64,
+    /// Kernels counted with their own backward, (forward, backward) bytes:
+    /// gpt-oss's clamps ([`clamp_bytes_per_width`]), and the queries' and
+    /// keys' rotary embedding and norms ([`query_key_bytes`]).
+    counted: (f64, f64),
 }
 
 fn elementwise_bytes(s: &Scenario, c: &ParallelConfig, kind: LayerKind) -> Traffic {
@@ -379,12 +382,48 @@ fn elementwise_bytes(s: &Scenario, c: &ParallelConfig, kind: LayerKind) -> Traff
         AttentionKind::Standard => 13.0 * tokens * model.heads as f64 * seq / t,
         AttentionKind::Flash => 0.0,
     };
+    let clamp = clamp_bytes_per_width(model) * widths;
+    let (rotary, norms) = query_key_bytes(s, c);
     Traffic {
         scores,
         other: replicated + activation,
-        clamp: clamp_bytes_per_width(model) * widths,
+        counted: (
+            clamp + rotary + norms,
+            CLAMP_BACKWARD_SHARE * clamp + rotary + NORM_BACKWARD_SHARE * norms,
+        ),
     }
 }
+
+/// Forward bytes one layer's queries and keys move on one shard between
+/// the QKV projection and the attention kernel: (rotary embedding, norms).
+/// Megatron-Core rotates them with one fused kernel (`apply_rope_fusion`,
+/// on by default) that reads and writes each once, in the backward pass as
+/// well; under MLA only the rotary part of each head and the shared rotary
+/// key. `--qk-layernorm` normalises each query and key head with a kernel
+/// of its own (Qwen3), read and written once; MLA's latent norms are fused
+/// into its up-projections and priced there.
+fn query_key_bytes(s: &Scenario, c: &ParallelConfig) -> (f64, f64) {
+    let model = s.model;
+    let per_token = local_tokens(s, c) / c.tp as f64;
+    let rotated = match model.mla {
+        _ if model.learned_positions => 0.0,
+        Some(mla) => ((model.heads + 1) * mla.qk_pos_head_dim) as f64,
+        None => (model.q_width() + model.k_width()) as f64,
+    };
+    let normalised = if model.qk_layernorm && model.mla.is_none() {
+        (model.q_width() + model.k_width()) as f64
+    } else {
+        0.0
+    };
+    (
+        2.0 * HALF * per_token * rotated,
+        2.0 * HALF * per_token * normalised,
+    )
+}
+
+/// A norm's backward over its forward's traffic: it reads its input and the
+/// incoming gradient and writes the outgoing one, 3 passes against 2.
+const NORM_BACKWARD_SHARE: f64 = 3.0 / 2.0;
 
 /// Forward bytes per element of MLP width that gpt-oss's clamps move
 /// before the activation ([`crate::model::QuickGeglu`]): two eager `clamp`

@@ -401,8 +401,15 @@ fn layer_kept(s: &Scenario, c: &ParallelConfig, recompute: Recompute, kind: Laye
     } else {
         0.0
     };
-    let attention_io =
-        sb * (HALF * widths as f64 + projection_copy) / t + sb * HALF * model.latent_width() as f64;
+    // `--qk-layernorm`'s per-head norms keep their inputs, the projected
+    // queries and keys (MLA's latent norms are the up-projections' own).
+    let qk_norm_inputs = if model.qk_layernorm && model.mla.is_none() {
+        HALF * (model.q_width() + model.k_width()) as f64
+    } else {
+        0.0
+    };
+    let attention_io = sb * (HALF * widths as f64 + projection_copy + qk_norm_inputs) / t
+        + sb * HALF * model.latent_width() as f64;
     // ...and the MLP activation's input and output: a gated MLP keeps both
     // projections and their product, torch.compile fuses the product away.
     let mlp_width = match (model.gated_mlp, c.compile) {

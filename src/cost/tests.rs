@@ -3242,3 +3242,72 @@ mod recompute_modules {
         );
     }
 }
+
+// ---------------------------------------------------------------------------
+// What the queries and keys pass through before attention: the rotary
+// embedding and Qwen3's per-head norms.
+
+mod query_key_passes {
+    use super::*;
+
+    fn step_and_kept(model: &ModelSpec) -> (f64, f64) {
+        let f = Fixture {
+            group: builtin_node("h100-sxm", 2).unwrap(),
+            ..Fixture::new(model.clone(), 16, 256)
+        };
+        let s = f.scenario();
+        let experts = model.moe.is_some();
+        let c = ParallelConfig {
+            attention: AttentionKind::Flash,
+            ep: if experts { 8 } else { 1 },
+            etp: 1,
+            dispatcher: crate::config::Dispatcher::AllToAll,
+            ..config(1, 1, 16, 1)
+        };
+        assert_eq!(c.violation(&f.model, 256, 16, 8), None);
+        (
+            predict(&s, &c).iteration_s,
+            memory::stage_activation_bytes(&s, &c, 0),
+        )
+    }
+
+    /// Qwen3's query and key norms take time and keep their inputs (the
+    /// projected queries and keys: 32 heads and 4 key heads of 128, 16-bit,
+    /// per token of the micro-batch and layer).
+    #[test]
+    fn qwen3_query_key_norms_take_time_and_keep_their_inputs() {
+        let qwen = builtin_model("qwen3-30b-a3b").unwrap();
+        assert!(qwen.qk_layernorm);
+        let mut plain = qwen.clone();
+        plain.qk_layernorm = false;
+        let (normed, normed_kept) = step_and_kept(&qwen);
+        let (bare, bare_kept) = step_and_kept(&plain);
+        assert!(normed > bare, "{normed} s against {bare} s");
+        let per_micro_batch = 2.0 * (32.0 + 4.0) * 128.0 * 4096.0 * qwen.layers as f64;
+        let in_flight = (normed_kept - bare_kept) / per_micro_batch;
+        assert!(
+            (in_flight - in_flight.round()).abs() < 1e-9 && in_flight >= 1.0,
+            "{in_flight} micro-batches of norm inputs"
+        );
+    }
+
+    /// Rotary models rotate their queries and keys; learned positions do not,
+    /// and MLA's latent norms are priced with its up-projections either way.
+    #[test]
+    fn rotation_costs_rotary_models_and_mla_norms_cost_nothing_apart() {
+        let llama = builtin_model("llama3-8b").unwrap();
+        let learned = ModelSpec {
+            learned_positions: true,
+            ..llama.clone()
+        };
+        assert!(step_and_kept(&llama).0 > step_and_kept(&learned).0);
+        let mut deepseek = builtin_model("deepseek-v3").unwrap();
+        deepseek.layers = 8;
+        assert!(deepseek.qk_layernorm);
+        let without = ModelSpec {
+            qk_layernorm: false,
+            ..deepseek.clone()
+        };
+        assert_eq!(step_and_kept(&deepseek), step_and_kept(&without));
+    }
+}

@@ -318,6 +318,9 @@ pub fn megatron_args(job: &LaunchJob) -> Result<Vec<String>, ExportError> {
     if !model.linear_bias {
         args.flag("--disable-bias-linear");
     }
+    if model.qk_layernorm {
+        args.flag("--qk-layernorm");
+    }
     // Megatron-LM drops out 0.1 of both unless told (`--attention-dropout`,
     // `--hidden-dropout`); a model planned without dropout keeps no masks.
     if !model.dropout {

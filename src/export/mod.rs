@@ -273,6 +273,7 @@ pub(crate) mod tests {
             attention_sinks: false,
             rms_norm: true,
             linear_bias: false,
+            qk_layernorm: false,
             attention: AttentionKind::Flash,
         }
     }
@@ -301,6 +302,7 @@ pub(crate) mod tests {
         // network size
         "--normalization",
         "--disable-bias-linear",
+        "--qk-layernorm",
         "--quick-geglu",
         "--activation-func-clamp-value",
         "--glu-linear-offset",

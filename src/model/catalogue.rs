@@ -160,6 +160,9 @@ fn deepseek_v3() -> ModelSpec {
         router_group_topk: 4,
     });
     spec.mtp_layers = 1;
+    // The query and key/value latents' norms (q_a_layernorm and
+    // kv_a_layernorm): Megatron-Core builds them with --qk-layernorm.
+    spec.qk_layernorm = true;
     spec
 }
 
@@ -177,6 +180,9 @@ impl Moe {
         }
         .spec();
         spec.head_dim_override = self.head_dim;
+        // Qwen3 normalises each head's query and key (q_norm and k_norm in
+        // modeling_qwen3.py; qk_layernorm in Megatron-Bridge's Qwen3 providers).
+        spec.qk_layernorm = self.name.starts_with("qwen3");
         if self.name.starts_with("gpt-oss") {
             spec.window = Some(crate::model::WindowSpec {
                 tokens: 127,
@@ -227,6 +233,7 @@ impl Llama {
             attention_sinks: false,
             rms_norm: true,
             linear_bias: false,
+            qk_layernorm: false,
         }
     }
 }

@@ -39,6 +39,7 @@
 //! attention_sinks = true     # a learnable softmax offset per head (gpt-oss; default false)
 //! rms_norm = true            # RMSNorm instead of LayerNorm (Llama and after; default false)
 //! linear_bias = false        # biases on the linear layers (default true, as GPT)
+//! qk_layernorm = true        # normalise queries and keys (Qwen3; default false)
 //! ```
 //!
 //! With `base`, an absent key keeps the base's value (changing `hidden` does
@@ -65,7 +66,7 @@ pub enum ModelFileError {
 }
 
 /// Keys a model file may hold, in the order they are documented.
-const KEYS: [&str; 37] = [
+const KEYS: [&str; 38] = [
     "base",
     "name",
     "hidden",
@@ -103,6 +104,7 @@ const KEYS: [&str; 37] = [
     "attention_sinks",
     "rms_norm",
     "linear_bias",
+    "qk_layernorm",
 ];
 
 /// Multi-latent attention's keys besides `kv_lora_rank`.
@@ -404,6 +406,7 @@ fn parse(text: &str, path: &str) -> Result<ModelSpec, String> {
                 attention_sinks: false,
                 rms_norm: false,
                 linear_bias: true,
+                qk_layernorm: false,
             }
         }
     };
@@ -422,7 +425,7 @@ fn parse(text: &str, path: &str) -> Result<ModelSpec, String> {
             *field = value;
         }
     }
-    let flags: [(&str, &mut bool); 7] = [
+    let flags: [(&str, &mut bool); 8] = [
         ("gated_mlp", &mut model.gated_mlp),
         ("tied_embeddings", &mut model.tied_embeddings),
         ("learned_positions", &mut model.learned_positions),
@@ -430,6 +433,7 @@ fn parse(text: &str, path: &str) -> Result<ModelSpec, String> {
         ("attention_sinks", &mut model.attention_sinks),
         ("rms_norm", &mut model.rms_norm),
         ("linear_bias", &mut model.linear_bias),
+        ("qk_layernorm", &mut model.qk_layernorm),
     ];
     for (key, field) in flags {
         if let Some(value) = boolean(&table, key)? {

@@ -105,6 +105,14 @@ pub struct ModelSpec {
     /// export names it.
     #[serde(default = "linear_bias_default", skip_serializing_if = "is_true")]
     pub linear_bias: bool,
+    /// Queries and keys normalised before attention (Megatron-LM's
+    /// `--qk-layernorm`): Qwen3's per-head RMSNorm of each (`q_norm`,
+    /// `k_norm` in its config), a kernel apart from the QKV projection;
+    /// under multi-latent attention the latents' norms, which Megatron-Core
+    /// fuses into the up-projections and paratune prices with them either
+    /// way.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub qk_layernorm: bool,
 }
 
 fn is_false(b: &bool) -> bool {
@@ -317,6 +325,7 @@ impl ModelSpec {
             attention_sinks: false,
             rms_norm: false,
             linear_bias: true,
+            qk_layernorm: false,
         }
     }
 
@@ -352,6 +361,16 @@ impl ModelSpec {
     /// Width of the queries: hidden, unless the heads are wider or narrower.
     pub fn q_width(&self) -> u64 {
         self.heads * self.head_dim()
+    }
+
+    /// Width of the keys one token's queries attend with: the key heads
+    /// (grouped-query attention's fewer), or under MLA as wide as the
+    /// queries.
+    pub fn k_width(&self) -> u64 {
+        match self.mla {
+            Some(_) => self.q_width(),
+            None => self.kv_heads * self.head_dim(),
+        }
     }
 
     /// Width of the attention's values and of its output before the output

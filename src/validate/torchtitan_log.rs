@@ -2452,6 +2452,7 @@ fn llama_spec(
         attention_sinks: false,
         rms_norm: true,
         linear_bias: false,
+        qk_layernorm: false,
     }
 }
 
