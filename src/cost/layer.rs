@@ -342,8 +342,9 @@ struct Traffic {
     /// Kernels whose backward moves about twice their forward's bytes.
     other: f64,
     /// Kernels counted with their own backward, (forward, backward) bytes:
-    /// gpt-oss's clamps ([`clamp_bytes_per_width`]), and the queries' and
-    /// keys' rotary embedding and norms ([`query_key_bytes`]).
+    /// gpt-oss's clamps ([`clamp_bytes_per_width`]) and expert biases
+    /// ([`expert_bias_bytes`]), and the queries' and keys' rotary embedding
+    /// and norms ([`query_key_bytes`]).
     counted: (f64, f64),
 }
 
@@ -384,14 +385,35 @@ fn elementwise_bytes(s: &Scenario, c: &ParallelConfig, kind: LayerKind) -> Traff
     };
     let clamp = clamp_bytes_per_width(model) * widths;
     let (rotary, norms) = query_key_bytes(s, c);
+    let bias = expert_bias_bytes(s, c, kind);
     Traffic {
         scores,
         other: replicated + activation,
         counted: (
-            clamp + rotary + norms,
-            CLAMP_BACKWARD_SHARE * clamp + rotary + NORM_BACKWARD_SHARE * norms,
+            clamp + rotary + norms + bias,
+            CLAMP_BACKWARD_SHARE * clamp + rotary + NORM_BACKWARD_SHARE * norms + bias,
         ),
     }
+}
+
+/// Forward bytes of the experts' second-linear biases on one rank, where
+/// the model's linears have biases (gpt-oss). Megatron-Core's
+/// `TEGroupedMLP._apply_bias` adds them expert by expert in eager PyTorch,
+/// scaled by each row's routing probability: `b * p` written, `t + b * p`
+/// reading both and writing the sum, and a `torch.cat` of the experts'
+/// sums, 3 x 2 x 2 bytes per element of the h-wide output of every routed
+/// row. The backward pass reads the incoming gradient for the bias's and
+/// for the probabilities' gradients through products written and reduced:
+/// about as many bytes again.
+fn expert_bias_bytes(s: &Scenario, c: &ParallelConfig, kind: LayerKind) -> f64 {
+    let applies = s.model.linear_bias
+        && c.engine == Engine::Megatron
+        && kind == LayerKind::Moe
+        && s.model.moe.is_some();
+    if !applies {
+        return 0.0;
+    }
+    3.0 * 2.0 * HALF * expert_rows(s, c) * s.model.hidden as f64
 }
 
 /// Forward bytes one layer's queries and keys move on one shard between

@@ -3199,6 +3199,44 @@ mod recompute_modules {
         }
     }
 
+    /// gpt-oss's expert biases are added expert by expert in eager PyTorch
+    /// under Megatron-LM: time, no memory; a model without biases, or
+    /// another engine, pays nothing.
+    #[test]
+    fn gpt_oss_expert_biases_take_time_under_megatron_only() {
+        let oss = builtin_model("gpt-oss-120b").unwrap();
+        let unbiased = ModelSpec {
+            linear_bias: false,
+            ..oss.clone()
+        };
+        let fixture = |model: &ModelSpec| Fixture {
+            group: builtin_node("h100-sxm", 8).unwrap(),
+            ..Fixture::new(model.clone(), 64, 512)
+        };
+        let (biased, plain) = (fixture(&oss), fixture(&unbiased));
+        let (biased, plain) = (biased.scenario(), plain.scenario());
+        let c = ParallelConfig {
+            dp: 64,
+            attention: AttentionKind::Flash,
+            ..selective("layernorm")
+        };
+        assert!(predict(&biased, &c).iteration_s > predict(&plain, &c).iteration_s);
+        assert_eq!(
+            memory::stage_activation_bytes(&biased, &c, 0),
+            memory::stage_activation_bytes(&plain, &c, 0)
+        );
+        let other_engine = ParallelConfig {
+            engine: crate::config::Engine::Torchtitan,
+            ..c
+        };
+        let layers = |s: &Scenario| {
+            crate::cost::layer::LayerTimes::of(s, &other_engine, &mut Default::default())
+                .stage(s, &other_engine, 0)
+                .gpu_compute
+        };
+        assert_eq!(layers(&biased), layers(&plain));
+    }
+
     #[test]
     fn modules_the_model_lacks_or_another_policy_are_refused() {
         let llama = builtin_model("llama3-8b").unwrap();

@@ -537,6 +537,8 @@ fn parse_row(table: &RunTable, index: usize, defaults: &RowDefaults) -> Result<R
         ("gated_mlp", &mut model.gated_mlp),
         ("tied_embeddings", &mut model.tied_embeddings),
         ("dropout", &mut model.dropout),
+        ("linear_bias", &mut model.linear_bias),
+        ("qk_layernorm", &mut model.qk_layernorm),
     ] {
         if let Some(text) = cell(name) {
             *field = parse_switch(name, text)?;
@@ -982,7 +984,7 @@ pub(crate) fn assert_row_columns_follow_the_schema(columns: &[&str]) {
 }
 
 /// Every column a run table may use; others are carried through untouched.
-pub const KNOWN_COLUMNS: [&str; 89] = [
+pub const KNOWN_COLUMNS: [&str; 91] = [
     "gpus",
     "global_batch",
     "micro_batch",
@@ -992,6 +994,8 @@ pub const KNOWN_COLUMNS: [&str; 89] = [
     "ffn_hidden",
     "gated_mlp",
     "tied_embeddings",
+    "linear_bias",
+    "qk_layernorm",
     "first_stage_layers",
     "last_stage_layers",
     "account_for_embedding_in_split",
@@ -1268,6 +1272,30 @@ mod tests {
             err.contains("column `model`") && err.contains("did you mean"),
             "{err}"
         );
+    }
+
+    /// The model switches Megatron-LM's CI arguments carry read onto the
+    /// row's model: `--disable-bias-linear` and `--qk-layernorm`.
+    #[test]
+    fn bias_and_query_key_norm_cells_set_the_model() {
+        let text = format!(
+            "{HEADER},linear_bias,qk_layernorm,iter_ms\n\
+             8,16,2,1024,16,24,1024,2,2,2,off,on,219.7\n\
+             8,16,2,1024,16,24,1024,2,2,2,,,219.7\n"
+        );
+        let table = RunTable::parse(&text, "t.csv").unwrap();
+        let runs = runs_from_table(&table, &defaults(), EIGHT_A100S).unwrap();
+        assert!(!runs[0].model.linear_bias && runs[0].model.qk_layernorm);
+        assert!(runs[1].model.linear_bias && !runs[1].model.qk_layernorm);
+        let bad = RunTable::parse(
+            &format!("{HEADER},qk_layernorm,iter_ms\n8,16,2,1024,16,24,1024,2,2,2,yes please,1\n"),
+            "t.csv",
+        )
+        .unwrap();
+        let err = runs_from_table(&bad, &defaults(), EIGHT_A100S)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("qk_layernorm"), "{err}");
     }
 
     /// Megatron-LM's account-for split holds the embedding and the loss as
