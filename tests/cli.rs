@@ -637,6 +637,11 @@ fn predict_runs_keeps_every_column_and_adds_predictions() {
     for key in ["gpus", "tp", "pp", "dp", "predicted_iter_ms", "fits"] {
         assert!(objects[0].get(key).is_some(), "{key} in {}", objects[0]);
     }
+    // Values keep their types: counts and times are numbers, verdicts
+    // booleans.
+    assert!(objects[0]["gpus"].is_u64(), "{}", objects[0]);
+    assert!(objects[0]["predicted_iter_ms"].as_f64().unwrap() > 0.0);
+    assert!(objects[0]["fits"].is_boolean(), "{}", objects[0]);
 }
 
 // ---------------------------------------------------------------- evaluate, catalogues

@@ -644,7 +644,7 @@ fn predict_runs(args: &PredictArgs, path: &std::path::Path) -> Result<()> {
                     headers
                         .iter()
                         .cloned()
-                        .zip(row.iter().map(|c| serde_json::Value::String(c.clone())))
+                        .zip(row.iter().map(|c| typed_cell(c)))
                         .collect()
                 })
                 .collect();
@@ -653,6 +653,31 @@ fn predict_runs(args: &PredictArgs, path: &std::path::Path) -> Result<()> {
         _ => emit_csv(&headers, &rows)?,
     }
     Ok(())
+}
+
+/// A table cell as the JSON value it holds: empty is null, `true`/`false`
+/// a boolean, a number a number (whole ones without a fraction), anything
+/// else (a model's name, `on`, `1f1b`) the string.
+fn typed_cell(cell: &str) -> serde_json::Value {
+    use serde_json::Value;
+    let text = cell.trim();
+    if text.is_empty() {
+        return Value::Null;
+    }
+    if let Ok(b) = text.parse::<bool>() {
+        return Value::Bool(b);
+    }
+    if let Ok(n) = text.parse::<i64>() {
+        return Value::from(n);
+    }
+    match text.parse::<f64>() {
+        // Only digits, a sign, a point and an exponent: "inf" and "nan"
+        // stay the strings they are.
+        Ok(x) if x.is_finite() && text.chars().all(|ch| "0123456789+-.eE".contains(ch)) => {
+            Value::from(x)
+        }
+        _ => Value::String(cell.to_string()),
+    }
 }
 
 pub fn evaluate_command(args: &EvaluateArgs) -> Result<()> {

@@ -32,6 +32,10 @@ pub enum Explanation {
     },
 }
 
+/// The smallest part of a time difference an explanation names: half the
+/// last digit a time is shown with (0.1 ms), so no part reads "-0.0 ms".
+pub const SHOWN_DIFFERENCE_S: f64 = 0.05e-3;
+
 pub fn explain(
     job: &Job,
     cost: &CostModel,
@@ -67,7 +71,7 @@ pub fn explain(
                 .iter()
                 .zip(winner.prediction.time.parts())
                 .map(|((name, mine), (_, theirs))| (*name, mine - theirs))
-                .filter(|(_, delta)| delta.abs() > 1e-9)
+                .filter(|(_, delta)| delta.abs() >= SHOWN_DIFFERENCE_S)
                 .collect();
             differences.sort_by(|a, b| b.1.abs().total_cmp(&a.1.abs()));
             (

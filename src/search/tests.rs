@@ -174,6 +174,20 @@ fn explanations_say_why_a_configuration_lost_or_does_not_fit() {
         explain(&job, &cost, &result, &broken),
         Explanation::Invalid { .. }
     ));
+    // A runner-up's differences are the parts that move its time by what a
+    // plan shows, 0.1 ms, never a "-0.0 ms".
+    for candidate in result.candidates.iter().skip(1).take(50) {
+        if let Explanation::Ranked { differences, .. } =
+            explain(&job, &cost, &result, &candidate.config)
+        {
+            assert!(
+                differences
+                    .iter()
+                    .all(|(_, delta)| delta.abs() >= crate::search::explain::SHOWN_DIFFERENCE_S),
+                "{differences:?}"
+            );
+        }
+    }
 }
 
 #[test]
