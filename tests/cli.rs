@@ -714,8 +714,9 @@ fn models_and_gpus_list_the_catalogue() {
     assert!(qwen.is_some_and(|l| l.ends_with("128 top-8")), "{models}");
 }
 
-/// `--format json|csv` give scripts the same catalogues: JSON with every
-/// field of each entry, CSV with the table's columns in plain units.
+/// `--format json|csv` give scripts the same catalogues: each model as the
+/// flat record of its model file's keys with its parameter count, in JSON
+/// and in CSV alike, and each GPU's entry.
 #[test]
 fn models_and_gpus_list_the_catalogue_for_scripts() {
     let models: serde_json::Value =
@@ -726,8 +727,12 @@ fn models_and_gpus_list_the_catalogue_for_scripts() {
         .iter()
         .find(|m| m["name"] == "deepseek-v3")
         .unwrap();
-    assert_eq!(deepseek["moe"]["experts"], 256);
-    assert!(deepseek["params"].as_f64().unwrap() > 6e11, "{deepseek}");
+    assert_eq!(deepseek["experts"], 256);
+    assert_eq!(deepseek["kv_lora_rank"], 512);
+    assert!(
+        deepseek["params"].as_u64().unwrap() > 600_000_000_000,
+        "{deepseek}"
+    );
     let csv = ok(&["models", "--format", "csv"]);
     let header: Vec<&str> = csv.lines().next().unwrap().split(',').collect();
     let column = |name: &str| header.iter().position(|h| *h == name).unwrap();
@@ -740,6 +745,31 @@ fn models_and_gpus_list_the_catalogue_for_scripts() {
     assert_eq!(mixtral.len(), header.len());
     assert_eq!(mixtral[column("experts")], "8");
     assert_eq!(mixtral[column("moe_topk")], "2");
+    // The same record in both: gpt-oss's window and activation included.
+    let oss_json = models
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == "gpt-oss-120b")
+        .unwrap();
+    let oss: Vec<&str> = csv
+        .lines()
+        .find(|l| l.starts_with("gpt-oss-120b,"))
+        .unwrap()
+        .split(',')
+        .collect();
+    for key in [
+        "sliding_window",
+        "activation_clamp",
+        "attention_sinks",
+        "params",
+    ] {
+        let in_json = match &oss_json[key] {
+            serde_json::Value::String(text) => text.clone(),
+            other => other.to_string(),
+        };
+        assert_eq!(in_json, oss[column(key)], "{key}");
+    }
 
     let gpus: serde_json::Value = serde_json::from_str(&ok(&["gpus", "--format", "json"])).unwrap();
     let gb200 = gpus

@@ -17,7 +17,7 @@ use paratune::export::{
     torchtitan_toml,
 };
 use paratune::model::ModelSpec;
-use paratune::model::{builtin_model, builtin_model_names};
+use paratune::model::{builtin_model, builtin_model_names, model_file_keys, model_file_values};
 use paratune::plan_file::{PlanFile, config_json};
 use paratune::runs::{RunTable, runs_and_skipped, schema};
 use paratune::search::{Explanation, Job, SearchResult, explain, search, smallest_fitting_gpus};
@@ -951,64 +951,59 @@ pub fn models(format: Format) -> Result<()> {
         .iter()
         .map(|name| builtin_model(name).context("catalogue"))
         .collect::<Result<Vec<_>>>()?;
+    // JSON and CSV list the same flat records: each model's parameter count
+    // and the keys a model file of it holds (`base = "<name>"` with none
+    // of them is the same model).
     match format {
         Format::Json => {
-            let entries: Vec<serde_json::Value> = models
+            let entries: Vec<serde_json::Map<String, serde_json::Value>> = models
                 .iter()
                 .map(|m| {
-                    let mut entry = serde_json::to_value(m)?;
-                    entry["params"] = serde_json::json!(m.total_params());
+                    let mut entry = serde_json::Map::new();
+                    entry.insert("params".into(), serde_json::json!(parameter_count(m)));
+                    for (key, value) in model_file_values(m) {
+                        entry.insert(key.into(), serde_json::to_value(value)?);
+                    }
                     Ok(entry)
                 })
                 .collect::<Result<_>>()?;
             emit(&json(&entries)?)
         }
         Format::Csv => {
-            let headers = [
-                "name",
-                "params",
-                "hidden",
-                "heads",
-                "kv_heads",
-                "ffn_hidden",
-                "layers",
-                "vocab",
-                "seq_len",
-                "gated_mlp",
-                "tied_embeddings",
-                "experts",
-                "moe_topk",
-                "moe_ffn_hidden",
-            ]
-            .map(String::from);
+            let keys: Vec<&str> = model_file_keys().filter(|key| *key != "name").collect();
+            let headers: Vec<String> = ["name", "params"]
+                .into_iter()
+                .chain(keys.iter().copied())
+                .map(String::from)
+                .collect();
             let rows: Vec<Vec<String>> = models
                 .iter()
                 .map(|m| {
-                    let moe = |field: fn(&paratune::model::MoeSpec) -> u64| {
-                        m.moe.as_ref().map(field).unwrap_or(0).to_string()
+                    let values = model_file_values(m);
+                    let cell = |key: &str| {
+                        values
+                            .iter()
+                            .find(|(k, _)| *k == key)
+                            .map_or(String::new(), |(_, v)| match v {
+                                toml::Value::String(text) => text.clone(),
+                                other => other.to_string(),
+                            })
                     };
-                    vec![
-                        m.name.clone(),
-                        format!("{:.0}", m.total_params()),
-                        m.hidden.to_string(),
-                        m.heads.to_string(),
-                        m.kv_heads.to_string(),
-                        m.ffn_hidden.to_string(),
-                        m.layers.to_string(),
-                        m.vocab.to_string(),
-                        m.seq_len.to_string(),
-                        m.gated_mlp.to_string(),
-                        m.tied_embeddings.to_string(),
-                        moe(|e| e.experts),
-                        moe(|e| e.topk),
-                        moe(|e| e.ffn_hidden),
-                    ]
+                    [m.name.clone(), parameter_count(m).to_string()]
+                        .into_iter()
+                        .chain(keys.iter().map(|key| cell(key)))
+                        .collect()
                 })
                 .collect();
             emit_csv(&headers, &rows)
         }
         Format::Table => emit(&models_table(&models)),
     }
+}
+
+/// A model's parameters, a whole number.
+fn parameter_count(model: &ModelSpec) -> u64 {
+    model.total_params().round() as u64
 }
 
 fn models_table(models: &[paratune::model::ModelSpec]) -> String {

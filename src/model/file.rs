@@ -193,6 +193,22 @@ pub fn render_model_toml(model: &ModelSpec) -> String {
     text
 }
 
+/// The keys a model file for `model` holds, with their values, in the
+/// documented order ([`render_model_toml`]'s file read back): the flat
+/// record `paratune models` lists. Keys at their defaults may be absent.
+pub fn model_file_values(model: &ModelSpec) -> Vec<(&'static str, Value)> {
+    let table: Table =
+        toml::from_str(&render_model_toml(model)).expect("a rendered model reads back");
+    KEYS.iter()
+        .filter_map(|key| table.get(*key).map(|value| (*key, value.clone())))
+        .collect()
+}
+
+/// The keys [`model_file_values`] may give, in order (without `base`).
+pub fn model_file_keys() -> impl Iterator<Item = &'static str> {
+    KEYS.iter().copied().filter(|key| *key != "base")
+}
+
 /// Sliding-window keys applied to `model`: `sliding_window = N` windows
 /// its attention (0 takes a base model's window away), and
 /// `window_attn_skip_freq` needs a window.

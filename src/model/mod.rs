@@ -6,7 +6,10 @@ mod catalogue;
 mod file;
 
 pub use catalogue::{builtin_model, builtin_model_names};
-pub use file::{ModelFileError, load_model_file, parse_model_toml, render_model_toml};
+pub use file::{
+    ModelFileError, load_model_file, model_file_keys, model_file_values, parse_model_toml,
+    render_model_toml,
+};
 
 crate::named_choices!(AttentionKind);
 
