@@ -774,14 +774,33 @@ fn moe_host_parts(s: &Scenario, c: &ParallelConfig, kind: LayerKind) -> (f64, f6
         (LayerKind::Moe, Some(moe)) => {
             let k = s.coef();
             let local_experts = (moe.experts / c.ep.max(1)) as f64;
+            // Biased experts add their second linear's bias expert by
+            // expert (`expert_bias_bytes`): `b * p` and `t + b * p`, two
+            // launches per expert against the four `expert_host_share`
+            // counts.
+            let bias = if expert_bias_bytes(s, c, kind) > 0.0 {
+                BIAS_LAUNCHES_PER_EXPERT / GROUPED_LAUNCHES_PER_EXPERT
+            } else {
+                0.0
+            };
             (
                 k.moe_host_share * ROUTING_SHARE,
-                k.moe_host_share * (1.0 - ROUTING_SHARE) + local_experts * k.expert_host_share,
+                k.moe_host_share * (1.0 - ROUTING_SHARE)
+                    + local_experts * k.expert_host_share * (1.0 + bias),
             )
         }
         _ => (0.0, 0.0),
     }
 }
+
+/// Launches per local expert that `expert_host_share` counts (Transformer
+/// Engine's GroupedLinear: a GEMM for each of the two linears, and a
+/// quantisation of each one's input in FP8; see the coefficient's source).
+const GROUPED_LAUNCHES_PER_EXPERT: f64 = 4.0;
+
+/// Launches per local expert of Megatron-Core's eager bias add
+/// (`TEGroupedMLP._apply_bias`: `b * p`, then `t + b * p`).
+const BIAS_LAUNCHES_PER_EXPERT: f64 = 2.0;
 
 /// Share of an MoE layer's own host work (`moe_host_share`) that routes,
 /// before the sync: the gating GEMM, top-k, softmax and auxiliary loss
