@@ -95,6 +95,15 @@ fn with<'a>(base: &[&'a str], extra: &[&'a str]) -> Vec<&'a str> {
     base.iter().chain(extra).copied().collect()
 }
 
+/// The iteration time `predict` prints ("1.23 s per iteration, ...").
+fn iteration_seconds(out: &str) -> f64 {
+    let line = out
+        .lines()
+        .find(|l| l.contains(" s per iteration,"))
+        .unwrap();
+    line.split_whitespace().next().unwrap().parse().unwrap()
+}
+
 #[test]
 fn impossible_expert_context_and_precision_settings_name_the_flag() {
     let predict = |extra: &[&str]| fails(&with(&with(&["predict"], &MIXTRAL_ON_64), extra));
@@ -865,15 +874,8 @@ fn sliding_window_layers_attend_only_to_their_window() {
         "--moe-dispatcher",
         "alltoall",
     ];
-    let seconds = |out: &str| -> f64 {
-        let line = out
-            .lines()
-            .find(|l| l.contains(" s per iteration,"))
-            .unwrap();
-        line.split_whitespace().next().unwrap().parse().unwrap()
-    };
-    let windowed = seconds(&ok(&job));
-    let full = seconds(&ok(&with(&job, &["--sliding-window", "0"])));
+    let windowed = iteration_seconds(&ok(&job));
+    let full = iteration_seconds(&ok(&with(&job, &["--sliding-window", "0"])));
     assert!(windowed < 0.9 * full, "{windowed} s against {full} s");
     let plan = ok(&[
         "plan",
@@ -962,15 +964,8 @@ fn gpt_oss_exports_its_activation_and_sinks_and_prices_its_clamps() {
         &with(&["predict"], &job),
         &["--micro-batch", "1", "--ep", "8"],
     );
-    let seconds = |out: &str| -> f64 {
-        let line = out
-            .lines()
-            .find(|l| l.contains(" s per iteration,"))
-            .unwrap();
-        line.split_whitespace().next().unwrap().parse().unwrap()
-    };
-    let clamped = seconds(&ok(&one));
-    let unclamped = seconds(&ok(&with(&one, &["--activation-clamp", "0"])));
+    let clamped = iteration_seconds(&ok(&one));
+    let unclamped = iteration_seconds(&ok(&with(&one, &["--activation-clamp", "0"])));
     assert!(clamped > unclamped, "{clamped} s against {unclamped} s");
     let plain = ok(&with(
         &with(&["plan", "--top", "1"], &job),

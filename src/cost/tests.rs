@@ -48,6 +48,16 @@ impl Fixture {
     }
 }
 
+/// `extra` bytes are one or more micro-batches' worth of `per_micro_batch`:
+/// what a layer keeps, times the micro-batches a schedule holds in flight.
+fn assert_whole_micro_batches(extra: f64, per_micro_batch: f64) {
+    let in_flight = extra / per_micro_batch;
+    assert!(
+        (in_flight - in_flight.round()).abs() < 1e-9 && in_flight >= 1.0,
+        "{extra} bytes are {in_flight} micro-batches of {per_micro_batch}"
+    );
+}
+
 fn config(tp: u64, pp: u64, dp: u64, micro_batch: u64) -> ParallelConfig {
     ParallelConfig {
         tp,
@@ -3190,11 +3200,7 @@ mod recompute_modules {
                 // row (top-4 over the micro-batch's 4,096 tokens) and layer.
                 let layers = oss.layers as f64;
                 let per_layer = 2.0 * 2.0 * 2880.0 * 4.0 * 4096.0;
-                let in_flight = extra / (per_layer * layers);
-                assert!(
-                    (in_flight - in_flight.round()).abs() < 1e-9 && in_flight >= 1.0,
-                    "{extra} bytes is not whole micro-batches of copies"
-                );
+                assert_whole_micro_batches(extra, per_layer * layers);
             }
         }
     }
@@ -3322,11 +3328,7 @@ mod query_key_passes {
         let (bare, bare_kept) = step_and_kept(&plain);
         assert!(normed > bare, "{normed} s against {bare} s");
         let per_micro_batch = 2.0 * (32.0 + 4.0) * 128.0 * 4096.0 * qwen.layers as f64;
-        let in_flight = (normed_kept - bare_kept) / per_micro_batch;
-        assert!(
-            (in_flight - in_flight.round()).abs() < 1e-9 && in_flight >= 1.0,
-            "{in_flight} micro-batches of norm inputs"
-        );
+        assert_whole_micro_batches(normed_kept - bare_kept, per_micro_batch);
     }
 
     /// Rotary models rotate their queries and keys; learned positions do not,
