@@ -151,6 +151,27 @@ pub enum PlanError {
     },
     #[error("{path}: the plan has no candidates to trial")]
     Empty { path: String },
+    #[error(
+        "{path}: model: the plan predates paratune's record of a model's norms and biases (`rms_norm`, `linear_bias`), and would read `{model}` as GPT's LayerNorm with biases; re-run `paratune plan ... --format json` with this paratune"
+    )]
+    PredatesModelSwitches { path: String, model: String },
+}
+
+/// Refuses a plan file written before models recorded `rms_norm` and
+/// `linear_bias` (they are always written since) whose model is not
+/// GPT-like: reading it would take GPT's LayerNorm and biases for a rotary
+/// model's RMSNorm without them, and export and trial another model.
+pub fn check_model_switches_recorded(raw: &serde_json::Value, path: &str) -> Result<(), PlanError> {
+    let model = &raw["model"];
+    let recorded = model.get("rms_norm").is_some() && model.get("linear_bias").is_some();
+    let gpt_like = model["learned_positions"].as_bool().unwrap_or(true);
+    if recorded || gpt_like {
+        return Ok(());
+    }
+    Err(PlanError::PredatesModelSwitches {
+        path: path.into(),
+        model: model["name"].as_str().unwrap_or("the model").to_string(),
+    })
 }
 
 impl PlanFile {
@@ -270,5 +291,36 @@ impl SearchCounts {
                 .map(|(rule, n): (&Rule, &usize)| (rule.summary().to_string(), *n))
                 .collect(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// A rotary model's plan from before `rms_norm` and `linear_bias` were
+    /// recorded is refused with the fix; a GPT-like one, whose defaults
+    /// are its own, and a plan that records them both read.
+    #[test]
+    fn plans_that_predate_the_model_switches_are_refused_unless_gpt_like() {
+        let old_llama = json!({"model": {"name": "llama3-8b", "learned_positions": false}});
+        let err = check_model_switches_recorded(&old_llama, "old.json")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("old.json: model:") && err.contains("re-run `paratune plan"),
+            "{err}"
+        );
+        let old_gpt = json!({"model": {"name": "gpt3-175b", "learned_positions": true}});
+        assert!(check_model_switches_recorded(&old_gpt, "old.json").is_ok());
+        let new_llama = json!({"model": {
+            "name": "llama3-8b", "learned_positions": false, "rms_norm": true, "linear_bias": false
+        }});
+        assert!(check_model_switches_recorded(&new_llama, "new.json").is_ok());
+        // What `plan` writes records them.
+        let written =
+            serde_json::to_value(crate::model::builtin_model("llama3-8b").unwrap()).unwrap();
+        assert!(check_model_switches_recorded(&json!({ "model": written }), "p.json").is_ok());
     }
 }

@@ -989,7 +989,37 @@ fn gpt_oss_exports_its_activation_and_sinks_and_prices_its_clamps() {
     );
     says(
         &fails(&with(&one, &["--gated-mlp", "off"])),
-        &["--quick-geglu is a gated MLP", "--gated-mlp on"],
+        &[
+            "--quick-geglu is a gated MLP",
+            "--gated-mlp on",
+            "--quick-geglu off",
+        ],
+    );
+    says(
+        &fails(&with(&one, &["--glu-linear-offset", "inf"])),
+        &["--glu-linear-offset must be a finite number"],
+    );
+    // A runner-up's parts are named only where they move the time by what
+    // the plan shows: never "-0.0 ms" (Mixtral's third candidate had one).
+    let mixtral = ok(&[
+        "plan",
+        "--model",
+        "mixtral-8x7b",
+        "--gpu",
+        "h100-sxm",
+        "--nodes",
+        "8",
+        "--global-batch",
+        "256",
+        "--seq-len",
+        "4096",
+        "--top",
+        "3",
+    ]);
+    says(&mixtral, &["#3 "]);
+    assert!(
+        !mixtral.contains("-0.0 ms") && !mixtral.contains("+0.0 ms"),
+        "{mixtral}"
     );
 }
 

@@ -644,7 +644,11 @@ fn predict_runs(args: &PredictArgs, path: &std::path::Path) -> Result<()> {
                     headers
                         .iter()
                         .cloned()
-                        .zip(row.iter().map(|c| typed_cell(c)))
+                        .zip(
+                            row.iter()
+                                .zip(&headers)
+                                .map(|(c, header)| json_cell(header, c)),
+                        )
                         .collect()
                 })
                 .collect();
@@ -653,6 +657,20 @@ fn predict_runs(args: &PredictArgs, path: &std::path::Path) -> Result<()> {
         _ => emit_csv(&headers, &rows)?,
     }
     Ok(())
+}
+
+/// A predicted row's cell as JSON: paratune's own columns (the run-table
+/// schema's and the predictions) typed by [`typed_cell`], the user's own
+/// columns the strings they wrote.
+fn json_cell(header: &str, cell: &str) -> serde_json::Value {
+    let ours = paratune::runs::KNOWN_COLUMNS.contains(&header)
+        || header.starts_with("predicted_")
+        || header == "fits";
+    if ours {
+        typed_cell(cell)
+    } else {
+        serde_json::Value::String(cell.to_string())
+    }
 }
 
 /// A table cell as the JSON value it holds: empty is null, `true`/`false`

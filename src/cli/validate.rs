@@ -22,6 +22,9 @@ pub fn run(args: &ValidateArgs) -> Result<()> {
         anyhow!("{shown}: not a readable paratune plan ({e}); write one with `paratune plan ... --format json > plan.json`")
     })?;
     plan.check(&shown)?;
+    // The plan read as a plan, so it reads as JSON.
+    let raw: serde_json::Value = serde_json::from_str(&text)?;
+    paratune::plan_file::check_model_switches_recorded(&raw, &shown)?;
     let cost = resolve::cost_model(
         Some(args.cost_model.as_deref().unwrap_or(&plan.cost_model)),
         &plan.nodes.gpu.name,

@@ -451,6 +451,9 @@ const NORM_BACKWARD_SHARE: f64 = 3.0 / 2.0;
 /// before the activation ([`crate::model::QuickGeglu`]): two eager `clamp`
 /// kernels and a `torch.cat`, each reading and writing the projection's
 /// 2f outputs in 16 bits, 4 x 2 x 2 bytes; none without a clamp.
+/// torchtitan's gpt-oss clamps the same halves in eager PyTorch too (the
+/// reference `swiglu(x, alpha, limit)`), less under torch.compile, which
+/// the compile fraction covers.
 fn clamp_bytes_per_width(model: &crate::model::ModelSpec) -> f64 {
     match model.quick_geglu {
         Some(glu) if glu.clamps() => 4.0 * 2.0 * HALF,
@@ -458,11 +461,12 @@ fn clamp_bytes_per_width(model: &crate::model::ModelSpec) -> f64 {
     }
 }
 
-/// The clamps' backward traffic over their forward's: each clamp's
-/// backward reads its gradient and its saved input and writes the input's
-/// gradient (3 passes over its half against the forward's 2, with the
-/// concatenation's 2 more), and the concatenation's backward only slices.
-const CLAMP_BACKWARD_SHARE: f64 = 3.0 / 4.0;
+/// The clamps' backward traffic over their forward's 4 passes over the
+/// projection's output: each clamp's backward reads its gradient and its
+/// saved input and writes the input's gradient (3 passes), the
+/// concatenation's backward only slices, and `chunk`'s backward
+/// concatenates the two halves' gradients again (2 passes).
+const CLAMP_BACKWARD_SHARE: f64 = 5.0 / 4.0;
 
 /// The share of a dense layer's tensor-parallel collectives a layer of
 /// `kind` runs: an MoE layer keeps the attention's half of them, and the

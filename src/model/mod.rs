@@ -99,14 +99,16 @@ pub struct ModelSpec {
     pub attention_sinks: bool,
     /// Root-mean-square norms (Llama and the models after it) instead of
     /// GPT's LayerNorm: Megatron-LM's `--normalization RMSNorm`. The same
-    /// reads and writes; the export names it.
-    #[serde(default, skip_serializing_if = "is_false")]
+    /// reads and writes; the export names it. Always written, so a file
+    /// without it is one from before it (read as GPT's LayerNorm).
+    #[serde(default)]
     pub rms_norm: bool,
     /// Biases on the linear layers, as GPT and gpt-oss have them; Llama,
     /// Mixtral, Qwen3 and DeepSeek-V3 have none (Megatron-LM's
-    /// `--disable-bias-linear`). Their adds ride on fused kernels; the
-    /// export names it.
-    #[serde(default = "linear_bias_default", skip_serializing_if = "is_true")]
+    /// `--disable-bias-linear`). Dense layers add them in fused kernels;
+    /// experts' second-linear biases Megatron-Core adds expert by expert
+    /// (`cost::layer`'s `expert_bias_bytes`).
+    #[serde(default = "linear_bias_default")]
     pub linear_bias: bool,
     /// Queries and keys normalised before attention (Megatron-LM's
     /// `--qk-layernorm`): Qwen3's per-head RMSNorm of each (`q_norm`,
@@ -120,10 +122,6 @@ pub struct ModelSpec {
 
 fn is_false(b: &bool) -> bool {
     !*b
-}
-
-fn is_true(b: &bool) -> bool {
-    *b
 }
 
 fn linear_bias_default() -> bool {
@@ -756,13 +754,19 @@ impl ModelSpec {
         if let Some(glu) = self.quick_geglu {
             if !self.gated_mlp {
                 return Err(format!(
-                    "model `{}`: `quick_geglu` is a gated MLP: turn `gated_mlp` on or leave `quick_geglu` out",
+                    "model `{}`: `quick_geglu` is a gated MLP: turn `gated_mlp` on or `quick_geglu` off",
                     self.name
                 ));
             }
-            if !(glu.clamp >= 0.0 && glu.clamp.is_finite() && glu.linear_offset.is_finite()) {
+            if !(glu.clamp >= 0.0 && glu.clamp.is_finite()) {
                 return Err(format!(
                     "model `{}`: `activation_clamp` must be a finite bound of 0 or more (0: no clamp)",
+                    self.name
+                ));
+            }
+            if !glu.linear_offset.is_finite() {
+                return Err(format!(
+                    "model `{}`: `glu_linear_offset` must be a finite number (gpt-oss: 1)",
                     self.name
                 ));
             }

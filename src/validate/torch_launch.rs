@@ -262,6 +262,12 @@ pub fn unsupported(model: &crate::model::ModelSpec, c: &ParallelConfig) -> Optio
         "sliding-window attention is not built by the worker (it attends over the whole causal context)"
     } else if model.attention_sinks || model.quick_geglu.is_some() {
         "gpt-oss's attention sinks and clamped quick-GeGLU are not built by the worker (it runs a plain softmax and SwiGLU)"
+    } else if model.qk_layernorm {
+        "query/key norms are not built by the worker; plan with `--qk-layernorm off` to trial"
+    } else if model.rms_norm == model.learned_positions
+        || model.linear_bias != model.learned_positions
+    {
+        "the worker builds GPT's LayerNorm with biases for learned positions and Llama's RMSNorm without them for rotary ones, not this model's mix of the two"
     } else if let Some(reason) = context_unsupported(model, c) {
         reason
     } else if model.head_dim_override.is_some() || model.mla.is_some() {
