@@ -1001,21 +1001,7 @@ fn gpt_oss_exports_its_activation_and_sinks_and_prices_its_clamps() {
     );
     // A runner-up's parts are named only where they move the time by what
     // the plan shows: never "-0.0 ms" (Mixtral's third candidate had one).
-    let mixtral = ok(&[
-        "plan",
-        "--model",
-        "mixtral-8x7b",
-        "--gpu",
-        "h100-sxm",
-        "--nodes",
-        "8",
-        "--global-batch",
-        "256",
-        "--seq-len",
-        "4096",
-        "--top",
-        "3",
-    ]);
+    let mixtral = ok(&with(&with(&["plan"], &MIXTRAL_ON_64), &["--top", "3"]));
     says(&mixtral, &["#3 "]);
     assert!(
         !mixtral.contains("-0.0 ms") && !mixtral.contains("+0.0 ms"),

@@ -406,14 +406,20 @@ fn elementwise_bytes(s: &Scenario, c: &ParallelConfig, kind: LayerKind) -> Traff
 /// for the probabilities' gradients through products written and reduced:
 /// about as many bytes again.
 fn expert_bias_bytes(s: &Scenario, c: &ParallelConfig, kind: LayerKind) -> f64 {
-    let applies = s.model.linear_bias
-        && c.engine == Engine::Megatron
-        && kind == LayerKind::Moe
-        && s.model.moe.is_some();
-    if !applies {
+    if !adds_expert_biases_eagerly(s, c, kind) {
         return 0.0;
     }
     3.0 * 2.0 * HALF * expert_rows(s, c) * s.model.hidden as f64
+}
+
+/// Whether this layer's experts add their biases expert by expert
+/// ([`expert_bias_bytes`]): an MoE layer of a model with biased linears
+/// under Megatron-LM.
+fn adds_expert_biases_eagerly(s: &Scenario, c: &ParallelConfig, kind: LayerKind) -> bool {
+    s.model.linear_bias
+        && c.engine == Engine::Megatron
+        && kind == LayerKind::Moe
+        && s.model.moe.is_some()
 }
 
 /// Forward bytes one layer's queries and keys move on one shard between
@@ -782,7 +788,7 @@ fn moe_host_parts(s: &Scenario, c: &ParallelConfig, kind: LayerKind) -> (f64, f6
             // expert (`expert_bias_bytes`): `b * p` and `t + b * p`, two
             // launches per expert against the four `expert_host_share`
             // counts.
-            let bias = if expert_bias_bytes(s, c, kind) > 0.0 {
+            let bias = if adds_expert_biases_eagerly(s, c, kind) {
                 BIAS_LAUNCHES_PER_EXPERT / GROUPED_LAUNCHES_PER_EXPERT
             } else {
                 0.0

@@ -3164,6 +3164,14 @@ mod recompute_modules {
         }
     }
 
+    /// `model` on 8 DGX H100s at global batch 512, the gpt-oss tests' job.
+    fn on_64_h100s(model: &ModelSpec) -> Fixture {
+        Fixture {
+            group: builtin_node("h100-sxm", 8).unwrap(),
+            ..Fixture::new(model.clone(), 64, 512)
+        }
+    }
+
     /// gpt-oss's eager clamps cost time and keep the unclamped copy, which
     /// recomputing the activation (`moe_act`) drops with the rest of it.
     #[test]
@@ -3174,11 +3182,7 @@ mod recompute_modules {
             clamp: 0.0,
             ..crate::model::QuickGeglu::GPT_OSS
         });
-        let fixture = |model: &ModelSpec| Fixture {
-            group: builtin_node("h100-sxm", 8).unwrap(),
-            ..Fixture::new(model.clone(), 64, 512)
-        };
-        let (clamped, plain) = (fixture(&oss), fixture(&unclamped));
+        let (clamped, plain) = (on_64_h100s(&oss), on_64_h100s(&unclamped));
         let (clamped, plain) = (clamped.scenario(), plain.scenario());
         for modules in ["layernorm", "layernorm,moe_act"] {
             let c = ParallelConfig {
@@ -3215,11 +3219,7 @@ mod recompute_modules {
             linear_bias: false,
             ..oss.clone()
         };
-        let fixture = |model: &ModelSpec| Fixture {
-            group: builtin_node("h100-sxm", 8).unwrap(),
-            ..Fixture::new(model.clone(), 64, 512)
-        };
-        let (biased, plain) = (fixture(&oss), fixture(&unbiased));
+        let (biased, plain) = (on_64_h100s(&oss), on_64_h100s(&unbiased));
         let (biased, plain) = (biased.scenario(), plain.scenario());
         let c = ParallelConfig {
             dp: 64,
