@@ -69,9 +69,11 @@ const LLAMA31_128K: [Llama; 3] = [
 ];
 
 /// A mixture-of-experts model with Llama's layer (SwiGLU, rotary, RMSNorm,
-/// untied head, no dropout): every layer's MLP routed to `experts`.
+/// untied head, no dropout) as its `family` changes it: every layer's MLP
+/// routed to `experts`.
 struct Moe {
     name: &'static str,
+    family: MoeFamily,
     hidden: u64,
     heads: u64,
     kv_heads: u64,
@@ -83,6 +85,39 @@ struct Moe {
     experts: u64,
     topk: u64,
     expert_ffn: u64,
+}
+
+/// How a mixture-of-experts family's layer differs from Llama's (the
+/// sources are the `MOE` table's).
+#[derive(Clone, Copy)]
+enum MoeFamily {
+    /// Mixtral: Llama's layer as it is.
+    Mixtral,
+    /// Qwen3: each head's query and key normalised (q_norm and k_norm in
+    /// modeling_qwen3.py; qk_layernorm in Megatron-Bridge's Qwen3 providers).
+    Qwen3,
+    /// gpt-oss: alternate layers windowed, attention sinks, the clamped
+    /// quick-GeGLU, and biased linears (add_bias_linear: true in the
+    /// recipes, as openai/gpt-oss's linears carry biases).
+    GptOss,
+}
+
+impl MoeFamily {
+    fn apply(self, spec: &mut ModelSpec) {
+        match self {
+            MoeFamily::Mixtral => {}
+            MoeFamily::Qwen3 => spec.qk_layernorm = true,
+            MoeFamily::GptOss => {
+                spec.window = Some(crate::model::WindowSpec {
+                    tokens: 127,
+                    full_every: 2,
+                });
+                spec.quick_geglu = Some(crate::model::QuickGeglu::GPT_OSS);
+                spec.attention_sinks = true;
+                spec.linear_bias = true;
+            }
+        }
+    }
 }
 
 // Sources, each model's config.json on Hugging Face (as reproduced by the
@@ -112,12 +147,12 @@ struct Moe {
 //   `glu_linear_offset: 1.0`).
 #[rustfmt::skip]
 const MOE: [Moe; 6] = [
-    Moe { name: "mixtral-8x7b", hidden: 4096, heads: 32, kv_heads: 8, head_dim: None, layers: 32, vocab: 32000, seq_len: 32768, experts: 8, topk: 2, expert_ffn: 14336 },
-    Moe { name: "mixtral-8x22b", hidden: 6144, heads: 48, kv_heads: 8, head_dim: None, layers: 56, vocab: 32768, seq_len: 65536, experts: 8, topk: 2, expert_ffn: 16384 },
-    Moe { name: "qwen3-30b-a3b", hidden: 2048, heads: 32, kv_heads: 4, head_dim: Some(128), layers: 48, vocab: 151_936, seq_len: 4096, experts: 128, topk: 8, expert_ffn: 768 },
-    Moe { name: "qwen3-235b-a22b", hidden: 4096, heads: 64, kv_heads: 4, head_dim: Some(128), layers: 94, vocab: 151_936, seq_len: 4096, experts: 128, topk: 8, expert_ffn: 1536 },
-    Moe { name: "gpt-oss-20b", hidden: 2880, heads: 64, kv_heads: 8, head_dim: Some(64), layers: 24, vocab: 201_088, seq_len: 4096, experts: 32, topk: 4, expert_ffn: 2880 },
-    Moe { name: "gpt-oss-120b", hidden: 2880, heads: 64, kv_heads: 8, head_dim: Some(64), layers: 36, vocab: 201_088, seq_len: 4096, experts: 128, topk: 4, expert_ffn: 2880 },
+    Moe { name: "mixtral-8x7b", family: MoeFamily::Mixtral, hidden: 4096, heads: 32, kv_heads: 8, head_dim: None, layers: 32, vocab: 32000, seq_len: 32768, experts: 8, topk: 2, expert_ffn: 14336 },
+    Moe { name: "mixtral-8x22b", family: MoeFamily::Mixtral, hidden: 6144, heads: 48, kv_heads: 8, head_dim: None, layers: 56, vocab: 32768, seq_len: 65536, experts: 8, topk: 2, expert_ffn: 16384 },
+    Moe { name: "qwen3-30b-a3b", family: MoeFamily::Qwen3, hidden: 2048, heads: 32, kv_heads: 4, head_dim: Some(128), layers: 48, vocab: 151_936, seq_len: 4096, experts: 128, topk: 8, expert_ffn: 768 },
+    Moe { name: "qwen3-235b-a22b", family: MoeFamily::Qwen3, hidden: 4096, heads: 64, kv_heads: 4, head_dim: Some(128), layers: 94, vocab: 151_936, seq_len: 4096, experts: 128, topk: 8, expert_ffn: 1536 },
+    Moe { name: "gpt-oss-20b", family: MoeFamily::GptOss, hidden: 2880, heads: 64, kv_heads: 8, head_dim: Some(64), layers: 24, vocab: 201_088, seq_len: 4096, experts: 32, topk: 4, expert_ffn: 2880 },
+    Moe { name: "gpt-oss-120b", family: MoeFamily::GptOss, hidden: 2880, heads: 64, kv_heads: 8, head_dim: Some(64), layers: 36, vocab: 201_088, seq_len: 4096, experts: 128, topk: 4, expert_ffn: 2880 },
 ];
 
 /// DeepSeek-V3 (deepseek-ai/DeepSeek-V3 config.json and its
@@ -180,20 +215,7 @@ impl Moe {
         }
         .spec();
         spec.head_dim_override = self.head_dim;
-        // Qwen3 normalises each head's query and key (q_norm and k_norm in
-        // modeling_qwen3.py; qk_layernorm in Megatron-Bridge's Qwen3 providers).
-        spec.qk_layernorm = self.name.starts_with("qwen3");
-        if self.name.starts_with("gpt-oss") {
-            spec.window = Some(crate::model::WindowSpec {
-                tokens: 127,
-                full_every: 2,
-            });
-            spec.quick_geglu = Some(crate::model::QuickGeglu::GPT_OSS);
-            spec.attention_sinks = true;
-            // add_bias_linear: true in the recipes, as openai/gpt-oss's
-            // linears carry biases.
-            spec.linear_bias = true;
-        }
+        self.family.apply(&mut spec);
         spec.moe = Some(MoeSpec {
             experts: self.experts,
             topk: self.topk,
