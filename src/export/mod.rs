@@ -11,6 +11,8 @@
 //! for the job. Pure functions: nothing here touches the file system.
 
 mod megatron;
+#[cfg(test)]
+pub(crate) mod megatron_flags;
 mod torchtitan;
 
 pub use megatron::{megatron_args, megatron_command_line};
@@ -295,96 +297,10 @@ pub(crate) mod tests {
         }
     }
 
-    /// Option strings registered by `add_argument` in NVIDIA/Megatron-LM
-    /// `megatron/training/arguments.py` (main, late 2025), from the groups
-    /// network size, training, data, distributed and mixed precision.
-    const MEGATRON_FLAGS: &[&str] = &[
-        // network size
-        "--normalization",
-        "--disable-bias-linear",
-        "--qk-layernorm",
-        "--quick-geglu",
-        "--activation-func-clamp-value",
-        "--glu-linear-offset",
-        "--softmax-type",
-        // regularization
-        "--attention-dropout",
-        "--hidden-dropout",
-        "--num-layers",
-        "--encoder-num-layers",
-        "--decoder-num-layers",
-        "--hidden-size",
-        "--ffn-hidden-size",
-        "--num-attention-heads",
-        "--attention-backend",
-        "--kv-channels",
-        "--group-query-attention",
-        "--num-query-groups",
-        "--max-position-embeddings",
-        "--position-embedding-type",
-        "--use-rotary-position-embeddings",
-        "--rotary-base",
-        "--rotary-percent",
-        "--make-vocab-size-divisible-by",
-        "--normalization",
-        "--norm-epsilon",
-        "--swiglu",
-        "--squared-relu",
-        "--untie-embeddings-and-output-weights",
-        // training
-        "--micro-batch-size",
-        "--global-batch-size",
-        "--rampup-batch-size",
-        "--recompute-activations",
-        "--recompute-granularity",
-        "--recompute-method",
-        "--recompute-num-layers",
-        "--recompute-modules",
-        "--distribute-saved-activations",
-        "--use-flash-attn",
-        "--disable-bias-linear",
-        "--sequence-parallel",
-        "--train-iters",
-        "--train-samples",
-        "--optimizer",
-        // data
-        "--seq-length",
-        // distributed
-        "--tensor-model-parallel-size",
-        "--pipeline-model-parallel-size",
-        "--num-layers-per-virtual-pipeline-stage",
-        "--num-virtual-stages-per-pipeline-rank",
-        "--pipeline-model-parallel-layout",
-        "--account-for-embedding-in-pipeline-split",
-        "--account-for-loss-in-pipeline-split",
-        "--decoder-first-pipeline-num-layers",
-        "--decoder-last-pipeline-num-layers",
-        "--microbatch-group-size-per-virtual-pipeline-stage",
-        "--fp8-param-gather",
-        "--grad-reduce-in-bf16",
-        "--cross-entropy-loss-fusion",
-        "--cross-entropy-fusion-impl",
-        "--defer-embedding-wgrad-compute",
-        "--wgrad-deferral-limit",
-        "--cpu-offloading-num-layers",
-        "--recompute-modules",
-        "--mtp-num-layers",
-        "--context-parallel-size",
-        "--use-distributed-optimizer",
-        "--overlap-grad-reduce",
-        "--overlap-param-gather",
-        "--use-megatron-fsdp",
-        "--data-parallel-sharding-strategy",
-        "--use-torch-fsdp2",
-        // mixed precision
-        "--fp16",
-        "--bf16",
-    ];
-
     fn assert_known_flags(args: &[String]) {
         for arg in args.iter().filter(|a| a.starts_with("--")) {
             assert!(
-                MEGATRON_FLAGS.contains(&arg.as_str()),
+                crate::export::megatron_flags::is_megatron_flag(arg),
                 "{arg} is not a Megatron-LM argument"
             );
         }
