@@ -41,18 +41,21 @@ struct Entry {
     host_gb_s: f64,
 }
 
-// Matmul ceilings: the maximum achievable matmul FLOP/s (MAMF: the best of
-// a sweep of large, aligned GEMM shapes, bf16 in, no sparsity) over the
-// dense peak, from Stas Bekman's "Machine Learning Engineering"
-// (github.com/stas00/ml-engineering, compute/accelerator, CC BY-SA 4.0):
-// A100 SXM 267.9 of 312 TFLOP/s, H100 SXM 792.1 of 989, MI300X 781.9, and
-// its H200-to-B200 guide: B200 SXM 1,745.0 of 2,250 bf16, FP8 H200 SXM
-// 1,453.4 of 1,979 and B200 3,432.5 of 4,500. H200 is H100's die and
-// GB200 B200's (both unmeasured there, given the sibling's figure), and so
-// are Blackwell Ultra's B300 and GB300 (same tensor cores and SM count as
-// B200, the same dense 16-bit and FP8 peaks per die clock: unmeasured, given
-// B200's figure); the 40 GB A100 is the 80 GB one's die. The others are not
-// measured (0).
+// Matmul ceilings: the maximum achievable matmul FLOP/s (MAMF: the mean of
+// 100 iterations of the best of a sweep of large, aligned GEMM shapes, no
+// sparsity) over the dense peak, from Stas Bekman's "Machine Learning
+// Engineering" (github.com/stas00/ml-engineering, compute/accelerator,
+// "Maximum Achievable Matmul FLOPS comparison table", revision of 2026-08,
+// CC BY-SA 4.0). BF16: A100 SXM 271.2 of 312 TFLOP/s, H100 SXM 794.5 of
+// 989 ("H200 is the same"), B200 1,745.0 and B300 1,769.0 of 2,250, GB200
+// 1,822.0 of 2,500. FP8: H100 SXM 1,402.6 and H200 SXM 1,453.4 of 1,979,
+// B200 3,432.5 and B300 3,353.3 of 4,500, GB200 3,615.6 of 5,000. GB200
+// runs B200's die at a higher clock and power, and reaches less of its
+// higher peak. GB300 is B300's die (Blackwell Ultra) and is not measured
+// there: given B300's fractions, as the 40 GB A100 is given the 80 GB one's.
+// MI300X keeps the table's earlier 781.9 of 1,307.4 (ROCm 6.2; its 2026
+// row, 668.4 on ROCm 6.3, measures a different software stack lower). The
+// others are not measured (0).
 // HOST LINKS, per direction: PCIe Gen3/4/5 x16 move 16/32/64 GB/s (PCI-SIG
 // base specifications; V100 Gen3, A100 Gen4, Hopper, Blackwell HGX and
 // MI300X Gen5). A GB200 superchip joins one Grace CPU to two B200s by
@@ -64,9 +67,9 @@ struct Entry {
 const CATALOGUE: [Entry; 12] = [
     // NVIDIA A100 Tensor Core GPU datasheet (2021): 312 TFLOPS BF16, 40GB HBM2
     // at 1,555 GB/s, NVLink3 600 GB/s bidirectional; DGX A100: 8x HDR 200Gb/s.
-    Entry { name: "a100-40gb", peak_tflops: 312.0, fp4_tflops: 0.0, fp8_tflops: 0.0, memory_bytes: 40.0 * GIB, hbm_tb_s: 1.555, intra_gb_s: 300.0, nics: 8.0, nic_gbit_s: 200.0, gpus_per_node: 8 , bf16_ceiling: 0.859, fp8_ceiling: 0.000, host_gb_s: 32.0 },
+    Entry { name: "a100-40gb", peak_tflops: 312.0, fp4_tflops: 0.0, fp8_tflops: 0.0, memory_bytes: 40.0 * GIB, hbm_tb_s: 1.555, intra_gb_s: 300.0, nics: 8.0, nic_gbit_s: 200.0, gpus_per_node: 8 , bf16_ceiling: 0.869, fp8_ceiling: 0.000, host_gb_s: 32.0 },
     // NVIDIA A100 datasheet, 80GB SXM: HBM2e at 2,039 GB/s (81,920 MiB reported).
-    Entry { name: "a100-80gb", peak_tflops: 312.0, fp4_tflops: 0.0, fp8_tflops: 0.0, memory_bytes: 80.0 * GIB, hbm_tb_s: 2.039, intra_gb_s: 300.0, nics: 8.0, nic_gbit_s: 200.0, gpus_per_node: 8 , bf16_ceiling: 0.859, fp8_ceiling: 0.000, host_gb_s: 32.0 },
+    Entry { name: "a100-80gb", peak_tflops: 312.0, fp4_tflops: 0.0, fp8_tflops: 0.0, memory_bytes: 80.0 * GIB, hbm_tb_s: 2.039, intra_gb_s: 300.0, nics: 8.0, nic_gbit_s: 200.0, gpus_per_node: 8 , bf16_ceiling: 0.869, fp8_ceiling: 0.000, host_gb_s: 32.0 },
     // NVFP4 peaks: dense FP4 per GPU from the datasheets' dense figures (HGX
 // B200 72 PF and HGX B300 108 PF per 8 GPUs, GB200 NVL72 720 PF and GB300
 // NVL72 1,080 PF per 72); Hopper and older have no FP4 tensor cores.
@@ -76,13 +79,13 @@ const CATALOGUE: [Entry; 12] = [
     // 5,229.8); A100 and V100 have no FP8 tensor cores.
     // NVIDIA H100 datasheet, SXM5: 1,979 TFLOPS BF16 with sparsity (989.4 dense),
     // 80GB HBM3 at 3.35 TB/s, NVLink4 900 GB/s bidirectional; DGX H100: 8x NDR 400Gb/s.
-    Entry { name: "h100-sxm", peak_tflops: 989.4, fp4_tflops: 0.0, fp8_tflops: 1978.9, memory_bytes: 80.0 * GIB, hbm_tb_s: 3.35, intra_gb_s: 450.0, nics: 8.0, nic_gbit_s: 400.0, gpus_per_node: 8 , bf16_ceiling: 0.801, fp8_ceiling: 0.734, host_gb_s: 64.0 },
+    Entry { name: "h100-sxm", peak_tflops: 989.4, fp4_tflops: 0.0, fp8_tflops: 1978.9, memory_bytes: 80.0 * GIB, hbm_tb_s: 3.35, intra_gb_s: 450.0, nics: 8.0, nic_gbit_s: 400.0, gpus_per_node: 8 , bf16_ceiling: 0.803, fp8_ceiling: 0.709, host_gb_s: 64.0 },
     // NVIDIA H100 datasheet, PCIe: 1,513 TFLOPS BF16 with sparsity (756 dense),
     // 80GB HBM2e at 2.0 TB/s; GPUs talk over PCIe Gen5 x16, 64 GB/s per direction.
     Entry { name: "h100-pcie", peak_tflops: 756.0, fp4_tflops: 0.0, fp8_tflops: 1513.0, memory_bytes: 80.0 * GIB, hbm_tb_s: 2.0, intra_gb_s: 64.0, nics: 8.0, nic_gbit_s: 400.0, gpus_per_node: 8 , bf16_ceiling: 0.000, fp8_ceiling: 0.000, host_gb_s: 64.0 },
     // NVIDIA H200 datasheet, SXM: H100's 989.4 TFLOPS dense BF16, "141GB" HBM3e
     // (143,771 MiB reported by nvidia-smi) at 4.8 TB/s, NVLink4; HGX H200: 8x NDR 400Gb/s.
-    Entry { name: "h200", peak_tflops: 989.4, fp4_tflops: 0.0, fp8_tflops: 1978.9, memory_bytes: 143_771.0 * MIB, hbm_tb_s: 4.8, intra_gb_s: 450.0, nics: 8.0, nic_gbit_s: 400.0, gpus_per_node: 8 , bf16_ceiling: 0.801, fp8_ceiling: 0.734, host_gb_s: 64.0 },
+    Entry { name: "h200", peak_tflops: 989.4, fp4_tflops: 0.0, fp8_tflops: 1978.9, memory_bytes: 143_771.0 * MIB, hbm_tb_s: 4.8, intra_gb_s: 450.0, nics: 8.0, nic_gbit_s: 400.0, gpus_per_node: 8 , bf16_ceiling: 0.803, fp8_ceiling: 0.734, host_gb_s: 64.0 },
     // NVIDIA V100 datasheet, SXM2 32GB: 125 TFLOPS FP16 tensor, HBM2 at 900 GB/s,
     // NVLink2 300 GB/s bidirectional; DGX-1V: 4x EDR 100Gb/s.
     Entry { name: "v100-32gb", peak_tflops: 125.0, fp4_tflops: 0.0, fp8_tflops: 0.0, memory_bytes: 32.0 * GIB, hbm_tb_s: 0.9, intra_gb_s: 150.0, nics: 4.0, nic_gbit_s: 100.0, gpus_per_node: 8 , bf16_ceiling: 0.000, fp8_ceiling: 0.000, host_gb_s: 16.0 },
@@ -95,19 +98,19 @@ const CATALOGUE: [Entry; 12] = [
     // FP16/BF16 with sparsity (2.5 PF dense per GPU), up to 13.4 TB HBM3e (186 GB each)
     // at 576 TB/s (8 TB/s each), NVLink5 1.8 TB/s bidirectional per GPU; one
     // ConnectX-7 400Gb/s per GPU to the scale-out network.
-    Entry { name: "gb200", peak_tflops: 2500.0, fp4_tflops: 10000.0, fp8_tflops: 5000.0, memory_bytes: 186.0 * GIB, hbm_tb_s: 8.0, intra_gb_s: 900.0, nics: 72.0, nic_gbit_s: 400.0, gpus_per_node: 72 , bf16_ceiling: 0.776, fp8_ceiling: 0.763, host_gb_s: 225.0 },
+    Entry { name: "gb200", peak_tflops: 2500.0, fp4_tflops: 10000.0, fp8_tflops: 5000.0, memory_bytes: 186.0 * GIB, hbm_tb_s: 8.0, intra_gb_s: 900.0, nics: 72.0, nic_gbit_s: 400.0, gpus_per_node: 72 , bf16_ceiling: 0.729, fp8_ceiling: 0.723, host_gb_s: 225.0 },
     // Blackwell Ultra, DGX B300: 8 B300 with 72 PFLOPS FP8 training per system
     // with sparsity (4.5 PF dense FP8, 2.25 PF dense BF16 per GPU, as B200), NVLink5
     // 1.8 TB/s bidirectional per GPU, 8x ConnectX-8 800Gb/s, HBM3e at 8 TB/s per GPU.
     // Memory as the driver reports it on the shipping "B300 SXM6 AC" part:
     // 275,040 MiB (268.6 GiB) of eight 36 GiB stacks.
-    Entry { name: "b300", peak_tflops: 2250.0, fp4_tflops: 13500.0, fp8_tflops: 4500.0, memory_bytes: 275_040.0 * MIB, hbm_tb_s: 8.0, intra_gb_s: 900.0, nics: 8.0, nic_gbit_s: 800.0, gpus_per_node: 8 , bf16_ceiling: 0.776, fp8_ceiling: 0.763, host_gb_s: 64.0 },
+    Entry { name: "b300", peak_tflops: 2250.0, fp4_tflops: 13500.0, fp8_tflops: 4500.0, memory_bytes: 275_040.0 * MIB, hbm_tb_s: 8.0, intra_gb_s: 900.0, nics: 8.0, nic_gbit_s: 800.0, gpus_per_node: 8 , bf16_ceiling: 0.786, fp8_ceiling: 0.745, host_gb_s: 64.0 },
     // NVIDIA GB300 NVL72 datasheet: 72 Blackwell Ultra GPUs in one NVLink domain,
     // 360 PFLOPS FP16/BF16 and 720 PFLOPS FP8 with sparsity (2.5 and 5 PF dense per
     // GPU, as GB200), 20 TB HBM3e at 576 TB/s (8 TB/s each; the driver reports
     // 298,500,227,072 bytes per GPU), NVLink5 1.8 TB/s bidirectional per GPU; one
     // ConnectX-8 800Gb/s per GPU to the scale-out network.
-    Entry { name: "gb300", peak_tflops: 2500.0, fp4_tflops: 15000.0, fp8_tflops: 5000.0, memory_bytes: 298_500_227_072.0, hbm_tb_s: 8.0, intra_gb_s: 900.0, nics: 72.0, nic_gbit_s: 800.0, gpus_per_node: 72 , bf16_ceiling: 0.776, fp8_ceiling: 0.763, host_gb_s: 225.0 },
+    Entry { name: "gb300", peak_tflops: 2500.0, fp4_tflops: 15000.0, fp8_tflops: 5000.0, memory_bytes: 298_500_227_072.0, hbm_tb_s: 8.0, intra_gb_s: 900.0, nics: 72.0, nic_gbit_s: 800.0, gpus_per_node: 72 , bf16_ceiling: 0.786, fp8_ceiling: 0.745, host_gb_s: 225.0 },
     // NVIDIA H20 (HGX H20 product brief): 148 TFLOPS dense BF16, 96 GB HBM3 at
     // 4.0 TB/s, NVLink 900 GB/s bidirectional; 8x 400Gb/s NICs as on HGX H100.
     Entry { name: "h20", peak_tflops: 148.0, fp4_tflops: 0.0, fp8_tflops: 296.0, memory_bytes: 96.0 * GIB, hbm_tb_s: 4.0, intra_gb_s: 450.0, nics: 8.0, nic_gbit_s: 400.0, gpus_per_node: 8 , bf16_ceiling: 0.000, fp8_ceiling: 0.000, host_gb_s: 64.0 },
@@ -266,7 +269,7 @@ mod tests {
             }
         }
         // A100 SXM: 267.9 of 312 TFLOP/s.
-        assert!((matmul_ceiling("A100-80GB").unwrap().bf16 - 0.859).abs() < 1e-9);
+        assert!((matmul_ceiling("A100-80GB").unwrap().bf16 - 0.869).abs() < 1e-9);
         assert!(matmul_ceiling("h100-sxm").unwrap().fp8.is_some());
         assert_eq!(matmul_ceiling("v100-32gb"), None);
         assert_eq!(matmul_ceiling("no-such-gpu"), None);
