@@ -129,7 +129,10 @@ impl Cluster {
     fn older_columns(&self) -> &'static [&'static [&'static str]] {
         match self {
             Cluster::Torch(_) => &[&torch_launch::ROW_COLUMNS_V1, &torch_launch::ROW_COLUMNS_V2],
-            Cluster::Megatron(_) => &[&crate::validate::megatron_log::ROW_COLUMNS_V1],
+            Cluster::Megatron(_) => &[
+                &crate::validate::megatron_log::ROW_COLUMNS_V1,
+                &crate::validate::megatron_log::ROW_COLUMNS_V2,
+            ],
             Cluster::Torchtitan(_) => &[],
         }
     }

@@ -46,6 +46,8 @@ use crate::model::AttentionKind;
 use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
 
+use crate::validate::torch_launch::without;
+
 /// How many logged iterations are left out of the steady state by default.
 pub const DEFAULT_WARMUP: usize = 2;
 
@@ -166,6 +168,15 @@ pub struct MegatronConfig {
     pub swiglu: bool,
     pub untie_embeddings_and_output_weights: bool,
     pub position_embedding_type: Option<String>,
+    /// The model's switches the run table has columns for, `None` where the
+    /// dump does not print the argument: a gated MLP (`--swiglu`, or
+    /// gpt-oss's `--quick-geglu`), the input embedding shared with the
+    /// head (no `--untie-embeddings-and-output-weights`), biased linears
+    /// (`add_bias_linear`, off with `--disable-bias-linear`), per-head
+    /// query and key norms (`--qk-layernorm`), dropout (a positive
+    /// `hidden_dropout` or `attention_dropout`), and the head width
+    /// (`kv_channels`).
+    pub switches: ModelSwitches,
     pub use_flash_attn: bool,
     /// `--attention-backend` as printed (`AttnBackend.flash`), without the enum name.
     pub attention_backend: Option<String>,
@@ -211,6 +222,17 @@ pub struct MegatronConfig {
     pub multi_latent_attention: bool,
     /// Every argument of the dump as printed, for what the fields above leave out.
     pub all: BTreeMap<String, String>,
+}
+
+/// See [`MegatronConfig::switches`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ModelSwitches {
+    pub gated_mlp: Option<bool>,
+    pub tied_embeddings: Option<bool>,
+    pub linear_bias: Option<bool>,
+    pub qk_layernorm: Option<bool>,
+    pub dropout: Option<bool>,
+    pub kv_channels: Option<u64>,
 }
 
 /// One logged iteration line.
@@ -783,6 +805,38 @@ fn config_from_arguments(
         }
     };
 
+    // A switch the dump prints, `None` where it does not.
+    let printed_flag = |name: &str| -> Result<Option<bool>, MegatronLogError> {
+        match args.contains_key(name) {
+            true => flag(name).map(Some),
+            false => Ok(None),
+        }
+    };
+    let positive = |name: &str| -> Result<Option<bool>, MegatronLogError> {
+        match args.get(name) {
+            None => Ok(None),
+            Some((v, _)) if is_none(v) => Ok(None),
+            Some((v, _)) => match v.parse::<f64>() {
+                Ok(p) if (0.0..=1.0).contains(&p) => Ok(Some(p > 0.0)),
+                _ => Err(bad(name, "a probability from 0 to 1")),
+            },
+        }
+    };
+    let switches = ModelSwitches {
+        gated_mlp: match (printed_flag("swiglu")?, printed_flag("quick_geglu")?) {
+            (None, None) => None,
+            (swiglu, quick) => Some(swiglu.unwrap_or(false) || quick.unwrap_or(false)),
+        },
+        tied_embeddings: printed_flag("untie_embeddings_and_output_weights")?.map(|untie| !untie),
+        linear_bias: printed_flag("add_bias_linear")?,
+        qk_layernorm: printed_flag("qk_layernorm")?,
+        dropout: match (positive("hidden_dropout")?, positive("attention_dropout")?) {
+            (None, None) => None,
+            (hidden, attention) => Some(hidden.unwrap_or(false) || attention.unwrap_or(false)),
+        },
+        kv_channels: int("kv_channels")?.filter(|&n| n > 0),
+    };
+
     const REQUIRED: [&str; 8] = [
         "num_layers",
         "hidden_size",
@@ -905,6 +959,7 @@ fn config_from_arguments(
         swiglu: flag("swiglu")?,
         untie_embeddings_and_output_weights: flag("untie_embeddings_and_output_weights")?,
         position_embedding_type: text("position_embedding_type"),
+        switches,
         use_flash_attn: flag("use_flash_attn")?,
         attention_backend,
         transformer_impl: text("transformer_impl"),
@@ -1170,18 +1225,36 @@ impl MegatronConfig {
     }
 }
 
-/// [`ROW_COLUMNS`] before `cuda_graphs`: a validation history of such rows
-/// is rewritten with the column (empty, read as off) on opening.
-pub const ROW_COLUMNS_V1: [&str; 48] =
-    crate::validate::torch_launch::without(&ROW_COLUMNS, CUDA_GRAPHS_COLUMN_AT);
+/// [`ROW_COLUMNS_V2`] before `cuda_graphs`: a validation history of such
+/// rows is rewritten with the column (empty, read as off) on opening.
+pub const ROW_COLUMNS_V1: [&str; 48] = without(&ROW_COLUMNS_V2, CUDA_GRAPHS_COLUMN_AT_V2);
 
-/// Where `cuda_graphs` sits, after `wgrad_deferral` as in the run table.
-const CUDA_GRAPHS_COLUMN_AT: usize = 10;
+/// Where `cuda_graphs` sat in [`ROW_COLUMNS_V2`], after `wgrad_deferral`.
+const CUDA_GRAPHS_COLUMN_AT_V2: usize = 10;
+
+/// [`ROW_COLUMNS`] before the model's switches (`gated_mlp` to
+/// `qk_layernorm`, `dropout`, `position_embedding`, `head_dim`): a
+/// history of such rows gains them empty (the plan's model) on opening.
+pub const ROW_COLUMNS_V2: [&str; 49] = without::<53, 49>(
+    &without::<54, 53>(
+        &without::<55, 54>(&without::<56, 55>(&ROW_COLUMNS, HEAD_DIM_AT), POSITIONS_AT),
+        DROPOUT_AT,
+    ),
+    SWITCHES_AT,
+);
+
+/// Where the model's switches sit in [`ROW_COLUMNS`]: four after
+/// `ffn_hidden`, and one each after `iter_ms`, `memory_rank` and
+/// `moe_router_group_topk`, as in the run table's order.
+const SWITCHES_AT: usize = 7;
+const DROPOUT_AT: usize = 29;
+const POSITIONS_AT: usize = 33;
+const HEAD_DIM_AT: usize = 46;
 
 /// The columns of the run-table row [`MegatronRun::row`] gives: paratune's
 /// run-table schema (see `runs::KNOWN_COLUMNS`), then measurements the
 /// schema does not read, carried through as the user's own columns.
-pub const ROW_COLUMNS: [&str; 49] = [
+pub const ROW_COLUMNS: [&str; 56] = [
     "gpus",
     "global_batch",
     "micro_batch",
@@ -1189,6 +1262,10 @@ pub const ROW_COLUMNS: [&str; 49] = [
     "heads",
     "kv_heads",
     "ffn_hidden",
+    "gated_mlp",
+    "tied_embeddings",
+    "linear_bias",
+    "qk_layernorm",
     "grad_reduce",
     "cross_entropy_fusion",
     "wgrad_deferral",
@@ -1207,9 +1284,11 @@ pub const ROW_COLUMNS: [&str; 49] = [
     "attention",
     "optimizer_sharding",
     "iter_ms",
+    "dropout",
     "peak_allocated_gib",
     "peak_reserved_gib",
     "memory_rank",
+    "position_embedding",
     "cp",
     "cp_comm",
     "ep",
@@ -1222,6 +1301,7 @@ pub const ROW_COLUMNS: [&str; 49] = [
     "moe_dispatcher",
     "moe_router_num_groups",
     "moe_router_group_topk",
+    "head_dim",
     "precision",
     "fp8_recipe",
     "recompute_modules",
@@ -1367,6 +1447,12 @@ impl MegatronRun {
         })?;
         let ffn = m.ffn_hidden_size.unwrap_or(4 * m.hidden_size);
         let c = m.parallel_config();
+        let sw = m.switches;
+        let switch = |value: Option<bool>| {
+            value
+                .map(|on| crate::config::on_off(on).to_string())
+                .unwrap_or_default()
+        };
         let optional =
             |v: Option<f64>, digits: usize| v.map(|v| format!("{v:.digits$}")).unwrap_or_default();
         Ok(vec![
@@ -1377,6 +1463,10 @@ impl MegatronRun {
             m.num_attention_heads.to_string(),
             m.kv_heads().to_string(),
             ffn.to_string(),
+            switch(sw.gated_mlp),
+            switch(sw.tied_embeddings),
+            switch(sw.linear_bias),
+            switch(sw.qk_layernorm),
             c.grad_reduce.name().to_string(),
             c.cross_entropy_fusion.name().to_string(),
             c.wgrad_deferral.name(),
@@ -1395,6 +1485,7 @@ impl MegatronRun {
             c.attention.name().to_string(),
             c.optimizer_sharding.name().to_string(),
             format!("{:.3}", self.steady_median_ms),
+            switch(sw.dropout),
             optional(self.peak_allocated_gib(), 4),
             optional(self.peak_reserved_gib(), 4),
             // The largest over the ranks that report (data-parallel rank 0 of
@@ -1404,6 +1495,7 @@ impl MegatronRun {
             } else {
                 String::new()
             },
+            m.position_embedding_type.clone().unwrap_or_default(),
             c.cp.to_string(),
             c.cp_comm.name().to_string(),
             c.ep.to_string(),
@@ -1435,6 +1527,12 @@ impl MegatronRun {
                     .filter(|&n| n > 0)
                     .and(m.moe_router_group_topk),
             ),
+            // The head width where it is not hidden / heads (Qwen3's 128 at
+            // hidden 2048 and 32 heads).
+            optional_count(
+                sw.kv_channels
+                    .filter(|&width| width * m.num_attention_heads != m.hidden_size),
+            ),
             c.precision.name().to_string(),
             c.fp8_recipe.map_or("", |r| r.name()).to_string(),
             c.recompute_modules.names().join(","),
@@ -1454,38 +1552,184 @@ mod tests {
     #[test]
     fn row_columns_follow_the_run_table_schema() {
         crate::runs::assert_row_columns_follow_the_schema(&ROW_COLUMNS);
-        assert_eq!(ROW_COLUMNS[CUDA_GRAPHS_COLUMN_AT], "cuda_graphs");
+        assert_eq!(ROW_COLUMNS_V2[CUDA_GRAPHS_COLUMN_AT_V2], "cuda_graphs");
         assert!(!ROW_COLUMNS_V1.contains(&"cuda_graphs"));
-        assert_eq!(ROW_COLUMNS_V1.len() + 1, ROW_COLUMNS.len());
+        assert_eq!(ROW_COLUMNS_V1.len() + 1, ROW_COLUMNS_V2.len());
+        let added: Vec<&str> = ROW_COLUMNS
+            .iter()
+            .copied()
+            .filter(|c| !ROW_COLUMNS_V2.contains(c))
+            .collect();
+        assert_eq!(
+            added,
+            [
+                "gated_mlp",
+                "tied_embeddings",
+                "linear_bias",
+                "qk_layernorm",
+                "dropout",
+                "position_embedding",
+                "head_dim"
+            ]
+        );
+        assert!(ROW_COLUMNS_V2.iter().all(|c| ROW_COLUMNS.contains(c)));
+    }
+
+    /// A validation history written with `older` columns, the row's cells
+    /// under them.
+    fn history_of(older: &[&str], run: &MegatronRun) -> (tempfile::TempDir, std::path::PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("runs-history.csv");
+        let row = run.row("r.log", "r.log").unwrap();
+        let cell = |column: &&str| {
+            let at = ROW_COLUMNS.iter().position(|c| c == column).unwrap();
+            row[at].clone()
+        };
+        let old: Vec<String> = older.iter().map(cell).collect();
+        std::fs::write(&path, format!("{}\n{}\n", older.join(","), old.join(","))).unwrap();
+        (dir, path)
+    }
+
+    fn upgraded(path: &std::path::Path) -> RunTable {
+        let (_, _, upgraded) = crate::runs::RunHistory::open_upgrading(
+            path,
+            &ROW_COLUMNS,
+            &[&ROW_COLUMNS_V1, &ROW_COLUMNS_V2],
+        )
+        .unwrap();
+        assert!(upgraded);
+        let table = RunTable::read(path).unwrap();
+        assert_eq!(table.headers, ROW_COLUMNS.map(String::from).to_vec());
+        table
     }
 
     /// A validation history written before the `cuda_graphs` column is
     /// rewritten with it, empty (off), and its rows read back as before.
     #[test]
     fn a_history_without_the_graphs_column_gains_it() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("runs-history.csv");
         let run = parse(&log(&[], &[900.0, 300.0, 200.0]), "r.log", 2).unwrap();
-        let row = run.row("r.log", "r.log").unwrap();
-        let old: Vec<&str> = ROW_COLUMNS
-            .iter()
-            .zip(&row)
-            .filter(|(c, _)| **c != "cuda_graphs")
-            .map(|(_, v)| v.as_str())
-            .collect();
-        std::fs::write(
-            &path,
-            format!("{}\n{}\n", ROW_COLUMNS_V1.join(","), old.join(",")),
-        )
-        .unwrap();
-        let (_, _, upgraded) =
-            crate::runs::RunHistory::open_upgrading(&path, &ROW_COLUMNS, &[&ROW_COLUMNS_V1])
-                .unwrap();
-        assert!(upgraded);
-        let table = RunTable::read(&path).unwrap();
-        assert_eq!(table.headers, ROW_COLUMNS.map(String::from).to_vec());
+        let (_dir, path) = history_of(&ROW_COLUMNS_V1, &run);
+        let table = upgraded(&path);
         assert_eq!(table.cell(0, "cuda_graphs"), None);
         assert_eq!(table.cell(0, "tp"), Some("2"));
+    }
+
+    /// A history written before the model's switch columns gains them
+    /// empty: its rows keep the plan's model.
+    #[test]
+    fn a_history_without_the_model_switches_gains_them_empty() {
+        let run = parse(
+            &log(
+                &[("swiglu", "True"), ("kv_channels", "128")],
+                &[900.0, 300.0, 200.0],
+            ),
+            "r.log",
+            2,
+        )
+        .unwrap();
+        let (_dir, path) = history_of(&ROW_COLUMNS_V2, &run);
+        let table = upgraded(&path);
+        for column in ["gated_mlp", "head_dim", "position_embedding", "dropout"] {
+            assert_eq!(table.cell(0, column), None, "{column}");
+        }
+        assert_eq!(table.cell(0, "cuda_graphs"), Some("off"));
+    }
+
+    /// What the dump says of the model reaches the row, so a run of a
+    /// model paratune does not know is priced as the model it ran; what
+    /// the dump leaves out stays empty (the defaults' model).
+    #[test]
+    fn the_model_switches_come_from_the_dump() {
+        let cells = |extra: &[(&str, &str)]| {
+            let run = parse(&log(extra, &[900.0, 300.0, 200.0]), "s.log", 2).unwrap();
+            let row = run.row("s.log", "s.log").unwrap();
+            let cell =
+                |name: &str| row[ROW_COLUMNS.iter().position(|c| *c == name).unwrap()].clone();
+            [
+                "gated_mlp",
+                "tied_embeddings",
+                "linear_bias",
+                "qk_layernorm",
+                "dropout",
+                "position_embedding",
+                "head_dim",
+            ]
+            .map(cell)
+        };
+        assert_eq!(cells(&[]), ["", "", "", "", "", "", ""].map(String::from));
+        // Qwen3's layer: SwiGLU, untied, no biases, QK norms, no dropout,
+        // rotary, heads of 128 at hidden 1024 and 16 heads.
+        let qwen = [
+            ("swiglu", "True"),
+            ("untie_embeddings_and_output_weights", "True"),
+            ("add_bias_linear", "False"),
+            ("qk_layernorm", "True"),
+            ("hidden_dropout", "0.0"),
+            ("attention_dropout", "0.0"),
+            ("position_embedding_type", "rope"),
+            ("kv_channels", "128"),
+        ];
+        assert_eq!(
+            cells(&qwen),
+            ["on", "off", "off", "on", "off", "rope", "128"].map(String::from)
+        );
+        // GPT's: GeLU, tied, biased, dropout 0.1, learned positions, and a
+        // head width of hidden / heads, which needs no column.
+        let gpt = [
+            ("swiglu", "False"),
+            ("untie_embeddings_and_output_weights", "False"),
+            ("add_bias_linear", "True"),
+            ("qk_layernorm", "False"),
+            ("hidden_dropout", "0.1"),
+            ("attention_dropout", "0.1"),
+            ("position_embedding_type", "learned_absolute"),
+            ("kv_channels", "64"),
+        ];
+        assert_eq!(
+            cells(&gpt),
+            ["off", "on", "on", "off", "on", "learned_absolute", ""].map(String::from)
+        );
+        // gpt-oss's quick-GeGLU is a gated MLP too.
+        assert_eq!(
+            cells(&[("swiglu", "False"), ("quick_geglu", "True")])[0],
+            "on"
+        );
+        let e = parse(
+            &log(&[("hidden_dropout", "1.5")], &[900.0, 300.0]),
+            "d.log",
+            1,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("hidden_dropout"), "{e}");
+    }
+
+    /// A row read back prices the model the dump describes over the
+    /// defaults' model: the switches override it.
+    #[test]
+    fn an_ingested_row_reads_back_as_the_model_that_ran() {
+        let extra = [
+            ("swiglu", "True"),
+            ("untie_embeddings_and_output_weights", "True"),
+            ("add_bias_linear", "False"),
+            ("qk_layernorm", "True"),
+            ("hidden_dropout", "0.0"),
+            ("attention_dropout", "0.0"),
+            ("position_embedding_type", "rope"),
+            ("kv_channels", "128"),
+        ];
+        let run = parse(&log(&extra, &[900.0, 300.0, 200.0]), "q.log", 2).unwrap();
+        let row = run.row("q.log", "q.log").unwrap();
+        let mut buffer = Vec::new();
+        let headers: Vec<String> = ROW_COLUMNS.iter().map(|s| s.to_string()).collect();
+        write_csv(&mut buffer, &headers, &[row]).unwrap();
+        let table = RunTable::parse(std::str::from_utf8(&buffer).unwrap(), "q.csv").unwrap();
+        let defaults = RowDefaults::gpt(1000, 128, AttentionKind::Flash, Recompute::None);
+        assert!(defaults.model.linear_bias && defaults.model.learned_positions);
+        let runs = runs_from_table(&table, &defaults, crate::runs::BaseNode::DGX_A100).unwrap();
+        let model = &runs[0].model;
+        assert!(model.gated_mlp && !model.tied_embeddings && !model.linear_bias);
+        assert!(model.qk_layernorm && !model.dropout && !model.learned_positions);
+        assert_eq!(model.attention_head_width(), 128.0);
     }
 
     /// The graphs a run captured, as the implementation (and, in older
