@@ -438,6 +438,30 @@ fn unlike_llama(job: &LaunchJob) -> Vec<&'static str> {
     if model.mla.is_some() {
         unlike.push("multi-latent attention (torchtitan's deepseek_v3)");
     }
+    if !model.rms_norm {
+        unlike.push("LayerNorm");
+    }
+    if model.linear_bias {
+        unlike.push("biased linears");
+    }
+    if model.dropout {
+        unlike.push("dropout");
+    }
+    if model.qk_layernorm && model.mla.is_none() {
+        unlike.push("per-head query and key norms (torchtitan's qwen3)");
+    }
+    if model.head_dim_override.is_some() {
+        unlike.push("heads of another width than hidden / heads");
+    }
+    if model.window.is_some() {
+        unlike.push("sliding-window attention (torchtitan's gpt_oss)");
+    }
+    if model.attention_sinks {
+        unlike.push("attention sinks (torchtitan's gpt_oss)");
+    }
+    if model.quick_geglu.is_some() {
+        unlike.push("gpt-oss's clamped quick-GeGLU (torchtitan's gpt_oss)");
+    }
     unlike
 }
 
@@ -544,7 +568,7 @@ pub fn torchtitan_toml(job: &LaunchJob) -> Result<String, ExportError> {
             line(
                 w,
                 format_args!(
-                    "# llama3 has SwiGLU, rotary positions and an untied head; this model has {}: give it its own model",
+                    "# llama3 has SwiGLU, rotary positions, RMSNorm without biases or dropout, and an untied head; this model has {}: give it its own model",
                     unlike.join(", ")
                 ),
             );
@@ -980,6 +1004,35 @@ mod tests {
         };
         let text = torchtitan_toml(&launch(&deeper, &data_parallel(8))).unwrap();
         assert!(text.contains("torchtitan ships no such flavor"), "{text}");
+        // A Llama-sized model with Qwen3's norms and biased linears is no
+        // llama3 flavor, and the comment names both.
+        let normed = ModelSpec {
+            qk_layernorm: true,
+            linear_bias: true,
+            ..deeper.clone()
+        };
+        let text = torchtitan_toml(&launch(&normed, &data_parallel(8))).unwrap();
+        assert!(
+            text.contains("this model has biased linears, per-head query and key norms"),
+            "{text}"
+        );
+        let oss_like = ModelSpec {
+            layers: 30,
+            ..builtin_model("gpt-oss-20b").unwrap()
+        };
+        assert_eq!(torchtitan_model(&oss_like), None);
+        let unlike = unlike_llama(&launch(&oss_like, &data_parallel(8)));
+        for named in [
+            "sliding-window",
+            "attention sinks",
+            "quick-GeGLU",
+            "biased linears",
+        ] {
+            assert!(
+                unlike.iter().any(|u| u.contains(named)),
+                "{named}: {unlike:?}"
+            );
+        }
         let deepseek = builtin_model("deepseek-v3").unwrap();
         assert_eq!(torchtitan_module(&deepseek), Some("deepseek_v3"));
         let gpt = builtin_model("gpt3-175b").unwrap();
