@@ -108,6 +108,12 @@ coefficients! {
     host_us_per_layer_pass: "microseconds", [0.0, 20000.0], 400.0, Carries,
         "host (CPU) time to issue one layer's forward pass; backward counts twice. Carried to other GPUs as fitted: it is the framework's dispatch (Python, PyTorch and Transformer Engine per operator) more than the GPU's, and the 400 us prior is below every host paratune has measured (762 us on DGX A100; Megatron-LM's CI runs fit 1,841 with their logging)",
         "about 35 PyTorch eager operators per Megatron layer forward at about 12 us of dispatch each (PyTorch profiler, typical)";
+    kernel_gap_us: "microseconds", [0.0, 50.0], 2.1, Carries,
+        "GPU time each kernel of a layer costs beyond its work, launched one by one on a stream: the gap between dependent kernels (the grid's launch by the GPU's front end, its first wave's ramp-up, its last wave's drain), paid even when the host runs far ahead",
+        "2.1 us on H100 for a kernel that timestamps its own start and end, launched on a CUDA stream (Hazy Research, \"Look Ma, No Bubbles!\", 2025); A100 1.5 us per extra kernel on a stream (Zhang et al., SC23 poster)";
+    kernel_graph_gap_fraction: "fraction", [0.0, 1.0], 0.62, Carries,
+        "the share of kernel_gap_us left when a CUDA graph replays the kernels (a layer's graph, or the whole iteration's)",
+        "1.3 of 2.1 us on H100, the same kernel replayed from a CUDA graph and launched on a stream (Hazy Research, \"Look Ma, No Bubbles!\", 2025); B200 0.8 us per kernel with CUDA graphs (Mirage Persistent Kernel, arXiv 2512.22219, section 6)";
     host_sync_us_per_rank: "microseconds", [0.0, 5000.0], 5.0, System,
         "host-visible skew per tensor-parallel collective per extra rank, when launch-bound (ranks wait for the slowest)",
         "one NVLink ring step (see collective_step_latency_us); skew between ranks' Python processes adds to it";

@@ -133,12 +133,37 @@ struct PassTime {
     score_passes: f64,
     /// Other memory-bound passes (norms, dropout, residuals, activation).
     elementwise: f64,
+    /// The gaps between the pass's kernels ([`kernel_gaps`]).
+    gaps: f64,
 }
 
 impl PassTime {
     fn total(&self) -> f64 {
-        self.gemm + self.attention + self.score_passes + self.elementwise
+        self.gemm + self.attention + self.score_passes + self.elementwise + self.gaps
     }
+}
+
+/// GPU time between one forward pass's kernels: the kernels it runs (a
+/// dense layer's [`LAYER_OPERATORS`], and an MoE layer's routing,
+/// dispatch and per-expert launches as [`moe_host_parts`] counts them),
+/// each costing the gap between dependent kernels: `kernel_gap_us` where
+/// they are launched one by one, its `kernel_graph_gap_fraction` where a
+/// CUDA graph replays them (a layer's graph holds its attention and MLP,
+/// and an MoE layer's routing and experts run eager beside it, as
+/// [`moe_host_parts`] says; the whole iteration's graph holds them all).
+fn kernel_gaps(s: &Scenario, c: &ParallelConfig, kind: LayerKind) -> f64 {
+    let k = s.coef();
+    let (routing, after_sync) = moe_host_parts(s, c, kind);
+    let (eager, graphed) = (
+        k.kernel_gap_us,
+        k.kernel_gap_us * k.kernel_graph_gap_fraction,
+    );
+    let (layer_gap, moe_gap) = match c.cuda_graphs {
+        CudaGraphs::Off => (eager, eager),
+        CudaGraphs::Layers => (graphed, eager),
+        CudaGraphs::FullIteration => (graphed, graphed),
+    };
+    LAYER_OPERATORS * (layer_gap + (routing + after_sync) * moe_gap) * 1e-6
 }
 
 /// Forward and backward GEMM time of an MLP `width` wide split `split`
@@ -316,12 +341,14 @@ fn layer_passes(s: &Scenario, c: &ParallelConfig, kind: LayerKind) -> (PassTime,
         1.0
     };
     let pass = |bytes: f64| kernels::memory_pass(s, bytes) * k.elementwise_traffic_scale * fused;
+    let gaps = kernel_gaps(s, c, kind);
     let forward = PassTime {
         gemm: gemm_fwd,
         expert_gemm: experts.0,
         attention: attention_fwd,
         score_passes: pass(traffic.scores),
         elementwise: pass(traffic.other + traffic.counted.0),
+        gaps,
     };
     // Backward reads the saved tensors and the incoming gradient and writes
     // the outgoing gradient: about twice the forward traffic.
@@ -331,6 +358,9 @@ fn layer_passes(s: &Scenario, c: &ParallelConfig, kind: LayerKind) -> (PassTime,
         attention: attention_bwd,
         score_passes: 2.0 * forward.score_passes,
         elementwise: pass(2.0 * traffic.other + traffic.counted.1),
+        // The backward runs about twice the forward's kernels, as its host
+        // work counts twice.
+        gaps: 2.0 * gaps,
     };
     (forward, backward)
 }
