@@ -106,10 +106,10 @@ coefficients! {
         "multiplier on the bytes that layer norms, dropout, activations, residuals and softmax read and write",
         "1.0 means exactly the tensor reads and writes counted from Megatron-LM's fused kernels";
     host_us_per_layer_pass: "microseconds", [0.0, 20000.0], 400.0, Carries,
-        "host (CPU) time to issue one layer's forward pass; backward counts twice. Carried to other GPUs as fitted: it is the framework's dispatch (Python, PyTorch and Transformer Engine per operator) more than the GPU's, and the 400 us prior is below every host paratune has measured (762 us on DGX A100; Megatron-LM's CI runs fit 1,841 with their logging)",
+        "host (CPU) time to issue one layer's forward pass; backward counts twice. Carried to other GPUs as fitted: it is the framework's dispatch (Python, PyTorch and Transformer Engine per operator) more than the GPU's, and the 400 us prior is below every host paratune has measured (764 us on DGX A100; Megatron-LM's CI runs fit 1,841 with their logging)",
         "about 35 PyTorch eager operators per Megatron layer forward at about 12 us of dispatch each (PyTorch profiler, typical)";
-    kernel_gap_us: "microseconds", [0.0, 50.0], 2.1, Carries,
-        "GPU time each kernel of a layer costs beyond its work, launched one by one on a stream: the gap between dependent kernels (the grid's launch by the GPU's front end, its first wave's ramp-up, its last wave's drain), paid even when the host runs far ahead",
+    kernel_gap_us: "microseconds", [0.0, 50.0], 2.1, System,
+        "GPU time each kernel of a layer costs beyond its work, launched one by one on a stream: the gap between dependent kernels (the grid's launch by the GPU's front end, its first wave's ramp-up, its last wave's drain), paid even when the host runs far ahead. A property of the GPU and its driver: on another GPU it starts again from its prior, an H100 measurement",
         "2.1 us on H100 for a kernel that timestamps its own start and end, launched on a CUDA stream (Hazy Research, \"Look Ma, No Bubbles!\", 2025); A100 1.5 us per extra kernel on a stream (Zhang et al., SC23 poster)";
     kernel_graph_gap_fraction: "fraction", [0.0, 1.0], 0.62, Carries,
         "the share of kernel_gap_us left when a CUDA graph replays the kernels (a layer's graph, or the whole iteration's)",

@@ -268,7 +268,7 @@ mod tests {
                 }
             }
         }
-        // A100 SXM: 267.9 of 312 TFLOP/s.
+        // A100 SXM: 271.2 of 312 TFLOP/s.
         assert!((matmul_ceiling("A100-80GB").unwrap().bf16 - 0.869).abs() < 1e-9);
         assert!(matmul_ceiling("h100-sxm").unwrap().fp8.is_some());
         assert_eq!(matmul_ceiling("v100-32gb"), None);

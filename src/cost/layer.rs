@@ -133,8 +133,11 @@ struct PassTime {
     score_passes: f64,
     /// Other memory-bound passes (norms, dropout, residuals, activation).
     elementwise: f64,
-    /// The gaps between the pass's kernels ([`kernel_gaps`]).
+    /// The gaps between the pass's kernels ([`KernelGaps`]).
     gaps: f64,
+    /// Of `gaps`, those of an MoE layer's kernels after the dispatcher's
+    /// host sync (dispatch, experts, combine), as `expert_gemm` is of `gemm`.
+    expert_gaps: f64,
 }
 
 impl PassTime {
@@ -143,27 +146,55 @@ impl PassTime {
     }
 }
 
-/// GPU time between one forward pass's kernels: the kernels it runs (a
-/// dense layer's [`LAYER_OPERATORS`], and an MoE layer's routing,
-/// dispatch and per-expert launches as [`moe_host_parts`] counts them),
-/// each costing the gap between dependent kernels: `kernel_gap_us` where
-/// they are launched one by one, its `kernel_graph_gap_fraction` where a
-/// CUDA graph replays them (a layer's graph holds its attention and MLP,
-/// and an MoE layer's routing and experts run eager beside it, as
-/// [`moe_host_parts`] says; the whole iteration's graph holds them all).
-fn kernel_gaps(s: &Scenario, c: &ParallelConfig, kind: LayerKind) -> f64 {
+/// GPU time between one forward pass's kernels, each costing the gap
+/// between dependent kernels ([`kernel_gap_seconds`]). The kernels are
+/// counted as the host model weighs a pass's operators: a dense layer's
+/// [`LAYER_OPERATORS`], and an MoE layer's routing and, after the
+/// dispatcher's sync, its dispatch, per-expert work and combine in
+/// [`moe_host_parts`]' shares of them.
+#[derive(Debug, Clone, Copy)]
+struct KernelGaps {
+    /// The whole forward pass's.
+    forward: f64,
+    /// Of `forward`, the MoE part's after the dispatcher's sync.
+    after_sync: f64,
+}
+
+impl KernelGaps {
+    fn of(s: &Scenario, c: &ParallelConfig, kind: LayerKind) -> KernelGaps {
+        let (routing, after_sync) = moe_host_parts(s, c, kind);
+        let (graphed, eager) = (
+            kernel_gap_seconds(s, c, true),
+            kernel_gap_seconds(s, c, false),
+        );
+        // A layer's CUDA graph holds its attention and MLP, and an MoE
+        // layer's router and preprocess (the export's `--cuda-graph-scope
+        // attn moe_router moe_preprocess`); the dispatch and the experts
+        // run eager beside it. A whole iteration's graph holds them all.
+        let (layer_gap, after_sync_gap) = match c.cuda_graphs {
+            CudaGraphs::Off => (eager, eager),
+            CudaGraphs::Layers => (graphed, eager),
+            CudaGraphs::FullIteration => (graphed, graphed),
+        };
+        let after_sync = LAYER_OPERATORS * after_sync * after_sync_gap;
+        KernelGaps {
+            forward: LAYER_OPERATORS * (1.0 + routing) * layer_gap + after_sync,
+            after_sync,
+        }
+    }
+}
+
+/// Seconds between two dependent kernels: `kernel_gap_us` launched one by
+/// one on a stream, its `kernel_graph_gap_fraction` replayed from a CUDA
+/// graph (`graphed`, where `c` captures graphs at all).
+fn kernel_gap_seconds(s: &Scenario, c: &ParallelConfig, graphed: bool) -> f64 {
     let k = s.coef();
-    let (routing, after_sync) = moe_host_parts(s, c, kind);
-    let (eager, graphed) = (
-        k.kernel_gap_us,
-        k.kernel_gap_us * k.kernel_graph_gap_fraction,
-    );
-    let (layer_gap, moe_gap) = match c.cuda_graphs {
-        CudaGraphs::Off => (eager, eager),
-        CudaGraphs::Layers => (graphed, eager),
-        CudaGraphs::FullIteration => (graphed, graphed),
+    let fraction = if graphed && c.cuda_graphs != CudaGraphs::Off {
+        k.kernel_graph_gap_fraction
+    } else {
+        1.0
     };
-    LAYER_OPERATORS * (layer_gap + (routing + after_sync) * moe_gap) * 1e-6
+    k.kernel_gap_us * fraction * 1e-6
 }
 
 /// Forward and backward GEMM time of an MLP `width` wide split `split`
@@ -341,14 +372,15 @@ fn layer_passes(s: &Scenario, c: &ParallelConfig, kind: LayerKind) -> (PassTime,
         1.0
     };
     let pass = |bytes: f64| kernels::memory_pass(s, bytes) * k.elementwise_traffic_scale * fused;
-    let gaps = kernel_gaps(s, c, kind);
+    let gaps = KernelGaps::of(s, c, kind);
     let forward = PassTime {
         gemm: gemm_fwd,
         expert_gemm: experts.0,
         attention: attention_fwd,
         score_passes: pass(traffic.scores),
         elementwise: pass(traffic.other + traffic.counted.0),
-        gaps,
+        gaps: gaps.forward,
+        expert_gaps: gaps.after_sync,
     };
     // Backward reads the saved tensors and the incoming gradient and writes
     // the outgoing gradient: about twice the forward traffic.
@@ -360,7 +392,8 @@ fn layer_passes(s: &Scenario, c: &ParallelConfig, kind: LayerKind) -> (PassTime,
         elementwise: pass(2.0 * traffic.other + traffic.counted.1),
         // The backward runs about twice the forward's kernels, as its host
         // work counts twice.
-        gaps: 2.0 * gaps,
+        gaps: 2.0 * gaps.forward,
+        expert_gaps: 2.0 * gaps.after_sync,
     };
     (forward, backward)
 }
@@ -701,7 +734,7 @@ fn recomputed_forwards(c: &ParallelConfig) -> f64 {
 /// A dense layer's eager operators in a forward pass (Megatron-Core with
 /// Transformer Engine: norms, projections, attention, activation,
 /// residuals; the count [`RecomputeModules`]' host shares are taken from).
-const LAYER_OPERATORS: f64 = 35.0;
+pub(super) const LAYER_OPERATORS: f64 = 35.0;
 
 /// What Megatron-LM's selective recomputation runs again in one layer of
 /// `kind`: (host passes, GPU time, of which GEMMs). A layer's forward,
@@ -790,6 +823,10 @@ fn selective_recompute(
         }
         host += 4.0 * operator;
     }
+    // The recomputed operators' kernels pay their gaps too, at the
+    // forward pass's average per unit of host work.
+    let (routing, after_sync) = moe_host_parts(s, c, kind);
+    gpu += (host - 3.0) * fwd.gaps / (1.0 + routing + after_sync);
     (host, gpu, gemm)
 }
 
@@ -890,7 +927,7 @@ fn host_sync_segment(
         host: pass_host,
         gpu: fwd.total(),
         post_host,
-        pre_gpu: fwd.total() - fwd.expert_gemm,
+        pre_gpu: fwd.total() - fwd.expert_gemm - fwd.expert_gaps,
     })
 }
 
@@ -1067,7 +1104,11 @@ pub fn layer_time_of(
         Recompute::Selective => selective_recompute(s, c, kind, &fwd),
         Recompute::Full => (4.0, fwd.total(), fwd.gemm),
         // Every other matrix multiply and the element-wise work between.
-        Recompute::SelectiveOp => (3.5, fwd.gemm / 2.0 + fwd.elementwise, fwd.gemm / 2.0),
+        Recompute::SelectiveOp => (
+            3.5,
+            fwd.gemm / 2.0 + fwd.elementwise + fwd.gaps / 2.0,
+            fwd.gemm / 2.0,
+        ),
         Recompute::SelectiveLayer => (3.0 + 1.0 / every, fwd.total() / every, fwd.gemm / every),
     };
     let gemm = fwd.gemm + bwd.gemm + recomputed_gemm;

@@ -2661,7 +2661,7 @@ mod experts_and_context {
         let group = builtin_node("h100-sxm", 1).unwrap();
         let cost = CostModel::datasheet();
         let mut model = builtin_model("qwen3-30b-a3b").unwrap();
-        model.seq_len = 32768;
+        model.seq_len = 16384;
         let s = scenario_for(&model, &group, 8, &cost);
         let time = |engine, kind| {
             let c = ParallelConfig {
@@ -3349,5 +3349,109 @@ mod query_key_passes {
             ..deepseek.clone()
         };
         assert_eq!(step_and_kept(&deepseek), step_and_kept(&without));
+    }
+}
+
+/// The GPU's gap between a layer's dependent kernels (`kernel_gap_us`,
+/// `kernel_graph_gap_fraction`), priced per kernel the host model counts.
+mod kernel_gaps {
+    use super::*;
+    use crate::config::CudaGraphs;
+    use layer::{LAYER_OPERATORS, LayerKind};
+
+    /// A layer's GPU time with the gap at `gap_us` and the graph fraction
+    /// at `fraction`.
+    fn gpu_time(f: &Fixture, c: &ParallelConfig, kind: LayerKind, gap_us: f64) -> f64 {
+        let mut cost = f.cost.clone();
+        cost.coefficients.set("kernel_gap_us", gap_us);
+        cost.coefficients.set("kernel_graph_gap_fraction", 0.5);
+        let s = Scenario::new(&f.model, f.global_batch, &f.group, f.gpus, &cost);
+        layer::layer_time_of(&s, c, kind, &mut ProfileUsage::default()).gpu_compute
+    }
+
+    /// The gaps a layer adds: its GPU time with a 10 us gap over without.
+    fn added(f: &Fixture, c: &ParallelConfig, kind: LayerKind) -> f64 {
+        gpu_time(f, c, kind, 10.0) - gpu_time(f, c, kind, 0.0)
+    }
+
+    #[test]
+    fn a_dense_layer_pays_a_gap_per_kernel_forward_and_twice_backward() {
+        let f = Fixture::new(gpt22b(), 8, 8);
+        let c = f.checked(config(8, 1, 1, 1));
+        let per_pass = LAYER_OPERATORS * 10e-6;
+        assert_close(
+            added(&f, &c, LayerKind::Dense),
+            3.0 * per_pass,
+            1e-9,
+            "eager",
+        );
+        // Replayed from a graph, each gap is the fraction of it.
+        let graphed = ParallelConfig {
+            cuda_graphs: CudaGraphs::Layers,
+            ..c
+        };
+        assert_close(
+            added(&f, &graphed, LayerKind::Dense),
+            0.5 * 3.0 * per_pass,
+            1e-9,
+            "graphed",
+        );
+        // Recomputing the whole forward runs its kernels again; selective
+        // recomputation of the attention core a quarter of them.
+        let full = ParallelConfig {
+            recompute: Recompute::Full,
+            ..c
+        };
+        assert_close(
+            added(&f, &full, LayerKind::Dense),
+            4.0 * per_pass,
+            1e-9,
+            "full",
+        );
+        let selective = ParallelConfig {
+            recompute: Recompute::Selective,
+            // The default modules: the attention core.
+            recompute_modules: crate::config::RecomputeModules::default(),
+            ..c
+        };
+        assert_close(
+            added(&f, &selective, LayerKind::Dense),
+            3.25 * per_pass,
+            1e-9,
+            "selective",
+        );
+    }
+
+    /// An MoE layer's routing and experts add kernels, and so gaps; a
+    /// layer's graph leaves the dispatch and experts eager, a whole
+    /// iteration's graph holds them too.
+    #[test]
+    fn an_moe_layer_pays_for_its_routing_and_experts_as_its_graphs_allow() {
+        let f = Fixture::new(builtin_model("mixtral-8x7b").unwrap(), 8, 64);
+        let c = f.checked(ParallelConfig {
+            ep: 8,
+            etp: 1,
+            attention: AttentionKind::Flash,
+            ..config(1, 1, 8, 1)
+        });
+        let gaps = |graphs| {
+            added(
+                &f,
+                &ParallelConfig {
+                    cuda_graphs: graphs,
+                    ..c
+                },
+                LayerKind::Moe,
+            )
+        };
+        let (off, layers, full) = (
+            gaps(CudaGraphs::Off),
+            gaps(CudaGraphs::Layers),
+            gaps(CudaGraphs::FullIteration),
+        );
+        let dense = added(&f, &c, LayerKind::Dense);
+        assert!(off > dense, "{off} > {dense}");
+        assert!(off > layers && layers > full, "{off} > {layers} > {full}");
+        assert_close(full, 0.5 * off, 1e-9, "whole graph");
     }
 }

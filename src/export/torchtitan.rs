@@ -450,7 +450,10 @@ fn unlike_llama(job: &LaunchJob) -> Vec<&'static str> {
     if model.qk_layernorm && model.mla.is_none() {
         unlike.push("per-head query and key norms (torchtitan's qwen3)");
     }
-    if model.head_dim_override.is_some() {
+    if model
+        .head_dim_override
+        .is_some_and(|width| width * model.heads != model.hidden)
+    {
         unlike.push("heads of another width than hidden / heads");
     }
     if model.window.is_some() {

@@ -548,10 +548,11 @@ fn parse_row(table: &RunTable, index: usize, defaults: &RowDefaults) -> Result<R
     if let Some(text) = cell("position_embedding") {
         model.learned_positions = match text {
             "learned_absolute" => true,
-            "rope" | "none" | "yarn" | "mrope" => false,
+            other if POSITION_EMBEDDINGS.contains(&other) => false,
             other => {
                 return Err(RowProblem::Invalid(format!(
-                    "`position_embedding` must be learned_absolute, rope or none, found `{other}`"
+                    "`position_embedding` must be one of {}, found `{other}`",
+                    POSITION_EMBEDDINGS.join(", ")
                 )));
             }
         };
@@ -982,6 +983,11 @@ pub(crate) fn assert_row_columns_follow_the_schema(columns: &[&str]) {
         }
     }
 }
+
+/// The `position_embedding` values a run table may give, Megatron-LM's
+/// names: learned positions, or rotary ones (`rope`, and YaRN's and
+/// M-RoPE's scalings of it), or none (priced as rotary for now).
+pub const POSITION_EMBEDDINGS: [&str; 5] = ["learned_absolute", "rope", "yarn", "mrope", "none"];
 
 /// Every column a run table may use; others are carried through untouched.
 pub const KNOWN_COLUMNS: [&str; 91] = [

@@ -211,13 +211,18 @@ pub fn merge_rows(
     let mut added = 0;
     for row in new_rows {
         let wide = widen(new_headers, row);
-        let given: Vec<usize> = new_headers
+        // A row is already there when it agrees on every column both
+        // tables have: a column the table appended to lacks says nothing
+        // (a row written before it existed is the same run).
+        let shared: Vec<usize> = new_headers
             .iter()
+            .filter(|h| existing_headers.contains(h))
             .filter_map(|h| headers.iter().position(|x| x == h))
             .collect();
-        let present = rows
-            .iter()
-            .any(|old| given.iter().all(|&i| old[i].trim() == wide[i].trim()));
+        let present = !shared.is_empty()
+            && rows
+                .iter()
+                .any(|old| shared.iter().all(|&i| old[i].trim() == wide[i].trim()));
         if !present {
             rows.push(wide);
             added += 1;
@@ -266,5 +271,25 @@ mod tests {
         assert_eq!(headers, h(&["gpus", "tp", "note", "iter_ms"]));
         assert_eq!(added, 1);
         assert_eq!(merged[1], h(&["8", "4", "", "100"]));
+    }
+
+    /// A run appended again, now with a column the table was written
+    /// without, is the same run: the new column says nothing about it.
+    #[test]
+    fn a_row_with_a_column_the_table_lacks_is_still_the_same_run() {
+        let h = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let existing = h(&["gpus", "tp", "iter_ms"]);
+        let rows = vec![h(&["8", "2", "100"])];
+        let new_headers = h(&["gpus", "tp", "gated_mlp", "iter_ms"]);
+        let again = vec![h(&["8", "2", "on", "100"])];
+        let (headers, merged, added) = merge_rows(&existing, &rows, &new_headers, &again);
+        assert_eq!(added, 0);
+        assert_eq!(headers, h(&["gpus", "tp", "iter_ms", "gated_mlp"]));
+        assert_eq!(merged.len(), 1);
+        let other = vec![h(&["8", "4", "on", "90"])];
+        assert_eq!(merge_rows(&existing, &rows, &new_headers, &other).2, 1);
+        // Nothing shared: nothing can be the same run.
+        let unrelated = h(&["note"]);
+        assert_eq!(merge_rows(&existing, &rows, &unrelated, &[h(&["x"])]).2, 1);
     }
 }

@@ -1401,6 +1401,14 @@ impl MegatronRun {
                 ));
             }
         }
+        if let Some(positions) = &m.position_embedding_type
+            && !crate::runs::POSITION_EMBEDDINGS.contains(&positions.as_str())
+        {
+            return Err(unsupported(
+                format!("`{positions}` position embeddings"),
+                "paratune reads learned_absolute, rope, yarn, mrope and none positions; measure with one of them",
+            ));
+        }
         if m.num_experts.is_some() {
             let dispatcher = m
                 .moe_token_dispatcher_type
@@ -1527,12 +1535,10 @@ impl MegatronRun {
                     .filter(|&n| n > 0)
                     .and(m.moe_router_group_topk),
             ),
-            // The head width where it is not hidden / heads (Qwen3's 128 at
-            // hidden 2048 and 32 heads).
-            optional_count(
-                sw.kv_channels
-                    .filter(|&width| width * m.num_attention_heads != m.hidden_size),
-            ),
+            // The head width as the run had it, hidden / heads or not
+            // (Qwen3's 128 at hidden 2048 and 32 heads): a model given
+            // beside the table cannot widen the run's heads.
+            optional_count(sw.kv_channels),
             c.precision.name().to_string(),
             c.fp8_recipe.map_or("", |r| r.name()).to_string(),
             c.recompute_modules.names().join(","),
@@ -1674,7 +1680,7 @@ mod tests {
             ["on", "off", "off", "on", "off", "rope", "128"].map(String::from)
         );
         // GPT's: GeLU, tied, biased, dropout 0.1, learned positions, and a
-        // head width of hidden / heads, which needs no column.
+        // head width of hidden / heads, written all the same.
         let gpt = [
             ("swiglu", "False"),
             ("untie_embeddings_and_output_weights", "False"),
@@ -1687,7 +1693,7 @@ mod tests {
         ];
         assert_eq!(
             cells(&gpt),
-            ["off", "on", "on", "off", "on", "learned_absolute", ""].map(String::from)
+            ["off", "on", "on", "off", "on", "learned_absolute", "64"].map(String::from)
         );
         // gpt-oss's quick-GeGLU is a gated MLP too.
         assert_eq!(
@@ -1701,6 +1707,19 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.to_string().contains("hidden_dropout"), "{e}");
+        // Positions paratune cannot price are refused by name, not written
+        // for the table's reader to reject later.
+        let run = parse(
+            &log(
+                &[("position_embedding_type", "relative")],
+                &[900.0, 300.0, 200.0],
+            ),
+            "r.log",
+            2,
+        )
+        .unwrap();
+        let e = run.row("r.log", "r.log").unwrap_err().to_string();
+        assert!(e.contains("`relative` position embeddings"), "{e}");
     }
 
     /// A row read back prices the model the dump describes over the
