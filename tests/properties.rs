@@ -110,6 +110,7 @@ fn synthetic_model() -> impl Strategy<Value = ModelSpec> {
                     rms_norm: false,
                     linear_bias: true,
                     qk_layernorm: false,
+                    no_positions: false,
                     attention: if flash {
                         AttentionKind::Flash
                     } else {

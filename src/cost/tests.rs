@@ -3341,6 +3341,12 @@ mod query_key_passes {
             ..llama.clone()
         };
         assert!(step_and_kept(&llama).0 > step_and_kept(&learned).0);
+        // Without positions (NoPE) nothing rotates either.
+        let nope = ModelSpec {
+            no_positions: true,
+            ..llama.clone()
+        };
+        assert!(step_and_kept(&llama).0 > step_and_kept(&nope).0);
         let mut deepseek = builtin_model("deepseek-v3").unwrap();
         deepseek.layers = 8;
         assert!(deepseek.qk_layernorm);

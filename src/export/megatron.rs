@@ -306,7 +306,9 @@ pub fn megatron_args(job: &LaunchJob) -> Result<Vec<String>, ExportError> {
     }
     args.pair("--seq-length", model.seq_len);
     args.pair("--max-position-embeddings", model.seq_len);
-    if !model.learned_positions {
+    if model.no_positions {
+        args.pair("--position-embedding-type", "none");
+    } else if !model.learned_positions {
         args.pair("--position-embedding-type", "rope");
     }
     if !model.tied_embeddings {

@@ -276,6 +276,7 @@ pub(crate) mod tests {
             rms_norm: true,
             linear_bias: false,
             qk_layernorm: false,
+            no_positions: false,
             attention: AttentionKind::Flash,
         }
     }
@@ -436,6 +437,17 @@ pub(crate) mod tests {
                 "unexpected `{absent}` in {joined}"
             );
         }
+        // Without positions (NoPE), Megatron-LM's `none`.
+        let nope = ModelSpec {
+            no_positions: true,
+            ..model
+        };
+        let joined = megatron_args(&job(&nope, &plan)).unwrap().join(" ");
+        assert!(
+            joined.contains("--position-embedding-type none"),
+            "{joined}"
+        );
+        assert!(!joined.contains("rope"), "{joined}");
     }
 
     #[test]

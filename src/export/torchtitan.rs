@@ -429,6 +429,9 @@ fn unlike_llama(job: &LaunchJob) -> Vec<&'static str> {
     if model.learned_positions {
         unlike.push("learned positions");
     }
+    if model.no_positions {
+        unlike.push("no position embeddings");
+    }
     if model.tied_embeddings {
         unlike.push("tied embeddings");
     }

@@ -256,6 +256,7 @@ impl Llama {
             rms_norm: true,
             linear_bias: false,
             qk_layernorm: false,
+            no_positions: false,
         }
     }
 }

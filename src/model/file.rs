@@ -40,6 +40,7 @@
 //! rms_norm = true            # RMSNorm instead of LayerNorm (Llama and after; default false)
 //! linear_bias = false        # biases on the linear layers (default true, as GPT)
 //! qk_layernorm = true        # normalise queries and keys (Qwen3; default false)
+//! no_positions = true        # no position embedding, NoPE (default false)
 //! ```
 //!
 //! With `base`, an absent key keeps the base's value (changing `hidden` does
@@ -66,7 +67,7 @@ pub enum ModelFileError {
 }
 
 /// Keys a model file may hold, in the order they are documented.
-const KEYS: [&str; 38] = [
+const KEYS: [&str; 39] = [
     "base",
     "name",
     "hidden",
@@ -105,6 +106,7 @@ const KEYS: [&str; 38] = [
     "rms_norm",
     "linear_bias",
     "qk_layernorm",
+    "no_positions",
 ];
 
 /// Multi-latent attention's keys besides `kv_lora_rank`.
@@ -423,6 +425,7 @@ fn parse(text: &str, path: &str) -> Result<ModelSpec, String> {
                 rms_norm: false,
                 linear_bias: true,
                 qk_layernorm: false,
+                no_positions: false,
             }
         }
     };
@@ -441,7 +444,7 @@ fn parse(text: &str, path: &str) -> Result<ModelSpec, String> {
             *field = value;
         }
     }
-    let flags: [(&str, &mut bool); 8] = [
+    let flags: [(&str, &mut bool); 9] = [
         ("gated_mlp", &mut model.gated_mlp),
         ("tied_embeddings", &mut model.tied_embeddings),
         ("learned_positions", &mut model.learned_positions),
@@ -450,6 +453,7 @@ fn parse(text: &str, path: &str) -> Result<ModelSpec, String> {
         ("rms_norm", &mut model.rms_norm),
         ("linear_bias", &mut model.linear_bias),
         ("qk_layernorm", &mut model.qk_layernorm),
+        ("no_positions", &mut model.no_positions),
     ];
     for (key, field) in flags {
         if let Some(value) = boolean(&table, key)? {
@@ -629,6 +633,23 @@ mod tests {
         let text = render_model_toml(&m);
         assert!(text.contains("attention = \"standard\""), "{text}");
         assert_eq!(parse_model_toml(&text, "x.toml").unwrap(), m);
+        // A model without positions (NoPE) keeps saying so.
+        m.no_positions = true;
+        let text = render_model_toml(&m);
+        assert!(text.contains("no_positions = true"), "{text}");
+        assert_eq!(parse_model_toml(&text, "x.toml").unwrap(), m);
+    }
+
+    #[test]
+    fn no_positions_cannot_be_learned_positions_too() {
+        let text = "base = \"gpt3-175b\"\nno_positions = true\n";
+        let e = parse_model_toml(text, "nope.toml").unwrap_err().to_string();
+        assert!(
+            e.contains("`no_positions` and `learned_positions` cannot both be on"),
+            "{e}"
+        );
+        let ok = "base = \"gpt3-175b\"\nno_positions = true\nlearned_positions = false\n";
+        assert!(parse_model_toml(ok, "nope.toml").unwrap().no_positions);
     }
 
     #[test]

@@ -118,6 +118,11 @@ pub struct ModelSpec {
     /// way.
     #[serde(default, skip_serializing_if = "is_false")]
     pub qk_layernorm: bool,
+    /// No position embedding at all, neither learned nor rotary (NoPE:
+    /// Megatron-LM's `--position-embedding-type none`, which hybrid models
+    /// train with): no rotation of the queries and keys to price.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub no_positions: bool,
 }
 
 fn is_false(b: &bool) -> bool {
@@ -327,6 +332,7 @@ impl ModelSpec {
             rms_norm: false,
             linear_bias: true,
             qk_layernorm: false,
+            no_positions: false,
         }
     }
 
@@ -770,6 +776,12 @@ impl ModelSpec {
                     self.name
                 ));
             }
+        }
+        if self.no_positions && self.learned_positions {
+            return Err(format!(
+                "model `{}`: `no_positions` and `learned_positions` cannot both be on; turn one off",
+                self.name
+            ));
         }
         if self.window.is_some_and(|w| w.tokens == 0) {
             return Err(format!(

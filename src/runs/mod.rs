@@ -546,6 +546,7 @@ fn parse_row(table: &RunTable, index: usize, defaults: &RowDefaults) -> Result<R
     }
     // Megatron-LM's names, as its CI runs' table has them.
     if let Some(text) = cell("position_embedding") {
+        model.no_positions = text == "none";
         model.learned_positions = match text {
             "learned_absolute" => true,
             other if POSITION_EMBEDDINGS.contains(&other) => false,
@@ -986,7 +987,7 @@ pub(crate) fn assert_row_columns_follow_the_schema(columns: &[&str]) {
 
 /// The `position_embedding` values a run table may give, Megatron-LM's
 /// names: learned positions, or rotary ones (`rope`, and YaRN's and
-/// M-RoPE's scalings of it), or none (priced as rotary for now).
+/// M-RoPE's scalings of it), or none (NoPE).
 pub const POSITION_EMBEDDINGS: [&str; 5] = ["learned_absolute", "rope", "yarn", "mrope", "none"];
 
 /// Every column a run table may use; others are carried through untouched.

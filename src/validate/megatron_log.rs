@@ -1726,29 +1726,36 @@ mod tests {
     /// defaults' model: the switches override it.
     #[test]
     fn an_ingested_row_reads_back_as_the_model_that_ran() {
-        let extra = [
-            ("swiglu", "True"),
-            ("untie_embeddings_and_output_weights", "True"),
-            ("add_bias_linear", "False"),
-            ("qk_layernorm", "True"),
-            ("hidden_dropout", "0.0"),
-            ("attention_dropout", "0.0"),
-            ("position_embedding_type", "rope"),
-            ("kv_channels", "128"),
-        ];
-        let run = parse(&log(&extra, &[900.0, 300.0, 200.0]), "q.log", 2).unwrap();
-        let row = run.row("q.log", "q.log").unwrap();
-        let mut buffer = Vec::new();
-        let headers: Vec<String> = ROW_COLUMNS.iter().map(|s| s.to_string()).collect();
-        write_csv(&mut buffer, &headers, &[row]).unwrap();
-        let table = RunTable::parse(std::str::from_utf8(&buffer).unwrap(), "q.csv").unwrap();
-        let defaults = RowDefaults::gpt(1000, 128, AttentionKind::Flash, Recompute::None);
-        assert!(defaults.model.linear_bias && defaults.model.learned_positions);
-        let runs = runs_from_table(&table, &defaults, crate::runs::BaseNode::DGX_A100).unwrap();
-        let model = &runs[0].model;
+        let read_back = |positions: &str| {
+            let extra = [
+                ("swiglu", "True"),
+                ("untie_embeddings_and_output_weights", "True"),
+                ("add_bias_linear", "False"),
+                ("qk_layernorm", "True"),
+                ("hidden_dropout", "0.0"),
+                ("attention_dropout", "0.0"),
+                ("position_embedding_type", positions),
+                ("kv_channels", "128"),
+            ];
+            let run = parse(&log(&extra, &[900.0, 300.0, 200.0]), "q.log", 2).unwrap();
+            let row = run.row("q.log", "q.log").unwrap();
+            let mut buffer = Vec::new();
+            let headers: Vec<String> = ROW_COLUMNS.iter().map(|s| s.to_string()).collect();
+            write_csv(&mut buffer, &headers, &[row]).unwrap();
+            let table = RunTable::parse(std::str::from_utf8(&buffer).unwrap(), "q.csv").unwrap();
+            let defaults = RowDefaults::gpt(1000, 128, AttentionKind::Flash, Recompute::None);
+            assert!(defaults.model.linear_bias && defaults.model.learned_positions);
+            let runs = runs_from_table(&table, &defaults, crate::runs::BaseNode::DGX_A100).unwrap();
+            runs[0].model.clone()
+        };
+        let model = read_back("rope");
         assert!(model.gated_mlp && !model.tied_embeddings && !model.linear_bias);
         assert!(model.qk_layernorm && !model.dropout && !model.learned_positions);
+        assert!(!model.no_positions);
         assert_eq!(model.attention_head_width(), 128.0);
+        // Megatron-LM's `none` (NoPE): neither learned nor rotary.
+        let nope = read_back("none");
+        assert!(nope.no_positions && !nope.learned_positions);
     }
 
     /// The graphs a run captured, as the implementation (and, in older

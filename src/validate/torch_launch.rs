@@ -264,6 +264,8 @@ pub fn unsupported(model: &crate::model::ModelSpec, c: &ParallelConfig) -> Optio
         "gpt-oss's attention sinks and clamped quick-GeGLU are not built by the worker (it runs a plain softmax and SwiGLU)"
     } else if model.qk_layernorm {
         "query/key norms are not built by the worker; plan with `--qk-layernorm off` to trial"
+    } else if model.no_positions {
+        "models without position embeddings are not built by the worker (it embeds learned or rotary positions)"
     } else if model.rms_norm == model.learned_positions
         || model.linear_bias != model.learned_positions
     {

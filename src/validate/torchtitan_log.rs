@@ -2453,6 +2453,7 @@ fn llama_spec(
         rms_norm: true,
         linear_bias: false,
         qk_layernorm: false,
+        no_positions: false,
     }
 }
 
