@@ -3384,48 +3384,32 @@ mod kernel_gaps {
     fn a_dense_layer_pays_a_gap_per_kernel_forward_and_twice_backward() {
         let f = Fixture::new(gpt22b(), 8, 8);
         let c = f.checked(config(8, 1, 1, 1));
-        let per_pass = LAYER_OPERATORS * 10e-6;
-        assert_close(
-            added(&f, &c, LayerKind::Dense),
-            3.0 * per_pass,
-            1e-9,
-            "eager",
-        );
+        // The gaps of `passes` forward passes' kernels.
+        let pays = |c: &ParallelConfig, passes: f64, what: &str| {
+            let expected = passes * LAYER_OPERATORS * 10e-6;
+            assert_close(added(&f, c, LayerKind::Dense), expected, 1e-9, what);
+        };
+        pays(&c, 3.0, "eager");
         // Replayed from a graph, each gap is the fraction of it.
         let graphed = ParallelConfig {
             cuda_graphs: CudaGraphs::Layers,
             ..c
         };
-        assert_close(
-            added(&f, &graphed, LayerKind::Dense),
-            0.5 * 3.0 * per_pass,
-            1e-9,
-            "graphed",
-        );
+        pays(&graphed, 0.5 * 3.0, "graphed");
         // Recomputing the whole forward runs its kernels again; selective
         // recomputation of the attention core a quarter of them.
         let full = ParallelConfig {
             recompute: Recompute::Full,
             ..c
         };
-        assert_close(
-            added(&f, &full, LayerKind::Dense),
-            4.0 * per_pass,
-            1e-9,
-            "full",
-        );
+        pays(&full, 4.0, "full");
         let selective = ParallelConfig {
             recompute: Recompute::Selective,
             // The default modules: the attention core.
             recompute_modules: crate::config::RecomputeModules::default(),
             ..c
         };
-        assert_close(
-            added(&f, &selective, LayerKind::Dense),
-            3.25 * per_pass,
-            1e-9,
-            "selective",
-        );
+        pays(&selective, 3.25, "selective");
     }
 
     /// An MoE layer's routing and experts add kernels, and so gaps; a

@@ -422,53 +422,49 @@ fn torchtitan_model(model: &ModelSpec) -> Option<(&'static str, &'static str)> {
 /// What the model needs and llama3 lacks, for the comment above the model.
 fn unlike_llama(job: &LaunchJob) -> Vec<&'static str> {
     let model = job.model;
-    let mut unlike = Vec::new();
-    if !model.gated_mlp {
-        unlike.push("a plain MLP");
-    }
-    if model.learned_positions {
-        unlike.push("learned positions");
-    }
-    if model.no_positions {
-        unlike.push("no position embeddings");
-    }
-    if model.tied_embeddings {
-        unlike.push("tied embeddings");
-    }
-    if model.moe.is_some() {
-        unlike.push("a mixture of experts (a torchtitan MoE model: qwen3, deepseek_v3 or llama4)");
-    }
-    if model.mla.is_some() {
-        unlike.push("multi-latent attention (torchtitan's deepseek_v3)");
-    }
-    if !model.rms_norm {
-        unlike.push("LayerNorm");
-    }
-    if model.linear_bias {
-        unlike.push("biased linears");
-    }
-    if model.dropout {
-        unlike.push("dropout");
-    }
-    if model.qk_layernorm && model.mla.is_none() {
-        unlike.push("per-head query and key norms (torchtitan's qwen3)");
-    }
-    if model
+    let other_head_width = model
         .head_dim_override
-        .is_some_and(|width| width * model.heads != model.hidden)
-    {
-        unlike.push("heads of another width than hidden / heads");
-    }
-    if model.window.is_some() {
-        unlike.push("sliding-window attention (torchtitan's gpt_oss)");
-    }
-    if model.attention_sinks {
-        unlike.push("attention sinks (torchtitan's gpt_oss)");
-    }
-    if model.quick_geglu.is_some() {
-        unlike.push("gpt-oss's clamped quick-GeGLU (torchtitan's gpt_oss)");
-    }
-    unlike
+        .is_some_and(|width| width * model.heads != model.hidden);
+    [
+        (!model.gated_mlp, "a plain MLP"),
+        (model.learned_positions, "learned positions"),
+        (model.no_positions, "no position embeddings"),
+        (model.tied_embeddings, "tied embeddings"),
+        (
+            model.moe.is_some(),
+            "a mixture of experts (a torchtitan MoE model: qwen3, deepseek_v3 or llama4)",
+        ),
+        (
+            model.mla.is_some(),
+            "multi-latent attention (torchtitan's deepseek_v3)",
+        ),
+        (!model.rms_norm, "LayerNorm"),
+        (model.linear_bias, "biased linears"),
+        (model.dropout, "dropout"),
+        (
+            model.qk_layernorm && model.mla.is_none(),
+            "per-head query and key norms (torchtitan's qwen3)",
+        ),
+        (
+            other_head_width,
+            "heads of another width than hidden / heads",
+        ),
+        (
+            model.window.is_some(),
+            "sliding-window attention (torchtitan's gpt_oss)",
+        ),
+        (
+            model.attention_sinks,
+            "attention sinks (torchtitan's gpt_oss)",
+        ),
+        (
+            model.quick_geglu.is_some(),
+            "gpt-oss's clamped quick-GeGLU (torchtitan's gpt_oss)",
+        ),
+    ]
+    .into_iter()
+    .filter_map(|(lacks, what)| lacks.then_some(what))
+    .collect()
 }
 
 /// The model's dimensions, for a comment: torchtitan picks the network by

@@ -1555,6 +1555,33 @@ impl MegatronRun {
 #[cfg(test)]
 mod tests {
 
+    /// A dump of Qwen3's layer at hidden 1024 and 16 heads: SwiGLU,
+    /// untied, no biases, QK norms, no dropout, heads of 128, and the
+    /// given positions.
+    fn qwen_like(positions: &str) -> [(&'static str, &str); 8] {
+        [
+            ("swiglu", "True"),
+            ("untie_embeddings_and_output_weights", "True"),
+            ("add_bias_linear", "False"),
+            ("qk_layernorm", "True"),
+            ("hidden_dropout", "0.0"),
+            ("attention_dropout", "0.0"),
+            ("position_embedding_type", positions),
+            ("kv_channels", "128"),
+        ]
+    }
+
+    /// The model's switch columns, in the row's order.
+    const SWITCH_COLUMNS: [&str; 7] = [
+        "gated_mlp",
+        "tied_embeddings",
+        "linear_bias",
+        "qk_layernorm",
+        "dropout",
+        "position_embedding",
+        "head_dim",
+    ];
+
     #[test]
     fn row_columns_follow_the_run_table_schema() {
         crate::runs::assert_row_columns_follow_the_schema(&ROW_COLUMNS);
@@ -1566,18 +1593,7 @@ mod tests {
             .copied()
             .filter(|c| !ROW_COLUMNS_V2.contains(c))
             .collect();
-        assert_eq!(
-            added,
-            [
-                "gated_mlp",
-                "tied_embeddings",
-                "linear_bias",
-                "qk_layernorm",
-                "dropout",
-                "position_embedding",
-                "head_dim"
-            ]
-        );
+        assert_eq!(added, SWITCH_COLUMNS);
         assert!(ROW_COLUMNS_V2.iter().all(|c| ROW_COLUMNS.contains(c)));
     }
 
@@ -1651,30 +1667,10 @@ mod tests {
             let row = run.row("s.log", "s.log").unwrap();
             let cell =
                 |name: &str| row[ROW_COLUMNS.iter().position(|c| *c == name).unwrap()].clone();
-            [
-                "gated_mlp",
-                "tied_embeddings",
-                "linear_bias",
-                "qk_layernorm",
-                "dropout",
-                "position_embedding",
-                "head_dim",
-            ]
-            .map(cell)
+            SWITCH_COLUMNS.map(cell)
         };
         assert_eq!(cells(&[]), ["", "", "", "", "", "", ""].map(String::from));
-        // Qwen3's layer: SwiGLU, untied, no biases, QK norms, no dropout,
-        // rotary, heads of 128 at hidden 1024 and 16 heads.
-        let qwen = [
-            ("swiglu", "True"),
-            ("untie_embeddings_and_output_weights", "True"),
-            ("add_bias_linear", "False"),
-            ("qk_layernorm", "True"),
-            ("hidden_dropout", "0.0"),
-            ("attention_dropout", "0.0"),
-            ("position_embedding_type", "rope"),
-            ("kv_channels", "128"),
-        ];
+        let qwen = qwen_like("rope");
         assert_eq!(
             cells(&qwen),
             ["on", "off", "off", "on", "off", "rope", "128"].map(String::from)
@@ -1727,16 +1723,7 @@ mod tests {
     #[test]
     fn an_ingested_row_reads_back_as_the_model_that_ran() {
         let read_back = |positions: &str| {
-            let extra = [
-                ("swiglu", "True"),
-                ("untie_embeddings_and_output_weights", "True"),
-                ("add_bias_linear", "False"),
-                ("qk_layernorm", "True"),
-                ("hidden_dropout", "0.0"),
-                ("attention_dropout", "0.0"),
-                ("position_embedding_type", positions),
-                ("kv_channels", "128"),
-            ];
+            let extra = qwen_like(positions);
             let run = parse(&log(&extra, &[900.0, 300.0, 200.0]), "q.log", 2).unwrap();
             let row = run.row("q.log", "q.log").unwrap();
             let mut buffer = Vec::new();
