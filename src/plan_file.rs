@@ -128,6 +128,10 @@ pub struct PlannedCandidate {
 #[derive(Debug, thiserror::Error)]
 pub enum PlanError {
     #[error(
+        "{path}: not a readable paratune plan ({message}); write one with `paratune plan ... --format json > plan.json`"
+    )]
+    Unreadable { path: String, message: String },
+    #[error(
         "{path}: not a paratune plan (format `{found}`); write one with `paratune plan ... --format json > plan.json`"
     )]
     Format { path: String, found: String },
@@ -178,6 +182,20 @@ impl PlanFile {
     /// Checks the format, the version, the job (model, nodes, cost-model
     /// name, batch and GPU count), and that every candidate is a valid
     /// configuration of it with a prediction that could be true.
+    /// A plan file's text read and checked as [`check`](Self::check) and
+    /// [`check_model_switches_recorded`] check it: what `validate` trials.
+    pub fn read_checked(text: &str, path: &str) -> Result<PlanFile, PlanError> {
+        let unreadable = |e: serde_json::Error| PlanError::Unreadable {
+            path: path.into(),
+            message: e.to_string(),
+        };
+        let plan: PlanFile = serde_json::from_str(text).map_err(unreadable)?;
+        plan.check(path)?;
+        let raw: serde_json::Value = serde_json::from_str(text).map_err(unreadable)?;
+        check_model_switches_recorded(&raw, path)?;
+        Ok(plan)
+    }
+
     pub fn check(&self, path: &str) -> Result<(), PlanError> {
         let field = |field: &str, message: String| PlanError::Field {
             path: path.into(),

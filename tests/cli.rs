@@ -721,12 +721,16 @@ fn models_and_gpus_list_the_catalogue() {
 fn models_and_gpus_list_the_catalogue_for_scripts() {
     let models: serde_json::Value =
         serde_json::from_str(&ok(&["models", "--format", "json"])).unwrap();
-    let deepseek = models
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|m| m["name"] == "deepseek-v3")
-        .unwrap();
+    let in_json = |name: &str| {
+        models
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["name"] == name)
+            .unwrap()
+            .clone()
+    };
+    let deepseek = in_json("deepseek-v3");
     assert_eq!(deepseek["experts"], 256);
     assert_eq!(deepseek["kv_lora_rank"], 512);
     assert!(
@@ -736,28 +740,21 @@ fn models_and_gpus_list_the_catalogue_for_scripts() {
     let csv = ok(&["models", "--format", "csv"]);
     let header: Vec<&str> = csv.lines().next().unwrap().split(',').collect();
     let column = |name: &str| header.iter().position(|h| *h == name).unwrap();
-    let mixtral: Vec<&str> = csv
-        .lines()
-        .find(|l| l.starts_with("mixtral-8x7b,"))
-        .unwrap()
-        .split(',')
-        .collect();
+    let in_csv = |name: &str| -> Vec<String> {
+        csv.lines()
+            .find(|l| l.starts_with(&format!("{name},")))
+            .unwrap()
+            .split(',')
+            .map(String::from)
+            .collect()
+    };
+    let mixtral = in_csv("mixtral-8x7b");
     assert_eq!(mixtral.len(), header.len());
     assert_eq!(mixtral[column("experts")], "8");
     assert_eq!(mixtral[column("moe_topk")], "2");
     // The same record in both: gpt-oss's window and activation included.
-    let oss_json = models
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|m| m["name"] == "gpt-oss-120b")
-        .unwrap();
-    let oss: Vec<&str> = csv
-        .lines()
-        .find(|l| l.starts_with("gpt-oss-120b,"))
-        .unwrap()
-        .split(',')
-        .collect();
+    let oss_json = in_json("gpt-oss-120b");
+    let oss = in_csv("gpt-oss-120b");
     for key in [
         "sliding_window",
         "activation_clamp",

@@ -18,13 +18,7 @@ pub fn run(args: &ValidateArgs) -> Result<()> {
     let shown = args.plan.display().to_string();
     let text = std::fs::read_to_string(&args.plan)
         .map_err(|e| anyhow!("cannot read plan {shown}: {e}"))?;
-    let plan: PlanFile = serde_json::from_str(&text).map_err(|e| {
-        anyhow!("{shown}: not a readable paratune plan ({e}); write one with `paratune plan ... --format json > plan.json`")
-    })?;
-    plan.check(&shown)?;
-    // The plan read as a plan, so it reads as JSON.
-    let raw: serde_json::Value = serde_json::from_str(&text)?;
-    paratune::plan_file::check_model_switches_recorded(&raw, &shown)?;
+    let plan = PlanFile::read_checked(&text, &shown)?;
     let cost = resolve::cost_model(
         Some(args.cost_model.as_deref().unwrap_or(&plan.cost_model)),
         &plan.nodes.gpu.name,

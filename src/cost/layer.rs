@@ -147,11 +147,12 @@ impl PassTime {
 }
 
 /// GPU time between one forward pass's kernels, each costing the gap
-/// between dependent kernels ([`kernel_gap_seconds`]). The kernels are
-/// counted as the host model weighs a pass's operators: a dense layer's
-/// [`LAYER_OPERATORS`], and an MoE layer's routing and, after the
-/// dispatcher's sync, its dispatch, per-expert work and combine in
-/// [`moe_host_parts`]' shares of them.
+/// between dependent kernels: `kernel_gap_us` launched one by one on a
+/// stream, its `kernel_graph_gap_fraction` replayed from a CUDA graph. The
+/// kernels are counted as the host model weighs a pass's operators: a
+/// dense layer's [`LAYER_OPERATORS`], and an MoE layer's routing and,
+/// after the dispatcher's sync, its dispatch, per-expert work and combine
+/// in [`moe_host_parts`]' shares of them.
 #[derive(Debug, Clone, Copy)]
 struct KernelGaps {
     /// The whole forward pass's.
@@ -162,11 +163,10 @@ struct KernelGaps {
 
 impl KernelGaps {
     fn of(s: &Scenario, c: &ParallelConfig, kind: LayerKind) -> KernelGaps {
+        let k = s.coef();
         let (routing, after_sync) = moe_host_parts(s, c, kind);
-        let (graphed, eager) = (
-            kernel_gap_seconds(s, c, true),
-            kernel_gap_seconds(s, c, false),
-        );
+        let eager = k.kernel_gap_us * 1e-6;
+        let graphed = eager * k.kernel_graph_gap_fraction;
         // A layer's CUDA graph holds its attention and MLP, and an MoE
         // layer's router and preprocess (the export's `--cuda-graph-scope
         // attn moe_router moe_preprocess`); the dispatch and the experts
@@ -182,19 +182,6 @@ impl KernelGaps {
             after_sync,
         }
     }
-}
-
-/// Seconds between two dependent kernels: `kernel_gap_us` launched one by
-/// one on a stream, its `kernel_graph_gap_fraction` replayed from a CUDA
-/// graph (`graphed`, where `c` captures graphs at all).
-fn kernel_gap_seconds(s: &Scenario, c: &ParallelConfig, graphed: bool) -> f64 {
-    let k = s.coef();
-    let fraction = if graphed && c.cuda_graphs != CudaGraphs::Off {
-        k.kernel_graph_gap_fraction
-    } else {
-        1.0
-    };
-    k.kernel_gap_us * fraction * 1e-6
 }
 
 /// Forward and backward GEMM time of an MLP `width` wide split `split`

@@ -165,8 +165,6 @@ pub struct MegatronConfig {
     /// Megatron FSDP or PyTorch FSDP2 (weights, gradients and optimizer
     /// states sharded).
     pub fully_sharded: bool,
-    pub swiglu: bool,
-    pub untie_embeddings_and_output_weights: bool,
     pub position_embedding_type: Option<String>,
     /// The model's switches the run table has columns for, `None` where the
     /// dump does not print the argument: a gated MLP (`--swiglu`, or
@@ -956,8 +954,6 @@ fn config_from_arguments(
         sequence_parallel: flag("sequence_parallel")?,
         use_distributed_optimizer: flag("use_distributed_optimizer")?,
         fully_sharded: flag("use_megatron_fsdp")? || flag("use_torch_fsdp2")?,
-        swiglu: flag("swiglu")?,
-        untie_embeddings_and_output_weights: flag("untie_embeddings_and_output_weights")?,
         position_embedding_type: text("position_embedding_type"),
         switches,
         use_flash_attn: flag("use_flash_attn")?,
@@ -1981,7 +1977,8 @@ mod tests {
             include_str!("../../tests/data/megatron/llama-1b-tp1-pp4-dp2-interleaved.log");
         let run = parse(interleaved, "interleaved.log", 2).unwrap();
         assert_eq!(run.config.virtual_stages(), 2);
-        assert!(run.config.swiglu && run.config.untie_embeddings_and_output_weights);
+        let switches = run.config.switches;
+        assert!(switches.gated_mlp == Some(true) && switches.tied_embeddings == Some(false));
         assert_eq!(run.memory.len(), 8);
         assert!(run.notes.is_empty(), "{:?}", run.notes);
     }
