@@ -111,6 +111,9 @@ fn synthetic_model() -> impl Strategy<Value = ModelSpec> {
                     linear_bias: true,
                     qk_layernorm: false,
                     no_positions: false,
+                    rotary_base: paratune::model::DEFAULT_ROTARY_BASE,
+                    rope_scaling: None,
+                    norm_epsilon: paratune::model::DEFAULT_NORM_EPSILON,
                     attention: if flash {
                         AttentionKind::Flash
                     } else {

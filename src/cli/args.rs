@@ -267,6 +267,12 @@ pub struct ModelArgs {
     /// Normalise queries and keys before attention (Qwen3; --qk-layernorm): on/off
     #[arg(long)]
     pub qk_layernorm: Option<String>,
+    /// Base of the rotary embedding, rope_theta (--rotary-base; Llama 3: 500000); exported, not priced
+    #[arg(long)]
+    pub rotary_base: Option<u64>,
+    /// Epsilon of the norms, rms_norm_eps (--norm-epsilon; Qwen3: 1e-6); exported, not priced
+    #[arg(long)]
+    pub norm_epsilon: Option<f64>,
 }
 
 /// Where to train.

@@ -112,6 +112,12 @@ pub fn model(args: &ModelArgs) -> Result<ModelSpec> {
     if let Some(mtp) = args.mtp_layers {
         model.mtp_layers = mtp;
     }
+    if let Some(base) = args.rotary_base {
+        model.rotary_base = base;
+    }
+    if let Some(epsilon) = args.norm_epsilon {
+        model.norm_epsilon = epsilon;
+    }
     model.check().map_err(|e| anyhow!(with_flags(&e)))?;
     Ok(model)
 }

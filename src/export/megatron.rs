@@ -10,7 +10,7 @@ use crate::config::{
     CrossEntropyFusion, CudaGraphs, EXPERT_RANK_CAPACITY_FACTOR, GradReduce, OptimizerSharding,
     Precision, Recompute, ScheduleKind, WgradDeferral,
 };
-use crate::model::AttentionKind;
+use crate::model::{AttentionKind, ModelSpec, RopeScaling};
 
 const ENGINE: &str = "Megatron-LM";
 
@@ -310,7 +310,9 @@ pub fn megatron_args(job: &LaunchJob) -> Result<Vec<String>, ExportError> {
         args.pair("--position-embedding-type", "none");
     } else if !model.learned_positions {
         args.pair("--position-embedding-type", "rope");
+        rotary_args(model, &mut args);
     }
+    args.pair("--norm-epsilon", model.norm_epsilon);
     if !model.tied_embeddings {
         args.flag("--untie-embeddings-and-output-weights");
     }
@@ -463,8 +465,93 @@ fn moe_layer_pattern(model: &crate::model::ModelSpec) -> String {
 /// [`megatron_args`] as one shell-quoted line, each flag with its value,
 /// flags separated by ` \` and a newline indented four spaces, ready to paste
 /// after `pretrain_gpt.py`.
+/// The rotary base and scaling as `pretrain_gpt.py` takes them: Llama
+/// 3.1's scaling by `--use-rope-scaling`; YaRN under multi-latent attention
+/// (MLATransformerConfig's rope_type "yarn", its default) by its factor and
+/// mscales, and plain rotary there by `--rope-type rope`. What it cannot
+/// take, [`megatron_model_notes`] names.
+fn rotary_args(model: &ModelSpec, args: &mut Args) {
+    args.pair("--rotary-base", model.rotary_base);
+    match (model.rope_scaling, model.mla.is_some()) {
+        (Some(RopeScaling::Llama3 { factor }), false) => {
+            args.flag("--use-rope-scaling");
+            args.pair("--rope-scaling-factor", factor);
+        }
+        (
+            Some(RopeScaling::Yarn {
+                factor,
+                mscale,
+                mscale_all_dim,
+                ..
+            }),
+            true,
+        ) => {
+            args.pair("--rotary-scaling-factor", factor);
+            args.pair("--mscale", mscale);
+            args.pair("--mscale-all-dim", mscale_all_dim);
+        }
+        (None | Some(RopeScaling::Llama3 { .. }), true) => args.pair("--rope-type", "rope"),
+        (None | Some(RopeScaling::Yarn { .. }), false) => {}
+    }
+}
+
+/// What of the model Megatron-LM's `pretrain_gpt.py` has no option for, so
+/// that the exported arguments train it otherwise: each a line saying what
+/// they do instead. Empty for every model but those with such positions.
+pub fn megatron_model_notes(model: &ModelSpec) -> Vec<String> {
+    if model.learned_positions || model.no_positions {
+        return Vec::new();
+    }
+    match (model.rope_scaling, model.mla.is_some()) {
+        // GPTModel reads YaRN's numbers from config attributes
+        // (yarn_rotary_scaling_factor, ...) that no option sets outside
+        // multi-latent attention; Megatron-Bridge's providers set them.
+        (
+            Some(RopeScaling::Yarn {
+                factor,
+                original_positions,
+                ..
+            }),
+            false,
+        ) => vec![format!(
+            "pretrain_gpt.py has no option for YaRN outside multi-latent attention: these \
+             arguments train unscaled rotary positions; for YaRN (factor {factor}, from \
+             {original_positions} positions) set yarn_rotary_scaling_factor and \
+             yarn_original_max_position_embeddings in a Megatron-Bridge provider"
+        )],
+        (
+            Some(RopeScaling::Yarn {
+                original_positions, ..
+            }),
+            true,
+        ) if original_positions != MLA_YARN_ORIGINAL_POSITIONS => {
+            vec![format!(
+                "pretrain_gpt.py has no option for YaRN's original positions: multi-latent \
+                 attention scales from {MLA_YARN_ORIGINAL_POSITIONS}, not this model's \
+                 {original_positions}"
+            )]
+        }
+        (Some(RopeScaling::Llama3 { .. }), true) => vec![
+            "multi-latent attention has no Llama 3.1 rotary scaling in Megatron-LM: these \
+             arguments train unscaled rotary positions"
+                .to_string(),
+        ],
+        _ => Vec::new(),
+    }
+}
+
+/// The positions MLATransformerConfig's YaRN scales from
+/// (`original_max_position_embeddings`, which no option sets).
+const MLA_YARN_ORIGINAL_POSITIONS: u64 = 4096;
+
+/// The arguments as one shell command line, one option per line, after
+/// [`megatron_model_notes`] as comments.
 pub fn megatron_command_line(job: &LaunchJob) -> Result<String, ExportError> {
     let args = megatron_args(job)?;
+    let notes: String = megatron_model_notes(job.model)
+        .iter()
+        .map(|note| format!("# note: {note}\n    "))
+        .collect();
     let mut groups: Vec<Vec<String>> = Vec::new();
     for arg in &args {
         let quoted = shell_quote(arg);
@@ -473,11 +560,12 @@ pub fn megatron_command_line(job: &LaunchJob) -> Result<String, ExportError> {
             _ => groups.push(vec![quoted]),
         }
     }
-    Ok(groups
+    let line = groups
         .iter()
         .map(|group| group.join(" "))
         .collect::<Vec<_>>()
-        .join(" \\\n    "))
+        .join(" \\\n    ");
+    Ok(notes + &line)
 }
 
 #[derive(Default)]

@@ -15,7 +15,7 @@ mod megatron;
 pub(crate) mod megatron_flags;
 mod torchtitan;
 
-pub use megatron::{megatron_args, megatron_command_line};
+pub use megatron::{megatron_args, megatron_command_line, megatron_model_notes};
 pub use torchtitan::{
     TorchtitanFlags, catalogue_model_of, catalogue_model_of_config, known_torchtitan_models,
     merge_job_config, torchtitan_flags, torchtitan_module, torchtitan_toml,
@@ -277,6 +277,9 @@ pub(crate) mod tests {
             linear_bias: false,
             qk_layernorm: false,
             no_positions: false,
+            rotary_base: 500_000,
+            rope_scaling: None,
+            norm_epsilon: crate::model::DEFAULT_NORM_EPSILON,
             attention: AttentionKind::Flash,
         }
     }
@@ -379,6 +382,8 @@ pub(crate) mod tests {
             "2048",
             "--max-position-embeddings",
             "2048",
+            "--norm-epsilon",
+            "0.00001",
             "--attention-backend",
             "flash",
             "--recompute-granularity",
@@ -448,6 +453,70 @@ pub(crate) mod tests {
             "{joined}"
         );
         assert!(!joined.contains("rope"), "{joined}");
+    }
+
+    /// The rotary base, Llama 3.1's and DeepSeek-V3's scalings and the norms'
+    /// epsilon as `pretrain_gpt.py` takes them; gpt-oss's YaRN, which it has
+    /// no option for outside MLA, named in a note instead.
+    #[test]
+    fn positions_and_norms_export_as_the_model_trains_them() {
+        let exported = |name: &str, plan: &ParallelConfig| {
+            let model = crate::model::builtin_model(name).unwrap();
+            let launch = job(&model, plan);
+            let args = megatron_args(&launch).unwrap();
+            assert_known_flags(&args);
+            (
+                args.join(" "),
+                megatron_model_notes(&model),
+                megatron_command_line(&launch).unwrap(),
+            )
+        };
+        let moe_plan = ParallelConfig {
+            tp: 1,
+            dp: 64,
+            ep: 8,
+            ..llama_plan()
+        };
+        let (llama, notes, _) = exported("llama3.1-8b", &llama_plan());
+        assert!(notes.is_empty(), "{notes:?}");
+        for expected in [
+            "--position-embedding-type rope --rotary-base 500000 --use-rope-scaling --rope-scaling-factor 8",
+            "--norm-epsilon 0.00001",
+        ] {
+            assert!(llama.contains(expected), "missing `{expected}` in {llama}");
+        }
+        let (llama3, ..) = exported("llama3-8b", &llama_plan());
+        assert!(llama3.contains("--rotary-base 500000") && !llama3.contains("--use-rope-scaling"));
+        let (qwen, ..) = exported("qwen3-30b-a3b", &moe_plan);
+        assert!(
+            qwen.contains("--rotary-base 1000000") && qwen.contains("--norm-epsilon 0.000001"),
+            "{qwen}"
+        );
+        let (deepseek, notes, _) = exported("deepseek-v3", &moe_plan);
+        assert!(notes.is_empty(), "{notes:?}");
+        assert!(
+            deepseek.contains(
+                "--rotary-base 10000 --rotary-scaling-factor 40 --mscale 1 --mscale-all-dim 1"
+            ),
+            "{deepseek}"
+        );
+        let (oss, notes, line) = exported("gpt-oss-120b", &moe_plan);
+        assert!(
+            oss.contains("--rotary-base 150000") && !oss.contains("scaling"),
+            "{oss}"
+        );
+        assert_eq!(notes.len(), 1);
+        assert!(
+            notes[0].contains("YaRN (factor 32, from 4096 positions)"),
+            "{notes:?}"
+        );
+        assert!(
+            line.starts_with("# note: pretrain_gpt.py has no option for YaRN"),
+            "{line}"
+        );
+        // Learned positions take no rotary option and no note.
+        let (gpt, notes, _) = exported("gpt3-175b", &gpt3_plan());
+        assert!(!gpt.contains("rotary") && notes.is_empty(), "{gpt}");
     }
 
     #[test]

@@ -28,7 +28,7 @@ use super::{ExportError, LaunchJob, check_job};
 use crate::config::{
     CrossEntropyFusion, GradReduce, OptimizerSharding, Recompute, ScheduleKind, WgradDeferral,
 };
-use crate::model::{AttentionKind, ModelSpec, builtin_model};
+use crate::model::{AttentionKind, ModelSpec, RopeScaling, builtin_model};
 use crate::text::shell_quote;
 use std::fmt::Write;
 
@@ -472,15 +472,35 @@ fn unlike_llama(job: &LaunchJob) -> Vec<&'static str> {
 fn dimensions(job: &LaunchJob) -> String {
     let model = job.model;
     format!(
-        "{} layers, hidden {}, {} heads ({} kv), ffn {}, vocab {}, seq {}",
+        "{} layers, hidden {}, {} heads ({} kv), ffn {}, vocab {}, seq {}{}, norm eps {:e}",
         model.layers,
         model.hidden,
         model.heads,
         model.kv_heads,
         model.ffn_hidden,
         model.vocab,
-        model.seq_len
+        model.seq_len,
+        rotary(model),
+        model.norm_epsilon
     )
+}
+
+/// The rotary base and scaling, as a torchtitan flavor's rope_theta and
+/// scaling arguments must hold them; nothing without rotary positions.
+fn rotary(model: &ModelSpec) -> String {
+    if model.learned_positions || model.no_positions {
+        return String::new();
+    }
+    let scaling = match model.rope_scaling {
+        None => String::new(),
+        Some(RopeScaling::Llama3 { factor }) => format!(" (Llama 3.1's scaling, factor {factor})"),
+        Some(RopeScaling::Yarn {
+            factor,
+            original_positions,
+            ..
+        }) => format!(" (YaRN, factor {factor} from {original_positions} positions)"),
+    };
+    format!(", rope theta {}{scaling}", model.rotary_base)
 }
 
 /// bf16 gradient reduction is FSDP2's `reduce_dtype`, but torchtitan's

@@ -1,7 +1,10 @@
 //! Built-in models: the shapes published for well-known decoder-only
 //! transformers, so that a plan can name a model instead of describing it.
 
-use super::{AttentionKind, MlaSpec, ModelSpec, MoeSpec};
+use super::{
+    AttentionKind, DEFAULT_NORM_EPSILON, DEFAULT_ROTARY_BASE, MlaSpec, ModelSpec, MoeSpec,
+    RopeScaling,
+};
 
 /// GPT shapes: (name, hidden, heads, layers). All use vocabulary 51200 and
 /// sequence 2048, MLP 4h, learned positions and tied embeddings.
@@ -105,9 +108,15 @@ enum MoeFamily {
 impl MoeFamily {
     fn apply(self, spec: &mut ModelSpec) {
         match self {
-            MoeFamily::Mixtral => {}
-            MoeFamily::Qwen3 => spec.qk_layernorm = true,
+            MoeFamily::Mixtral => spec.rotary_base = 1_000_000,
+            MoeFamily::Qwen3 => {
+                spec.qk_layernorm = true;
+                spec.rotary_base = 1_000_000;
+                spec.norm_epsilon = 1e-6;
+            }
             MoeFamily::GptOss => {
+                spec.rotary_base = 150_000;
+                spec.rope_scaling = Some(yarn_from_4k(32.0));
                 spec.window = Some(crate::model::WindowSpec {
                     tokens: 127,
                     full_every: 2,
@@ -145,6 +154,12 @@ impl MoeFamily {
 //   and their MLP is a quick-GeGLU clamped at 7 with the linear half offset
 //   by 1 (`activation_func: quick_gelu`, `activation_func_clamp_value: 7.0`,
 //   `glu_linear_offset: 1.0`).
+// Their positions and norms, from the same config.json files and
+// Megatron-Bridge's providers of them (`src/megatron/bridge/models/*/`):
+// Mixtral rope_theta 1e6, rms_norm_eps 1e-5; Qwen3 rope_theta 1e6,
+// rms_norm_eps 1e-6, no rope_scaling (the 2507 releases' larger bases are
+// not these models); gpt-oss rope_theta 150000, rms_norm_eps 1e-5, YaRN
+// (factor 32 from 4,096 positions, beta_fast 32, beta_slow 1).
 #[rustfmt::skip]
 const MOE: [Moe; 6] = [
     Moe { name: "mixtral-8x7b", family: MoeFamily::Mixtral, hidden: 4096, heads: 32, kv_heads: 8, head_dim: None, layers: 32, vocab: 32000, seq_len: 32768, experts: 8, topk: 2, expert_ffn: 14336 },
@@ -161,7 +176,8 @@ const MOE: [Moe; 6] = [
 /// of 2048 with top-8 and one shared expert, multi-latent attention (q/kv
 /// latents 1536/512, heads 128 + 64 rotary, values 128), pre-trained at
 /// 4K tokens, node-limited routing (n_group 8, topk_group 4: each token's
-/// experts from at most 4 of 8 groups); 671B parameters, 37B active, besides its one
+/// experts from at most 4 of 8 groups), rotary base 10000 rescaled by YaRN
+/// (factor 40 from 4,096 positions), norms at 1e-6; 671B parameters, 37B active, besides its one
 /// multi-token-prediction module (an MoE layer and the 2h -> h projection,
 /// sharing the embedding and head: 685B with it, the Hugging Face weights).
 fn deepseek_v3() -> ModelSpec {
@@ -195,6 +211,8 @@ fn deepseek_v3() -> ModelSpec {
         router_group_topk: 4,
     });
     spec.mtp_layers = 1;
+    spec.rope_scaling = Some(yarn_from_4k(40.0));
+    spec.norm_epsilon = 1e-6;
     // The query and key/value latents' norms (q_a_layernorm and
     // kv_a_layernorm): Megatron-Core builds them with --qk-layernorm.
     spec.qk_layernorm = true;
@@ -257,7 +275,34 @@ impl Llama {
             linear_bias: false,
             qk_layernorm: false,
             no_positions: false,
+            rotary_base: DEFAULT_ROTARY_BASE,
+            rope_scaling: None,
+            norm_epsilon: DEFAULT_NORM_EPSILON,
         }
+    }
+}
+
+/// Llama 3's rotary base (rope_theta 500000 in the meta-llama/Llama-3*
+/// config.json model cards and meta-llama/llama-models' sku_list.py;
+/// Llama 2 kept Megatron-LM's default 10000). Both norm at 1e-5.
+const LLAMA3_ROTARY_BASE: u64 = 500_000;
+
+/// Llama 3.1's rescaling to 128K: "rope_scaling" {"rope_type": "llama3",
+/// "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+/// "original_max_position_embeddings": 8192} in its config.json model
+/// cards (Megatron-Bridge's Llama31ModelProvider: rope_scaling_factor 8.0).
+const LLAMA31_SCALING: RopeScaling = RopeScaling::Llama3 { factor: 8.0 };
+
+/// YaRN as DeepSeek-V3 and gpt-oss rescale: from 4,096 positions with
+/// beta_fast 32 and beta_slow 1, mscale and mscale_all_dim 1.0
+/// (DeepSeek-V3's config.json rope_scaling; Megatron-Bridge's
+/// gpt_oss_provider.py, yarn_mscale and yarn_mscale_all_dim 1.0).
+fn yarn_from_4k(factor: f64) -> RopeScaling {
+    RopeScaling::Yarn {
+        factor,
+        original_positions: 4096,
+        mscale: 1.0,
+        mscale_all_dim: 1.0,
     }
 }
 
@@ -293,12 +338,21 @@ pub fn builtin_model(name: &str) -> Option<ModelSpec> {
     if wanted == "deepseek-v3" {
         return Some(deepseek_v3());
     }
-    LLAMA2
-        .iter()
-        .chain(LLAMA3.iter())
-        .chain(LLAMA31_128K.iter())
-        .find(|m| m.name == wanted)
-        .map(Llama::spec)
+    let named = |table: &[Llama]| table.iter().find(|m| m.name == wanted).map(Llama::spec);
+    if let Some(spec) = named(&LLAMA2) {
+        return Some(spec);
+    }
+    let llama3 = |mut spec: ModelSpec| {
+        spec.rotary_base = LLAMA3_ROTARY_BASE;
+        spec
+    };
+    if let Some(spec) = named(&LLAMA3) {
+        return Some(llama3(spec));
+    }
+    named(&LLAMA31_128K).map(|spec| ModelSpec {
+        rope_scaling: Some(LLAMA31_SCALING),
+        ..llama3(spec)
+    })
 }
 
 #[cfg(test)]
@@ -402,6 +456,34 @@ mod tests {
         assert!((main_active / 37e9 - 1.0).abs() < 0.03, "{main_active:.4e}");
         within("llama3.1-405b", 405.8e9, 0.03);
         assert_eq!(builtin_model("llama3.1-8b").unwrap().seq_len, 131_072);
+    }
+
+    /// The rotary bases, scalings and norm epsilons of the config.json files.
+    #[test]
+    fn families_have_their_positions_and_norms() {
+        let yarn = |factor| RopeScaling::Yarn {
+            factor,
+            original_positions: 4096,
+            mscale: 1.0,
+            mscale_all_dim: 1.0,
+        };
+        let llama31 = Some(RopeScaling::Llama3 { factor: 8.0 });
+        for (name, base, scaling, epsilon) in [
+            ("llama2-70b", 10_000, None, 1e-5),
+            ("llama3-70b", 500_000, None, 1e-5),
+            ("llama3.1-405b", 500_000, llama31, 1e-5),
+            ("mixtral-8x22b", 1_000_000, None, 1e-5),
+            ("qwen3-235b-a22b", 1_000_000, None, 1e-6),
+            ("gpt-oss-20b", 150_000, Some(yarn(32.0)), 1e-5),
+            ("deepseek-v3", 10_000, Some(yarn(40.0)), 1e-6),
+        ] {
+            let m = builtin_model(name).unwrap();
+            assert_eq!(
+                (m.rotary_base, m.rope_scaling, m.norm_epsilon),
+                (base, scaling, epsilon),
+                "{name}"
+            );
+        }
     }
 
     #[test]

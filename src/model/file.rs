@@ -41,6 +41,13 @@
 //! linear_bias = false        # biases on the linear layers (default true, as GPT)
 //! qk_layernorm = true        # normalise queries and keys (Qwen3; default false)
 //! no_positions = true        # no position embedding, NoPE (default false)
+//! rotary_base = 500000       # rope_theta (default 10000, Megatron-LM's)
+//! rope_scaling = "yarn"      # "llama3" (Llama 3.1's), "yarn" or "none" (default)
+//! rope_scaling_factor = 32.0 # the scaling's factor (Llama 3.1: 8; gpt-oss: 32)
+//! rope_original_positions = 4096  # YaRN: the context scaled from (default 4096)
+//! rope_mscale = 1.0          # YaRN: attention temperature (default 1.0)
+//! rope_mscale_all_dim = 1.0  # YaRN: its all-dimension part (default 1.0)
+//! norm_epsilon = 1e-6        # the norms' epsilon (default 1e-5, Megatron-LM's)
 //! ```
 //!
 //! With `base`, an absent key keeps the base's value (changing `hidden` does
@@ -51,7 +58,7 @@
 //!
 //! Every error is one line that starts with the file's path.
 
-use super::{AttentionKind, ModelSpec, builtin_model, builtin_model_names};
+use super::{AttentionKind, ModelSpec, RopeScaling, builtin_model, builtin_model_names};
 use crate::suggest::did_you_mean;
 use std::path::Path;
 use toml::{Table, Value};
@@ -67,7 +74,7 @@ pub enum ModelFileError {
 }
 
 /// Keys a model file may hold, in the order they are documented.
-const KEYS: [&str; 39] = [
+const KEYS: [&str; 46] = [
     "base",
     "name",
     "hidden",
@@ -107,6 +114,21 @@ const KEYS: [&str; 39] = [
     "linear_bias",
     "qk_layernorm",
     "no_positions",
+    "rotary_base",
+    "rope_scaling",
+    "rope_scaling_factor",
+    "rope_original_positions",
+    "rope_mscale",
+    "rope_mscale_all_dim",
+    "norm_epsilon",
+];
+
+/// The rotary scaling's keys besides `rope_scaling`.
+const ROPE_SCALING_KEYS: [&str; 4] = [
+    "rope_scaling_factor",
+    "rope_original_positions",
+    "rope_mscale",
+    "rope_mscale_all_dim",
 ];
 
 /// Multi-latent attention's keys besides `kv_lora_rank`.
@@ -156,7 +178,24 @@ pub fn render_model_toml(model: &ModelSpec) -> String {
     flat.mla = None;
     flat.window = None;
     flat.quick_geglu = None;
+    flat.rope_scaling = None;
     let mut text = toml::to_string(&flat).expect("a model always serialises");
+    match model.rope_scaling {
+        None => {}
+        Some(RopeScaling::Llama3 { factor }) => {
+            text.push_str(&format!(
+                "rope_scaling = \"llama3\"\nrope_scaling_factor = {factor:?}\n"
+            ));
+        }
+        Some(RopeScaling::Yarn {
+            factor,
+            original_positions,
+            mscale,
+            mscale_all_dim,
+        }) => text.push_str(&format!(
+            "rope_scaling = \"yarn\"\nrope_scaling_factor = {factor:?}\nrope_original_positions = {original_positions}\nrope_mscale = {mscale:?}\nrope_mscale_all_dim = {mscale_all_dim:?}\n"
+        )),
+    }
     if let Some(glu) = model.quick_geglu {
         text.push_str(&format!(
             "quick_geglu = true\nactivation_clamp = {:?}\nglu_linear_offset = {:?}\n",
@@ -275,6 +314,82 @@ fn apply_quick_geglu(table: &Table, model: &mut ModelSpec) -> Result<(), String>
     }
     if let Some(offset) = number(table, "glu_linear_offset")? {
         glu.linear_offset = offset;
+    }
+    Ok(())
+}
+
+/// The rotary keys applied to `model`: its base, and `rope_scaling`
+/// ("llama3", "yarn" or "none") with its numbers, which need a scaling
+/// (the base's, or one named here; a named kind starts from the
+/// catalogue's: Llama 3.1's factor 8, YaRN's factor 32 from 4,096
+/// positions with both mscales 1.0).
+fn apply_rope(table: &Table, model: &mut ModelSpec) -> Result<(), String> {
+    if let Some(base) = positive(table, "rotary_base")? {
+        model.rotary_base = base;
+    }
+    if let Some(epsilon) = number(table, "norm_epsilon")? {
+        model.norm_epsilon = epsilon;
+    }
+    if let Some(kind) = string(table, "rope_scaling")? {
+        model.rope_scaling = match (kind.trim().to_lowercase().as_str(), model.rope_scaling) {
+            ("none", _) => None,
+            ("llama3", Some(same @ RopeScaling::Llama3 { .. })) => Some(same),
+            ("yarn", Some(same @ RopeScaling::Yarn { .. })) => Some(same),
+            ("llama3", _) => Some(RopeScaling::Llama3 { factor: 8.0 }),
+            ("yarn", _) => Some(RopeScaling::Yarn {
+                factor: 32.0,
+                original_positions: 4096,
+                mscale: 1.0,
+                mscale_all_dim: 1.0,
+            }),
+            _ => {
+                return Err(format!(
+                    "`rope_scaling = \"{kind}\"` is not a rotary scaling; write \"llama3\" (Llama 3.1's), \"yarn\" or \"none\""
+                ));
+            }
+        };
+    }
+    let Some(scaling) = model.rope_scaling.as_mut() else {
+        if let Some(key) = ROPE_SCALING_KEYS.iter().find(|k| table.contains_key(**k)) {
+            return Err(format!(
+                "`{key}` needs a rotary scaling: add `rope_scaling = \"yarn\"` (or \"llama3\") or remove `{key}`"
+            ));
+        }
+        return Ok(());
+    };
+    match scaling {
+        RopeScaling::Llama3 { factor } => {
+            if let Some(key) = ROPE_SCALING_KEYS[1..]
+                .iter()
+                .find(|k| table.contains_key(**k))
+            {
+                return Err(format!(
+                    "`{key}` is YaRN's: Llama 3.1's scaling takes `rope_scaling_factor` only (Megatron-LM fixes the rest); remove `{key}` or write `rope_scaling = \"yarn\"`"
+                ));
+            }
+            if let Some(value) = number(table, "rope_scaling_factor")? {
+                *factor = value;
+            }
+        }
+        RopeScaling::Yarn {
+            factor,
+            original_positions,
+            mscale,
+            mscale_all_dim,
+        } => {
+            for (key, field) in [
+                ("rope_scaling_factor", factor),
+                ("rope_mscale", mscale),
+                ("rope_mscale_all_dim", mscale_all_dim),
+            ] {
+                if let Some(value) = number(table, key)? {
+                    *field = value;
+                }
+            }
+            if let Some(value) = positive(table, "rope_original_positions")? {
+                *original_positions = value;
+            }
+        }
     }
     Ok(())
 }
@@ -401,32 +516,8 @@ fn parse(text: &str, path: &str) -> Result<ModelSpec, String> {
             }
             let hidden = positive(&table, "hidden")?.expect("checked above");
             let heads = positive(&table, "heads")?.expect("checked above");
-            ModelSpec {
-                name: String::new(),
-                hidden,
-                heads,
-                kv_heads: heads,
-                ffn_hidden: 4 * hidden,
-                gated_mlp: false,
-                layers: 0,
-                vocab: 0,
-                seq_len: 0,
-                tied_embeddings: true,
-                learned_positions: true,
-                attention: AttentionKind::Flash,
-                dropout: true,
-                head_dim_override: None,
-                mla: None,
-                moe: None,
-                mtp_layers: 0,
-                window: None,
-                quick_geglu: None,
-                attention_sinks: false,
-                rms_norm: false,
-                linear_bias: true,
-                qk_layernorm: false,
-                no_positions: false,
-            }
+            // Megatron-LM's defaults: GPT's layer.
+            ModelSpec::gpt("", hidden, heads, 0, 0, 0)
         }
     };
 
@@ -470,6 +561,7 @@ fn parse(text: &str, path: &str) -> Result<ModelSpec, String> {
     apply_mla(&table, &mut model)?;
     apply_window(&table, &mut model)?;
     apply_quick_geglu(&table, &mut model)?;
+    apply_rope(&table, &mut model)?;
     // 0 is allowed: it takes a base model's prediction modules away.
     match table.get("mtp_layers") {
         None => {}
@@ -522,7 +614,8 @@ fn positive(table: &Table, key: &str) -> Result<Option<u64>, String> {
     // Far above any model; keeps the arithmetic clear of overflow and the
     // search finite.
     let max: i64 = match key {
-        "vocab" | "seq_len" => 1 << 24,
+        "rotary_base" => 1 << 40,
+        "vocab" | "seq_len" | "rope_original_positions" => 1 << 24,
         "ffn_hidden" | "moe_ffn_hidden" | "moe_shared_ffn_hidden" => 1 << 22,
         "hidden" => 1 << 20,
         _ => 1 << 16,
@@ -613,6 +706,7 @@ mod tests {
         dropout = false
         rms_norm = true
         linear_bias = false
+        rotary_base = 500000
     "#;
 
     #[test]
@@ -638,6 +732,73 @@ mod tests {
         let text = render_model_toml(&m);
         assert!(text.contains("no_positions = true"), "{text}");
         assert_eq!(parse_model_toml(&text, "x.toml").unwrap(), m);
+    }
+
+    #[test]
+    fn rotary_keys_set_change_and_need_their_scaling() {
+        let read = |text: &str| parse_model_toml(text, "x.toml").unwrap();
+        // Llama 3.1 -> Llama 3: the scaling taken away; a base kept.
+        let llama3 = read("base = \"llama3.1-8b\"\nrope_scaling = \"none\"\nseq_len = 8192\n");
+        assert_eq!((llama3.rope_scaling, llama3.rotary_base), (None, 500_000));
+        // YaRN named on a model without it starts from gpt-oss's numbers.
+        let yarn = read(
+            "base = \"qwen3-30b-a3b\"\nrope_scaling = \"yarn\"\nrope_scaling_factor = 4\nrope_original_positions = 32768\n",
+        );
+        assert_eq!(
+            yarn.rope_scaling,
+            Some(RopeScaling::Yarn {
+                factor: 4.0,
+                original_positions: 32768,
+                mscale: 1.0,
+                mscale_all_dim: 1.0
+            })
+        );
+        assert_eq!((yarn.rotary_base, yarn.norm_epsilon), (1_000_000, 1e-6));
+        // A file's own model and the round trip of each scaling.
+        let own = read(
+            "base = \"llama3-8b\"\nrotary_base = 1000000\nnorm_epsilon = 1e-6\nrope_scaling = \"llama3\"\nrope_scaling_factor = 32\n",
+        );
+        assert_eq!(own.rope_scaling, Some(RopeScaling::Llama3 { factor: 32.0 }));
+        for model in [own, yarn] {
+            assert_eq!(read(&render_model_toml(&model)), model);
+        }
+        for (text, expected) in [
+            (
+                "base = \"llama3-8b\"\nrope_scaling_factor = 8\n",
+                "`rope_scaling_factor` needs a rotary scaling",
+            ),
+            (
+                "base = \"llama3.1-8b\"\nrope_original_positions = 8192\n",
+                "`rope_original_positions` is YaRN's",
+            ),
+            (
+                "base = \"llama3-8b\"\nrope_scaling = \"ntk\"\n",
+                "`rope_scaling = \"ntk\"` is not a rotary scaling",
+            ),
+            (
+                "base = \"gpt3-175b\"\nrope_scaling = \"yarn\"\n",
+                "this model has learned ones; remove `rope_scaling`",
+            ),
+            (
+                "base = \"llama3.1-8b\"\nrope_scaling_factor = 0.5\n",
+                "`rope_scaling_factor` must be a finite number of 1 or more",
+            ),
+            (
+                "base = \"llama3-8b\"\nnorm_epsilon = 0\n",
+                "`norm_epsilon` must be above 0 and below 1",
+            ),
+            (
+                "base = \"llama3-8b\"\nrotary_base = 0\n",
+                "`rotary_base` must be a positive integer",
+            ),
+            (
+                "base = \"gpt-oss-20b\"\nrope_mscale = -1\n",
+                "`rope_mscale` must be a finite number of 0 or more",
+            ),
+        ] {
+            let e = error(text);
+            assert!(e.contains(expected), "{text}: {e}");
+        }
     }
 
     #[test]

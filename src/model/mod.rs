@@ -123,6 +123,71 @@ pub struct ModelSpec {
     /// train with): no rotation of the queries and keys to price.
     #[serde(default, skip_serializing_if = "is_false")]
     pub no_positions: bool,
+    /// Base of the rotary embedding's frequencies (rope_theta in Hugging
+    /// Face configs; Megatron-LM's `--rotary-base`, default 10000). Only a
+    /// rotary model uses it; it changes what is trained, not its cost.
+    #[serde(default = "rotary_base_default")]
+    pub rotary_base: u64,
+    /// How the rotary frequencies are rescaled for a longer context, where
+    /// the model does (Llama 3.1's, YaRN); none rescales them. Cost-free.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rope_scaling: Option<RopeScaling>,
+    /// Epsilon of the layer norms (rms_norm_eps in Hugging Face configs;
+    /// Megatron-LM's `--norm-epsilon`, default 1e-5). Cost-free.
+    #[serde(default = "norm_epsilon_default")]
+    pub norm_epsilon: f64,
+}
+
+/// Megatron-LM's `--rotary-base` default (and Llama 2's, DeepSeek-V3's).
+pub const DEFAULT_ROTARY_BASE: u64 = 10_000;
+
+/// Megatron-LM's `--norm-epsilon` default (and GPT-2's, Llama's).
+pub const DEFAULT_NORM_EPSILON: f64 = 1e-5;
+
+fn rotary_base_default() -> u64 {
+    DEFAULT_ROTARY_BASE
+}
+
+fn norm_epsilon_default() -> f64 {
+    DEFAULT_NORM_EPSILON
+}
+
+/// A rescaling of the rotary frequencies for a context longer than the one
+/// first trained. Both keep the rotation's cost; they change the model.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
+pub enum RopeScaling {
+    /// Llama 3.1's ("rope_type": "llama3"): low frequencies divided by
+    /// `factor`, with the low/high frequency factors 1 and 4 and the
+    /// original 8,192 positions Megatron-LM's `--use-rope-scaling` fixes.
+    Llama3 { factor: f64 },
+    /// YaRN (Peng et al., 2023): frequencies interpolated by `factor` from
+    /// `original_positions`, with beta_fast 32 and beta_slow 1 (what every
+    /// catalogue model and Megatron-Core's defaults use) and the attention
+    /// temperature's `mscale` and `mscale_all_dim`.
+    Yarn {
+        factor: f64,
+        original_positions: u64,
+        mscale: f64,
+        mscale_all_dim: f64,
+    },
+}
+
+impl RopeScaling {
+    /// Its name in a model file's `rope_scaling` key.
+    pub fn name(&self) -> &'static str {
+        match self {
+            RopeScaling::Llama3 { .. } => "llama3",
+            RopeScaling::Yarn { .. } => "yarn",
+        }
+    }
+
+    /// Its factor.
+    pub fn factor(&self) -> f64 {
+        match *self {
+            RopeScaling::Llama3 { factor } | RopeScaling::Yarn { factor, .. } => factor,
+        }
+    }
 }
 
 fn is_false(b: &bool) -> bool {
@@ -333,6 +398,9 @@ impl ModelSpec {
             linear_bias: true,
             qk_layernorm: false,
             no_positions: false,
+            rotary_base: DEFAULT_ROTARY_BASE,
+            rope_scaling: None,
+            norm_epsilon: DEFAULT_NORM_EPSILON,
         }
     }
 
@@ -783,11 +851,70 @@ impl ModelSpec {
                 self.name
             ));
         }
+        self.check_positions()?;
         if self.window.is_some_and(|w| w.tokens == 0) {
             return Err(format!(
                 "model `{}`: `sliding_window` must be positive; leave it out for full attention",
                 self.name
             ));
+        }
+        Ok(())
+    }
+
+    /// The rotary base, its scaling and the norms' epsilon: positive and
+    /// finite, and a scaling only on a rotary model.
+    fn check_positions(&self) -> Result<(), String> {
+        let name = &self.name;
+        if self.rotary_base == 0 {
+            return Err(format!(
+                "model `{name}`: `rotary_base` must be positive (Llama 3: 500000; Megatron-LM's default 10000)"
+            ));
+        }
+        if !(self.norm_epsilon > 0.0 && self.norm_epsilon < 1.0) {
+            return Err(format!(
+                "model `{name}`: `norm_epsilon` must be above 0 and below 1 (Llama: 1e-5, Qwen3: 1e-6)"
+            ));
+        }
+        let Some(scaling) = self.rope_scaling else {
+            return Ok(());
+        };
+        if self.learned_positions || self.no_positions {
+            return Err(format!(
+                "model `{name}`: `rope_scaling` rescales rotary positions, and this model has {}; remove `rope_scaling`",
+                if self.no_positions {
+                    "none"
+                } else {
+                    "learned ones"
+                }
+            ));
+        }
+        if !(scaling.factor() >= 1.0 && scaling.factor().is_finite()) {
+            return Err(format!(
+                "model `{name}`: `rope_scaling_factor` must be a finite number of 1 or more (Llama 3.1: 8, gpt-oss: 32)"
+            ));
+        }
+        if let RopeScaling::Yarn {
+            original_positions,
+            mscale,
+            mscale_all_dim,
+            ..
+        } = scaling
+        {
+            if original_positions == 0 {
+                return Err(format!(
+                    "model `{name}`: `rope_original_positions` must be positive (gpt-oss, DeepSeek-V3: 4096)"
+                ));
+            }
+            for (key, value) in [
+                ("rope_mscale", mscale),
+                ("rope_mscale_all_dim", mscale_all_dim),
+            ] {
+                if !(value >= 0.0 && value.is_finite()) {
+                    return Err(format!(
+                        "model `{name}`: `{key}` must be a finite number of 0 or more (DeepSeek-V3: 1.0)"
+                    ));
+                }
+            }
         }
         Ok(())
     }

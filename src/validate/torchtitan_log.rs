@@ -2454,6 +2454,9 @@ fn llama_spec(
         linear_bias: false,
         qk_layernorm: false,
         no_positions: false,
+        rotary_base: crate::model::DEFAULT_ROTARY_BASE,
+        rope_scaling: None,
+        norm_epsilon: crate::model::DEFAULT_NORM_EPSILON,
     }
 }
 
