@@ -156,25 +156,47 @@ pub enum PlanError {
     #[error("{path}: the plan has no candidates to trial")]
     Empty { path: String },
     #[error(
-        "{path}: model: the plan predates paratune's record of a model's norms and biases (`rms_norm`, `linear_bias`), and would read `{model}` as GPT's LayerNorm with biases; re-run `paratune plan ... --format json` with this paratune"
+        "{path}: model: the plan predates paratune's record of {what}, and would read `{model}` as {reading}; re-run `paratune plan ... --format json` with this paratune"
     )]
-    PredatesModelSwitches { path: String, model: String },
+    PredatesModelSwitches {
+        path: String,
+        model: String,
+        what: &'static str,
+        reading: &'static str,
+    },
 }
 
-/// Refuses a plan file written before models recorded `rms_norm` and
-/// `linear_bias` (they are always written since) whose model is not
-/// GPT-like: reading it would take GPT's LayerNorm and biases for a rotary
-/// model's RMSNorm without them, and export and trial another model.
+/// Refuses a plan file written before models recorded what a model that is
+/// not GPT-like needs (every key is always written since): `rms_norm` and
+/// `linear_bias`, without which a rotary model's RMSNorm without biases
+/// reads as GPT's LayerNorm with them, and `rotary_base` and
+/// `norm_epsilon`, without which Llama 3's base 500000 or Qwen3's 1e-6
+/// read as Megatron-LM's defaults. Either way the export and the trials
+/// would build another model.
 pub fn check_model_switches_recorded(raw: &serde_json::Value, path: &str) -> Result<(), PlanError> {
     let model = &raw["model"];
-    let recorded = model.get("rms_norm").is_some() && model.get("linear_bias").is_some();
-    let gpt_like = model["learned_positions"].as_bool().unwrap_or(true);
-    if recorded || gpt_like {
+    if model["learned_positions"].as_bool().unwrap_or(true) {
         return Ok(());
     }
+    let recorded = |keys: [&str; 2]| keys.iter().all(|key| model.get(*key).is_some());
+    let missing = if !recorded(["rms_norm", "linear_bias"]) {
+        (
+            "a model's norms and biases (`rms_norm`, `linear_bias`)",
+            "GPT's LayerNorm with biases",
+        )
+    } else if !recorded(["rotary_base", "norm_epsilon"]) {
+        (
+            "a model's rotary base and norms' epsilon (`rotary_base`, `norm_epsilon`)",
+            "Megatron-LM's defaults (base 10000, epsilon 1e-5)",
+        )
+    } else {
+        return Ok(());
+    };
     Err(PlanError::PredatesModelSwitches {
         path: path.into(),
         model: model["name"].as_str().unwrap_or("the model").to_string(),
+        what: missing.0,
+        reading: missing.1,
     })
 }
 
@@ -332,8 +354,18 @@ mod tests {
         );
         let old_gpt = json!({"model": {"name": "gpt3-175b", "learned_positions": true}});
         assert!(check_model_switches_recorded(&old_gpt, "old.json").is_ok());
-        let new_llama = json!({"model": {
+        // One from before the rotary base and the norms' epsilon were
+        // recorded would read Llama 3's base as 10000.
+        let switched_llama = json!({"model": {
             "name": "llama3-8b", "learned_positions": false, "rms_norm": true, "linear_bias": false
+        }});
+        let err = check_model_switches_recorded(&switched_llama, "old.json")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("(`rotary_base`, `norm_epsilon`)"), "{err}");
+        let new_llama = json!({"model": {
+            "name": "llama3-8b", "learned_positions": false, "rms_norm": true, "linear_bias": false,
+            "rotary_base": 500000, "norm_epsilon": 1e-5
         }});
         assert!(check_model_switches_recorded(&new_llama, "new.json").is_ok());
         // What `plan` writes records them.

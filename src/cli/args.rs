@@ -231,6 +231,15 @@ pub struct ModelArgs {
     /// Groups each token's experts are chosen from (--moe-router-group-topk; DeepSeek-V3: 4)
     #[arg(long, value_parser = clap::value_parser!(u64).range(0..=65536))]
     pub moe_router_group_topk: Option<u64>,
+    /// The router's score function: softmax or sigmoid (--moe-router-score-function; DeepSeek-V3: sigmoid); exported, not priced
+    #[arg(long)]
+    pub moe_router_score_function: Option<String>,
+    /// Scale of the chosen experts' weights (--moe-router-topk-scaling-factor; DeepSeek-V3: 2.5); exported, not priced
+    #[arg(long)]
+    pub moe_router_topk_scaling_factor: Option<f64>,
+    /// A per-expert bias balancing the experts without an auxiliary loss, with a sigmoid router (--moe-router-enable-expert-bias; DeepSeek-V3): on/off; exported, not priced
+    #[arg(long)]
+    pub moe_router_enable_expert_bias: Option<String>,
     /// Multi-token prediction modules on the last stage (--mtp-num-layers;
     /// DeepSeek-V3 has 1; 0 takes them away).
     #[arg(long, value_parser = clap::value_parser!(u64).range(0..=16))]

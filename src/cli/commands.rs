@@ -13,8 +13,8 @@ use paratune::cost::sparse::embedding_sync_options;
 use paratune::cost::{ProfileUsage, Scenario, memory_per_stage, predict_with_usage};
 use paratune::evaluate::{Figures, Setting, evaluate_with, predicted_rows};
 use paratune::export::{
-    BestExport, LaunchJob, best_export, megatron_args, megatron_command_line, torchtitan_flags,
-    torchtitan_toml,
+    BestExport, LaunchJob, best_export, megatron_args, megatron_command_line, megatron_model_notes,
+    torchtitan_flags, torchtitan_toml,
 };
 use paratune::model::ModelSpec;
 use paratune::model::{builtin_model, builtin_model_names, model_file_keys, model_file_values};
@@ -365,6 +365,9 @@ fn explain_winner(
     // The engine planned for first; the other's export says what differs.
     let megatron = |out: &mut String| {
         let _ = writeln!(out, "\nMegatron-LM arguments (pretrain_gpt.py):");
+        for note in megatron_model_notes(&job.model) {
+            let _ = writeln!(out, "  note: {note}");
+        }
         export_best(out, job, result, |launch| {
             megatron_command_line(launch).map(|line| format!("    {line}\n"))
         });

@@ -16,7 +16,7 @@ use paratune::config::{
 };
 use paratune::evaluate::{CostModelChoice, PerGpu};
 use paratune::model::{
-    AttentionKind, ModelSpec, builtin_model, builtin_model_names, load_model_file,
+    AttentionKind, ModelSpec, RouterScore, builtin_model, builtin_model_names, load_model_file,
 };
 use paratune::runs::{MemoryRank, RowDefaults, Run, RunTable, parse_switch};
 use paratune::search::{Job, SearchSpace};
@@ -203,6 +203,18 @@ fn apply_moe_flags(args: &ModelArgs, model: &mut ModelSpec) -> Result<()> {
             "--moe-router-group-topk",
             args.moe_router_group_topk.is_some(),
         ),
+        (
+            "--moe-router-score-function",
+            args.moe_router_score_function.is_some(),
+        ),
+        (
+            "--moe-router-topk-scaling-factor",
+            args.moe_router_topk_scaling_factor.is_some(),
+        ),
+        (
+            "--moe-router-enable-expert-bias",
+            args.moe_router_enable_expert_bias.is_some(),
+        ),
     ];
     let Some(moe) = model.moe.as_mut() else {
         if let Some((flag, _)) = given.iter().find(|(_, on)| *on) {
@@ -233,6 +245,23 @@ fn apply_moe_flags(args: &ModelArgs, model: &mut ModelSpec) -> Result<()> {
     }
     if let Some(chosen) = args.moe_router_group_topk {
         moe.router_group_topk = chosen;
+    }
+    if let Some(text) = &args.moe_router_score_function {
+        moe.router_score = RouterScore::ALL
+            .into_iter()
+            .find(|score| score.name().eq_ignore_ascii_case(text.trim()))
+            .ok_or_else(|| {
+                anyhow!(
+                    "--moe-router-score-function {text} is not a router score; give softmax or sigmoid"
+                )
+            })?;
+    }
+    if let Some(scaling) = args.moe_router_topk_scaling_factor {
+        moe.router_topk_scaling = scaling;
+    }
+    if let Some(text) = &args.moe_router_enable_expert_bias {
+        moe.router_expert_bias =
+            parse_switch("--moe-router-enable-expert-bias", text).map_err(|e| anyhow!(e))?;
     }
     Ok(())
 }

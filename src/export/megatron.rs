@@ -10,7 +10,7 @@ use crate::config::{
     CrossEntropyFusion, CudaGraphs, EXPERT_RANK_CAPACITY_FACTOR, GradReduce, OptimizerSharding,
     Precision, Recompute, ScheduleKind, WgradDeferral,
 };
-use crate::model::{AttentionKind, ModelSpec, RopeScaling};
+use crate::model::{AttentionKind, ModelSpec, MoeSpec, RopeScaling, RouterScore};
 
 const ENGINE: &str = "Megatron-LM";
 
@@ -122,6 +122,7 @@ pub fn megatron_args(job: &LaunchJob) -> Result<Vec<String>, ExportError> {
             args.pair("--moe-router-num-groups", moe.router_groups);
             args.pair("--moe-router-group-topk", moe.router_group_topk);
         }
+        router_args(&moe, &mut args);
         args.pair("--expert-model-parallel-size", c.ep);
         args.pair("--expert-tensor-parallel-size", c.etp);
         let (dispatcher, backend) = c.dispatcher.megatron_type_and_backend();
@@ -465,6 +466,25 @@ fn moe_layer_pattern(model: &crate::model::ModelSpec) -> String {
 /// [`megatron_args`] as one shell-quoted line, each flag with its value,
 /// flags separated by ` \` and a newline indented four spaces, ready to paste
 /// after `pretrain_gpt.py`.
+/// The router's score as Megatron-Core computes it: a sigmoid, its expert
+/// bias and the weights' scaling where the model has them (DeepSeek-V3);
+/// with one expert per token, a softmax over all experts before the choice
+/// (`--moe-router-pre-softmax`), which Megatron-Core requires then: after
+/// it, the one weight would always be 1.
+fn router_args(moe: &MoeSpec, args: &mut Args) {
+    match moe.router_score {
+        RouterScore::Sigmoid => args.pair("--moe-router-score-function", "sigmoid"),
+        RouterScore::Softmax if moe.topk == 1 => args.flag("--moe-router-pre-softmax"),
+        RouterScore::Softmax => {}
+    }
+    if moe.router_expert_bias {
+        args.flag("--moe-router-enable-expert-bias");
+    }
+    if moe.router_topk_scaling != 1.0 {
+        args.pair("--moe-router-topk-scaling-factor", moe.router_topk_scaling);
+    }
+}
+
 /// The rotary base and scaling as `pretrain_gpt.py` takes them: Llama
 /// 3.1's scaling by `--use-rope-scaling`; YaRN under multi-latent attention
 /// (MLATransformerConfig's rope_type "yarn", its default) by its factor and
@@ -516,8 +536,9 @@ pub fn megatron_model_notes(model: &ModelSpec) -> Vec<String> {
         ) => vec![format!(
             "pretrain_gpt.py has no option for YaRN outside multi-latent attention: these \
              arguments train unscaled rotary positions; for YaRN (factor {factor}, from \
-             {original_positions} positions) set yarn_rotary_scaling_factor and \
-             yarn_original_max_position_embeddings in a Megatron-Bridge provider"
+             {original_positions} positions) set position_embedding_type \"yarn\", \
+             yarn_rotary_scaling_factor and yarn_original_max_position_embeddings in a \
+             Megatron-Bridge provider"
         )],
         (
             Some(RopeScaling::Yarn {
@@ -544,14 +565,8 @@ pub fn megatron_model_notes(model: &ModelSpec) -> Vec<String> {
 /// (`original_max_position_embeddings`, which no option sets).
 const MLA_YARN_ORIGINAL_POSITIONS: u64 = 4096;
 
-/// The arguments as one shell command line, one option per line, after
-/// [`megatron_model_notes`] as comments.
 pub fn megatron_command_line(job: &LaunchJob) -> Result<String, ExportError> {
     let args = megatron_args(job)?;
-    let notes: String = megatron_model_notes(job.model)
-        .iter()
-        .map(|note| format!("# note: {note}\n    "))
-        .collect();
     let mut groups: Vec<Vec<String>> = Vec::new();
     for arg in &args {
         let quoted = shell_quote(arg);
@@ -560,12 +575,11 @@ pub fn megatron_command_line(job: &LaunchJob) -> Result<String, ExportError> {
             _ => groups.push(vec![quoted]),
         }
     }
-    let line = groups
+    Ok(groups
         .iter()
         .map(|group| group.join(" "))
         .collect::<Vec<_>>()
-        .join(" \\\n    ");
-    Ok(notes + &line)
+        .join(" \\\n    "))
 }
 
 #[derive(Default)]

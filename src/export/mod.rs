@@ -465,11 +465,16 @@ pub(crate) mod tests {
             let launch = job(&model, plan);
             let args = megatron_args(&launch).unwrap();
             assert_known_flags(&args);
-            (
-                args.join(" "),
-                megatron_model_notes(&model),
-                megatron_command_line(&launch).unwrap(),
-            )
+            // The notes stay out of the command line, which pastes after
+            // `pretrain_gpt.py` as it is.
+            let line = megatron_command_line(&launch).unwrap();
+            let words: Vec<String> = line
+                .split_whitespace()
+                .filter(|w| *w != "\\")
+                .map(|w| w.trim_matches('\'').to_string())
+                .collect();
+            assert_eq!(words, args, "{name}");
+            (args.join(" "), megatron_model_notes(&model))
         };
         let moe_plan = ParallelConfig {
             tp: 1,
@@ -477,7 +482,7 @@ pub(crate) mod tests {
             ep: 8,
             ..llama_plan()
         };
-        let (llama, notes, _) = exported("llama3.1-8b", &llama_plan());
+        let (llama, notes) = exported("llama3.1-8b", &llama_plan());
         assert!(notes.is_empty(), "{notes:?}");
         for expected in [
             "--position-embedding-type rope --rotary-base 500000 --use-rope-scaling --rope-scaling-factor 8",
@@ -485,14 +490,14 @@ pub(crate) mod tests {
         ] {
             assert!(llama.contains(expected), "missing `{expected}` in {llama}");
         }
-        let (llama3, ..) = exported("llama3-8b", &llama_plan());
+        let (llama3, _) = exported("llama3-8b", &llama_plan());
         assert!(llama3.contains("--rotary-base 500000") && !llama3.contains("--use-rope-scaling"));
-        let (qwen, ..) = exported("qwen3-30b-a3b", &moe_plan);
+        let (qwen, _) = exported("qwen3-30b-a3b", &moe_plan);
         assert!(
             qwen.contains("--rotary-base 1000000") && qwen.contains("--norm-epsilon 0.000001"),
             "{qwen}"
         );
-        let (deepseek, notes, _) = exported("deepseek-v3", &moe_plan);
+        let (deepseek, notes) = exported("deepseek-v3", &moe_plan);
         assert!(notes.is_empty(), "{notes:?}");
         assert!(
             deepseek.contains(
@@ -500,9 +505,9 @@ pub(crate) mod tests {
             ),
             "{deepseek}"
         );
-        let (oss, notes, line) = exported("gpt-oss-120b", &moe_plan);
+        let (oss, notes) = exported("gpt-oss-120b", &moe_plan);
         assert!(
-            oss.contains("--rotary-base 150000") && !oss.contains("scaling"),
+            oss.contains("--rotary-base 150000") && !oss.contains("rope-scaling"),
             "{oss}"
         );
         assert_eq!(notes.len(), 1);
@@ -510,13 +515,41 @@ pub(crate) mod tests {
             notes[0].contains("YaRN (factor 32, from 4096 positions)"),
             "{notes:?}"
         );
-        assert!(
-            line.starts_with("# note: pretrain_gpt.py has no option for YaRN"),
-            "{line}"
-        );
         // Learned positions take no rotary option and no note.
-        let (gpt, notes, _) = exported("gpt3-175b", &gpt3_plan());
+        let (gpt, notes) = exported("gpt3-175b", &gpt3_plan());
         assert!(!gpt.contains("rotary") && notes.is_empty(), "{gpt}");
+    }
+
+    /// DeepSeek-V3's sigmoid router with its expert bias and scaling, and
+    /// a top-1 softmax router's softmax before the choice, which
+    /// Megatron-Core requires; the other routers are its default.
+    #[test]
+    fn routers_export_their_score() {
+        let plan = ParallelConfig {
+            tp: 1,
+            dp: 64,
+            ep: 8,
+            ..llama_plan()
+        };
+        let exported = |model: &ModelSpec| {
+            let args = megatron_args(&job(model, &plan)).unwrap();
+            assert_known_flags(&args);
+            args.join(" ")
+        };
+        let v3 = exported(&crate::model::builtin_model("deepseek-v3").unwrap());
+        assert!(
+            v3.contains("--moe-router-score-function sigmoid --moe-router-enable-expert-bias --moe-router-topk-scaling-factor 2.5"),
+            "{v3}"
+        );
+        let qwen = crate::model::builtin_model("qwen3-30b-a3b").unwrap();
+        let softmax = exported(&qwen);
+        assert!(
+            !softmax.contains("--moe-router-score")
+                && !softmax.contains("--moe-router-pre-softmax")
+        );
+        let mut switch = qwen.clone();
+        switch.moe.as_mut().unwrap().topk = 1;
+        assert!(exported(&switch).contains("--moe-router-pre-softmax"));
     }
 
     #[test]

@@ -491,8 +491,10 @@ fn rotary(model: &ModelSpec) -> String {
     if model.learned_positions || model.no_positions {
         return String::new();
     }
+    // torchtitan's llama3 rescales as Llama 3.1 does unless told not to,
+    // so an unscaled model says so.
     let scaling = match model.rope_scaling {
-        None => String::new(),
+        None => " without rescaling".to_string(),
         Some(RopeScaling::Llama3 { factor }) => format!(" (Llama 3.1's scaling, factor {factor})"),
         Some(RopeScaling::Yarn {
             factor,

@@ -3,7 +3,7 @@
 
 use super::{
     AttentionKind, DEFAULT_NORM_EPSILON, DEFAULT_ROTARY_BASE, MlaSpec, ModelSpec, MoeSpec,
-    RopeScaling,
+    RopeScaling, RouterScore,
 };
 
 /// GPT shapes: (name, hidden, heads, layers). All use vocabulary 51200 and
@@ -209,6 +209,12 @@ fn deepseek_v3() -> ModelSpec {
         // config.json's n_group and topk_group: node-limited routing.
         router_groups: 8,
         router_group_topk: 4,
+        // scoring_func sigmoid, routed_scaling_factor 2.5 and topk_method
+        // noaux_tc (a bias per expert, no auxiliary loss) in config.json;
+        // Megatron-Bridge's DeepSeek-V3 provider sets the same three.
+        router_score: RouterScore::Sigmoid,
+        router_topk_scaling: 2.5,
+        router_expert_bias: true,
     });
     spec.mtp_layers = 1;
     spec.rope_scaling = Some(yarn_from_4k(40.0));
@@ -243,6 +249,12 @@ impl Moe {
             layer_freq: 1,
             router_groups: 0,
             router_group_topk: 0,
+            // Softmax over the chosen experts' logits, Megatron-LM's default:
+            // Qwen3's norm_topk_prob, gpt-oss's top-k then softmax, and
+            // Mixtral's renormalised top-2 all equal it.
+            router_score: RouterScore::Softmax,
+            router_topk_scaling: 1.0,
+            router_expert_bias: false,
         });
         spec
     }

@@ -27,6 +27,9 @@
 //! sliding_window = 127       # windowed attention: tokens before each query
 //! window_attn_skip_freq = 2  # every n-th layer attends fully (0: none)
 //! moe_router_group_topk = 0  # groups each token's experts come from
+//! moe_router_score_function = "sigmoid"  # or "softmax" (default; DeepSeek-V3: sigmoid)
+//! moe_router_topk_scaling_factor = 2.5   # the chosen experts' weights scaled (default 1)
+//! moe_router_enable_expert_bias = true   # aux-loss-free balancing's bias (needs sigmoid)
 //! kv_lora_rank = 512         # multi-latent attention (DeepSeek): the keys' and values' latent
 //! q_lora_rank = 1536         # the queries' latent (default 0: projected directly)
 //! qk_head_dim = 128          # per head, without position (default 128)
@@ -58,7 +61,9 @@
 //!
 //! Every error is one line that starts with the file's path.
 
-use super::{AttentionKind, ModelSpec, RopeScaling, builtin_model, builtin_model_names};
+use super::{
+    AttentionKind, ModelSpec, RopeScaling, RouterScore, builtin_model, builtin_model_names,
+};
 use crate::suggest::did_you_mean;
 use std::path::Path;
 use toml::{Table, Value};
@@ -74,7 +79,7 @@ pub enum ModelFileError {
 }
 
 /// Keys a model file may hold, in the order they are documented.
-const KEYS: [&str; 46] = [
+const KEYS: [&str; 49] = [
     "base",
     "name",
     "hidden",
@@ -98,6 +103,9 @@ const KEYS: [&str; 46] = [
     "moe_layer_freq",
     "moe_router_num_groups",
     "moe_router_group_topk",
+    "moe_router_score_function",
+    "moe_router_topk_scaling_factor",
+    "moe_router_enable_expert_bias",
     "kv_lora_rank",
     "q_lora_rank",
     "qk_head_dim",
@@ -140,7 +148,7 @@ const MLA_KEYS: [&str; 4] = [
 ];
 
 /// The mixture-of-experts keys besides `experts`.
-const MOE_KEYS: [&str; 7] = [
+const MOE_KEYS: [&str; 10] = [
     "moe_topk",
     "moe_ffn_hidden",
     "moe_shared_ffn_hidden",
@@ -148,6 +156,9 @@ const MOE_KEYS: [&str; 7] = [
     "moe_layer_freq",
     "moe_router_num_groups",
     "moe_router_group_topk",
+    "moe_router_score_function",
+    "moe_router_topk_scaling_factor",
+    "moe_router_enable_expert_bias",
 ];
 
 /// Keys that must be given when there is no `base`.
@@ -230,6 +241,12 @@ pub fn render_model_toml(model: &ModelSpec) -> String {
                 moe.router_groups, moe.router_group_topk
             ));
         }
+        text.push_str(&format!(
+            "moe_router_score_function = \"{}\"\nmoe_router_topk_scaling_factor = {:?}\nmoe_router_enable_expert_bias = {}\n",
+            moe.router_score.name(),
+            moe.router_topk_scaling,
+            moe.router_expert_bias
+        ));
     }
     text
 }
@@ -324,6 +341,11 @@ fn apply_quick_geglu(table: &Table, model: &mut ModelSpec) -> Result<(), String>
 /// catalogue's: Llama 3.1's factor 8, YaRN's factor 32 from 4,096
 /// positions with both mscales 1.0).
 fn apply_rope(table: &Table, model: &mut ModelSpec) -> Result<(), String> {
+    // A file that takes a base's rotary positions away takes their scaling
+    // with them, unless it names one (which the model check refuses).
+    if (model.learned_positions || model.no_positions) && !table.contains_key("rope_scaling") {
+        model.rope_scaling = None;
+    }
     if let Some(base) = positive(table, "rotary_base")? {
         model.rotary_base = base;
     }
@@ -449,6 +471,22 @@ fn apply_moe(table: &Table, model: &mut ModelSpec) -> Result<(), String> {
         if let Some(value) = positive(table, key)? {
             *field = value;
         }
+    }
+    if let Some(text) = string(table, "moe_router_score_function")? {
+        moe.router_score = RouterScore::ALL
+            .into_iter()
+            .find(|score| score.name().eq_ignore_ascii_case(text.trim()))
+            .ok_or_else(|| {
+                format!(
+                    "`moe_router_score_function = \"{text}\"` is not a router score; write \"softmax\" or \"sigmoid\""
+                )
+            })?;
+    }
+    if let Some(scaling) = number(table, "moe_router_topk_scaling_factor")? {
+        moe.router_topk_scaling = scaling;
+    }
+    if let Some(bias) = boolean(table, "moe_router_enable_expert_bias")? {
+        moe.router_expert_bias = bias;
     }
     for (key, field) in [
         ("moe_shared_ffn_hidden", &mut moe.shared_ffn_hidden),
@@ -641,6 +679,7 @@ fn example(key: &str) -> u64 {
         "ffn_hidden" => 14336,
         "layers" => 32,
         "vocab" => 32000,
+        "rotary_base" => 500_000,
         _ => 4096,
     }
 }
@@ -662,8 +701,19 @@ fn number(table: &Table, key: &str) -> Result<Option<f64>, String> {
         Some(Value::Float(x)) if x.is_finite() => Ok(Some(*x)),
         Some(Value::Integer(n)) => Ok(Some(*n as f64)),
         Some(other) => Err(format!(
-            "`{key}` must be a number, not `{other}`; write e.g. `{key} = 7.0`"
+            "`{key}` must be a number, not `{other}`; write e.g. `{key} = {}`",
+            number_example(key)
         )),
+    }
+}
+
+fn number_example(key: &str) -> &'static str {
+    match key {
+        "norm_epsilon" => "1e-6",
+        "rope_scaling_factor" => "8.0",
+        "moe_router_topk_scaling_factor" => "2.5",
+        "rope_mscale" | "rope_mscale_all_dim" | "glu_linear_offset" => "1.0",
+        _ => "7.0",
     }
 }
 
@@ -762,6 +812,11 @@ mod tests {
         for model in [own, yarn] {
             assert_eq!(read(&render_model_toml(&model)), model);
         }
+        // Taking a base's rotary positions away takes their scaling too.
+        for positions in ["no_positions = true", "learned_positions = true"] {
+            let plain = read(&format!("base = \"llama3.1-8b\"\n{positions}\n"));
+            assert_eq!(plain.rope_scaling, None, "{positions}");
+        }
         for (text, expected) in [
             (
                 "base = \"llama3-8b\"\nrope_scaling_factor = 8\n",
@@ -781,11 +836,19 @@ mod tests {
             ),
             (
                 "base = \"llama3.1-8b\"\nrope_scaling_factor = 0.5\n",
-                "`rope_scaling_factor` must be a finite number of 1 or more",
+                "`rope_scaling_factor` must be from 1 to 1024",
             ),
             (
                 "base = \"llama3-8b\"\nnorm_epsilon = 0\n",
-                "`norm_epsilon` must be above 0 and below 1",
+                "`norm_epsilon` must be from 1e-12 to below 1",
+            ),
+            (
+                "base = \"llama3-8b\"\nnorm_epsilon = \"1e-6\"\n",
+                "write e.g. `norm_epsilon = 1e-6`",
+            ),
+            (
+                "base = \"llama3-8b\"\nrotary_base = 5e5\n",
+                "write e.g. `rotary_base = 500000`",
             ),
             (
                 "base = \"llama3-8b\"\nrotary_base = 0\n",
@@ -794,6 +857,59 @@ mod tests {
             (
                 "base = \"gpt-oss-20b\"\nrope_mscale = -1\n",
                 "`rope_mscale` must be a finite number of 0 or more",
+            ),
+        ] {
+            let e = error(text);
+            assert!(e.contains(expected), "{text}: {e}");
+        }
+    }
+
+    #[test]
+    fn router_keys_set_the_score_and_need_experts_and_a_sigmoid_for_the_bias() {
+        let read = |text: &str| parse_model_toml(text, "x.toml");
+        let v3 = builtin_model("deepseek-v3").unwrap().moe.unwrap();
+        assert_eq!(
+            (
+                v3.router_score,
+                v3.router_topk_scaling,
+                v3.router_expert_bias
+            ),
+            (RouterScore::Sigmoid, 2.5, true)
+        );
+        let sigmoid = read(
+            "base = \"qwen3-30b-a3b\"\nmoe_router_score_function = \"sigmoid\"\nmoe_router_enable_expert_bias = true\nmoe_router_topk_scaling_factor = 2\n",
+        )
+        .unwrap();
+        let moe = sigmoid.moe.unwrap();
+        assert_eq!(
+            (
+                moe.router_score,
+                moe.router_topk_scaling,
+                moe.router_expert_bias
+            ),
+            (RouterScore::Sigmoid, 2.0, true)
+        );
+        assert_eq!(read(&render_model_toml(&sigmoid)).unwrap(), sigmoid);
+        for (text, expected) in [
+            (
+                "base = \"qwen3-30b-a3b\"\nmoe_router_enable_expert_bias = true\n",
+                "needs a sigmoid router",
+            ),
+            (
+                "base = \"deepseek-v3\"\nmoe_router_score_function = \"softmax\"\n",
+                "needs a sigmoid router",
+            ),
+            (
+                "base = \"llama3-8b\"\nmoe_router_score_function = \"sigmoid\"\n",
+                "needs a mixture of experts",
+            ),
+            (
+                "base = \"deepseek-v3\"\nmoe_router_score_function = \"relu\"\n",
+                "is not a router score",
+            ),
+            (
+                "base = \"deepseek-v3\"\nmoe_router_topk_scaling_factor = 0\n",
+                "must be a finite number above 0",
             ),
         ] {
             let e = error(text);

@@ -144,6 +144,12 @@ pub const DEFAULT_ROTARY_BASE: u64 = 10_000;
 /// Megatron-LM's `--norm-epsilon` default (and GPT-2's, Llama's).
 pub const DEFAULT_NORM_EPSILON: f64 = 1e-5;
 
+/// Far above any model's rotary base (the largest published, 10^7).
+const MAX_ROTARY_BASE: u64 = 1 << 40;
+
+/// Far above any model's context rescaling (DeepSeek-V3's 40).
+const MAX_ROPE_SCALING_FACTOR: f64 = 1024.0;
+
 fn rotary_base_default() -> u64 {
     DEFAULT_ROTARY_BASE
 }
@@ -283,7 +289,7 @@ pub enum Split {
 /// The mixture-of-experts part of a model, in Megatron-Core's terms
 /// (`--num-experts`, `--moe-router-topk`, `--moe-ffn-hidden-size`,
 /// `--moe-shared-expert-intermediate-size`, `--moe-layer-freq`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MoeSpec {
     /// Routed experts per MoE layer.
@@ -311,6 +317,57 @@ pub struct MoeSpec {
     /// Groups each token's experts are chosen from (`--moe-router-group-topk`).
     #[serde(default)]
     pub router_group_topk: u64,
+    /// How the router scores the experts (`--moe-router-score-function`):
+    /// softmax (Megatron-LM's default, Mixtral's, Qwen3's, gpt-oss's) or
+    /// sigmoid (DeepSeek-V3's scoring_func). Changes the model, not its cost.
+    #[serde(default, skip_serializing_if = "RouterScore::is_softmax")]
+    pub router_score: RouterScore,
+    /// The factor the chosen experts' weights are multiplied by
+    /// (`--moe-router-topk-scaling-factor`; DeepSeek-V3's routed_scaling_factor
+    /// 2.5); 1 for none.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub router_topk_scaling: f64,
+    /// A per-expert bias that steers the choice of experts, balancing them
+    /// without an auxiliary loss (`--moe-router-enable-expert-bias`;
+    /// DeepSeek-V3's topk_method noaux_tc). Megatron-Core takes it with a
+    /// sigmoid score only.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub router_expert_bias: bool,
+}
+
+/// An MoE router's score function (Megatron-LM's `--moe-router-score-function`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RouterScore {
+    /// Softmax over the chosen experts' logits (or, with
+    /// `--moe-router-pre-softmax`, over all of them before choosing).
+    #[default]
+    Softmax,
+    /// Each expert's sigmoid, the chosen ones renormalised.
+    Sigmoid,
+}
+
+impl RouterScore {
+    pub const ALL: [RouterScore; 2] = [RouterScore::Softmax, RouterScore::Sigmoid];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            RouterScore::Softmax => "softmax",
+            RouterScore::Sigmoid => "sigmoid",
+        }
+    }
+
+    fn is_softmax(&self) -> bool {
+        *self == RouterScore::Softmax
+    }
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+fn is_one(x: &f64) -> bool {
+    *x == 1.0
 }
 
 /// Sliding-window attention (Megatron-LM's `--window-size` and
@@ -346,6 +403,9 @@ impl MoeSpec {
             layer_freq: 1,
             router_groups: 0,
             router_group_topk: 0,
+            router_score: RouterScore::Softmax,
+            router_topk_scaling: 1.0,
+            router_expert_bias: false,
         }
     }
 
@@ -865,14 +925,14 @@ impl ModelSpec {
     /// finite, and a scaling only on a rotary model.
     fn check_positions(&self) -> Result<(), String> {
         let name = &self.name;
-        if self.rotary_base == 0 {
+        if !(1..=MAX_ROTARY_BASE).contains(&self.rotary_base) {
             return Err(format!(
-                "model `{name}`: `rotary_base` must be positive (Llama 3: 500000; Megatron-LM's default 10000)"
+                "model `{name}`: `rotary_base` must be from 1 to {MAX_ROTARY_BASE} (Llama 3: 500000; Megatron-LM's default 10000)"
             ));
         }
-        if !(self.norm_epsilon > 0.0 && self.norm_epsilon < 1.0) {
+        if !(1e-12..1.0).contains(&self.norm_epsilon) {
             return Err(format!(
-                "model `{name}`: `norm_epsilon` must be above 0 and below 1 (Llama: 1e-5, Qwen3: 1e-6)"
+                "model `{name}`: `norm_epsilon` must be from 1e-12 to below 1 (Llama: 1e-5, Qwen3: 1e-6)"
             ));
         }
         let Some(scaling) = self.rope_scaling else {
@@ -888,9 +948,9 @@ impl ModelSpec {
                 }
             ));
         }
-        if !(scaling.factor() >= 1.0 && scaling.factor().is_finite()) {
+        if !(1.0..=MAX_ROPE_SCALING_FACTOR).contains(&scaling.factor()) {
             return Err(format!(
-                "model `{name}`: `rope_scaling_factor` must be a finite number of 1 or more (Llama 3.1: 8, gpt-oss: 32)"
+                "model `{name}`: `rope_scaling_factor` must be from 1 to {MAX_ROPE_SCALING_FACTOR} (Llama 3.1: 8, gpt-oss: 32)"
             ));
         }
         if let RopeScaling::Yarn {
@@ -943,8 +1003,27 @@ impl ModelSpec {
                 moe.dense_layers, self.layers
             ));
         }
-        check_router_groups(name, moe)
+        check_router_groups(name, moe)?;
+        check_router_score(name, moe)
     }
+}
+
+/// The router's score: a finite positive scaling of the weights, and the
+/// expert bias only with a sigmoid score (Megatron-Core's
+/// `TransformerConfig` raises otherwise).
+fn check_router_score(name: &str, moe: &MoeSpec) -> Result<(), String> {
+    let scaling = moe.router_topk_scaling;
+    if !(scaling > 0.0 && scaling.is_finite()) {
+        return Err(format!(
+            "model `{name}`: `moe_router_topk_scaling_factor` must be a finite number above 0 (1: none; DeepSeek-V3: 2.5)"
+        ));
+    }
+    if moe.router_expert_bias && moe.router_score != RouterScore::Sigmoid {
+        return Err(format!(
+            "model `{name}`: `moe_router_enable_expert_bias` needs a sigmoid router (Megatron-Core refuses it with softmax); set `moe_router_score_function sigmoid` or turn the bias off"
+        ));
+    }
+    Ok(())
 }
 
 /// Group-limited routing's shape: groups that split the experts evenly, and

@@ -616,6 +616,8 @@ fn parse_row(table: &RunTable, index: usize, defaults: &RowDefaults) -> Result<R
             // Empty: unlimited routing, Megatron-LM's default.
             router_groups: count("moe_router_num_groups")?.unwrap_or(0),
             router_group_topk: count("moe_router_group_topk")?.unwrap_or(0),
+            // The router's score costs nothing; a row has no column for it.
+            ..defaults
         });
     }
     match cell("sliding_window") {

@@ -599,6 +599,9 @@ pub fn launch_script(
     script_prologue(&mut s);
     megatron_checkout(&mut s, settings.megatron_path.as_deref());
     rank_environment(&mut s, launcher, gpus, gpus_per_node, nodes);
+    for note in crate::export::megatron_model_notes(model) {
+        let _ = writeln!(s, "# note: {}", crate::text::comment_safe(&note));
+    }
     argument_arrays(&mut s, megatron_args, settings.train_iters, model.vocab);
     let _ = writeln!(s);
     if megatron_args.iter().any(|a| a == "--use-megatron-fsdp") {
@@ -922,6 +925,23 @@ pub(crate) mod tests {
             launch_script(plan, candidate, &settings),
             Err(LaunchError::TooFewIterations(2))
         ));
+    }
+
+    /// What `pretrain_gpt.py` cannot set of the model (gpt-oss's YaRN) is a
+    /// comment above the arguments the trial runs.
+    #[test]
+    fn a_script_notes_what_megatron_lm_cannot_set() {
+        let plan = plan("gpt-oss-20b", 1, 64, SearchSpace::default());
+        let script =
+            launch_script(&plan, &plan.candidates[0], &settings(Launcher::Torchrun)).unwrap();
+        let note = "# note: pretrain_gpt.py has no option for YaRN outside multi-latent attention";
+        let at = script.find(note).expect("the note is there");
+        assert!(at < script.find("MEGATRON_ARGS=(").unwrap(), "{script}");
+        bash_accepts(&script);
+        let plain = &plans()[1];
+        let script =
+            launch_script(plain, &plain.candidates[0], &settings(Launcher::Torchrun)).unwrap();
+        assert!(!script.contains("# note:"), "{script}");
     }
 
     #[test]
