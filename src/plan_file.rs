@@ -7,7 +7,7 @@ use crate::coefficients::CostModel;
 use crate::config::{ParallelConfig, Rule};
 use crate::cost::memory_per_stage;
 use crate::cost::{Prediction, StageMemory};
-use crate::export::{LaunchJob, megatron_args};
+use crate::export::{LaunchJob, megatron_args, megatron_model_notes};
 use crate::model::ModelSpec;
 use crate::search::{Job, SearchResult};
 use serde::{Deserialize, Serialize};
@@ -29,6 +29,11 @@ pub struct PlanFile {
     pub cost_model: String,
     pub search: SearchCounts,
     pub candidates: Vec<PlannedCandidate>,
+    /// What of the model Megatron-LM's `pretrain_gpt.py` cannot set, so
+    /// that the candidates' `megatron_args` train it otherwise
+    /// ([`megatron_model_notes`]); derived from `model`, not read back.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub megatron_notes: Vec<String>,
 }
 
 impl PlanFile {
@@ -66,6 +71,7 @@ impl PlanFile {
             cost_model: cost.name.clone(),
             search: SearchCounts::of(result),
             candidates,
+            megatron_notes: megatron_model_notes(&job.model),
         }
     }
 }
@@ -171,14 +177,16 @@ pub enum PlanError {
 /// `linear_bias`, without which a rotary model's RMSNorm without biases
 /// reads as GPT's LayerNorm with them, and `rotary_base` and
 /// `norm_epsilon`, without which Llama 3's base 500000 or Qwen3's 1e-6
-/// read as Megatron-LM's defaults. Either way the export and the trials
-/// would build another model.
+/// read as Megatron-LM's defaults, and an MoE router's score, without which
+/// DeepSeek-V3's sigmoid router reads as a softmax one. Either way the
+/// export and the trials would build another model.
 pub fn check_model_switches_recorded(raw: &serde_json::Value, path: &str) -> Result<(), PlanError> {
     let model = &raw["model"];
     if model["learned_positions"].as_bool().unwrap_or(true) {
         return Ok(());
     }
     let recorded = |keys: [&str; 2]| keys.iter().all(|key| model.get(*key).is_some());
+    let router_recorded = model["moe"].is_null() || model["moe"].get("router_score").is_some();
     let missing = if !recorded(["rms_norm", "linear_bias"]) {
         (
             "a model's norms and biases (`rms_norm`, `linear_bias`)",
@@ -188,6 +196,11 @@ pub fn check_model_switches_recorded(raw: &serde_json::Value, path: &str) -> Res
         (
             "a model's rotary base and norms' epsilon (`rotary_base`, `norm_epsilon`)",
             "Megatron-LM's defaults (base 10000, epsilon 1e-5)",
+        )
+    } else if !router_recorded {
+        (
+            "an MoE router's score (`router_score`, `router_topk_scaling`, `router_expert_bias`)",
+            "Megatron-LM's default softmax router",
         )
     } else {
         return Ok(());
@@ -368,6 +381,17 @@ mod tests {
             "rotary_base": 500000, "norm_epsilon": 1e-5
         }});
         assert!(check_model_switches_recorded(&new_llama, "new.json").is_ok());
+        // An MoE model's router: DeepSeek-V3's sigmoid would read as softmax.
+        let mut old_v3 =
+            serde_json::to_value(crate::model::builtin_model("deepseek-v3").unwrap()).unwrap();
+        old_v3["moe"]
+            .as_object_mut()
+            .unwrap()
+            .remove("router_score");
+        let err = check_model_switches_recorded(&json!({ "model": old_v3 }), "old.json")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("an MoE router's score"), "{err}");
         // What `plan` writes records them.
         let written =
             serde_json::to_value(crate::model::builtin_model("llama3-8b").unwrap()).unwrap();

@@ -129,37 +129,6 @@ fn plan_prints_ranking_breakdown_memory_and_exports() {
     }
 }
 
-/// What `pretrain_gpt.py` cannot set is a note under the Megatron-LM
-/// heading, outside the arguments, which still paste as they are.
-#[test]
-fn plan_notes_what_megatron_lm_cannot_set_outside_the_arguments() {
-    let out = ok(&[
-        "plan",
-        "--model",
-        "gpt-oss-20b",
-        "--gpu",
-        "h100-sxm",
-        "--nodes",
-        "1",
-        "--global-batch",
-        "64",
-        "--top",
-        "1",
-    ]);
-    let block: Vec<&str> = out
-        .lines()
-        .skip_while(|l| !l.starts_with("Megatron-LM arguments"))
-        .skip(1)
-        .take_while(|l| !l.trim().is_empty())
-        .collect();
-    assert!(
-        block[0].starts_with("  note: pretrain_gpt.py has no option for YaRN"),
-        "{out}"
-    );
-    assert!(block[1].trim_start().starts_with("--"), "{out}");
-    assert!(block.iter().skip(1).all(|l| !l.contains('#')), "{out}");
-}
-
 #[test]
 fn plan_top_limits_rows() {
     let out = ok(&args(&plan_175b(&["--top", "3"])));

@@ -877,7 +877,7 @@ fn sliding_window_layers_attend_only_to_their_window() {
     let windowed = iteration_seconds(&ok(&job));
     let full = iteration_seconds(&ok(&with(&job, &["--sliding-window", "0"])));
     assert!(windowed < 0.9 * full, "{windowed} s against {full} s");
-    let plan = ok(&[
+    let plan_job = [
         "plan",
         "--model",
         "gpt-oss-20b",
@@ -889,8 +889,34 @@ fn sliding_window_layers_attend_only_to_their_window() {
         "64",
         "--top",
         "1",
-    ]);
+    ];
+    let plan = ok(&plan_job);
     says(&plan, &["--window-size 127,0", "--window-attn-skip-freq 2"]);
+    // Its YaRN, which pretrain_gpt.py cannot set, is a note under the
+    // heading, outside the arguments, which still paste as they are; the
+    // plan file carries it beside them.
+    let block: Vec<&str> = plan
+        .lines()
+        .skip_while(|l| !l.starts_with("Megatron-LM arguments"))
+        .skip(1)
+        .take_while(|l| !l.trim().is_empty())
+        .collect();
+    assert!(
+        block[0].starts_with("  note: pretrain_gpt.py has no option for YaRN"),
+        "{plan}"
+    );
+    assert!(
+        block[1..]
+            .iter()
+            .all(|l| l.trim_start().starts_with("--") && !l.contains('#'))
+    );
+    let file: serde_json::Value =
+        serde_json::from_str(&ok(&with(&plan_job, &["--format", "json"]))).unwrap();
+    let note = file["megatron_notes"][0].as_str().unwrap_or_default();
+    assert!(
+        note.starts_with("pretrain_gpt.py has no option for YaRN"),
+        "{file}"
+    );
     says(
         &fails(&with(
             &with(&["predict"], &LLAMA3_8B_ON_ONE_NODE),

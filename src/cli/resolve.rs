@@ -247,14 +247,11 @@ fn apply_moe_flags(args: &ModelArgs, model: &mut ModelSpec) -> Result<()> {
         moe.router_group_topk = chosen;
     }
     if let Some(text) = &args.moe_router_score_function {
-        moe.router_score = RouterScore::ALL
-            .into_iter()
-            .find(|score| score.name().eq_ignore_ascii_case(text.trim()))
-            .ok_or_else(|| {
-                anyhow!(
-                    "--moe-router-score-function {text} is not a router score; give softmax or sigmoid"
-                )
-            })?;
+        moe.router_score = RouterScore::named(text).ok_or_else(|| {
+            anyhow!(
+                "--moe-router-score-function {text} is not a router score; give softmax or sigmoid"
+            )
+        })?;
     }
     if let Some(scaling) = args.moe_router_topk_scaling_factor {
         moe.router_topk_scaling = scaling;

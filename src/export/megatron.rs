@@ -463,9 +463,6 @@ fn moe_layer_pattern(model: &crate::model::ModelSpec) -> String {
     format!("[{}]", flags.join(","))
 }
 
-/// [`megatron_args`] as one shell-quoted line, each flag with its value,
-/// flags separated by ` \` and a newline indented four spaces, ready to paste
-/// after `pretrain_gpt.py`.
 /// The router's score as Megatron-Core computes it: a sigmoid, its expert
 /// bias and the weights' scaling where the model has them (DeepSeek-V3);
 /// with one expert per token, a softmax over all experts before the choice
@@ -565,6 +562,9 @@ pub fn megatron_model_notes(model: &ModelSpec) -> Vec<String> {
 /// (`original_max_position_embeddings`, which no option sets).
 const MLA_YARN_ORIGINAL_POSITIONS: u64 = 4096;
 
+/// [`megatron_args`] as one shell-quoted line, each flag with its value,
+/// flags separated by ` \` and a newline indented four spaces, ready to paste
+/// after `pretrain_gpt.py`.
 pub fn megatron_command_line(job: &LaunchJob) -> Result<String, ExportError> {
     let args = megatron_args(job)?;
     let mut groups: Vec<Vec<String>> = Vec::new();

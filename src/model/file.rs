@@ -473,10 +473,7 @@ fn apply_moe(table: &Table, model: &mut ModelSpec) -> Result<(), String> {
         }
     }
     if let Some(text) = string(table, "moe_router_score_function")? {
-        moe.router_score = RouterScore::ALL
-            .into_iter()
-            .find(|score| score.name().eq_ignore_ascii_case(text.trim()))
-            .ok_or_else(|| {
+        moe.router_score = RouterScore::named(text).ok_or_else(|| {
                 format!(
                     "`moe_router_score_function = \"{text}\"` is not a router score; write \"softmax\" or \"sigmoid\""
                 )
@@ -909,7 +906,7 @@ mod tests {
             ),
             (
                 "base = \"deepseek-v3\"\nmoe_router_topk_scaling_factor = 0\n",
-                "must be a finite number above 0",
+                "must be above 0 and at most 100",
             ),
         ] {
             let e = error(text);

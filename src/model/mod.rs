@@ -150,6 +150,9 @@ const MAX_ROTARY_BASE: u64 = 1 << 40;
 /// Far above any model's context rescaling (DeepSeek-V3's 40).
 const MAX_ROPE_SCALING_FACTOR: f64 = 1024.0;
 
+/// Far above any router's weight scaling (DeepSeek-V3's 2.5).
+const MAX_ROUTER_TOPK_SCALING: f64 = 100.0;
+
 fn rotary_base_default() -> u64 {
     DEFAULT_ROTARY_BASE
 }
@@ -320,18 +323,18 @@ pub struct MoeSpec {
     /// How the router scores the experts (`--moe-router-score-function`):
     /// softmax (Megatron-LM's default, Mixtral's, Qwen3's, gpt-oss's) or
     /// sigmoid (DeepSeek-V3's scoring_func). Changes the model, not its cost.
-    #[serde(default, skip_serializing_if = "RouterScore::is_softmax")]
+    #[serde(default)]
     pub router_score: RouterScore,
     /// The factor the chosen experts' weights are multiplied by
     /// (`--moe-router-topk-scaling-factor`; DeepSeek-V3's routed_scaling_factor
     /// 2.5); 1 for none.
-    #[serde(default = "one", skip_serializing_if = "is_one")]
+    #[serde(default = "one")]
     pub router_topk_scaling: f64,
     /// A per-expert bias that steers the choice of experts, balancing them
     /// without an auxiliary loss (`--moe-router-enable-expert-bias`;
     /// DeepSeek-V3's topk_method noaux_tc). Megatron-Core takes it with a
     /// sigmoid score only.
-    #[serde(default, skip_serializing_if = "is_false")]
+    #[serde(default)]
     pub router_expert_bias: bool,
 }
 
@@ -357,17 +360,16 @@ impl RouterScore {
         }
     }
 
-    fn is_softmax(&self) -> bool {
-        *self == RouterScore::Softmax
+    /// The score of that name, whatever its case and surrounding spaces.
+    pub fn named(text: &str) -> Option<RouterScore> {
+        RouterScore::ALL
+            .into_iter()
+            .find(|score| score.name().eq_ignore_ascii_case(text.trim()))
     }
 }
 
 fn one() -> f64 {
     1.0
-}
-
-fn is_one(x: &f64) -> bool {
-    *x == 1.0
 }
 
 /// Sliding-window attention (Megatron-LM's `--window-size` and
@@ -1013,9 +1015,9 @@ impl ModelSpec {
 /// `TransformerConfig` raises otherwise).
 fn check_router_score(name: &str, moe: &MoeSpec) -> Result<(), String> {
     let scaling = moe.router_topk_scaling;
-    if !(scaling > 0.0 && scaling.is_finite()) {
+    if !(scaling > 0.0 && scaling <= MAX_ROUTER_TOPK_SCALING) {
         return Err(format!(
-            "model `{name}`: `moe_router_topk_scaling_factor` must be a finite number above 0 (1: none; DeepSeek-V3: 2.5)"
+            "model `{name}`: `moe_router_topk_scaling_factor` must be above 0 and at most {MAX_ROUTER_TOPK_SCALING} (1: none; DeepSeek-V3: 2.5)"
         ));
     }
     if moe.router_expert_bias && moe.router_score != RouterScore::Sigmoid {

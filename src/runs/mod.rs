@@ -557,6 +557,10 @@ fn parse_row(table: &RunTable, index: usize, defaults: &RowDefaults) -> Result<R
                 )));
             }
         };
+        // Positions that are not rotary take the model's rescaling away.
+        if model.learned_positions || model.no_positions {
+            model.rope_scaling = None;
+        }
     }
     if let Some(text) = cell("attention_backend") {
         // Megatron-LM's `local` backend is its own unfused attention, and so
