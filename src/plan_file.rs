@@ -186,7 +186,10 @@ pub fn check_model_switches_recorded(raw: &serde_json::Value, path: &str) -> Res
         return Ok(());
     }
     let recorded = |keys: [&str; 2]| keys.iter().all(|key| model.get(*key).is_some());
-    let router_recorded = model["moe"].is_null() || model["moe"].get("router_score").is_some();
+    let router_recorded = model["moe"].is_null()
+        || ["router_score", "router_dtype"]
+            .iter()
+            .all(|key| model["moe"].get(*key).is_some());
     let missing = if !recorded(["rms_norm", "linear_bias"]) {
         (
             "a model's norms and biases (`rms_norm`, `linear_bias`)",
@@ -199,7 +202,7 @@ pub fn check_model_switches_recorded(raw: &serde_json::Value, path: &str) -> Res
         )
     } else if !router_recorded {
         (
-            "an MoE router's score (`router_score`, `router_topk_scaling`, `router_expert_bias`)",
+            "an MoE router's score and precision (`router_score`, `router_topk_scaling`, `router_expert_bias`, `router_dtype`)",
             "Megatron-LM's default softmax router",
         )
     } else {
@@ -392,6 +395,13 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("an MoE router's score"), "{err}");
+        let mut bf16_v3 =
+            serde_json::to_value(crate::model::builtin_model("deepseek-v3").unwrap()).unwrap();
+        bf16_v3["moe"]
+            .as_object_mut()
+            .unwrap()
+            .remove("router_dtype");
+        assert!(check_model_switches_recorded(&json!({ "model": bf16_v3 }), "old.json").is_err());
         // What `plan` writes records them.
         let written =
             serde_json::to_value(crate::model::builtin_model("llama3-8b").unwrap()).unwrap();

@@ -16,7 +16,8 @@ use paratune::config::{
 };
 use paratune::evaluate::{CostModelChoice, PerGpu};
 use paratune::model::{
-    AttentionKind, ModelSpec, RouterScore, builtin_model, builtin_model_names, load_model_file,
+    AttentionKind, ModelSpec, RouterDtype, RouterScore, builtin_model, builtin_model_names,
+    load_model_file,
 };
 use paratune::runs::{MemoryRank, RowDefaults, Run, RunTable, parse_switch};
 use paratune::search::{Job, SearchSpace};
@@ -215,6 +216,7 @@ fn apply_moe_flags(args: &ModelArgs, model: &mut ModelSpec) -> Result<()> {
             "--moe-router-enable-expert-bias",
             args.moe_router_enable_expert_bias.is_some(),
         ),
+        ("--moe-router-dtype", args.moe_router_dtype.is_some()),
     ];
     let Some(moe) = model.moe.as_mut() else {
         if let Some((flag, _)) = given.iter().find(|(_, on)| *on) {
@@ -255,6 +257,11 @@ fn apply_moe_flags(args: &ModelArgs, model: &mut ModelSpec) -> Result<()> {
     }
     if let Some(scaling) = args.moe_router_topk_scaling_factor {
         moe.router_topk_scaling = scaling;
+    }
+    if let Some(text) = &args.moe_router_dtype {
+        moe.router_dtype = RouterDtype::named(text).ok_or_else(|| {
+            anyhow!("--moe-router-dtype {text} is not a router precision; give fp32, fp64 or model")
+        })?;
     }
     if let Some(text) = &args.moe_router_enable_expert_bias {
         moe.router_expert_bias =

@@ -10,7 +10,7 @@ use crate::config::{
     CrossEntropyFusion, CudaGraphs, EXPERT_RANK_CAPACITY_FACTOR, GradReduce, OptimizerSharding,
     Precision, Recompute, ScheduleKind, WgradDeferral,
 };
-use crate::model::{AttentionKind, ModelSpec, MoeSpec, RopeScaling, RouterScore};
+use crate::model::{AttentionKind, ModelSpec, MoeSpec, RopeScaling, RouterDtype, RouterScore};
 
 const ENGINE: &str = "Megatron-LM";
 
@@ -479,6 +479,9 @@ fn router_args(moe: &MoeSpec, args: &mut Args) {
     }
     if moe.router_topk_scaling != 1.0 {
         args.pair("--moe-router-topk-scaling-factor", moe.router_topk_scaling);
+    }
+    if moe.router_dtype != RouterDtype::Model {
+        args.pair("--moe-router-dtype", moe.router_dtype.name());
     }
 }
 

@@ -118,6 +118,7 @@ pub(crate) const MEGATRON_FLAGS: &[&str] = &[
     "--moe-router-enable-expert-bias",
     "--moe-router-topk-scaling-factor",
     "--moe-router-pre-softmax",
+    "--moe-router-dtype",
     "--expert-model-parallel-size",
     "--expert-tensor-parallel-size",
     "--moe-token-dispatcher-type",

@@ -538,7 +538,7 @@ pub(crate) mod tests {
         };
         let v3 = exported(&crate::model::builtin_model("deepseek-v3").unwrap());
         assert!(
-            v3.contains("--moe-router-score-function sigmoid --moe-router-enable-expert-bias --moe-router-topk-scaling-factor 2.5"),
+            v3.contains("--moe-router-score-function sigmoid --moe-router-enable-expert-bias --moe-router-topk-scaling-factor 2.5 --moe-router-dtype fp32"),
             "{v3}"
         );
         let qwen = crate::model::builtin_model("qwen3-30b-a3b").unwrap();

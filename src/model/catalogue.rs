@@ -3,7 +3,7 @@
 
 use super::{
     AttentionKind, DEFAULT_NORM_EPSILON, DEFAULT_ROTARY_BASE, MlaSpec, ModelSpec, MoeSpec,
-    RopeScaling, RouterScore,
+    RopeScaling, RouterDtype, RouterScore,
 };
 
 /// GPT shapes: (name, hidden, heads, layers). All use vocabulary 51200 and
@@ -215,6 +215,9 @@ fn deepseek_v3() -> ModelSpec {
         router_score: RouterScore::Sigmoid,
         router_topk_scaling: 2.5,
         router_expert_bias: true,
+        // Its gating kept in fp32 (technical report, section 3.3.1), as
+        // Megatron-Bridge's DeepSeek providers set moe_router_dtype.
+        router_dtype: RouterDtype::Fp32,
     });
     spec.mtp_layers = 1;
     spec.rope_scaling = Some(yarn_from_4k(40.0));
@@ -255,6 +258,7 @@ impl Moe {
             router_score: RouterScore::Softmax,
             router_topk_scaling: 1.0,
             router_expert_bias: false,
+            router_dtype: RouterDtype::Model,
         });
         spec
     }

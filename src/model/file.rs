@@ -30,6 +30,7 @@
 //! moe_router_score_function = "sigmoid"  # or "softmax" (default; DeepSeek-V3: sigmoid)
 //! moe_router_topk_scaling_factor = 2.5   # the chosen experts' weights scaled (default 1)
 //! moe_router_enable_expert_bias = true   # aux-loss-free balancing's bias (needs sigmoid)
+//! moe_router_dtype = "fp32"              # or "fp64", "model" (default; DeepSeek-V3: fp32)
 //! kv_lora_rank = 512         # multi-latent attention (DeepSeek): the keys' and values' latent
 //! q_lora_rank = 1536         # the queries' latent (default 0: projected directly)
 //! qk_head_dim = 128          # per head, without position (default 128)
@@ -62,7 +63,8 @@
 //! Every error is one line that starts with the file's path.
 
 use super::{
-    AttentionKind, ModelSpec, RopeScaling, RouterScore, builtin_model, builtin_model_names,
+    AttentionKind, ModelSpec, RopeScaling, RouterDtype, RouterScore, builtin_model,
+    builtin_model_names,
 };
 use crate::suggest::did_you_mean;
 use std::path::Path;
@@ -79,7 +81,7 @@ pub enum ModelFileError {
 }
 
 /// Keys a model file may hold, in the order they are documented.
-const KEYS: [&str; 49] = [
+const KEYS: [&str; 50] = [
     "base",
     "name",
     "hidden",
@@ -106,6 +108,7 @@ const KEYS: [&str; 49] = [
     "moe_router_score_function",
     "moe_router_topk_scaling_factor",
     "moe_router_enable_expert_bias",
+    "moe_router_dtype",
     "kv_lora_rank",
     "q_lora_rank",
     "qk_head_dim",
@@ -148,7 +151,7 @@ const MLA_KEYS: [&str; 4] = [
 ];
 
 /// The mixture-of-experts keys besides `experts`.
-const MOE_KEYS: [&str; 10] = [
+const MOE_KEYS: [&str; 11] = [
     "moe_topk",
     "moe_ffn_hidden",
     "moe_shared_ffn_hidden",
@@ -159,6 +162,7 @@ const MOE_KEYS: [&str; 10] = [
     "moe_router_score_function",
     "moe_router_topk_scaling_factor",
     "moe_router_enable_expert_bias",
+    "moe_router_dtype",
 ];
 
 /// Keys that must be given when there is no `base`.
@@ -242,10 +246,11 @@ pub fn render_model_toml(model: &ModelSpec) -> String {
             ));
         }
         text.push_str(&format!(
-            "moe_router_score_function = \"{}\"\nmoe_router_topk_scaling_factor = {:?}\nmoe_router_enable_expert_bias = {}\n",
+            "moe_router_score_function = \"{}\"\nmoe_router_topk_scaling_factor = {:?}\nmoe_router_enable_expert_bias = {}\nmoe_router_dtype = \"{}\"\n",
             moe.router_score.name(),
             moe.router_topk_scaling,
-            moe.router_expert_bias
+            moe.router_expert_bias,
+            moe.router_dtype.name()
         ));
     }
     text
@@ -484,6 +489,13 @@ fn apply_moe(table: &Table, model: &mut ModelSpec) -> Result<(), String> {
     }
     if let Some(bias) = boolean(table, "moe_router_enable_expert_bias")? {
         moe.router_expert_bias = bias;
+    }
+    if let Some(text) = string(table, "moe_router_dtype")? {
+        moe.router_dtype = RouterDtype::named(text).ok_or_else(|| {
+            format!(
+                "`moe_router_dtype = \"{text}\"` is not a router precision; write \"fp32\", \"fp64\" or \"model\""
+            )
+        })?;
     }
     for (key, field) in [
         ("moe_shared_ffn_hidden", &mut moe.shared_ffn_hidden),
@@ -874,9 +886,11 @@ mod tests {
             (RouterScore::Sigmoid, 2.5, true)
         );
         let sigmoid = read(
-            "base = \"qwen3-30b-a3b\"\nmoe_router_score_function = \"sigmoid\"\nmoe_router_enable_expert_bias = true\nmoe_router_topk_scaling_factor = 2\n",
+            "base = \"qwen3-30b-a3b\"\nmoe_router_score_function = \"sigmoid\"\nmoe_router_enable_expert_bias = true\nmoe_router_topk_scaling_factor = 2\nmoe_router_dtype = \"fp64\"\n",
         )
         .unwrap();
+        assert_eq!(sigmoid.moe.unwrap().router_dtype, RouterDtype::Fp64);
+        assert_eq!(v3.router_dtype, RouterDtype::Fp32);
         let moe = sigmoid.moe.unwrap();
         assert_eq!(
             (
@@ -903,6 +917,10 @@ mod tests {
             (
                 "base = \"deepseek-v3\"\nmoe_router_score_function = \"relu\"\n",
                 "is not a router score",
+            ),
+            (
+                "base = \"deepseek-v3\"\nmoe_router_dtype = \"bf16\"\n",
+                "is not a router precision",
             ),
             (
                 "base = \"deepseek-v3\"\nmoe_router_topk_scaling_factor = 0\n",

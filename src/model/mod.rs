@@ -336,6 +336,44 @@ pub struct MoeSpec {
     /// sigmoid score only.
     #[serde(default)]
     pub router_expert_bias: bool,
+    /// The precision the router computes its scores in
+    /// (`--moe-router-dtype`): the model's, or fp32 as DeepSeek-V3 keeps
+    /// its gating (DeepSeek-V3 technical report, section 3.3.1;
+    /// Megatron-Bridge's DeepSeek providers). Not priced: Megatron-Core's
+    /// gating GEMM keeps bf16 operands forward and runs its backward in
+    /// TF32 (Transformer Engine's `cublas_gemm`), a few microseconds a layer.
+    #[serde(default)]
+    pub router_dtype: RouterDtype,
+}
+
+/// An MoE router's arithmetic (Megatron-LM's `--moe-router-dtype`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RouterDtype {
+    /// The model's (bf16), Megatron-LM's default.
+    #[default]
+    Model,
+    Fp32,
+    Fp64,
+}
+
+impl RouterDtype {
+    pub const ALL: [RouterDtype; 3] = [RouterDtype::Model, RouterDtype::Fp32, RouterDtype::Fp64];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            RouterDtype::Model => "model",
+            RouterDtype::Fp32 => "fp32",
+            RouterDtype::Fp64 => "fp64",
+        }
+    }
+
+    /// The dtype of that name, whatever its case and surrounding spaces.
+    pub fn named(text: &str) -> Option<RouterDtype> {
+        RouterDtype::ALL
+            .into_iter()
+            .find(|dtype| dtype.name().eq_ignore_ascii_case(text.trim()))
+    }
 }
 
 /// An MoE router's score function (Megatron-LM's `--moe-router-score-function`).
@@ -408,6 +446,7 @@ impl MoeSpec {
             router_score: RouterScore::Softmax,
             router_topk_scaling: 1.0,
             router_expert_bias: false,
+            router_dtype: RouterDtype::Model,
         }
     }
 
