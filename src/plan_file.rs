@@ -203,7 +203,7 @@ pub fn check_model_switches_recorded(raw: &serde_json::Value, path: &str) -> Res
     } else if !router_recorded {
         (
             "an MoE router's score and precision (`router_score`, `router_topk_scaling`, `router_expert_bias`, `router_dtype`)",
-            "Megatron-LM's default softmax router",
+            "Megatron-LM's default router (softmax, unscaled, no bias, in the model's precision)",
         )
     } else {
         return Ok(());

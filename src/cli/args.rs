@@ -240,7 +240,7 @@ pub struct ModelArgs {
     /// A per-expert bias balancing the experts without an auxiliary loss, with a sigmoid router (--moe-router-enable-expert-bias; DeepSeek-V3): on/off; exported, not priced
     #[arg(long)]
     pub moe_router_enable_expert_bias: Option<String>,
-    /// The router's arithmetic: model (its bf16), fp32 or fp64 (--moe-router-dtype; DeepSeek-V3: fp32); exported, not priced
+    /// The router's arithmetic: model (its bf16) or fp32 (--moe-router-dtype; DeepSeek-V3: fp32); exported, not priced
     #[arg(long)]
     pub moe_router_dtype: Option<String>,
     /// Multi-token prediction modules on the last stage (--mtp-num-layers;

@@ -260,7 +260,9 @@ fn apply_moe_flags(args: &ModelArgs, model: &mut ModelSpec) -> Result<()> {
     }
     if let Some(text) = &args.moe_router_dtype {
         moe.router_dtype = RouterDtype::named(text).ok_or_else(|| {
-            anyhow!("--moe-router-dtype {text} is not a router precision; give fp32, fp64 or model")
+            anyhow!(
+                "--moe-router-dtype {text} is not a router precision; give fp32 or model (an fp64 router is not priced)"
+            )
         })?;
     }
     if let Some(text) = &args.moe_router_enable_expert_bias {

@@ -484,7 +484,7 @@ fn query_key_bytes(s: &Scenario, c: &ParallelConfig) -> (f64, f64) {
     let model = s.model;
     let per_token = local_tokens(s, c) / c.tp as f64;
     let rotated = match model.mla {
-        _ if model.learned_positions || model.no_positions => 0.0,
+        _ if !model.is_rotary() => 0.0,
         Some(mla) => ((model.heads + 1) * mla.qk_pos_head_dim) as f64,
         None => (model.q_width() + model.k_width()) as f64,
     };

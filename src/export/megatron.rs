@@ -519,7 +519,7 @@ fn rotary_args(model: &ModelSpec, args: &mut Args) {
 /// that the exported arguments train it otherwise: each a line saying what
 /// they do instead. Empty for every model but those with such positions.
 pub fn megatron_model_notes(model: &ModelSpec) -> Vec<String> {
-    if model.learned_positions || model.no_positions {
+    if !model.is_rotary() {
         return Vec::new();
     }
     match (model.rope_scaling, model.mla.is_some()) {

@@ -472,7 +472,7 @@ fn unlike_llama(job: &LaunchJob) -> Vec<&'static str> {
 fn dimensions(job: &LaunchJob) -> String {
     let model = job.model;
     format!(
-        "{} layers, hidden {}, {} heads ({} kv), ffn {}, vocab {}, seq {}{}, norm eps {:e}",
+        "{} layers, hidden {}, {} heads ({} kv), ffn {}, vocab {}, seq {}{}, norm eps {:e}{}",
         model.layers,
         model.hidden,
         model.heads,
@@ -481,14 +481,34 @@ fn dimensions(job: &LaunchJob) -> String {
         model.vocab,
         model.seq_len,
         rotary(model),
-        model.norm_epsilon
+        model.norm_epsilon,
+        router(model)
     )
+}
+
+/// An MoE model's router, as a torchtitan MoE flavor's router arguments
+/// must hold it; nothing for a dense model.
+fn router(model: &ModelSpec) -> String {
+    let Some(moe) = model.moe else {
+        return String::new();
+    };
+    let mut parts = vec![format!("{} router", moe.router_score.name())];
+    if moe.router_expert_bias {
+        parts.push("a bias per expert".into());
+    }
+    if moe.router_topk_scaling != 1.0 {
+        parts.push(format!("weights scaled by {}", moe.router_topk_scaling));
+    }
+    if moe.router_dtype != crate::model::RouterDtype::Model {
+        parts.push(format!("in {}", moe.router_dtype.name()));
+    }
+    format!(", {}", parts.join(", "))
 }
 
 /// The rotary base and scaling, as a torchtitan flavor's rope_theta and
 /// scaling arguments must hold them; nothing without rotary positions.
 fn rotary(model: &ModelSpec) -> String {
-    if model.learned_positions || model.no_positions {
+    if !model.is_rotary() {
         return String::new();
     }
     // torchtitan's llama3 rescales as Llama 3.1 does unless told not to,
@@ -978,6 +998,35 @@ mod tests {
             dp,
             ..ParallelConfig::default()
         }
+    }
+
+    /// The flavor comment holds what a flavor's arguments must: the rotary
+    /// base and rescaling, the norms' epsilon and an MoE model's router.
+    #[test]
+    fn the_flavor_comment_names_positions_norms_and_the_router() {
+        let comment = |name: &str| {
+            let model = builtin_model(name).unwrap();
+            dimensions(&launch(&model, &data_parallel(8)))
+        };
+        for (name, expected) in [
+            (
+                "llama3-8b",
+                ", rope theta 500000 without rescaling, norm eps 1e-5",
+            ),
+            (
+                "llama3.1-8b",
+                "rope theta 500000 (Llama 3.1's scaling, factor 8)",
+            ),
+            ("qwen3-30b-a3b", "norm eps 1e-6, softmax router"),
+            (
+                "deepseek-v3",
+                "sigmoid router, a bias per expert, weights scaled by 2.5, in fp32",
+            ),
+        ] {
+            let text = comment(name);
+            assert!(text.contains(expected), "{name}: {text}");
+        }
+        assert!(!comment("gpt3-175b").contains("rope"));
     }
 
     #[test]

@@ -116,7 +116,7 @@ impl MoeFamily {
             }
             MoeFamily::GptOss => {
                 spec.rotary_base = 150_000;
-                spec.rope_scaling = Some(yarn_from_4k(32.0));
+                spec.rope_scaling = Some(yarn_from_4k(32.0, 0.0));
                 spec.window = Some(crate::model::WindowSpec {
                     tokens: 127,
                     full_every: 2,
@@ -159,7 +159,8 @@ impl MoeFamily {
 // Mixtral rope_theta 1e6, rms_norm_eps 1e-5; Qwen3 rope_theta 1e6,
 // rms_norm_eps 1e-6, no rope_scaling (the 2507 releases' larger bases are
 // not these models); gpt-oss rope_theta 150000, rms_norm_eps 1e-5, YaRN
-// (factor 32 from 4,096 positions, beta_fast 32, beta_slow 1).
+// (factor 32 from 4,096 positions, beta_fast 32, beta_slow 1, the
+// reference code's concentration: `yarn_from_4k`).
 #[rustfmt::skip]
 const MOE: [Moe; 6] = [
     Moe { name: "mixtral-8x7b", family: MoeFamily::Mixtral, hidden: 4096, heads: 32, kv_heads: 8, head_dim: None, layers: 32, vocab: 32000, seq_len: 32768, experts: 8, topk: 2, expert_ffn: 14336 },
@@ -220,7 +221,7 @@ fn deepseek_v3() -> ModelSpec {
         router_dtype: RouterDtype::Fp32,
     });
     spec.mtp_layers = 1;
-    spec.rope_scaling = Some(yarn_from_4k(40.0));
+    spec.rope_scaling = Some(yarn_from_4k(40.0, 1.0));
     spec.norm_epsilon = 1e-6;
     // The query and key/value latents' norms (q_a_layernorm and
     // kv_a_layernorm): Megatron-Core builds them with --qk-layernorm.
@@ -309,16 +310,19 @@ const LLAMA3_ROTARY_BASE: u64 = 500_000;
 /// cards (Megatron-Bridge's Llama31ModelProvider: rope_scaling_factor 8.0).
 const LLAMA31_SCALING: RopeScaling = RopeScaling::Llama3 { factor: 8.0 };
 
-/// YaRN as DeepSeek-V3 and gpt-oss rescale: from 4,096 positions with
-/// beta_fast 32 and beta_slow 1, mscale and mscale_all_dim 1.0
-/// (DeepSeek-V3's config.json rope_scaling; Megatron-Bridge's
-/// gpt_oss_provider.py, yarn_mscale and yarn_mscale_all_dim 1.0).
-fn yarn_from_4k(factor: f64) -> RopeScaling {
+/// YaRN as DeepSeek-V3 and gpt-oss rescale: by `factor` from 4,096
+/// positions with beta_fast 32 and beta_slow 1, and the attention
+/// temperature Megatron-Core derives from `mscale` over `mscale_all_dim`.
+/// DeepSeek-V3's config.json gives both 1.0 (no temperature change);
+/// gpt-oss's reference code multiplies the rotation by 0.1 ln(factor) + 1
+/// (openai/gpt-oss `gpt_oss/torch/model.py`, its `concentration`), which
+/// is mscale 1.0 over mscale_all_dim 0.0.
+fn yarn_from_4k(factor: f64, mscale_all_dim: f64) -> RopeScaling {
     RopeScaling::Yarn {
         factor,
         original_positions: 4096,
         mscale: 1.0,
-        mscale_all_dim: 1.0,
+        mscale_all_dim,
     }
 }
 
@@ -477,11 +481,11 @@ mod tests {
     /// The rotary bases, scalings and norm epsilons of the config.json files.
     #[test]
     fn families_have_their_positions_and_norms() {
-        let yarn = |factor| RopeScaling::Yarn {
+        let yarn = |factor, mscale_all_dim| RopeScaling::Yarn {
             factor,
             original_positions: 4096,
             mscale: 1.0,
-            mscale_all_dim: 1.0,
+            mscale_all_dim,
         };
         let llama31 = Some(RopeScaling::Llama3 { factor: 8.0 });
         for (name, base, scaling, epsilon) in [
@@ -490,8 +494,8 @@ mod tests {
             ("llama3.1-405b", 500_000, llama31, 1e-5),
             ("mixtral-8x22b", 1_000_000, None, 1e-5),
             ("qwen3-235b-a22b", 1_000_000, None, 1e-6),
-            ("gpt-oss-20b", 150_000, Some(yarn(32.0)), 1e-5),
-            ("deepseek-v3", 10_000, Some(yarn(40.0)), 1e-6),
+            ("gpt-oss-20b", 150_000, Some(yarn(32.0, 0.0)), 1e-5),
+            ("deepseek-v3", 10_000, Some(yarn(40.0, 1.0)), 1e-6),
         ] {
             let m = builtin_model(name).unwrap();
             assert_eq!(

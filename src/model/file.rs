@@ -30,7 +30,7 @@
 //! moe_router_score_function = "sigmoid"  # or "softmax" (default; DeepSeek-V3: sigmoid)
 //! moe_router_topk_scaling_factor = 2.5   # the chosen experts' weights scaled (default 1)
 //! moe_router_enable_expert_bias = true   # aux-loss-free balancing's bias (needs sigmoid)
-//! moe_router_dtype = "fp32"              # or "fp64", "model" (default; DeepSeek-V3: fp32)
+//! moe_router_dtype = "fp32"              # or "model" (default; DeepSeek-V3: fp32)
 //! kv_lora_rank = 512         # multi-latent attention (DeepSeek): the keys' and values' latent
 //! q_lora_rank = 1536         # the queries' latent (default 0: projected directly)
 //! qk_head_dim = 128          # per head, without position (default 128)
@@ -50,7 +50,7 @@
 //! rope_scaling_factor = 32.0 # the scaling's factor (Llama 3.1: 8; gpt-oss: 32)
 //! rope_original_positions = 4096  # YaRN: the context scaled from (default 4096)
 //! rope_mscale = 1.0          # YaRN: attention temperature (default 1.0)
-//! rope_mscale_all_dim = 1.0  # YaRN: its all-dimension part (default 1.0)
+//! rope_mscale_all_dim = 0.0  # YaRN: its all-dimension part (default 0.0; DeepSeek-V3: 1.0)
 //! norm_epsilon = 1e-6        # the norms' epsilon (default 1e-5, Megatron-LM's)
 //! ```
 //!
@@ -343,13 +343,13 @@ fn apply_quick_geglu(table: &Table, model: &mut ModelSpec) -> Result<(), String>
 /// The rotary keys applied to `model`: its base, and `rope_scaling`
 /// ("llama3", "yarn" or "none") with its numbers, which need a scaling
 /// (the base's, or one named here; a named kind starts from the
-/// catalogue's: Llama 3.1's factor 8, YaRN's factor 32 from 4,096
-/// positions with both mscales 1.0).
+/// catalogue's: Llama 3.1's factor 8, gpt-oss's YaRN, factor 32 from
+/// 4,096 positions with mscale 1.0 over mscale_all_dim 0.0).
 fn apply_rope(table: &Table, model: &mut ModelSpec) -> Result<(), String> {
     // A file that takes a base's rotary positions away takes their scaling
     // with them, unless it names one (which the model check refuses).
-    if (model.learned_positions || model.no_positions) && !table.contains_key("rope_scaling") {
-        model.rope_scaling = None;
+    if !table.contains_key("rope_scaling") {
+        model.drop_scaling_unless_rotary();
     }
     if let Some(base) = positive(table, "rotary_base")? {
         model.rotary_base = base;
@@ -367,7 +367,7 @@ fn apply_rope(table: &Table, model: &mut ModelSpec) -> Result<(), String> {
                 factor: 32.0,
                 original_positions: 4096,
                 mscale: 1.0,
-                mscale_all_dim: 1.0,
+                mscale_all_dim: 0.0,
             }),
             _ => {
                 return Err(format!(
@@ -493,7 +493,7 @@ fn apply_moe(table: &Table, model: &mut ModelSpec) -> Result<(), String> {
     if let Some(text) = string(table, "moe_router_dtype")? {
         moe.router_dtype = RouterDtype::named(text).ok_or_else(|| {
             format!(
-                "`moe_router_dtype = \"{text}\"` is not a router precision; write \"fp32\", \"fp64\" or \"model\""
+                "`moe_router_dtype = \"{text}\"` is not a router precision; write \"fp32\" or \"model\" (an fp64 router is not priced)"
             )
         })?;
     }
@@ -809,7 +809,7 @@ mod tests {
                 factor: 4.0,
                 original_positions: 32768,
                 mscale: 1.0,
-                mscale_all_dim: 1.0
+                mscale_all_dim: 0.0
             })
         );
         assert_eq!((yarn.rotary_base, yarn.norm_epsilon), (1_000_000, 1e-6));
@@ -886,10 +886,10 @@ mod tests {
             (RouterScore::Sigmoid, 2.5, true)
         );
         let sigmoid = read(
-            "base = \"qwen3-30b-a3b\"\nmoe_router_score_function = \"sigmoid\"\nmoe_router_enable_expert_bias = true\nmoe_router_topk_scaling_factor = 2\nmoe_router_dtype = \"fp64\"\n",
+            "base = \"qwen3-30b-a3b\"\nmoe_router_score_function = \"sigmoid\"\nmoe_router_enable_expert_bias = true\nmoe_router_topk_scaling_factor = 2\nmoe_router_dtype = \"fp32\"\n",
         )
         .unwrap();
-        assert_eq!(sigmoid.moe.unwrap().router_dtype, RouterDtype::Fp64);
+        assert_eq!(sigmoid.moe.unwrap().router_dtype, RouterDtype::Fp32);
         assert_eq!(v3.router_dtype, RouterDtype::Fp32);
         let moe = sigmoid.moe.unwrap();
         assert_eq!(
@@ -919,7 +919,7 @@ mod tests {
                 "is not a router score",
             ),
             (
-                "base = \"deepseek-v3\"\nmoe_router_dtype = \"bf16\"\n",
+                "base = \"deepseek-v3\"\nmoe_router_dtype = \"fp64\"\n",
                 "is not a router precision",
             ),
             (

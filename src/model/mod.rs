@@ -340,8 +340,10 @@ pub struct MoeSpec {
     /// (`--moe-router-dtype`): the model's, or fp32 as DeepSeek-V3 keeps
     /// its gating (DeepSeek-V3 technical report, section 3.3.1;
     /// Megatron-Bridge's DeepSeek providers). Not priced: Megatron-Core's
-    /// gating GEMM keeps bf16 operands forward and runs its backward in
-    /// TF32 (Transformer Engine's `cublas_gemm`), a few microseconds a layer.
+    /// fp32 gating GEMM keeps bf16 operands forward and runs its backward
+    /// in TF32 (Transformer Engine's `cublas_gemm`), a few microseconds a
+    /// layer. Megatron-LM's fp64, a plain fp64 GEMM that Blackwell Ultra
+    /// runs at a sliver of its rate, is not offered.
     #[serde(default)]
     pub router_dtype: RouterDtype,
 }
@@ -354,17 +356,15 @@ pub enum RouterDtype {
     #[default]
     Model,
     Fp32,
-    Fp64,
 }
 
 impl RouterDtype {
-    pub const ALL: [RouterDtype; 3] = [RouterDtype::Model, RouterDtype::Fp32, RouterDtype::Fp64];
+    pub const ALL: [RouterDtype; 2] = [RouterDtype::Model, RouterDtype::Fp32];
 
     pub fn name(self) -> &'static str {
         match self {
             RouterDtype::Model => "model",
             RouterDtype::Fp32 => "fp32",
-            RouterDtype::Fp64 => "fp64",
         }
     }
 
@@ -523,6 +523,20 @@ impl ModelSpec {
         mla.kv_lora_rank = rank;
         self.mla = Some(mla);
         self.kv_heads = self.heads;
+    }
+
+    /// Whether the positions are rotary: neither learned nor absent (NoPE).
+    pub fn is_rotary(&self) -> bool {
+        !(self.learned_positions || self.no_positions)
+    }
+
+    /// Takes a rescaling away from positions that are no longer rotary (a
+    /// file or a run row that sets learned or no positions on a rotary
+    /// base), so that only a scaling named beside them is refused.
+    pub fn drop_scaling_unless_rotary(&mut self) {
+        if !self.is_rotary() {
+            self.rope_scaling = None;
+        }
     }
 
     /// Width of one query/key head.
@@ -979,7 +993,7 @@ impl ModelSpec {
         let Some(scaling) = self.rope_scaling else {
             return Ok(());
         };
-        if self.learned_positions || self.no_positions {
+        if !self.is_rotary() {
             return Err(format!(
                 "model `{name}`: `rope_scaling` rescales rotary positions, and this model has {}; remove `rope_scaling`",
                 if self.no_positions {
@@ -1049,8 +1063,8 @@ impl ModelSpec {
     }
 }
 
-/// The router's score: a finite positive scaling of the weights, and the
-/// expert bias only with a sigmoid score (Megatron-Core's
+/// The router's score: a scaling of the weights above 0 and at most
+/// [`MAX_ROUTER_TOPK_SCALING`], and the expert bias only with a sigmoid score (Megatron-Core's
 /// `TransformerConfig` raises otherwise).
 fn check_router_score(name: &str, moe: &MoeSpec) -> Result<(), String> {
     let scaling = moe.router_topk_scaling;

@@ -557,10 +557,7 @@ fn parse_row(table: &RunTable, index: usize, defaults: &RowDefaults) -> Result<R
                 )));
             }
         };
-        // Positions that are not rotary take the model's rescaling away.
-        if model.learned_positions || model.no_positions {
-            model.rope_scaling = None;
-        }
+        model.drop_scaling_unless_rotary();
     }
     if let Some(text) = cell("attention_backend") {
         // Megatron-LM's `local` backend is its own unfused attention, and so
@@ -620,7 +617,8 @@ fn parse_row(table: &RunTable, index: usize, defaults: &RowDefaults) -> Result<R
             // Empty: unlimited routing, Megatron-LM's default.
             router_groups: count("moe_router_num_groups")?.unwrap_or(0),
             router_group_topk: count("moe_router_group_topk")?.unwrap_or(0),
-            // The router's score costs nothing; a row has no column for it.
+            // The router (score, scaling, bias, precision) costs nothing; a
+            // row has no column for it, so it is Megatron-LM's default.
             ..defaults
         });
     }
