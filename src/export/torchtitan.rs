@@ -511,9 +511,17 @@ fn rotary(model: &ModelSpec) -> String {
     if !model.is_rotary() {
         return String::new();
     }
-    // torchtitan's llama3 rescales as Llama 3.1 does unless told not to,
-    // so an unscaled model says so.
+    // torchtitan's llama3 (every model not exported to a module of its
+    // own) rescales as Llama 3.1 does whatever the flavor
+    // (`precompute_freqs_cis` applies its `rope_scaling_args`), and a
+    // scaling factor of 1 leaves the frequencies as they are.
+    let llama3 = torchtitan_module(model).is_none_or(|module| module == "llama3");
     let scaling = match model.rope_scaling {
+        None if llama3 => {
+            " without rescaling (torchtitan's llama3 rescales as Llama 3.1 unless the flavor's \
+             rope_scaling_args has scaling_factor 1)"
+                .to_string()
+        }
         None => " without rescaling".to_string(),
         Some(RopeScaling::Llama3 { factor }) => format!(" (Llama 3.1's scaling, factor {factor})"),
         Some(RopeScaling::Yarn {
@@ -1011,13 +1019,16 @@ mod tests {
         for (name, expected) in [
             (
                 "llama3-8b",
-                ", rope theta 500000 without rescaling, norm eps 1e-5",
+                ", rope theta 500000 without rescaling (torchtitan's llama3 rescales as Llama 3.1 unless",
             ),
             (
                 "llama3.1-8b",
                 "rope theta 500000 (Llama 3.1's scaling, factor 8)",
             ),
-            ("qwen3-30b-a3b", "norm eps 1e-6, softmax router"),
+            (
+                "qwen3-30b-a3b",
+                "rope theta 1000000 without rescaling, norm eps 1e-6, softmax router",
+            ),
             (
                 "deepseek-v3",
                 "sigmoid router, a bias per expert, weights scaled by 2.5, in fp32",
