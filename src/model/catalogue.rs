@@ -116,7 +116,7 @@ impl MoeFamily {
             }
             MoeFamily::GptOss => {
                 spec.rotary_base = 150_000;
-                spec.rope_scaling = Some(yarn_from_4k(32.0, 0.0));
+                spec.rope_scaling = Some(RopeScaling::GPT_OSS_YARN);
                 spec.window = Some(crate::model::WindowSpec {
                     tokens: 127,
                     full_every: 2,
@@ -160,7 +160,7 @@ impl MoeFamily {
 // rms_norm_eps 1e-6, no rope_scaling (the 2507 releases' larger bases are
 // not these models); gpt-oss rope_theta 150000, rms_norm_eps 1e-5, YaRN
 // (factor 32 from 4,096 positions, beta_fast 32, beta_slow 1, the
-// reference code's concentration: `yarn_from_4k`).
+// reference code's concentration: `RopeScaling::GPT_OSS_YARN`).
 #[rustfmt::skip]
 const MOE: [Moe; 6] = [
     Moe { name: "mixtral-8x7b", family: MoeFamily::Mixtral, hidden: 4096, heads: 32, kv_heads: 8, head_dim: None, layers: 32, vocab: 32000, seq_len: 32768, experts: 8, topk: 2, expert_ffn: 14336 },
@@ -221,7 +221,7 @@ fn deepseek_v3() -> ModelSpec {
         router_dtype: RouterDtype::Fp32,
     });
     spec.mtp_layers = 1;
-    spec.rope_scaling = Some(yarn_from_4k(40.0, 1.0));
+    spec.rope_scaling = Some(RopeScaling::DEEPSEEK_V3_YARN);
     spec.norm_epsilon = 1e-6;
     // The query and key/value latents' norms (q_a_layernorm and
     // kv_a_layernorm): Megatron-Core builds them with --qk-layernorm.
@@ -304,28 +304,6 @@ impl Llama {
 /// Llama 2 kept Megatron-LM's default 10000). Both norm at 1e-5.
 const LLAMA3_ROTARY_BASE: u64 = 500_000;
 
-/// Llama 3.1's rescaling to 128K: "rope_scaling" {"rope_type": "llama3",
-/// "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-/// "original_max_position_embeddings": 8192} in its config.json model
-/// cards (Megatron-Bridge's Llama31ModelProvider: rope_scaling_factor 8.0).
-const LLAMA31_SCALING: RopeScaling = RopeScaling::Llama3 { factor: 8.0 };
-
-/// YaRN as DeepSeek-V3 and gpt-oss rescale: by `factor` from 4,096
-/// positions with beta_fast 32 and beta_slow 1, and the attention
-/// temperature Megatron-Core derives from `mscale` over `mscale_all_dim`.
-/// DeepSeek-V3's config.json gives both 1.0 (no temperature change);
-/// gpt-oss's reference code multiplies the rotation by 0.1 ln(factor) + 1
-/// (openai/gpt-oss `gpt_oss/torch/model.py`, its `concentration`), which
-/// is mscale 1.0 over mscale_all_dim 0.0.
-fn yarn_from_4k(factor: f64, mscale_all_dim: f64) -> RopeScaling {
-    RopeScaling::Yarn {
-        factor,
-        original_positions: 4096,
-        mscale: 1.0,
-        mscale_all_dim,
-    }
-}
-
 /// Names of the built-in models, in catalogue order.
 pub fn builtin_model_names() -> Vec<&'static str> {
     let gpt = MEGATRON_SC21.iter().chain(GPT3.iter()).map(|m| m.0);
@@ -370,7 +348,7 @@ pub fn builtin_model(name: &str) -> Option<ModelSpec> {
         return Some(llama3(spec));
     }
     named(&LLAMA31_128K).map(|spec| ModelSpec {
-        rope_scaling: Some(LLAMA31_SCALING),
+        rope_scaling: Some(RopeScaling::LLAMA31),
         ..llama3(spec)
     })
 }

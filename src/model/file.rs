@@ -362,13 +362,8 @@ fn apply_rope(table: &Table, model: &mut ModelSpec) -> Result<(), String> {
             ("none", _) => None,
             ("llama3", Some(same @ RopeScaling::Llama3 { .. })) => Some(same),
             ("yarn", Some(same @ RopeScaling::Yarn { .. })) => Some(same),
-            ("llama3", _) => Some(RopeScaling::Llama3 { factor: 8.0 }),
-            ("yarn", _) => Some(RopeScaling::Yarn {
-                factor: 32.0,
-                original_positions: 4096,
-                mscale: 1.0,
-                mscale_all_dim: 0.0,
-            }),
+            ("llama3", _) => Some(RopeScaling::LLAMA31),
+            ("yarn", _) => Some(RopeScaling::GPT_OSS_YARN),
             _ => {
                 return Err(format!(
                     "`rope_scaling = \"{kind}\"` is not a rotary scaling; write \"llama3\" (Llama 3.1's), \"yarn\" or \"none\""
@@ -479,10 +474,10 @@ fn apply_moe(table: &Table, model: &mut ModelSpec) -> Result<(), String> {
     }
     if let Some(text) = string(table, "moe_router_score_function")? {
         moe.router_score = RouterScore::named(text).ok_or_else(|| {
-                format!(
-                    "`moe_router_score_function = \"{text}\"` is not a router score; write \"softmax\" or \"sigmoid\""
-                )
-            })?;
+            format!(
+                "`moe_router_score_function = \"{text}\"` is not a router score; write \"softmax\" or \"sigmoid\""
+            )
+        })?;
     }
     if let Some(scaling) = number(table, "moe_router_topk_scaling_factor")? {
         moe.router_topk_scaling = scaling;

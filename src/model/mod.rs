@@ -183,6 +183,33 @@ pub enum RopeScaling {
 }
 
 impl RopeScaling {
+    /// Llama 3.1's rescaling to 128K: "rope_scaling" {"rope_type": "llama3",
+    /// "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+    /// "original_max_position_embeddings": 8192} in its config.json model
+    /// cards (Megatron-Bridge's Llama31ModelProvider: rope_scaling_factor 8.0).
+    pub const LLAMA31: RopeScaling = RopeScaling::Llama3 { factor: 8.0 };
+
+    /// gpt-oss's YaRN: by 32 from 4,096 positions (config.json), its
+    /// reference code's attention temperature 0.1 ln(32) + 1
+    /// (openai/gpt-oss `gpt_oss/torch/model.py`, its `concentration`),
+    /// which is mscale 1.0 over mscale_all_dim 0.0 in Megatron-Core's terms.
+    pub const GPT_OSS_YARN: RopeScaling = RopeScaling::Yarn {
+        factor: 32.0,
+        original_positions: 4096,
+        mscale: 1.0,
+        mscale_all_dim: 0.0,
+    };
+
+    /// DeepSeek-V3's YaRN: by 40 from 4,096 positions with mscale and
+    /// mscale_all_dim 1.0 (its config.json rope_scaling), which leave the
+    /// attention temperature as it is.
+    pub const DEEPSEEK_V3_YARN: RopeScaling = RopeScaling::Yarn {
+        factor: 40.0,
+        original_positions: 4096,
+        mscale: 1.0,
+        mscale_all_dim: 1.0,
+    };
+
     /// Its name in a model file's `rope_scaling` key.
     pub fn name(&self) -> &'static str {
         match self {
