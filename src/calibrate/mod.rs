@@ -259,7 +259,9 @@ impl Facts {
                 self.multi_node,
                 "every run fits in one node, so no collective crosses the inter-node network",
             ),
-            "attention_efficiency_flash" => absent(self.flash, "no run uses flash attention"),
+            "attention_efficiency_flash" | "attention_row_half" => {
+                absent(self.flash, "no run uses flash attention")
+            }
             "attention_efficiency_standard" => {
                 absent(self.standard, "no run uses standard (unfused) attention")
             }

@@ -164,15 +164,20 @@ pub fn matmul_ceiling(gpu: &str) -> Option<MatmulCeiling> {
 
 /// How fast fused (flash) attention runs on a GPU: measured rates as
 /// fractions of the dense 16-bit peak, at the head widths
-/// [`AttentionRates::HEAD_DIMS`], FLOPs counted as FlashAttention counts
-/// them (causal forward half the products, backward 2.5x the forward).
+/// [`AttentionRates::HEAD_DIMS`], each over query rows of a measured mean
+/// length, FLOPs counted as FlashAttention counts them (over the unmasked
+/// scores; the backward 2.5x the forward).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AttentionRates {
-    /// The causal forward pass.
+    /// The forward pass.
     pub forward: [f64; 2],
-    /// The backward pass (measured without the causal mask: no causal
-    /// backward was published).
+    /// The backward pass.
     pub backward: [f64; 2],
+    /// The mean keys per query row each head width was measured over: half
+    /// the sequence for a causal mask, about the window for a windowed one.
+    /// The cost model carries a rate to other rows by
+    /// `attention_row_half`.
+    pub row_keys: [f64; 2],
 }
 
 impl AttentionRates {
@@ -185,30 +190,66 @@ impl AttentionRates {
 // on Hopper and later (`get_attention_backend` in transformer_engine/
 // pytorch/attention/dot_product_attention/utils.py prefers FusedAttention
 // from compute capability 9.0; Megatron-LM's `--attention-backend auto`
-// leaves the choice to it). Measured on H100 SXM5 in BF16 at 8K tokens
-// per sequence, 16K tokens per batch, hidden 2048 (Shah et al.,
-// FlashAttention-3, arXiv 2407.08608v2, figures 5b, 5d, 6a, 6b, the cuDNN
-// bars): causal forward 379 TFLOP/s at head width 64 and 529 at 128,
-// backward 432 and 518. H200 is H100's die at the same clocks. Blackwell's
-// are not listed: the FlashAttention-4 paper gives no per-length cuDNN
-// figures, so B200 and GB200 keep the `attention_efficiency_flash` prior.
+// leaves the choice to it). Measured with cuDNN 9.19 in BF16, backward
+// non-deterministic, by NVIDIA's cudnn-frontend training benchmark
+// (benchmark/sdpa_benchmark_training/results/{h200,gb200,gb300}_919_only_cudnn,
+// commits afa9f7c0 and df73764a; median device time, L2 flushed; FLOPs over
+// the unmasked scores). Head width 128 (`llama3.1`: 64 query heads, 8 KV,
+// batch 1), causal at 8K tokens, rows of 4,096 keys on average: H200 644
+// TFLOP/s forward and 541 backward, GB200 1,598 and 1,311, GB300 1,887 and
+// 1,385. Head width 64 (`gpt_oss`: 64 query heads, 8 KV, batch 2), causal
+// over a 1,024-token window at 32K tokens, rows of 1,008 keys: H200 358 and
+// 299, GB200 632 and 660, GB300 748 and 689. A windowed row has two masked
+// tiles to a causal row's one, so that width's long-row rate is, if
+// anything, low. H100 SXM is H200's die at the same clocks. B200 is
+// GB200's die and B300 GB300's at lower power: they take those rates as
+// fractions of the measured matmul ceiling, as a fitted GEMM efficiency
+// carries. (FlashAttention-3's H100 figures, cuDNN of 2024 at 8K: 379 and
+// 529 forward, 432 and 518 backward; cuDNN 9.19 is faster at both widths.)
 /// TFLOP/s as published, (forward, backward) at [`AttentionRates::HEAD_DIMS`].
 type PublishedAttention = ([f64; 2], [f64; 2]);
 
-const H100_ATTENTION: PublishedAttention = ([379.0, 529.0], [432.0, 518.0]);
+/// Mean keys per query row of the published rates at each head width.
+const PUBLISHED_ROW_KEYS: [f64; 2] = [1008.0, 4096.0];
 
-const ATTENTION_TFLOPS: [(&str, PublishedAttention); 2] =
-    [("h100-sxm", H100_ATTENTION), ("h200", H100_ATTENTION)];
+const H200_ATTENTION: PublishedAttention = ([358.0, 644.0], [299.0, 541.0]);
+
+const ATTENTION_TFLOPS: [(&str, PublishedAttention); 4] = [
+    ("h100-sxm", H200_ATTENTION),
+    ("h200", H200_ATTENTION),
+    ("gb200", ([632.0, 1598.0], [660.0, 1311.0])),
+    ("gb300", ([748.0, 1887.0], [689.0, 1385.0])),
+];
+
+/// GPUs that take another's measured rates, as fractions of their measured
+/// matmul ceilings: (GPU, the GPU measured).
+const ATTENTION_CARRIED: [(&str, &str); 2] = [("b200", "gb200"), ("b300", "gb300")];
 
 /// The measured fused-attention rates of a built-in GPU (case-insensitive
-/// name), where they were measured, as fractions of its 16-bit peak.
+/// name), where they were measured or carry from its die's, as fractions of
+/// its 16-bit peak.
 pub fn attention_rates(gpu: &str) -> Option<AttentionRates> {
     let e = entry(gpu)?;
-    let &(_, (forward, backward)) = ATTENTION_TFLOPS.iter().find(|(name, _)| *name == e.name)?;
-    let fraction = |tflops: f64| tflops / e.peak_tflops;
+    let measured = |name: &str| {
+        ATTENTION_TFLOPS
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|&(_, rates)| rates)
+    };
+    let (source, (forward, backward)) = match measured(e.name) {
+        Some(rates) => (e, rates),
+        None => {
+            let &(_, from) = ATTENTION_CARRIED.iter().find(|(n, _)| *n == e.name)?;
+            (entry(from)?, measured(from)?)
+        }
+    };
+    // A fraction of the source's peak, then of its ceiling, then of ours.
+    let carry = e.bf16_ceiling / source.bf16_ceiling;
+    let fraction = |tflops: f64| tflops / source.peak_tflops * carry;
     Some(AttentionRates {
         forward: forward.map(fraction),
         backward: backward.map(fraction),
+        row_keys: PUBLISHED_ROW_KEYS,
     })
 }
 
@@ -286,10 +327,17 @@ mod tests {
             }
         }
         let h100 = attention_rates("H100-SXM").unwrap();
-        assert!((h100.forward[1] * 989.4 - 529.0).abs() < 1e-9);
+        assert!((h100.forward[1] * 989.4 - 644.0).abs() < 1e-9);
         assert_eq!(attention_rates("h200"), Some(h100));
-        assert_eq!(attention_rates("b200"), None);
+        assert_eq!(attention_rates("a100-80gb"), None);
         assert_eq!(attention_rates("no-such-gpu"), None);
+        // B200 runs GB200's kernels at its own share of its matmul ceiling:
+        // 1,311 TFLOP/s over GB200's ceiling (0.729 of 2,500), times B200's
+        // (0.776 of 2,250).
+        let b200 = attention_rates("b200").unwrap();
+        let carried = 1311.0 * (0.776 * 2250.0) / (0.729 * 2500.0);
+        assert!((b200.backward[1] * 2250.0 - carried).abs() < 1e-6);
+        assert_eq!(b200.row_keys, attention_rates("gb200").unwrap().row_keys);
     }
 
     #[test]

@@ -225,8 +225,9 @@ pub fn attention_core(s: &Scenario, flops: f64, efficiency: f64) -> f64 {
 }
 
 /// Fused (flash) attention's efficiency, (forward, backward), as fractions
-/// of the 16-bit peak, for heads `head_dim` wide: the GPU's measured rates
-/// where it has them, else `attention_efficiency_flash` for both.
+/// of the 16-bit peak, for heads `head_dim` wide over query rows of
+/// `row_keys` keys on average: the GPU's measured rates where it has them,
+/// else `attention_efficiency_flash` for both.
 ///
 /// Between and below the measured widths the time per score element is
 /// taken as linear in the head width: the tensor cores' two (forward) or
@@ -237,17 +238,39 @@ pub fn attention_core(s: &Scenario, flops: f64, efficiency: f64) -> f64 {
 /// cuDNN's rates fall again past 128 (FlashAttention-3, figure 5: head
 /// width 256 below 128), so a wider head (MLA's, 160 on average) keeps
 /// 128's.
-pub fn flash_efficiency(s: &Scenario, head_dim: f64) -> (f64, f64) {
+///
+/// Each rate is carried from the row length it was measured over to
+/// `row_keys` by [`row_fill`]: a query tile pays a fixed cost (loading its
+/// queries, the masked diagonal tile, writing its output and statistics)
+/// besides its key tiles, which a short row (a 4K sequence's, a window's)
+/// amortises over less work.
+pub fn flash_efficiency(s: &Scenario, head_dim: f64, row_keys: f64) -> (f64, f64) {
+    let fill = |measured_over: f64| row_fill(s, row_keys) / row_fill(s, measured_over);
     match s.attention_rates {
-        Some(r) => (
-            at_head_width(r.forward, head_dim),
-            at_head_width(r.backward, head_dim),
-        ),
+        Some(r) => {
+            let at_row = |rates: [f64; 2]| [0, 1].map(|i| rates[i] * fill(r.row_keys[i]));
+            (
+                at_head_width(at_row(r.forward), head_dim),
+                at_head_width(at_row(r.backward), head_dim),
+            )
+        }
+        // The prior comes from FlashAttention-2 on A100, whose rates vary
+        // far less with the sequence than cuDNN's on Hopper and Blackwell
+        // (`attention_row_half` was fitted to those): a short row only
+        // under-fills the tiles, as a GEMM dimension does.
         None => {
-            let e = s.coef().attention_efficiency_flash;
+            let m = row_keys.max(1.0);
+            let e = s.coef().attention_efficiency_flash * m / (m + s.coef().gemm_dim_half);
             (e, e)
         }
     }
+}
+
+/// The share of its long-row rate cuDNN's fused attention reaches over
+/// query rows of `row_keys` keys on average: `m / (m + attention_row_half)`.
+pub fn row_fill(s: &Scenario, row_keys: f64) -> f64 {
+    let m = row_keys.max(1.0);
+    m / (m + s.coef().attention_row_half)
 }
 
 /// The efficiency at `head_dim` from the two measured at
@@ -274,5 +297,6 @@ pub(super) fn scaled_attention_rates(gpu: &GpuSpec, k: &Coefficients) -> Option<
     Some(AttentionRates {
         forward: rates.forward.map(|r| (r * scale).min(1.0)),
         backward: rates.backward.map(|r| (r * scale).min(1.0)),
+        row_keys: rates.row_keys,
     })
 }

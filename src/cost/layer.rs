@@ -322,27 +322,37 @@ fn layer_passes(s: &Scenario, c: &ParallelConfig, kind: LayerKind) -> (PassTime,
 
     // Each context-parallel rank's queries attend over the whole sequence
     // (the causal half balanced by Megatron-LM's 2 x cp chunking); a ring
-    // step attends one chunk of keys, so the kernel fills over seq / the
-    // ring's ranks (cp for p2p, cp / cp_a2a for a2a+p2p, 1 without a ring).
+    // step attends one chunk of keys, so a kernel's rows hold seq / the
+    // ring's ranks of them at most (cp for p2p, cp / cp_a2a for a2a+p2p,
+    // 1 without a ring).
     let attention_flops = tokens * model.layer_attention_flops_per_token() / t;
     let keys_per_kernel = seq / c.cp_comm.ring_ranks(c).max(1) as f64;
-    let fill = keys_per_kernel / (keys_per_kernel + k.gemm_dim_half);
     let (attention_fwd, attention_bwd) = match c.attention {
         // FlashAttention's backward recomputes the scores: 2.5x the forward
         // FLOPs. A decoder attends causally, and the fused kernel skips the
         // blocks above the diagonal: half the products (Dao, FlashAttention-2,
         // 2023, counts causal attention so, and its efficiencies with it).
-        // Its rates depend on the head width (`kernels::flash_efficiency`).
+        // Windowed layers compute fewer, over shorter rows, and each kind
+        // runs at its rows' rate (`kernels::flash_efficiency`).
         AttentionKind::Flash => {
-            let (forward, backward) = kernels::flash_efficiency(s, model.attention_head_width());
-            // Windowed layers compute fewer (`attended_share`).
-            let done = model.attended_share() * attention_flops;
-            (
-                kernels::attention_core(s, done, forward * fill),
-                kernels::attention_core(s, 2.5 * done, backward * fill),
-            )
+            model
+                .attended_layers()
+                .iter()
+                .fold((0.0, 0.0), |(fwd, bwd), &(layers, share)| {
+                    let row_keys = share * keys_per_kernel;
+                    let (forward, backward) =
+                        kernels::flash_efficiency(s, model.attention_head_width(), row_keys);
+                    let done = layers * share * attention_flops;
+                    (
+                        fwd + kernels::attention_core(s, done, forward),
+                        bwd + kernels::attention_core(s, 2.5 * done, backward),
+                    )
+                })
         }
+        // Batched GEMMs: a kernel's key dimension fills its tiles as a
+        // GEMM's does.
         AttentionKind::Standard => {
+            let fill = keys_per_kernel / (keys_per_kernel + k.gemm_dim_half);
             let e = k.attention_efficiency_standard * fill;
             (
                 kernels::attention_core(s, attention_flops, e),

@@ -1132,14 +1132,19 @@ mod profiled {
         ]);
         let s = plain.with_profile(Some(&both));
         let tflops = |(forward, backward): (f64, f64)| (forward * 989.4, backward * 989.4);
-        let (forward, backward) = tflops(flash_efficiency(&s, 128.0));
+        // Causal rows of an 8K sequence hold 4,096 keys on average.
+        let (forward, backward) = tflops(flash_efficiency(&s, 128.0, 4096.0));
         assert_close(forward, 450.0, 1e-9, "forward, head 128");
         assert_close(backward, 420.0, 1e-9, "backward, head 128");
-        let (forward, backward) = tflops(flash_efficiency(&s, 64.0));
+        let (forward, backward) = tflops(flash_efficiency(&s, 64.0, 4096.0));
         assert_close(forward, 300.0, 1e-9, "forward, head 64");
         assert_close(backward, 350.0, 1e-9, "backward, head 64");
+        // A 4K sequence's rows, half as long, fill less of the kernel.
+        let shorter = kernels::row_fill(&s, 2048.0) / kernels::row_fill(&s, 4096.0);
+        let (forward, _) = tflops(flash_efficiency(&s, 128.0, 2048.0));
+        assert_close(forward, 450.0 * shorter, 1e-9, "forward, 4K tokens");
 
-        let published = flash_efficiency(&plain, 128.0);
+        let published = flash_efficiency(&plain, 128.0, 4096.0);
         let one_width = measured(vec![point(128, 450.0, 420.0, Dtype::Bf16)]);
         let fp32 = measured(vec![
             point(64, 300.0, 350.0, Dtype::Fp32),
@@ -1147,7 +1152,7 @@ mod profiled {
         ]);
         for partial in [&one_width, &fp32] {
             let s = plain.with_profile(Some(partial));
-            assert_eq!(flash_efficiency(&s, 128.0), published);
+            assert_eq!(flash_efficiency(&s, 128.0, 4096.0), published);
         }
     }
 
@@ -1304,13 +1309,16 @@ mod profiled {
         let h100 = builtin_node("h100-sxm", 1).unwrap();
         let s = Scenario::new(&model, 8, &h100, 8, &cost);
         let tflops = |e: f64| e * 989.4;
-        let (forward, backward) = flash_efficiency(&s, 128.0);
-        assert_close(tflops(forward), 529.0, 1e-9, "forward, head 128");
-        assert_close(tflops(backward), 518.0, 1e-9, "backward, head 128");
-        let (narrow_forward, narrow_backward) = flash_efficiency(&s, 64.0);
-        assert_close(tflops(narrow_forward), 379.0, 1e-9, "forward, head 64");
-        assert_close(tflops(narrow_backward), 432.0, 1e-9, "backward, head 64");
-        let (between, _) = flash_efficiency(&s, 96.0);
+        // The catalogue's cuDNN 9.19 rates, over the rows they were
+        // measured on: 4,096 keys at head 128, 1,008 at head 64.
+        let (forward, backward) = flash_efficiency(&s, 128.0, 4096.0);
+        assert_close(tflops(forward), 644.0, 1e-9, "forward, head 128");
+        assert_close(tflops(backward), 541.0, 1e-9, "backward, head 128");
+        let (narrow_forward, narrow_backward) = flash_efficiency(&s, 64.0, 1008.0);
+        assert_close(tflops(narrow_forward), 358.0, 1e-9, "forward, head 64");
+        assert_close(tflops(narrow_backward), 299.0, 1e-9, "backward, head 64");
+        let (narrow_forward, _) = flash_efficiency(&s, 64.0, 4096.0);
+        let (between, _) = flash_efficiency(&s, 96.0, 4096.0);
         let per_score = |width: f64, e: f64| width / e;
         assert_close(
             per_score(96.0, between),
@@ -1319,9 +1327,9 @@ mod profiled {
             "time per score halfway",
         );
         assert!(narrow_forward < between && between < forward);
-        let (narrower, _) = flash_efficiency(&s, 32.0);
+        let (narrower, _) = flash_efficiency(&s, 32.0, 4096.0);
         assert!(narrower > 0.0 && narrower < narrow_forward);
-        assert_eq!(flash_efficiency(&s, 192.0), (forward, backward));
+        assert_eq!(flash_efficiency(&s, 192.0, 4096.0), (forward, backward));
         assert_eq!(model.attention_head_width(), 128.0);
         assert_eq!(
             builtin_model("deepseek-v3").unwrap().attention_head_width(),
@@ -1331,30 +1339,67 @@ mod profiled {
         let mut fitted = cost.clone();
         fitted.coefficients.attention_efficiency_flash *= 1.1;
         let s = Scenario::new(&model, 8, &h100, 8, &fitted);
-        assert_close(flash_efficiency(&s, 128.0).0, 1.1 * forward, 1e-12, "fit");
+        let refit = flash_efficiency(&s, 128.0, 4096.0).0;
+        assert_close(refit, 1.1 * forward, 1e-12, "fit");
 
-        let b200 = builtin_node("b200", 1).unwrap();
-        let s = Scenario::new(&model, 8, &b200, 8, &cost);
-        let prior = cost.coefficients.attention_efficiency_flash;
-        assert_eq!(flash_efficiency(&s, 64.0), (prior, prior));
+        // A GPU without measured rates runs at the prior, less what a row
+        // leaves of the tiles.
+        let a100 = builtin_node("a100-80gb", 1).unwrap();
+        let s = Scenario::new(&model, 8, &a100, 8, &cost);
+        let tile = 4096.0 / (4096.0 + cost.coefficients.gemm_dim_half);
+        let prior = cost.coefficients.attention_efficiency_flash * tile;
+        assert_eq!(flash_efficiency(&s, 64.0, 4096.0), (prior, prior));
 
-        // On every built-in GPU, from heads 8 to 256 wide: a fraction of
-        // the peak, and never less efficient for a wider head.
+        // On every built-in GPU, from heads 8 to 256 wide and rows of 64 to
+        // 64K keys: a fraction of the peak, never less efficient for a
+        // wider head or a longer row.
         for gpu in crate::cluster::builtin_gpu_names() {
             let group = builtin_node(gpu, 1).unwrap();
             let s = Scenario::new(&model, 8, &group, 8, &cost);
-            let mut narrower = (0.0, 0.0);
-            for width in (8..=256).step_by(8) {
-                let e = flash_efficiency(&s, width as f64);
-                let fraction = |f: f64| f > 0.0 && f <= 1.0;
-                assert!(fraction(e.0) && fraction(e.1), "{gpu}, head {width}: {e:?}");
-                assert!(
-                    e.0 >= narrower.0 && e.1 >= narrower.1,
-                    "{gpu}, head {width}"
-                );
-                narrower = e;
+            let mut shorter = (0.0, 0.0);
+            for row in (6..=16).map(|p| 2f64.powi(p)) {
+                let mut narrower = (0.0, 0.0);
+                for width in (8..=256).step_by(8) {
+                    let e = flash_efficiency(&s, width as f64, row);
+                    let fraction = |f: f64| f > 0.0 && f <= 1.0;
+                    assert!(fraction(e.0) && fraction(e.1), "{gpu}, head {width}: {e:?}");
+                    assert!(
+                        e.0 >= narrower.0 && e.1 >= narrower.1,
+                        "{gpu}, head {width}, row {row}"
+                    );
+                    narrower = e;
+                }
+                let e = flash_efficiency(&s, 128.0, row);
+                assert!(e.0 > shorter.0 && e.1 > shorter.1, "{gpu}, row {row}");
+                shorter = e;
             }
         }
+    }
+
+    /// Rows of `attention_row_half` keys run at half the long-row rate; a
+    /// windowed layer's rows are its window, so gpt-oss's windowed layers
+    /// run their fewer FLOPs at a lower rate than its causal ones.
+    #[test]
+    fn fused_attention_slows_over_short_rows() {
+        let model = builtin_model("gpt-oss-120b").unwrap();
+        let cost = CostModel::datasheet();
+        let group = builtin_node("gb200", 1).unwrap();
+        let s = Scenario::new(&model, 8, &group, 8, &cost);
+        let half = cost.coefficients.attention_row_half;
+        assert_close(kernels::row_fill(&s, half), 0.5, 1e-12, "half");
+        let [(windowed, window_share), (causal, causal_share)] = model.attended_layers();
+        assert_eq!((windowed, causal), (0.5, 0.5));
+        let seq = model.seq_len as f64;
+        let rate = |share: f64| kernels::flash_efficiency(&s, 64.0, share * seq);
+        // 128 keys (the query and its 127 before) against half of 4K.
+        assert_close(
+            window_share * seq,
+            128.0 * (1.0 - 128.0 / (2.0 * seq)),
+            1e-9,
+            "row",
+        );
+        assert_eq!(causal_share * seq, seq / 2.0);
+        assert!(rate(window_share).0 < 0.3 * rate(causal_share).0);
     }
 
     /// A device sweep's measured GEMM scale (16-bit GEMMs at half the

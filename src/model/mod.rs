@@ -860,13 +860,24 @@ impl ModelSpec {
     }
 
     /// The share of the full score products a fused kernel computes,
-    /// averaged over the layers: [`CAUSAL_SHARE`] for causal layers, and
-    /// for windowed ones the mean of min(position, t) keys per query over
-    /// the sequence, t/s (1 - t/2s), where t counts the query and the
-    /// tokens before it; it meets the causal half at t = s.
+    /// averaged over the layers ([`attended_layers`](Self::attended_layers)).
     pub fn attended_share(&self) -> f64 {
+        self.attended_layers()
+            .iter()
+            .map(|&(layers, share)| layers * share)
+            .sum()
+    }
+
+    /// The layers by how much of the full score products each computes:
+    /// (share of the layers, share of the products), windowed layers then
+    /// causal ones. A causal layer computes [`CAUSAL_SHARE`]; a windowed
+    /// one the mean of min(position, t) keys per query over the sequence,
+    /// t/s (1 - t/2s), where t counts the query and the tokens before it;
+    /// it meets the causal half at t = s. A layer's mean keys per query
+    /// row are its share times the sequence.
+    pub fn attended_layers(&self) -> [(f64, f64); 2] {
         let Some(window) = self.window else {
-            return CAUSAL_SHARE;
+            return [(0.0, CAUSAL_SHARE), (1.0, CAUSAL_SHARE)];
         };
         let (t, s) = ((window.tokens + 1) as f64, self.seq_len.max(1) as f64);
         let windowed = if t >= s {
@@ -875,7 +886,7 @@ impl ModelSpec {
             t / s * (1.0 - t / (2.0 * s))
         };
         let share = self.windowed_layers() as f64 / self.layers.max(1) as f64;
-        share * windowed + (1.0 - share) * CAUSAL_SHARE
+        [(share, windowed), (1.0 - share, CAUSAL_SHARE)]
     }
 
     /// [`layer_attention_flops_per_token`](Self::layer_attention_flops_per_token)

@@ -127,8 +127,8 @@ pub struct Measurements {
     /// Measured copy bandwidth, bytes/s (read + written).
     copy_bandwidth: Option<f64>,
     /// 16-bit fused causal attention from `profile device`: (head width,
-    /// forward FLOP/s, backward FLOP/s).
-    attention: Vec<(u64, f64, f64)>,
+    /// forward FLOP/s, backward FLOP/s, mean keys per query row).
+    attention: Vec<(u64, f64, f64, f64)>,
     /// Embedding-gradient synchronisations, sorted by (method, ranks,
     /// partitions, payload bytes).
     sync: Vec<SyncPoint>,
@@ -260,9 +260,10 @@ impl Measurements {
                     .filter(|p| p.dtype.bytes() == 2)
                     .map(|p| {
                         let (f, b) = (p.forward_tflops * 1e12, p.backward_tflops * 1e12);
-                        (p.head_dim, f, b)
+                        // A causal row holds half the sequence on average.
+                        (p.head_dim, f, b, (p.seq_len as f64 / 2.0).max(1.0))
                     })
-                    .filter(|&(_, f, b)| f.is_finite() && f > 0.0 && b.is_finite() && b > 0.0)
+                    .filter(|&(_, f, b, _)| f.is_finite() && f > 0.0 && b.is_finite() && b > 0.0)
                     .collect(),
             ),
             None => (Vec::new(), None, Vec::new()),
@@ -375,17 +376,16 @@ impl Measurements {
     /// one width the later wins.
     pub fn attention_rates(&self, peak_flops: f64) -> Option<AttentionRates> {
         let at = |width: u64| {
-            self.attention
-                .iter()
-                .rev()
-                .find(|p| p.0 == width)
-                .map(|&(_, forward, backward)| (forward / peak_flops, backward / peak_flops))
+            self.attention.iter().rev().find(|p| p.0 == width).map(
+                |&(_, forward, backward, row)| (forward / peak_flops, backward / peak_flops, row),
+            )
         };
         let [narrow, wide] = AttentionRates::HEAD_DIMS.map(at);
         let (narrow, wide) = (narrow?, wide?);
         Some(AttentionRates {
             forward: [narrow.0, wide.0].map(|f| f.min(1.0)),
             backward: [narrow.1, wide.1].map(|f| f.min(1.0)),
+            row_keys: [narrow.2, wide.2],
         })
     }
 
