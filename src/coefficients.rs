@@ -98,7 +98,7 @@ coefficients! {
         "FlashAttention-2 (Dao, 2023) reports 50-73% of A100 peak forward, 40-60% backward";
     attention_row_half: "keys", [1.0, 65536.0], 700.0, Carries,
         "cuDNN's fused attention over query rows of this many keys on average runs at half its long-row rate: rows of m keys reach m / (m + this) of it (a causal row averages half the sequence, a windowed one its window); it carries a GPU's measured rates to other rows",
-        "fitted to cuDNN 9.19's causal sweeps from 2K to 32K tokens on H200, GB200 and GB300, forward and backward (NVIDIA/cudnn-frontend benchmark/sdpa_benchmark_training/results/*_919_only_cudnn): 700 keys leaves every point within 6.9%. In tiles, about five 128-key tiles of fixed cost per query tile";
+        "fitted to cuDNN 9.19's causal sweeps from 2K to 32K tokens on H200, GB200 and GB300, forward and backward (NVIDIA/cudnn-frontend benchmark/sdpa_benchmark_training/results/*_919_only_cudnn): 700 keys leaves every point within 6.9% of its series' own long-row rate (9.1% from the 8K point the catalogue quotes). In tiles, five and a half 128-key tiles of fixed cost per query tile; rows under the sweeps' 768 keys (windows) are extrapolated";
     attention_efficiency_standard: "fraction of peak", [0.05, 1.0], 0.45, Carries,
         "efficiency of the batched QK^T and AV products of unfused attention",
         "batched GEMMs with head dimension 64-128 run well below large-GEMM efficiency (cuBLAS batched GEMM measurements in Korthikanti et al., 2022)";

@@ -542,6 +542,18 @@ impl CpComm {
             .unwrap_or(1)
     }
 
+    /// The exchange taken unless one is asked for: the ring (p2p), or,
+    /// for a model with sliding windows on Megatron-LM, the all-to-all
+    /// (Transformer Engine's rings refuse windows, `Rule::WindowedCpRing`).
+    /// Without context parallelism there is none to choose: p2p.
+    pub fn default_for(engine: Engine, model: &ModelSpec, cp: u64) -> CpComm {
+        if cp > 1 && engine == Engine::Megatron && model.windowed_layers() > 0 {
+            CpComm::A2a
+        } else {
+            CpComm::P2p
+        }
+    }
+
     /// The cp ranks (or groups of them, for a2a+p2p) a ring of key/value
     /// steps goes around: cp for p2p, cp / cp_a2a for a2a+p2p, 1 (no ring)
     /// otherwise.
@@ -1463,6 +1475,13 @@ impl ParallelConfig {
                     _ => c.cp_a2a != 1,
                 },
             ),
+            (
+                Rule::WindowedCpRing,
+                c.engine == Engine::Megatron
+                    && c.cp > 1
+                    && model.windowed_layers() > 0
+                    && matches!(c.cp_comm, CpComm::P2p | CpComm::A2aP2p),
+            ),
             (Rule::ContextHeadsNotDivisible, {
                 let split = c.tp * c.cp_comm.all_to_all_ranks(c);
                 split > c.tp
@@ -1944,6 +1963,9 @@ pub enum Rule {
     /// Hierarchical cp: an all-to-all group of 2 or more that divides cp
     /// and leaves a ring between groups.
     HierarchicalCp,
+    /// Transformer Engine runs sliding-window attention under context
+    /// parallelism only with the a2a or all-gather exchange.
+    WindowedCpRing,
     /// A sparse embedding sync on a model whose input embedding's gradient
     /// is dense (tied to the output head) or that has no data-parallel ranks.
     SparseSyncOfDenseEmbedding,
@@ -2176,6 +2198,7 @@ impl Rule {
             Rule::CpCommWithoutCp => "a context-parallel exchange without cp",
             Rule::ContextHeadsNotDivisible => "all-to-all cp needs tp x cp to divide the heads",
             Rule::HierarchicalCp => "a2a+p2p cp needs an all-to-all group dividing cp",
+            Rule::WindowedCpRing => "sliding windows under a cp ring",
             Rule::SparseSyncOfDenseEmbedding => "a sparse embedding sync of a dense gradient",
             Rule::SparseSyncWithSharding => "a sparse embedding sync under this sharding",
             Rule::ExpertsWithoutMoe => "expert parallelism on a dense model",
@@ -2379,6 +2402,11 @@ impl Rule {
             Rule::CpCommWithoutCp => format!(
                 "`cp_comm {}` needs cp >= 2; leave it out with cp 1",
                 c.cp_comm.name()
+            ),
+            Rule::WindowedCpRing => format!(
+                "Transformer Engine runs sliding-window attention under context parallelism only with `cp_comm a2a` or allgather (its p2p and a2a+p2p rings assert without a full causal mask), and got `cp_comm {}` with cp {}; use `cp_comm a2a` or allgather",
+                c.cp_comm.name(),
+                c.cp
             ),
             Rule::ContextHeadsNotDivisible => format!(
                 "`cp_comm {}` splits the heads over tp x {} = {}, which must divide heads ({}) and kv heads ({}); use `cp_comm p2p` or a smaller cp",
@@ -2659,6 +2687,46 @@ mod tests {
         // tp 8 fills the node: no group, which the rules refuse.
         assert_eq!(CpComm::default_cp_a2a_for(CpComm::A2aP2p, 4, 8, 8), 1);
         assert_eq!(CpComm::default_cp_a2a_for(CpComm::P2p, 16, 1, 8), 1);
+    }
+
+    /// Transformer Engine's p2p and a2a+p2p rings refuse sliding windows;
+    /// its a2a and all-gather exchanges, and torchtitan, take them.
+    #[test]
+    fn sliding_windows_under_context_parallelism_need_a2a_or_allgather() {
+        let model = crate::model::builtin_model("gpt-oss-20b").unwrap();
+        let with = |comm, engine| ParallelConfig {
+            cp: 2,
+            dp: 4,
+            cp_comm: comm,
+            cp_a2a: 1,
+            engine,
+            ..ParallelConfig::default()
+        };
+        let broken = |c: ParallelConfig| c.violation(&model, 64, 8, 8);
+        assert_eq!(
+            broken(with(CpComm::P2p, Engine::Megatron)),
+            Some(Rule::WindowedCpRing)
+        );
+        let message = with(CpComm::P2p, Engine::Megatron)
+            .check(&model, 64, 8, 8)
+            .unwrap_err();
+        assert!(message.contains("`cp_comm a2a`"), "{message}");
+        for comm in [CpComm::A2a, CpComm::AllGather] {
+            assert_ne!(
+                broken(with(comm, Engine::Megatron)),
+                Some(Rule::WindowedCpRing)
+            );
+        }
+        assert_ne!(
+            broken(with(CpComm::P2p, Engine::Torchtitan)),
+            Some(Rule::WindowedCpRing)
+        );
+        let mut unwindowed = model.clone();
+        unwindowed.window = None;
+        assert_ne!(
+            with(CpComm::P2p, Engine::Megatron).violation(&unwindowed, 64, 8, 8),
+            Some(Rule::WindowedCpRing)
+        );
     }
 
     #[test]

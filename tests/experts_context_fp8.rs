@@ -387,6 +387,36 @@ fn context_parallel_and_fp8_plans_export_their_flags() {
     says(&b200, &["--fp8-recipe mxfp8"]);
 }
 
+/// Transformer Engine runs sliding windows under context parallelism only
+/// with its all-to-all or all-gather exchange: a gpt-oss plan searches
+/// all-to-all unless told, and a ring asked for is refused by name.
+#[test]
+fn windowed_models_plan_context_parallelism_without_the_ring() {
+    let job = [
+        "--model",
+        "gpt-oss-20b",
+        "--gpu",
+        "h100-sxm",
+        "--nodes",
+        "2",
+        "--global-batch",
+        "8",
+        "--seq-len",
+        "65536",
+        "--cp",
+        "8",
+        "--top",
+        "1",
+    ];
+    let out = ok(&[&["plan"][..], &job[..]].concat());
+    says(&out, &["--context-parallel-size 8", "--cp-comm-type a2a"]);
+    let refused = fails(&[&["plan"][..], &job[..], &["--cp-comm", "p2p"][..]].concat());
+    assert!(
+        refused.contains("sliding windows under a cp ring"),
+        "{refused}"
+    );
+}
+
 /// `--fp8-recipe` picks Transformer Engine's scaling: refused where it
 /// cannot run or changes nothing, exported as given, and priced by its
 /// casts (tensor-wise current scaling reads inputs once more for the amax).

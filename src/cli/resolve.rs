@@ -876,7 +876,11 @@ pub fn single_config(args: &SpaceArgs, job: &Job) -> Result<ParallelConfig> {
         ac_frequency: single("--ac-frequency", &space.ac_frequency, 2)?,
         dp_shard: single_optional("--dp-shard", &space.dp_shard)?,
         cp,
-        cp_comm: single("--cp-comm", &space.cp_comm, CpComm::P2p)?,
+        cp_comm: single(
+            "--cp-comm",
+            &space.cp_comm,
+            CpComm::default_for(space.engine, &job.model, cp),
+        )?,
         // a2a+p2p's all-to-all group, from the node as the search takes it.
         cp_a2a: 1,
         ep: single("--ep", &space.ep, 1)?,

@@ -201,11 +201,13 @@ impl AttentionRates {
 // over a 1,024-token window at 32K tokens, rows of 1,008 keys: H200 358 and
 // 299, GB200 632 and 660, GB300 748 and 689. A windowed row has two masked
 // tiles to a causal row's one, so that width's long-row rate is, if
-// anything, low. H100 SXM is H200's die at the same clocks. B200 is
-// GB200's die and B300 GB300's at lower power: they take those rates as
-// fractions of the measured matmul ceiling, as a fitted GEMM efficiency
-// carries. (FlashAttention-3's H100 figures, cuDNN of 2024 at 8K: 379 and
-// 529 forward, 432 and 518 backward; cuDNN 9.19 is faster at both widths.)
+// anything, low. H100 SXM is H200's die at the same clocks; H100 PCIe and
+// H20 are the same die cut down, and B200 is GB200's die and B300 GB300's
+// at lower power: they take those rates as fractions of the measured
+// matmul ceiling, as a fitted GEMM efficiency carries (as fractions of the
+// peak where their ceiling was not measured). (FlashAttention-3's H100
+// figures, cuDNN of 2024 at 8K: 379 and 529 forward, 432 and 518 backward;
+// carried to the same rows, cuDNN 9.19's are faster at both widths.)
 /// TFLOP/s as published, (forward, backward) at [`AttentionRates::HEAD_DIMS`].
 type PublishedAttention = ([f64; 2], [f64; 2]);
 
@@ -223,7 +225,12 @@ const ATTENTION_TFLOPS: [(&str, PublishedAttention); 4] = [
 
 /// GPUs that take another's measured rates, as fractions of their measured
 /// matmul ceilings: (GPU, the GPU measured).
-const ATTENTION_CARRIED: [(&str, &str); 2] = [("b200", "gb200"), ("b300", "gb300")];
+const ATTENTION_CARRIED: [(&str, &str); 4] = [
+    ("h100-pcie", "h200"),
+    ("h20", "h200"),
+    ("b200", "gb200"),
+    ("b300", "gb300"),
+];
 
 /// The measured fused-attention rates of a built-in GPU (case-insensitive
 /// name), where they were measured or carry from its die's, as fractions of
@@ -243,8 +250,13 @@ pub fn attention_rates(gpu: &str) -> Option<AttentionRates> {
             (entry(from)?, measured(from)?)
         }
     };
-    // A fraction of the source's peak, then of its ceiling, then of ours.
-    let carry = e.bf16_ceiling / source.bf16_ceiling;
+    // A fraction of the source's peak, then of its ceiling, then of ours;
+    // of the peak as it is where ours was not measured.
+    let carry = if e.bf16_ceiling > 0.0 && source.bf16_ceiling > 0.0 {
+        e.bf16_ceiling / source.bf16_ceiling
+    } else {
+        1.0
+    };
     let fraction = |tflops: f64| tflops / source.peak_tflops * carry;
     Some(AttentionRates {
         forward: forward.map(fraction),
@@ -338,6 +350,8 @@ mod tests {
         let carried = 1311.0 * (0.776 * 2250.0) / (0.729 * 2500.0);
         assert!((b200.backward[1] * 2250.0 - carried).abs() < 1e-6);
         assert_eq!(b200.row_keys, attention_rates("gb200").unwrap().row_keys);
+        // H100 PCIe's ceiling was not measured: H200's fractions of peak.
+        assert_eq!(attention_rates("h100-pcie"), Some(h100));
     }
 
     #[test]

@@ -248,7 +248,9 @@ pub fn flash_efficiency(s: &Scenario, head_dim: f64, row_keys: f64) -> (f64, f64
     let fill = |measured_over: f64| row_fill(s, row_keys) / row_fill(s, measured_over);
     match s.attention_rates {
         Some(r) => {
-            let at_row = |rates: [f64; 2]| [0, 1].map(|i| rates[i] * fill(r.row_keys[i]));
+            // A short measured row carried to a long one may pass the peak.
+            let at_row =
+                |rates: [f64; 2]| [0, 1].map(|i| (rates[i] * fill(r.row_keys[i])).min(1.0));
             (
                 at_head_width(at_row(r.forward), head_dim),
                 at_head_width(at_row(r.backward), head_dim),
@@ -256,8 +258,9 @@ pub fn flash_efficiency(s: &Scenario, head_dim: f64, row_keys: f64) -> (f64, f64
         }
         // The prior comes from FlashAttention-2 on A100, whose rates vary
         // far less with the sequence than cuDNN's on Hopper and Blackwell
-        // (`attention_row_half` was fitted to those): a short row only
-        // under-fills the tiles, as a GEMM dimension does.
+        // (`attention_row_half` was fitted to those, and would make A100's
+        // 2K-token attention 1.4 times slower than its 8K): a short row
+        // only under-fills the tiles, as a GEMM dimension does.
         None => {
             let m = row_keys.max(1.0);
             let e = s.coef().attention_efficiency_flash * m / (m + s.coef().gemm_dim_half);

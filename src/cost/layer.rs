@@ -21,7 +21,7 @@ use crate::config::{
     CpComm, CrossEntropyFusion, CudaGraphs, Dispatcher, Engine, ParallelConfig, Recompute,
     RecomputeModules,
 };
-use crate::model::{AttentionKind, Split};
+use crate::model::{AttentionKind, CAUSAL_SHARE, Split};
 use crate::profile::{LayerArch, LayerShape};
 
 /// Seconds per layer per micro-batch, forward + backward + recomputation.
@@ -323,10 +323,9 @@ fn layer_passes(s: &Scenario, c: &ParallelConfig, kind: LayerKind) -> (PassTime,
     // Each context-parallel rank's queries attend over the whole sequence
     // (the causal half balanced by Megatron-LM's 2 x cp chunking); a ring
     // step attends one chunk of keys, so a kernel's rows hold seq / the
-    // ring's ranks of them at most (cp for p2p, cp / cp_a2a for a2a+p2p,
-    // 1 without a ring).
+    // chunks of them at most ([`attention_key_chunks`]).
     let attention_flops = tokens * model.layer_attention_flops_per_token() / t;
-    let keys_per_kernel = seq / c.cp_comm.ring_ranks(c).max(1) as f64;
+    let keys_per_kernel = seq / attention_key_chunks(c) as f64;
     let (attention_fwd, attention_bwd) = match c.attention {
         // FlashAttention's backward recomputes the scores: 2.5x the forward
         // FLOPs. A decoder attends causally, and the fused kernel skips the
@@ -339,7 +338,9 @@ fn layer_passes(s: &Scenario, c: &ParallelConfig, kind: LayerKind) -> (PassTime,
                 .attended_layers()
                 .iter()
                 .fold((0.0, 0.0), |(fwd, bwd), &(layers, share)| {
-                    let row_keys = share * keys_per_kernel;
+                    // A causal row holds half a kernel's keys, a windowed
+                    // one its window (no longer than that).
+                    let row_keys = (share * seq).min(CAUSAL_SHARE * keys_per_kernel);
                     let (forward, backward) =
                         kernels::flash_efficiency(s, model.attention_head_width(), row_keys);
                     let done = layers * share * attention_flops;
@@ -633,6 +634,20 @@ fn deduplicated_dispatch(s: &Scenario, c: &ParallelConfig, span: GroupSpan) -> f
 struct CpExchange {
     ring: (f64, f64),
     other: (f64, f64),
+}
+
+/// The chunks of keys a rank's attention kernels run over one at a time:
+/// the ring's ranks (cp for p2p, cp / cp_a2a for a2a+p2p, 1 for
+/// Megatron-LM's all-gather and all-to-all, which attend the whole
+/// sequence at once); torchtitan's all-gather gathers the keys once but
+/// still attends them chunk by chunk (PyTorch's `_templated_ring_attention`
+/// loops over the cp ranks whatever rotates the keys).
+fn attention_key_chunks(c: &ParallelConfig) -> u64 {
+    match (c.engine, c.cp_comm) {
+        (Engine::Torchtitan, CpComm::AllGather) => c.cp,
+        (_, comm) => comm.ring_ranks(c),
+    }
+    .max(1)
 }
 
 /// Ring steps a context-parallel rank's keys and values take per pass.

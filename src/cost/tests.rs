@@ -1296,11 +1296,12 @@ mod profiled {
     }
 
     /// Fused attention runs at the GPU's measured rates where the catalogue
-    /// has them (H100's cuDNN, FlashAttention-3's figures): forward and
-    /// backward apart, a narrower head slower, the time per score linear
-    /// in the width between the measured ones, a head wider than 128 at
-    /// 128's; a fitted coefficient scales them; an unmeasured GPU runs at
-    /// the coefficient.
+    /// has them (H100's: H200's cuDNN 9.19 rates): forward and backward
+    /// apart, a narrower head slower, the time per score linear in the
+    /// width between the measured ones, a head wider than 128 at 128's,
+    /// each carried to the row length asked; a fitted coefficient scales
+    /// them; an unmeasured GPU runs at the coefficient less what a row
+    /// leaves of its tiles.
     #[test]
     fn fused_attention_runs_at_the_gpus_measured_rates_by_head_width() {
         use kernels::flash_efficiency;
@@ -2756,6 +2757,54 @@ mod experts_and_context {
                 _ => assert_eq!(t.context_parallel, t.cp_link),
             }
         }
+    }
+
+    /// A ring's attention kernels attend one chunk of keys at a time, over
+    /// shorter and slower rows than one kernel over the whole sequence:
+    /// Megatron-LM's all-gather attends it at once, torchtitan's chunk by
+    /// chunk as its ring does. A windowed layer's rows stay its window.
+    #[test]
+    fn ring_kernels_attend_shorter_rows_but_windows_keep_theirs() {
+        let group = builtin_node("h100-sxm", 1).unwrap();
+        let cost = CostModel::datasheet();
+        let mut model = builtin_model("llama3-8b").unwrap();
+        model.seq_len = 65536;
+        let compute = |model: &ModelSpec, engine, comm| {
+            let s = scenario_for(model, &group, 8, &cost);
+            let c = ParallelConfig {
+                cp: 8,
+                cp_comm: comm,
+                engine,
+                ..ParallelConfig::default()
+            };
+            layer::layer_time_of(&s, &c, LayerKind::Dense, &mut ProfileUsage::default()).gpu_compute
+        };
+        let ring = compute(&model, Engine::Megatron, CpComm::P2p);
+        assert!(ring > 1.05 * compute(&model, Engine::Megatron, CpComm::AllGather));
+        assert!(ring > 1.05 * compute(&model, Engine::Megatron, CpComm::A2a));
+        // torchtitan's all-gather attends chunk by chunk: as its ring does
+        // (less the SMs the ring's overlapped exchange takes), slower than
+        // one kernel over the whole sequence.
+        let gathered = compute(&model, Engine::Torchtitan, CpComm::AllGather);
+        assert_close(
+            gathered,
+            compute(&model, Engine::Torchtitan, CpComm::P2p),
+            0.01,
+            "ring",
+        );
+        assert!(gathered > 1.05 * compute(&model, Engine::Torchtitan, CpComm::A2a));
+        // Every layer windowed: 128-key rows, with a ring or without.
+        model.window = Some(crate::model::WindowSpec {
+            tokens: 127,
+            full_every: 0,
+        });
+        // (The ring's overlapped exchange still takes its SMs.)
+        assert_close(
+            compute(&model, Engine::Megatron, CpComm::P2p),
+            compute(&model, Engine::Megatron, CpComm::A2a),
+            0.01,
+            "windowed rows",
+        );
     }
 }
 
