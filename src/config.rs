@@ -2335,6 +2335,18 @@ impl Rule {
             }
             Rule::UnevenSplit => {
                 let given = c.first_stage_layers.unwrap_or(0) + c.last_stage_layers.unwrap_or(0);
+                let others = c.pp
+                    - u64::from(c.first_stage_layers.is_some())
+                    - u64::from(c.last_stage_layers.is_some());
+                if given >= model.layers || others == 0 {
+                    return format!(
+                        "first/last stage layers {}/{} take {given} of the {} layers and leave the other {others} of pp {} stage(s) none; give `first_stage_layers`/`last_stage_layers` fewer layers, or a larger pp",
+                        c.first_stage_layers.map_or("even".to_string(), |n| n.to_string()),
+                        c.last_stage_layers.map_or("even".to_string(), |n| n.to_string()),
+                        model.layers,
+                        c.pp
+                    );
+                }
                 format!(
                     "first/last stage layers {}/{} leave {} of the {} layers for the other {} stage(s), which must share them evenly{}, at least one each; change `first_stage_layers`/`last_stage_layers`",
                     c.first_stage_layers.map_or("even".to_string(), |n| n.to_string()),
@@ -2415,6 +2427,11 @@ impl Rule {
                 c.tp * c.cp_comm.all_to_all_ranks(c),
                 model.heads,
                 model.kv_heads
+            ),
+            // No proper divisor of cp from 2 up: no group to form.
+            Rule::HierarchicalCp if c.cp_comm == CpComm::A2aP2p && c.cp < 4 => format!(
+                "`cp_comm a2a+p2p` groups the cp ranks for an all-to-all and rings between the groups, which needs cp of 4 or more, and got cp {}; use `cp_comm p2p` or a2a, or a larger cp",
+                c.cp
             ),
             Rule::HierarchicalCp if c.cp_comm == CpComm::A2aP2p => format!(
                 "`cp_comm a2a+p2p` needs an all-to-all group (`cp_a2a`, taken from the cp ranks that share a node with their tp ranks) from 2 to below cp {} and dividing it, and got {}; use `cp_comm p2p` or a2a, or a smaller tp",

@@ -1053,7 +1053,7 @@ fn gpt_oss_exports_its_activation_and_sinks_and_prices_its_clamps() {
     );
     says(
         &fails(&with(&one, &["--glu-linear-offset", "inf"])),
-        &["--glu-linear-offset must be a finite number"],
+        &["--glu-linear-offset", "`inf` is not a number"],
     );
     // A runner-up's parts are named only where they move the time by what
     // the plan shows: never "-0.0 ms" (Mixtral's third candidate had one).

@@ -849,6 +849,72 @@ fn a_profile_update_killed_after_its_journal_is_finished_by_the_next_reader() {
     );
 }
 
+/// Values the flags' parsers or the rules turn away name the flag and say
+/// what to give: signed or non-numeric counts and reals, a hierarchical cp
+/// exchange without the ranks for it, end stages holding every layer, and
+/// a run table's unknown GPU by its line and column.
+#[test]
+fn bad_values_name_the_flag_or_cell_and_what_to_give() {
+    let predict = |extra: &[&str]| {
+        let mut args = vec![
+            "predict",
+            "--model",
+            "llama3-8b",
+            "--gpu",
+            "h100-sxm",
+            "--gpus",
+            "8",
+            "--global-batch",
+            "64",
+        ];
+        args.extend_from_slice(extra);
+        common::fails(&args)
+    };
+    for (extra, parts) in [
+        (
+            &["--sliding-window", "-3"][..],
+            &["--sliding-window", "not a whole number from 0 to"][..],
+        ),
+        (
+            &["--mtp-layers", "x"],
+            &["--mtp-layers", "from 0 to 16"][..],
+        ),
+        (
+            &["--norm-epsilon", "x"],
+            &["--norm-epsilon", "not a number"],
+        ),
+        (&["--rotary-base", "-1"], &["--rotary-base", "whole number"]),
+        (
+            &["--cp", "2", "--cp-comm", "a2a+p2p"],
+            &["cp of 4 or more", "--cp-comm p2p"],
+        ),
+        (
+            &["--pp", "2", "--last-stage-layers", "40"],
+            &["--last-stage-layers", "a larger pp"],
+        ),
+    ] {
+        let err = predict(extra);
+        for part in parts {
+            assert!(
+                err.contains(part),
+                "{extra:?}: expected `{part}` in:\n{err}"
+            );
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let runs = dir.path().join("runs.csv");
+    std::fs::write(
+        &runs,
+        "model,gpu,gpus,global_batch,micro_batch,tp,pp,iter_ms\nllama3-8b,h100x,8,64,1,1,1,1000\n",
+    )
+    .unwrap();
+    let err = common::fails(&["evaluate", "--runs", runs.to_str().unwrap()]);
+    assert!(
+        err.contains("line 2: column `gpu`: unknown GPU `h100x`"),
+        "{err}"
+    );
+}
+
 /// The new dimensions' bad input: an uneven split that cannot hold, a
 /// switch its prerequisites rule out, tp over nodes without a network.
 #[test]

@@ -200,17 +200,17 @@ pub struct ModelArgs {
     #[arg(long, value_parser = count(1 << 22), allow_negative_numbers = true)]
     pub moe_ffn_hidden: Option<u64>,
     /// Shared experts, each --moe-ffn-hidden wide (DeepSeek's always-on experts).
-    #[arg(long, value_parser = clap::value_parser!(u64).range(0..=1024))]
+    #[arg(long, value_parser = whole(1024), allow_negative_numbers = true)]
     pub shared_experts: Option<u64>,
     /// Leading layers that keep a dense MLP (DeepSeek-V3's first three).
-    #[arg(long, value_parser = clap::value_parser!(u64).range(0..=65536))]
+    #[arg(long, value_parser = whole(65536), allow_negative_numbers = true)]
     pub dense_layers: Option<u64>,
     /// Multi-latent attention (DeepSeek): rank of the keys' and values' latent
     /// (Megatron-LM's --kv-lora-rank; the other MLA flags default to its defaults).
     #[arg(long, value_parser = count(1 << 16), allow_negative_numbers = true)]
     pub kv_lora_rank: Option<u64>,
     /// MLA: rank of the queries' latent (--q-lora-rank; 0: projected directly).
-    #[arg(long, value_parser = clap::value_parser!(u64).range(0..=65536))]
+    #[arg(long, value_parser = whole(65536), allow_negative_numbers = true)]
     pub q_lora_rank: Option<u64>,
     /// MLA: query/key width per head without position (--qk-head-dim; default 128).
     #[arg(long, value_parser = count(1 << 12), allow_negative_numbers = true)]
@@ -226,16 +226,16 @@ pub struct ModelArgs {
     pub moe_layer_freq: Option<u64>,
     /// Group-limited routing: the experts in N equal groups (--moe-router-num-groups;
     /// DeepSeek-V3's node-limited routing has 8; 0: unlimited)
-    #[arg(long, value_parser = clap::value_parser!(u64).range(0..=65536))]
+    #[arg(long, value_parser = whole(65536), allow_negative_numbers = true)]
     pub moe_router_num_groups: Option<u64>,
     /// Groups each token's experts are chosen from (--moe-router-group-topk; DeepSeek-V3: 4)
-    #[arg(long, value_parser = clap::value_parser!(u64).range(0..=65536))]
+    #[arg(long, value_parser = whole(65536), allow_negative_numbers = true)]
     pub moe_router_group_topk: Option<u64>,
     /// The router's score function: softmax or sigmoid (--moe-router-score-function; DeepSeek-V3: sigmoid); exported, not priced
     #[arg(long)]
     pub moe_router_score_function: Option<String>,
     /// Scale of the chosen experts' weights (--moe-router-topk-scaling-factor; DeepSeek-V3: 2.5); exported, not priced
-    #[arg(long)]
+    #[arg(long, value_parser = real, allow_negative_numbers = true)]
     pub moe_router_topk_scaling_factor: Option<f64>,
     /// A per-expert bias balancing the experts without an auxiliary loss, with a sigmoid router (--moe-router-enable-expert-bias; DeepSeek-V3): on/off; exported, not priced
     #[arg(long)]
@@ -245,26 +245,26 @@ pub struct ModelArgs {
     pub moe_router_dtype: Option<String>,
     /// Multi-token prediction modules on the last stage (--mtp-num-layers;
     /// DeepSeek-V3 has 1; 0 takes them away).
-    #[arg(long, value_parser = clap::value_parser!(u64).range(0..=16))]
+    #[arg(long, value_parser = whole(paratune::model::MAX_MTP_LAYERS), allow_negative_numbers = true)]
     pub mtp_layers: Option<u64>,
     /// Sliding-window attention: each query of a windowed layer attends to itself and
     /// the N tokens before it (Megatron-LM's --window-size N,0; gpt-oss: 127, Hugging
     /// Face's sliding_window 128 counting the query; 0: none)
-    #[arg(long, value_parser = clap::value_parser!(u64).range(0..=1 << 24))]
+    #[arg(long, value_parser = whole(paratune::model::MAX_WINDOW_TOKENS), allow_negative_numbers = true)]
     pub sliding_window: Option<u64>,
     /// Every N-th layer attends fully instead (--window-attn-skip-freq; gpt-oss: 2;
     /// 0: every layer windowed)
-    #[arg(long, value_parser = clap::value_parser!(u64).range(0..=65536))]
+    #[arg(long, value_parser = whole(65536), allow_negative_numbers = true)]
     pub window_attn_skip_freq: Option<u64>,
     /// gpt-oss's gated MLP: quick-GeLU instead of SiLU (Megatron-LM's --quick-geglu): on/off
     #[arg(long)]
     pub quick_geglu: Option<String>,
     /// Clamp the first projection's halves to this bound before the quick-GeGLU
     /// (--activation-func-clamp-value; gpt-oss: 7; 0: none)
-    #[arg(long, allow_negative_numbers = true)]
+    #[arg(long, value_parser = real, allow_negative_numbers = true)]
     pub activation_clamp: Option<f64>,
     /// Added to the quick-GeGLU's linear half (--glu-linear-offset; gpt-oss: 1)
-    #[arg(long, allow_negative_numbers = true)]
+    #[arg(long, value_parser = real, allow_negative_numbers = true)]
     pub glu_linear_offset: Option<f64>,
     /// A learnable softmax offset per head, gpt-oss's attention sinks
     /// (--softmax-type learnable): on/off
@@ -280,10 +280,10 @@ pub struct ModelArgs {
     #[arg(long)]
     pub qk_layernorm: Option<String>,
     /// Base of the rotary embedding, rope_theta (--rotary-base; Llama 3: 500000); exported, not priced
-    #[arg(long)]
+    #[arg(long, value_parser = count(1 << 40), allow_negative_numbers = true)]
     pub rotary_base: Option<u64>,
     /// Epsilon of the norms, rms_norm_eps (--norm-epsilon; Qwen3: 1e-6); exported, not priced
-    #[arg(long)]
+    #[arg(long, value_parser = real, allow_negative_numbers = true)]
     pub norm_epsilon: Option<f64>,
 }
 
@@ -339,6 +339,30 @@ fn count(max: u64) -> impl Fn(&str) -> Result<u64, String> + Clone + Send + Sync
         Ok(n) => Ok(n),
         Err(_) => Err(format!(
             "`{text}` is not a whole number; give one such as 8"
+        )),
+    }
+}
+
+/// A whole number from 0 to `max` (0 meaning none of it).
+fn whole(max: u64) -> impl Fn(&str) -> Result<u64, String> + Clone + Send + Sync + 'static {
+    move |text: &str| match text.trim().parse::<u64>() {
+        Ok(n) if n > max => Err(format!(
+            "{n} is more than paratune plans for (at most {max})"
+        )),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!(
+            "`{text}` is not a whole number from 0 to {max}; give one such as 1"
+        )),
+    }
+}
+
+/// A finite decimal number (the field's own range is checked where it is
+/// used).
+fn real(text: &str) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() => Ok(v),
+        _ => Err(format!(
+            "`{text}` is not a number; give one such as 2.5 or 1e-5"
         )),
     }
 }

@@ -114,16 +114,21 @@ pub fn run(args: &CalibrateArgs) -> Result<()> {
         .into_iter()
         .flatten()
         .collect();
+    let Some(first) = datasets.first() else {
+        bail!(
+            "--runs: the files hold no rows to fit; give a runs CSV with at least one measured row"
+        );
+    };
     let prior = resolve::cost_model(
         Some(args.common.cost_model.as_deref().unwrap_or("datasheet")),
-        &datasets[0].group.gpu.name,
+        &first.group.gpu.name,
     )?;
     let collectives = match &args.collectives {
         None => None,
         Some(path) => {
-            let first = CollectivesFirst::fit(path, &datasets[0].group, &prior)?;
-            eprintln!("{}", first.summary(path));
-            Some(first)
+            let fitted = CollectivesFirst::fit(path, &first.group, &prior)?;
+            eprintln!("{}", fitted.summary(path));
+            Some(fitted)
         }
     };
     let name = args.name.clone().unwrap_or_else(|| {

@@ -244,6 +244,10 @@ fn apply_moe_flags(args: &ModelArgs, model: &mut ModelSpec) -> Result<()> {
     }
     if let Some(groups) = args.moe_router_num_groups {
         moe.router_groups = groups;
+        // No groups is unlimited routing, whatever groups the model chose.
+        if groups == 0 {
+            moe.router_group_topk = 0;
+        }
     }
     if let Some(chosen) = args.moe_router_group_topk {
         moe.router_group_topk = chosen;
@@ -399,11 +403,21 @@ fn measured_nodes(args: &ClusterArgs, dir: &std::path::Path) -> Result<(NodeGrou
 pub fn nodes_or_table_gpu(args: &ClusterArgs, table: &RunTable) -> Result<(NodeGroup, u64)> {
     if args.gpu.is_none()
         && args.cluster.is_none()
-        && let Some(gpu) = (0..table.rows.len()).find_map(|i| table.cell(i, "gpu"))
+        && let Some((row, gpu)) =
+            (0..table.rows.len()).find_map(|i| table.cell(i, "gpu").map(|gpu| (i, gpu)))
     {
         let mut with_gpu = args.clone();
         with_gpu.gpu = Some(gpu.to_string());
-        return nodes(&with_gpu);
+        // The cell named the GPU, not a flag: say where it is.
+        return nodes(&with_gpu).map_err(|e| {
+            let flag_said = e.to_string();
+            let reason = flag_said.strip_prefix("--gpu: ").unwrap_or(&flag_said);
+            anyhow!(
+                "{}: line {}: column `gpu`: {reason}",
+                table.path,
+                table.line(row)
+            )
+        });
     }
     nodes(args)
 }

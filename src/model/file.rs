@@ -504,6 +504,10 @@ fn apply_moe(table: &Table, model: &mut ModelSpec) -> Result<(), String> {
             Some(_) => *field = positive(table, key)?.unwrap_or(0),
         }
     }
+    // No groups is unlimited routing, whatever groups a base model chose.
+    if moe.router_groups == 0 && table.get("moe_router_group_topk").is_none() {
+        moe.router_group_topk = 0;
+    }
     Ok(())
 }
 
@@ -658,6 +662,8 @@ fn positive(table: &Table, key: &str) -> Result<Option<u64>, String> {
     let max: i64 = match key {
         "rotary_base" => 1 << 40,
         "vocab" | "seq_len" | "rope_original_positions" => 1 << 24,
+        "sliding_window" => crate::model::MAX_WINDOW_TOKENS as i64,
+        "mtp_layers" => crate::model::MAX_MTP_LAYERS as i64,
         "ffn_hidden" | "moe_ffn_hidden" | "moe_shared_ffn_hidden" => 1 << 22,
         "hidden" => 1 << 20,
         _ => 1 << 16,
@@ -684,6 +690,8 @@ fn example(key: &str) -> u64 {
         "layers" => 32,
         "vocab" => 32000,
         "rotary_base" => 500_000,
+        "mtp_layers" => 1,
+        "sliding_window" => 127,
         _ => 4096,
     }
 }

@@ -452,6 +452,13 @@ pub struct WindowSpec {
 /// skipped (Dao, FlashAttention-2, 2023, counts causal attention so).
 pub const CAUSAL_SHARE: f64 = 0.5;
 
+/// The most multi-token prediction modules paratune plans (DeepSeek-V3 has
+/// one).
+pub const MAX_MTP_LAYERS: u64 = 16;
+
+/// The longest sliding window paratune plans, the longest sequence's.
+pub const MAX_WINDOW_TOKENS: u64 = 1 << 24;
+
 fn layer_freq_default() -> u64 {
     1
 }
@@ -971,8 +978,22 @@ impl ModelSpec {
         }
         if !self.heads.is_multiple_of(self.kv_heads) {
             return Err(format!(
-                "model `{}`: heads ({}) must be a multiple of kv_heads ({})",
+                "model `{}`: heads ({}) must be a multiple of kv_heads ({}); give kv_heads a divisor of heads",
                 self.name, self.heads, self.kv_heads
+            ));
+        }
+        if self.mtp_layers > MAX_MTP_LAYERS {
+            return Err(format!(
+                "model `{}`: `mtp_layers {}` is more than paratune plans for; give at most {MAX_MTP_LAYERS} (DeepSeek-V3 has 1)",
+                self.name, self.mtp_layers
+            ));
+        }
+        if let Some(window) = self.window
+            && window.tokens > MAX_WINDOW_TOKENS
+        {
+            return Err(format!(
+                "model `{}`: `sliding_window {}` is more than paratune plans for; give at most {MAX_WINDOW_TOKENS}, or 0 for full attention",
+                self.name, window.tokens
             ));
         }
         if let Some(moe) = self.moe {

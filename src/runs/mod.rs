@@ -345,12 +345,35 @@ pub fn runs_and_skipped(
             });
             continue;
         }
+        if let Some(problem) = run
+            .config
+            .fp8_recipe
+            .and_then(|r| r.gpu_problem(base.gpu_of(&run)))
+            .filter(|_| run.config.precision == Precision::Fp8)
+        {
+            return Err(row_error(format!(
+                "column `fp8_recipe`: {problem}; give the row's recipe for its GPU or leave it empty"
+            )));
+        }
         run.model.check().map_err(row_error)?;
         let per_node = base.gpus_per_node_of(&run);
         run.config
             .check(&run.model, run.global_batch, run.gpus, per_node)
             .map_err(row_error)?;
         runs.push(Run { line, ..run });
+    }
+    if runs.is_empty() && !skipped.is_empty() {
+        let summary = Runs {
+            runs: Vec::new(),
+            skipped,
+            contradictions: Vec::new(),
+        }
+        .skipped_summary()
+        .unwrap_or_default();
+        return Err(RunsError::Table {
+            path: table.path.clone(),
+            message: format!("no row is left to use: {summary}"),
+        });
     }
     let contradictions = contradictions(&runs);
     Ok(Runs {
@@ -622,6 +645,21 @@ fn parse_row(table: &RunTable, index: usize, defaults: &RowDefaults) -> Result<R
             ..defaults
         });
     }
+    if cell("num_experts").is_none() {
+        // The model's own experts, re-routed or re-sized by the row.
+        let (topk, width) = (int("moe_topk")?, int("moe_ffn_hidden")?);
+        if topk.is_some() || width.is_some() {
+            let Some(moe) = model.moe.as_mut() else {
+                return Err(format!(
+                    "`moe_topk` and `moe_ffn_hidden` shape experts, and model `{}` has none: give the row's `num_experts` or leave them empty",
+                    model.name
+                )
+                .into());
+            };
+            moe.topk = topk.unwrap_or(moe.topk);
+            moe.ffn_hidden = width.unwrap_or(moe.ffn_hidden);
+        }
+    }
     match cell("sliding_window") {
         None | Some("0") if cell("window_attn_skip_freq").is_some_and(|f| f != "0") => {
             return Err(
@@ -846,6 +884,18 @@ fn parse_row(table: &RunTable, index: usize, defaults: &RowDefaults) -> Result<R
         }
         (None, None) => None,
     };
+    // A microsecond to a week: beyond, a unit or a digit went wrong, and
+    // the errors would overflow.
+    if let Some(seconds) = measured_s.filter(|s| !(1e-6..=604_800.0).contains(s)) {
+        let column = ["iter_ms", "tokens_per_s_per_gpu", "tflops_per_gpu"]
+            .into_iter()
+            .find(|c| cell(c).is_some())
+            .unwrap_or("iter_ms");
+        return Err(format!(
+            "column `{column}` gives an iteration of {seconds:.3e} s, outside a microsecond to a week; check the value and its unit"
+        )
+        .into());
+    }
     let gpu = cell("gpu").map(|name| {
         crate::cluster::builtin_gpu(name)
             .map(|g| g.name)
@@ -938,8 +988,8 @@ fn end_stage_layers(
 /// or machine, and small enough that products of degrees cannot overflow.
 fn column_limit(name: &str) -> u64 {
     match name {
-        "vocab" | "seq_len" => 1 << 24,
-        "ffn_hidden" => 1 << 22,
+        "vocab" | "seq_len" | "sliding_window" => 1 << 24,
+        "ffn_hidden" | "moe_ffn_hidden" | "moe_shared_ffn_hidden" => 1 << 22,
         "hidden" | "gpus" | "global_batch" | "micro_batch" | "tp" | "dp" => 1 << 20,
         _ => 1 << 16,
     }
@@ -1242,6 +1292,58 @@ mod tests {
                 (Precision::Nvfp4, None)
             ]
         );
+    }
+
+    /// What a row cannot mean is refused by its column, as the flags are:
+    /// experts' shapes on a model without experts, an MXFP8 recipe off
+    /// Blackwell, more prediction modules or a longer window than
+    /// paratune plans, an implausible rate; and a table whose every row
+    /// is left out says so rather than fitting or scoring nothing.
+    #[test]
+    fn rows_are_refused_by_column_as_the_flags_are() {
+        let refused = |extra_header: &str, extra_cell: &str| {
+            let text = format!(
+                "model,gpu,gpus,global_batch,micro_batch,tp,pp,precision,tokens_per_s_per_gpu,{extra_header}\n\
+                 llama3-8b,h100-sxm,8,128,1,1,1,fp8,9000,{extra_cell}\n"
+            );
+            let table = RunTable::parse(&text, "t.csv").unwrap();
+            runs_and_skipped(&table, &defaults(), EIGHT_A100S)
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default()
+        };
+        for (header, cell, says) in [
+            ("moe_topk", "2", "`num_experts`"),
+            ("moe_ffn_hidden", "-5", "`moe_ffn_hidden`"),
+            ("fp8_recipe", "mxfp8", "Blackwell"),
+            ("mtp_num_layers", "1000", "more than paratune plans for"),
+            ("sliding_window", "20000000", "more than paratune plans for"),
+            ("note", "x", ""),
+        ] {
+            let err = refused(header, cell);
+            assert_eq!(err.is_empty(), says.is_empty(), "{header}: {err}");
+            assert!(err.contains(says), "{header}: {err}");
+        }
+        let text = "model,gpu,gpus,global_batch,micro_batch,tp,pp,tokens_per_s_per_gpu\n\
+                    llama3-8b,h100-sxm,8,128,1,1,1,1e308\n";
+        let table = RunTable::parse(text, "t.csv").unwrap();
+        let err = runs_and_skipped(&table, &defaults(), EIGHT_A100S).unwrap_err();
+        assert!(
+            err.to_string().contains("outside a microsecond to a week"),
+            "{err}"
+        );
+        // An MoE model's own experts take the row's top-k.
+        let text = "model,gpu,gpus,global_batch,micro_batch,tp,pp,ep,moe_topk\n\
+                    qwen3-30b-a3b,h100-sxm,8,128,1,1,1,8,4\n";
+        let table = RunTable::parse(text, "t.csv").unwrap();
+        let runs = runs_and_skipped(&table, &defaults(), EIGHT_A100S).unwrap();
+        assert_eq!(runs.runs[0].model.moe.unwrap().topk, 4);
+        // Every row left out (FP8 on an A100).
+        let text = "model,gpu,gpus,global_batch,micro_batch,tp,pp,precision\n\
+                    llama3-8b,a100-80gb,8,128,1,1,1,fp8\n";
+        let table = RunTable::parse(text, "t.csv").unwrap();
+        let err = runs_and_skipped(&table, &defaults(), EIGHT_A100S).unwrap_err();
+        assert!(err.to_string().contains("no row is left to use"), "{err}");
     }
 
     /// A published benchmark's row: a built-in model by name, its rate in
