@@ -2271,9 +2271,33 @@ impl Rule {
         gpus_per_node: u64,
     ) -> String {
         match self {
+            // A dp of 0 is what is left when tp x cp x pp passes the GPUs.
+            Rule::ZeroDegree if c.dp == 0 && c.tp > 0 && c.pp > 0 && c.cp > 0 => format!(
+                "tp x cp x pp = {} x {} x {} = {} is more than the job's {gpus} GPUs, which leaves no data-parallel rank; make tp x cp x pp divide the GPU count",
+                c.tp,
+                c.cp,
+                c.pp,
+                c.tp * c.cp * c.pp
+            ),
             Rule::ZeroDegree => {
-                "tp, pp, dp, cp, ep, etp, micro-batch and virtual stages must all be at least 1"
-                    .into()
+                let zero: Vec<&str> = [
+                    ("tp", c.tp),
+                    ("pp", c.pp),
+                    ("dp", c.dp),
+                    ("cp", c.cp),
+                    ("ep", c.ep),
+                    ("etp", c.etp),
+                    ("micro_batch", c.micro_batch),
+                    ("virtual_stages", c.virtual_stages),
+                ]
+                .into_iter()
+                .filter(|&(_, v)| v == 0)
+                .map(|(name, _)| name)
+                .collect();
+                format!(
+                    "`{}` is 0; tp, pp, dp, cp, ep, etp, micro-batch and virtual stages must all be at least 1",
+                    zero.join("`, `")
+                )
             }
             Rule::GpuCount if c.cp > 1 => format!(
                 "tp x cp x pp x dp = {} x {} x {} x {} = {} but the job has {gpus} GPUs; make the product equal",

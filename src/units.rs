@@ -39,10 +39,7 @@ impl FromStr for Bandwidth {
             }
             _ => (1.0, compact.as_str()),
         };
-        let split = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .ok_or_else(|| bad_bandwidth(text))?;
-        let (number, unit) = rest.split_at(split);
+        let (number, unit) = split_number(rest).ok_or_else(|| bad_bandwidth(text))?;
         let value: f64 = number.parse().map_err(|_| bad_bandwidth(text))?;
         let per_second = unit
             .strip_suffix("/s")
@@ -65,11 +62,37 @@ impl FromStr for Bandwidth {
             _ => return Err(bad_bandwidth(text)),
         };
         let bytes = count * value * scale;
+        if bytes == 0.0 {
+            return Err(format!(
+                "`{text}` is no bandwidth at all; give one above zero, e.g. `150GB/s`"
+            ));
+        }
         if !(bytes.is_finite() && bytes > 0.0) {
             return Err(bad_bandwidth(text));
         }
         Ok(Bandwidth(bytes))
     }
+}
+
+/// Splits `text` into its leading decimal number (digits, a point, an
+/// exponent such as `e3`) and the unit after it; none without a unit.
+fn split_number(text: &str) -> Option<(&str, &str)> {
+    let bytes = text.as_bytes();
+    let mut end = bytes
+        .iter()
+        .position(|c| !(c.is_ascii_digit() || *c == b'.'))?;
+    // An exponent: `e`, an optional sign, then digits (no unit starts so).
+    if matches!(bytes[end], b'e' | b'E') {
+        let mut i = end + 1;
+        if matches!(bytes.get(i), Some(b'+' | b'-')) {
+            i += 1;
+        }
+        let digits = bytes[i..].iter().take_while(|c| c.is_ascii_digit()).count();
+        if digits > 0 {
+            end = i + digits;
+        }
+    }
+    (end < bytes.len()).then(|| text.split_at(end))
 }
 
 fn bad_bandwidth(text: &str) -> String {
@@ -103,10 +126,7 @@ impl FromStr for Bytes {
 
     fn from_str(text: &str) -> Result<Self, String> {
         let compact: String = text.chars().filter(|c| !c.is_whitespace()).collect();
-        let split = compact
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .ok_or_else(|| bad_bytes(text))?;
-        let (number, unit) = compact.split_at(split);
+        let (number, unit) = split_number(&compact).ok_or_else(|| bad_bytes(text))?;
         let value: f64 = number.parse().map_err(|_| bad_bytes(text))?;
         let scale = match unit {
             "B" => 1.0,
@@ -121,6 +141,11 @@ impl FromStr for Bytes {
             _ => return Err(bad_bytes(text)),
         };
         let bytes = value * scale;
+        if bytes == 0.0 {
+            return Err(format!(
+                "`{text}` is no memory at all; give a size above zero, e.g. `80GiB`"
+            ));
+        }
         if !(bytes.is_finite() && bytes > 0.0) {
             return Err(bad_bytes(text));
         }
@@ -204,5 +229,19 @@ mod tests {
             80.0 * 1024.0_f64.powi(3)
         );
         assert!("80".parse::<Bytes>().is_err());
+        assert_eq!("1e3MB".parse::<Bytes>().unwrap().0, 1e9);
+    }
+
+    /// Zero is refused as zero, not as a missing unit; an exponent is a
+    /// number's.
+    #[test]
+    fn zero_and_exponents_read_as_what_they_are() {
+        let zero = "0GiB".parse::<Bytes>().unwrap_err();
+        assert!(zero.contains("above zero"), "{zero}");
+        let zero = "0GB/s".parse::<Bandwidth>().unwrap_err();
+        assert!(zero.contains("above zero"), "{zero}");
+        assert_eq!("1e3GB/s".parse::<Bandwidth>().unwrap().0, 1e12);
+        assert_eq!("2.5E-1TB/s".parse::<Bandwidth>().unwrap().0, 2.5e11);
+        assert!("1eGB/s".parse::<Bandwidth>().is_err());
     }
 }

@@ -1541,3 +1541,42 @@ fn cost_model_that_is_not_a_file() {
     says(&e, &["--cost-model", "cannot read cost model"]);
     assert_eq!(e.matches("os error").count(), 1, "{e}");
 }
+
+/// At a million tokens the model FLOPs (every query against every key)
+/// pass the peak; the prediction says why rather than leave an MFU above
+/// 100% unexplained.
+#[test]
+fn an_mfu_above_the_peak_is_explained() {
+    let out = common::ok(&[
+        "predict",
+        "--model",
+        "llama3-8b",
+        "--gpu",
+        "h100-sxm",
+        "--gpus",
+        "8",
+        "--global-batch",
+        "8",
+        "--micro-batch",
+        "1",
+        "--tp",
+        "1",
+        "--pp",
+        "1",
+        "--seq-len",
+        "1048576",
+    ]);
+    assert!(out.contains("MFU passes 100% because"), "{out}");
+    let short = common::ok(&[
+        "predict",
+        "--model",
+        "llama3-8b",
+        "--gpu",
+        "h100-sxm",
+        "--gpus",
+        "8",
+        "--global-batch",
+        "8",
+    ]);
+    assert!(!short.contains("MFU passes 100%"), "{short}");
+}

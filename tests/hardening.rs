@@ -913,6 +913,14 @@ fn bad_values_name_the_flag_or_cell_and_what_to_give() {
         err.contains("line 2: column `gpu`: unknown GPU `h100x`"),
         "{err}"
     );
+    // tp over more GPUs than the row has leaves dp 0: said as such.
+    std::fs::write(
+        &runs,
+        "model,gpu,gpus,global_batch,micro_batch,tp,pp,iter_ms\nllama3-8b,h100-sxm,8,64,1,16,1,1000\n",
+    )
+    .unwrap();
+    let err = common::fails(&["evaluate", "--runs", runs.to_str().unwrap()]);
+    assert!(err.contains("= 16 is more than the job's 8 GPUs"), "{err}");
 }
 
 /// The new dimensions' bad input: an uneven split that cannot hold, a

@@ -610,6 +610,7 @@ pub fn predict_command(args: &PredictArgs) -> Result<()> {
                 }
             );
             render::fragmentation_note(&mut out, &prediction);
+            render::mfu_note(&mut out, &prediction);
             render::breakdown(&mut out, &prediction.time);
             let sharded = config.optimizer_sharding != paratune::config::OptimizerSharding::None;
             render::group_syncs(&mut out, &group_syncs(&scenario, &config, 0), sharded);

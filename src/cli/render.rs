@@ -294,6 +294,18 @@ pub fn fragmentation_note(out: &mut String, prediction: &Prediction) {
     }
 }
 
+/// Says why an MFU above 100% is no error: the model FLOPs count every
+/// query against every key, as Megatron-LM logs them, and a causal kernel
+/// computes half of those products.
+pub fn mfu_note(out: &mut String, prediction: &Prediction) {
+    if prediction.mfu > 1.0 {
+        let _ = writeln!(
+            out,
+            "  MFU passes 100% because the model FLOPs count every query against every key, as Megatron-LM logs them, while a causal kernel computes half of those products; at this sequence that half is most of the work"
+        );
+    }
+}
+
 /// Memory per stage; long pipelines show the first, the peak and the last
 /// stages and say how many were left out.
 pub fn stage_memory(out: &mut String, stages: &[StageMemory], usable: f64, peak_stage: u64) {
