@@ -542,16 +542,34 @@ impl CpComm {
             .unwrap_or(1)
     }
 
-    /// The exchange taken unless one is asked for: the ring (p2p), or,
-    /// for a model with sliding windows on Megatron-LM, the all-to-all
-    /// (Transformer Engine's rings refuse windows, `Rule::WindowedCpRing`).
-    /// Without context parallelism there is none to choose: p2p.
-    pub fn default_for(engine: Engine, model: &ModelSpec, cp: u64) -> CpComm {
+    /// The exchanges searched unless some are asked for: the ring (p2p),
+    /// or, for a model with sliding windows on Megatron-LM, the all-to-all
+    /// and the all-gather (Transformer Engine's rings refuse windows,
+    /// `Rule::WindowedCpRing`). Without context parallelism there is none
+    /// to choose: p2p.
+    pub fn defaults_for(engine: Engine, model: &ModelSpec, cp: u64) -> &'static [CpComm] {
         if cp > 1 && engine == Engine::Megatron && model.windowed_layers() > 0 {
-            CpComm::A2a
+            &[CpComm::A2a, CpComm::AllGather]
         } else {
-            CpComm::P2p
+            &[CpComm::P2p]
         }
+    }
+
+    /// The one exchange a single configuration takes unless told: the
+    /// first of [`defaults_for`](Self::defaults_for) whose all-to-all,
+    /// if any, splits the heads over tp x cp.
+    pub fn default_for(engine: Engine, model: &ModelSpec, tp: u64, cp: u64) -> CpComm {
+        let defaults = Self::defaults_for(engine, model, cp);
+        let split = tp.max(1) * cp.max(1);
+        let heads_split = |comm: &CpComm| {
+            *comm != CpComm::A2a
+                || (model.heads.is_multiple_of(split) && model.kv_heads.is_multiple_of(split))
+        };
+        defaults
+            .iter()
+            .copied()
+            .find(heads_split)
+            .unwrap_or(defaults[0])
     }
 
     /// The cp ranks (or groups of them, for a2a+p2p) a ring of key/value
@@ -2272,13 +2290,17 @@ impl Rule {
     ) -> String {
         match self {
             // A dp of 0 is what is left when tp x cp x pp passes the GPUs.
-            Rule::ZeroDegree if c.dp == 0 && c.tp > 0 && c.pp > 0 && c.cp > 0 => format!(
+            Rule::ZeroDegree
+                if c.dp == 0 && c.tp > 0 && c.pp > 0 && c.cp > 0 && c.tp * c.cp * c.pp > gpus =>
+            {
+                format!(
                 "tp x cp x pp = {} x {} x {} = {} is more than the job's {gpus} GPUs, which leaves no data-parallel rank; make tp x cp x pp divide the GPU count",
                 c.tp,
                 c.cp,
                 c.pp,
                 c.tp * c.cp * c.pp
-            ),
+            )
+            }
             Rule::ZeroDegree => {
                 let zero: Vec<&str> = [
                     ("tp", c.tp),
@@ -2445,12 +2467,18 @@ impl Rule {
                 c.cp
             ),
             Rule::ContextHeadsNotDivisible => format!(
-                "`cp_comm {}` splits the heads over tp x {} = {}, which must divide heads ({}) and kv heads ({}); use `cp_comm p2p` or a smaller cp",
+                "`cp_comm {}` splits the heads over tp x {} = {}, which must divide heads ({}) and kv heads ({}); use `cp_comm {}` or a smaller cp",
                 c.cp_comm.name(),
                 if c.cp_comm == CpComm::A2a { "cp" } else { "cp_a2a" },
                 c.tp * c.cp_comm.all_to_all_ranks(c),
                 model.heads,
-                model.kv_heads
+                model.kv_heads,
+                // Transformer Engine's rings refuse windows: gather instead.
+                if c.engine == Engine::Megatron && model.windowed_layers() > 0 {
+                    "allgather"
+                } else {
+                    "p2p"
+                }
             ),
             // No proper divisor of cp from 2 up: no group to form.
             Rule::HierarchicalCp if c.cp_comm == CpComm::A2aP2p && c.cp < 4 => format!(

@@ -67,8 +67,12 @@ impl FromStr for Bandwidth {
                 "`{text}` is no bandwidth at all; give one above zero, e.g. `150GB/s`"
             ));
         }
-        if !(bytes.is_finite() && bytes > 0.0) {
-            return Err(bad_bandwidth(text));
+        // A kilobyte a second to a petabyte: beyond, a unit or an exponent
+        // went wrong, and the times would overflow.
+        if !(1e3..=1e15).contains(&bytes) {
+            return Err(format!(
+                "`{text}` is outside 1kB/s to 1PB/s; check the number and its unit, e.g. `150GB/s`"
+            ));
         }
         Ok(Bandwidth(bytes))
     }
@@ -96,6 +100,9 @@ fn split_number(text: &str) -> Option<(&str, &str)> {
 }
 
 fn bad_bandwidth(text: &str) -> String {
+    if text.trim_start().starts_with('-') {
+        return format!("`{text}` is negative; give a bandwidth above zero, e.g. `150GB/s`");
+    }
     format!(
         "`{text}` is not a bandwidth: give a number with a unit, e.g. `150GB/s`, `25GiB/s`, \
          `200Gb/s` (bits) or `8x200Gb/s` (links x per-link)"
@@ -146,14 +153,20 @@ impl FromStr for Bytes {
                 "`{text}` is no memory at all; give a size above zero, e.g. `80GiB`"
             ));
         }
-        if !(bytes.is_finite() && bytes > 0.0) {
-            return Err(bad_bytes(text));
+        // A kilobyte to a petabyte: beyond, a unit or an exponent went wrong.
+        if !(1e3..=1e15).contains(&bytes) {
+            return Err(format!(
+                "`{text}` is outside 1kB to 1PB; check the number and its unit, e.g. `80GiB`"
+            ));
         }
         Ok(Bytes(bytes))
     }
 }
 
 fn bad_bytes(text: &str) -> String {
+    if text.trim_start().starts_with('-') {
+        return format!("`{text}` is negative; give a size above zero, e.g. `80GiB`");
+    }
     format!("`{text}` is not a memory size: give a number with a unit, e.g. `80GiB` or `40GB`")
 }
 
@@ -243,5 +256,14 @@ mod tests {
         assert_eq!("1e3GB/s".parse::<Bandwidth>().unwrap().0, 1e12);
         assert_eq!("2.5E-1TB/s".parse::<Bandwidth>().unwrap().0, 2.5e11);
         assert!("1eGB/s".parse::<Bandwidth>().is_err());
+        // Out of all reason, or signed: said so.
+        for text in ["1e-300GB/s", "1e999GB/s"] {
+            let err = text.parse::<Bandwidth>().unwrap_err();
+            assert!(err.contains("outside"), "{err}");
+        }
+        let err = "1e999GB".parse::<Bytes>().unwrap_err();
+        assert!(err.contains("outside"), "{err}");
+        let err = "-0GB".parse::<Bytes>().unwrap_err();
+        assert!(err.contains("negative"), "{err}");
     }
 }

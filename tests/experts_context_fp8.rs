@@ -409,7 +409,27 @@ fn windowed_models_plan_context_parallelism_without_the_ring() {
         "1",
     ];
     let out = ok(&[&["plan"][..], &job[..]].concat());
-    says(&out, &["--context-parallel-size 8", "--cp-comm-type a2a"]);
+    says(&out, &["--context-parallel-size 8", "--cp-comm-type "]);
+    assert!(!out.contains("--cp-comm-type p2p"), "{out}");
+    // predict takes a2a where it splits the heads (8 kv heads over cp 8),
+    // else the all-gather.
+    let layout = ["--tp", "1", "--pp", "1", "--micro-batch", "1", "--ep", "8"];
+    let one = ok(&[&["predict"][..], &job[..job.len() - 2], &layout[..]].concat());
+    assert!(one.contains("cp-comm=a2a"), "{one}");
+    let wider = [
+        "--tp",
+        "2",
+        "--pp",
+        "1",
+        "--micro-batch",
+        "1",
+        "--ep",
+        "8",
+        "--sequence-parallel",
+        "on",
+    ];
+    let two = ok(&[&["predict"][..], &job[..job.len() - 2], &wider[..]].concat());
+    assert!(two.contains("cp-comm=allgather"), "{two}");
     let refused = fails(&[&["plan"][..], &job[..], &["--cp-comm", "p2p"][..]].concat());
     assert!(
         refused.contains("sliding windows under a cp ring"),

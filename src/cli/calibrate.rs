@@ -116,7 +116,7 @@ pub fn run(args: &CalibrateArgs) -> Result<()> {
         .collect();
     let Some(first) = datasets.first() else {
         bail!(
-            "--runs: the files hold no rows to fit; give a runs CSV with at least one measured row"
+            "--runs: no row is left to fit (the notes above say why each file's were left out); give a runs CSV with rows paratune can express"
         );
     };
     let prior = resolve::cost_model(

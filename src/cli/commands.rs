@@ -95,7 +95,21 @@ pub fn plan(args: &PlanArgs) -> Result<()> {
             // refused before anything is printed.
             let explained = match &args.explain {
                 Some(spec) => {
-                    let mut config = resolve::config_spec(spec, &result.candidates[0].config)?;
+                    let winner = result.candidates[0].config;
+                    let mut config = resolve::config_spec(spec, &winner)?;
+                    // A cp of its own takes its own default exchange, as the
+                    // search would, unless the spec names one.
+                    if config.cp != winner.cp
+                        && !spec.contains("cp_comm")
+                        && !spec.contains("cp-comm")
+                    {
+                        config.cp_comm = paratune::config::CpComm::default_for(
+                            config.engine,
+                            &job.model,
+                            config.tp,
+                            config.cp,
+                        );
+                    }
                     if let Some(problem) = config.precision.gpu_problem(&job.nodes.gpu) {
                         bail!(
                             "--explain: `precision {}`: {problem}",
@@ -319,6 +333,7 @@ fn explain_winner(
     let winner = &result.candidates[0];
     let scenario = job.scenario(cost);
     let _ = writeln!(out, "\nWhy #1 wins: {}", winner.config);
+    render::mfu_note(out, &winner.prediction);
     render::breakdown(out, &winner.prediction.time);
     // The embedding's sync by every method, when the winner syncs it sparsely.
     if winner.config.embedding_sync.is_sparse()
@@ -638,6 +653,9 @@ fn predict_runs(args: &PredictArgs, path: &std::path::Path) -> Result<()> {
     let profile = profile_cli::load(args.profile.as_deref(), &nodes.gpu.name)?;
     let measurements = profile.as_ref().map(|p| p.measurements.as_ref());
     let all = runs_and_skipped(&table, &defaults, (&nodes).into())?;
+    if let Some(why) = all.none_left() {
+        bail!("{}: {why}", path.display());
+    }
     let settings = resolve::per_gpu(&all.runs, &nodes, &cost, &args.common);
     let (headers, rows) = predicted_rows(&table, &all, &settings, measurements);
     match args.common.format {
@@ -710,6 +728,9 @@ pub fn evaluate_command(args: &EvaluateArgs) -> Result<()> {
     let profile = profile_cli::load(args.profile.as_deref(), &nodes.gpu.name)?;
     let measurements = profile.as_ref().map(|p| p.measurements.as_ref());
     let all = runs_and_skipped(&table, &defaults, (&nodes).into())?;
+    if let Some(why) = all.none_left() {
+        bail!("{}: {why}", args.runs.display());
+    }
     if let Some(note) = all.skipped_summary() {
         eprintln!("note: {}: {note}", args.runs.display());
     }

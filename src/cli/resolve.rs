@@ -893,7 +893,7 @@ pub fn single_config(args: &SpaceArgs, job: &Job) -> Result<ParallelConfig> {
         cp_comm: single(
             "--cp-comm",
             &space.cp_comm,
-            CpComm::default_for(space.engine, &job.model, cp),
+            CpComm::default_for(space.engine, &job.model, tp, cp),
         )?,
         // a2a+p2p's all-to-all group, from the node as the search takes it.
         cp_a2a: 1,

@@ -170,6 +170,18 @@ pub struct Runs {
 
 impl Runs {
     /// `12 rows left out: context parallelism (cp 2) in 10, ...`, or `None`.
+    /// Why nothing is left to predict or fit, where every row was left
+    /// out: a table of rows paratune cannot express (a calibration over
+    /// several tables asks this of them all together).
+    pub fn none_left(&self) -> Option<String> {
+        (self.runs.is_empty() && !self.skipped.is_empty()).then(|| {
+            format!(
+                "no row is left to use: {}",
+                self.skipped_summary().unwrap_or_default()
+            )
+        })
+    }
+
     pub fn skipped_summary(&self) -> Option<String> {
         if self.skipped.is_empty() {
             return None;
@@ -351,8 +363,13 @@ pub fn runs_and_skipped(
             .and_then(|r| r.gpu_problem(base.gpu_of(&run)))
             .filter(|_| run.config.precision == Precision::Fp8)
         {
+            // The recipe came from its own column or from the precision's name.
+            let column = match table.cell(index, "fp8_recipe") {
+                Some(_) => "fp8_recipe",
+                None => "precision",
+            };
             return Err(row_error(format!(
-                "column `fp8_recipe`: {problem}; give the row's recipe for its GPU or leave it empty"
+                "column `{column}`: {problem}; give the row's GPU its own recipe (FP8-CS, tensorwise) or leave it to the GPU's default"
             )));
         }
         run.model.check().map_err(row_error)?;
@@ -361,19 +378,6 @@ pub fn runs_and_skipped(
             .check(&run.model, run.global_batch, run.gpus, per_node)
             .map_err(row_error)?;
         runs.push(Run { line, ..run });
-    }
-    if runs.is_empty() && !skipped.is_empty() {
-        let summary = Runs {
-            runs: Vec::new(),
-            skipped,
-            contradictions: Vec::new(),
-        }
-        .skipped_summary()
-        .unwrap_or_default();
-        return Err(RunsError::Table {
-            path: table.path.clone(),
-            message: format!("no row is left to use: {summary}"),
-        });
     }
     let contradictions = contradictions(&runs);
     Ok(Runs {
@@ -646,18 +650,46 @@ fn parse_row(table: &RunTable, index: usize, defaults: &RowDefaults) -> Result<R
         });
     }
     if cell("num_experts").is_none() {
-        // The model's own experts, re-routed or re-sized by the row.
-        let (topk, width) = (int("moe_topk")?, int("moe_ffn_hidden")?);
-        if topk.is_some() || width.is_some() {
+        // The model's own experts, re-shaped or re-routed by the row.
+        let count = |name: &str| -> Result<Option<u64>, String> {
+            match cell(name) {
+                Some("0") => Ok(Some(0)),
+                _ => int(name),
+            }
+        };
+        let given = [
+            ("moe_topk", int("moe_topk")?),
+            ("moe_ffn_hidden", int("moe_ffn_hidden")?),
+            ("moe_shared_ffn_hidden", count("moe_shared_ffn_hidden")?),
+            ("moe_dense_layers", count("moe_dense_layers")?),
+            ("moe_layer_freq", int("moe_layer_freq")?),
+            ("moe_router_num_groups", count("moe_router_num_groups")?),
+            ("moe_router_group_topk", count("moe_router_group_topk")?),
+        ];
+        if let Some((first, _)) = given.iter().find(|(_, v)| v.is_some()) {
             let Some(moe) = model.moe.as_mut() else {
                 return Err(format!(
-                    "`moe_topk` and `moe_ffn_hidden` shape experts, and model `{}` has none: give the row's `num_experts` or leave them empty",
+                    "column `{first}` shapes experts, and model `{}` has none: give the row's `num_experts` or leave it empty",
                     model.name
                 )
                 .into());
             };
-            moe.topk = topk.unwrap_or(moe.topk);
-            moe.ffn_hidden = width.unwrap_or(moe.ffn_hidden);
+            for (name, value) in given {
+                let Some(value) = value else { continue };
+                match name {
+                    "moe_topk" => moe.topk = value,
+                    "moe_ffn_hidden" => moe.ffn_hidden = value,
+                    "moe_shared_ffn_hidden" => moe.shared_ffn_hidden = value,
+                    "moe_dense_layers" => moe.dense_layers = value,
+                    "moe_layer_freq" => moe.layer_freq = value,
+                    "moe_router_num_groups" => moe.router_groups = value,
+                    _ => moe.router_group_topk = value,
+                }
+            }
+            // No groups is unlimited routing, as the flag's 0 is.
+            if moe.router_groups == 0 && given[6].1.is_none() {
+                moe.router_group_topk = 0;
+            }
         }
     }
     match cell("sliding_window") {
@@ -727,9 +759,17 @@ fn parse_row(table: &RunTable, index: usize, defaults: &RowDefaults) -> Result<R
         (None, None) => None,
     }
     .filter(|_| precision == Precision::Fp8);
+    if cell("fp8_recipe").is_some() && precision != Precision::Fp8 {
+        return Err(format!(
+            "column `fp8_recipe` names an FP8 recipe for a {} row; give `precision` fp8 or leave the recipe empty",
+            precision.name()
+        )
+        .into());
+    }
+    // Unless the row names it, the exchange the flags would take.
     let cp_comm = match cell("cp_comm") {
-        Some(text) => CpComm::parse("cp_comm", text)?,
-        None => CpComm::P2p,
+        Some(text) => Some(CpComm::parse("cp_comm", text)?),
+        None => None,
     };
     let global_batch = required("global_batch")?;
     let micro_batch = required("micro_batch")?;
@@ -859,7 +899,7 @@ fn parse_row(table: &RunTable, index: usize, defaults: &RowDefaults) -> Result<R
         // A shard group of all of dp is plain sharding.
         dp_shard: int("dp_shard")?.filter(|&n| n != dp),
         cp,
-        cp_comm,
+        cp_comm: cp_comm.unwrap_or_else(|| CpComm::default_for(engine, &model, tp, cp)),
         cp_a2a: int("cp_a2a")?.unwrap_or(1),
         ep,
         etp,
@@ -1318,6 +1358,8 @@ mod tests {
             ("fp8_recipe", "mxfp8", "Blackwell"),
             ("mtp_num_layers", "1000", "more than paratune plans for"),
             ("sliding_window", "20000000", "more than paratune plans for"),
+            ("moe_router_num_groups", "4", "`num_experts`"),
+            ("moe_layer_freq", "2", "`num_experts`"),
             ("note", "x", ""),
         ] {
             let err = refused(header, cell);
@@ -1338,12 +1380,51 @@ mod tests {
         let table = RunTable::parse(text, "t.csv").unwrap();
         let runs = runs_and_skipped(&table, &defaults(), EIGHT_A100S).unwrap();
         assert_eq!(runs.runs[0].model.moe.unwrap().topk, 4);
+        // Group-limited routing on the model's own experts is checked as
+        // the flags' is: 7 groups do not split 128 experts.
+        let text = "model,gpu,gpus,global_batch,micro_batch,tp,pp,ep,moe_router_num_groups\n\
+                    qwen3-30b-a3b,h100-sxm,8,128,1,1,1,8,7\n";
+        let table = RunTable::parse(text, "t.csv").unwrap();
+        let err = runs_and_skipped(&table, &defaults(), EIGHT_A100S).unwrap_err();
+        assert!(
+            err.to_string().contains("must divide the 128 experts"),
+            "{err}"
+        );
+        // A recipe on a bf16 row, and MXFP8 named by the precision column
+        // on Hopper: each blamed on its own column.
+        let text = "model,gpu,gpus,global_batch,micro_batch,tp,pp,precision,fp8_recipe\n\
+                    llama3-8b,h100-sxm,8,128,1,1,1,bf16,tensorwise\n";
+        let table = RunTable::parse(text, "t.csv").unwrap();
+        let err = runs_and_skipped(&table, &defaults(), EIGHT_A100S).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("`fp8_recipe` names an FP8 recipe for a bf16 row"),
+            "{err}"
+        );
+        let text = "model,gpu,gpus,global_batch,micro_batch,tp,pp,precision\n\
+                    llama3-8b,h100-sxm,8,128,1,1,1,FP8-MX\n";
+        let table = RunTable::parse(text, "t.csv").unwrap();
+        let err = runs_and_skipped(&table, &defaults(), EIGHT_A100S).unwrap_err();
+        assert!(
+            err.to_string().contains("column `precision`: MXFP8"),
+            "{err}"
+        );
+        // A windowed model's row with cp takes the exchange the flags would.
+        let text = "model,gpu,gpus,global_batch,micro_batch,tp,pp,cp,ep,seq_len\n\
+                    gpt-oss-20b,h100-sxm,8,8,1,1,1,2,4,8192\n";
+        let table = RunTable::parse(text, "t.csv").unwrap();
+        let runs = runs_and_skipped(&table, &defaults(), EIGHT_A100S).unwrap();
+        assert_eq!(runs.runs[0].config.cp_comm, CpComm::A2a);
         // Every row left out (FP8 on an A100).
         let text = "model,gpu,gpus,global_batch,micro_batch,tp,pp,precision\n\
                     llama3-8b,a100-80gb,8,128,1,1,1,fp8\n";
         let table = RunTable::parse(text, "t.csv").unwrap();
-        let err = runs_and_skipped(&table, &defaults(), EIGHT_A100S).unwrap_err();
-        assert!(err.to_string().contains("no row is left to use"), "{err}");
+        let runs = runs_and_skipped(&table, &defaults(), EIGHT_A100S).unwrap();
+        let why = runs.none_left().unwrap();
+        assert!(
+            why.contains("no row is left to use") && why.contains("FP8"),
+            "{why}"
+        );
     }
 
     /// A published benchmark's row: a built-in model by name, its rate in

@@ -659,7 +659,7 @@ impl<'a> InnerDims<'a> {
             |c| match (&space.cp_comm, c.cp) {
                 (_, 1) => lend(&[CpComm::P2p]),
                 (Some(given), _) => lend(given),
-                (None, cp) => Cow::Owned(vec![CpComm::default_for(c.engine, &job.model, cp)]),
+                (None, cp) => lend(CpComm::defaults_for(c.engine, &job.model, cp)),
             },
             |c, comm| {
                 c.cp_comm = comm;
