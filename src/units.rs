@@ -61,21 +61,26 @@ impl FromStr for Bandwidth {
             "Tb" => 1e12 / 8.0,
             _ => return Err(bad_bandwidth(text)),
         };
-        let bytes = count * value * scale;
-        if bytes == 0.0 {
-            return Err(format!(
-                "`{text}` is no bandwidth at all; give one above zero, e.g. `150GB/s`"
-            ));
-        }
-        // A kilobyte a second to a petabyte: beyond, a unit or an exponent
-        // went wrong, and the times would overflow.
-        if !(1e3..=1e15).contains(&bytes) {
-            return Err(format!(
-                "`{text}` is outside 1kB/s to 1PB/s; check the number and its unit, e.g. `150GB/s`"
-            ));
-        }
+        let bytes = plausible(text, count * value * scale, "/s", "150GB/s")?;
         Ok(Bandwidth(bytes))
     }
+}
+
+/// `bytes` (per second, with `per` "/s") where it is above zero and from a
+/// kilobyte to a petabyte: beyond, a unit or an exponent went wrong, and
+/// the times would overflow. `example` is what to give instead.
+fn plausible(text: &str, bytes: f64, per: &str, example: &str) -> Result<f64, String> {
+    if bytes == 0.0 {
+        return Err(format!(
+            "`{text}` is zero; give an amount above it, e.g. `{example}`"
+        ));
+    }
+    if !(1e3..=1e15).contains(&bytes) {
+        return Err(format!(
+            "`{text}` is outside 1kB{per} to 1PB{per}; check the number and its unit, e.g. `{example}`"
+        ));
+    }
+    Ok(bytes)
 }
 
 /// Splits `text` into its leading decimal number (digits, a point, an
@@ -147,18 +152,7 @@ impl FromStr for Bytes {
             "TiB" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
             _ => return Err(bad_bytes(text)),
         };
-        let bytes = value * scale;
-        if bytes == 0.0 {
-            return Err(format!(
-                "`{text}` is no memory at all; give a size above zero, e.g. `80GiB`"
-            ));
-        }
-        // A kilobyte to a petabyte: beyond, a unit or an exponent went wrong.
-        if !(1e3..=1e15).contains(&bytes) {
-            return Err(format!(
-                "`{text}` is outside 1kB to 1PB; check the number and its unit, e.g. `80GiB`"
-            ));
-        }
+        let bytes = plausible(text, value * scale, "", "80GiB")?;
         Ok(Bytes(bytes))
     }
 }
@@ -250,9 +244,12 @@ mod tests {
     #[test]
     fn zero_and_exponents_read_as_what_they_are() {
         let zero = "0GiB".parse::<Bytes>().unwrap_err();
-        assert!(zero.contains("above zero"), "{zero}");
+        assert!(zero.contains("is zero") && zero.contains("80GiB"), "{zero}");
         let zero = "0GB/s".parse::<Bandwidth>().unwrap_err();
-        assert!(zero.contains("above zero"), "{zero}");
+        assert!(
+            zero.contains("is zero") && zero.contains("150GB/s"),
+            "{zero}"
+        );
         assert_eq!("1e3GB/s".parse::<Bandwidth>().unwrap().0, 1e12);
         assert_eq!("2.5E-1TB/s".parse::<Bandwidth>().unwrap().0, 2.5e11);
         assert!("1eGB/s".parse::<Bandwidth>().is_err());

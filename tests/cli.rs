@@ -1547,16 +1547,22 @@ fn cost_model_that_is_not_a_file() {
 /// 100% unexplained.
 #[test]
 fn an_mfu_above_the_peak_is_explained() {
-    let out = common::ok(&[
-        "predict",
-        "--model",
-        "llama3-8b",
-        "--gpu",
-        "h100-sxm",
-        "--gpus",
-        "8",
-        "--global-batch",
-        "8",
+    let predict = |extra: &[&str]| {
+        let mut args = vec![
+            "predict",
+            "--model",
+            "llama3-8b",
+            "--gpu",
+            "h100-sxm",
+            "--gpus",
+            "8",
+            "--global-batch",
+            "8",
+        ];
+        args.extend_from_slice(extra);
+        common::ok(&args)
+    };
+    let long = [
         "--micro-batch",
         "1",
         "--tp",
@@ -1565,18 +1571,9 @@ fn an_mfu_above_the_peak_is_explained() {
         "1",
         "--seq-len",
         "1048576",
-    ]);
+    ];
+    let out = predict(&long);
     assert!(out.contains("MFU passes 100% because"), "{out}");
-    let short = common::ok(&[
-        "predict",
-        "--model",
-        "llama3-8b",
-        "--gpu",
-        "h100-sxm",
-        "--gpus",
-        "8",
-        "--global-batch",
-        "8",
-    ]);
+    let short = predict(&[]);
     assert!(!short.contains("MFU passes 100%"), "{short}");
 }
