@@ -1548,17 +1548,7 @@ fn cost_model_that_is_not_a_file() {
 #[test]
 fn an_mfu_above_the_peak_is_explained() {
     let predict = |extra: &[&str]| {
-        let mut args = vec![
-            "predict",
-            "--model",
-            "llama3-8b",
-            "--gpu",
-            "h100-sxm",
-            "--gpus",
-            "8",
-            "--global-batch",
-            "8",
-        ];
+        let mut args = common::llama3_8b_on("predict", "h100-sxm", &["--global-batch", "8"]);
         args.extend_from_slice(extra);
         common::ok(&args)
     };

@@ -856,17 +856,7 @@ fn a_profile_update_killed_after_its_journal_is_finished_by_the_next_reader() {
 #[test]
 fn bad_values_name_the_flag_or_cell_and_what_to_give() {
     let predict = |extra: &[&str]| {
-        let mut args = vec![
-            "predict",
-            "--model",
-            "llama3-8b",
-            "--gpu",
-            "h100-sxm",
-            "--gpus",
-            "8",
-            "--global-batch",
-            "64",
-        ];
+        let mut args = common::llama3_8b_on("predict", "h100-sxm", &["--global-batch", "64"]);
         args.extend_from_slice(extra);
         common::fails(&args)
     };

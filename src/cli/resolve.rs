@@ -243,11 +243,7 @@ fn apply_moe_flags(args: &ModelArgs, model: &mut ModelSpec) -> Result<()> {
         moe.layer_freq = freq;
     }
     if let Some(groups) = args.moe_router_num_groups {
-        moe.router_groups = groups;
-        // No groups is unlimited routing, whatever groups the model chose.
-        if groups == 0 {
-            moe.router_group_topk = 0;
-        }
+        moe.set_router_groups(groups);
     }
     if let Some(chosen) = args.moe_router_group_topk {
         moe.router_group_topk = chosen;

@@ -492,21 +492,22 @@ fn apply_moe(table: &Table, model: &mut ModelSpec) -> Result<(), String> {
             )
         })?;
     }
-    for (key, field) in [
-        ("moe_shared_ffn_hidden", &mut moe.shared_ffn_hidden),
-        ("moe_dense_layers", &mut moe.dense_layers),
-        ("moe_router_num_groups", &mut moe.router_groups),
-        ("moe_router_group_topk", &mut moe.router_group_topk),
-    ] {
-        match table.get(key) {
-            None => {}
-            Some(Value::Integer(0)) => *field = 0,
-            Some(_) => *field = positive(table, key)?.unwrap_or(0),
-        }
+    let count = |key: &str| match table.get(key) {
+        None => Ok(None),
+        Some(Value::Integer(0)) => Ok(Some(0)),
+        Some(_) => positive(table, key),
+    };
+    if let Some(n) = count("moe_shared_ffn_hidden")? {
+        moe.shared_ffn_hidden = n;
     }
-    // No groups is unlimited routing, whatever groups a base model chose.
-    if moe.router_groups == 0 && table.get("moe_router_group_topk").is_none() {
-        moe.router_group_topk = 0;
+    if let Some(n) = count("moe_dense_layers")? {
+        moe.dense_layers = n;
+    }
+    if let Some(groups) = count("moe_router_num_groups")? {
+        moe.set_router_groups(groups);
+    }
+    if let Some(n) = count("moe_router_group_topk")? {
+        moe.router_group_topk = n;
     }
     Ok(())
 }

@@ -464,6 +464,15 @@ fn layer_freq_default() -> u64 {
 }
 
 impl MoeSpec {
+    /// Routes over `groups` expert groups; none is unlimited routing, which
+    /// chooses no groups either (a group top-k given after stands).
+    pub fn set_router_groups(&mut self, groups: u64) {
+        self.router_groups = groups;
+        if groups == 0 {
+            self.router_group_topk = 0;
+        }
+    }
+
     /// `experts` experts with Megatron-LM's defaults for the rest
     /// (`--moe-router-topk 2`, `--moe-ffn-hidden-size` the MLP's width, no
     /// shared experts, every layer an MoE layer).

@@ -625,13 +625,14 @@ fn parse_row(table: &RunTable, index: usize, defaults: &RowDefaults) -> Result<R
         Some(_) => model.mtp_layers = int("mtp_num_layers")?.unwrap_or(0),
         None => {}
     }
+    // A count of which 0 is a value (none of them), not an empty column.
+    let count = |name: &str| -> Result<Option<u64>, String> {
+        match cell(name) {
+            Some("0") => Ok(Some(0)),
+            _ => int(name),
+        }
+    };
     if let Some(experts) = int("num_experts")? {
-        let count = |name: &str| -> Result<Option<u64>, String> {
-            match cell(name) {
-                Some("0") => Ok(Some(0)),
-                _ => int(name),
-            }
-        };
         // Megatron-LM's defaults for the columns the row leaves empty.
         let defaults = MoeSpec::megatron_defaults(experts, model.ffn_hidden);
         model.moe = Some(MoeSpec {
@@ -651,12 +652,6 @@ fn parse_row(table: &RunTable, index: usize, defaults: &RowDefaults) -> Result<R
     }
     if cell("num_experts").is_none() {
         // The model's own experts, re-shaped or re-routed by the row.
-        let count = |name: &str| -> Result<Option<u64>, String> {
-            match cell(name) {
-                Some("0") => Ok(Some(0)),
-                _ => int(name),
-            }
-        };
         let given = [
             ("moe_topk", int("moe_topk")?),
             ("moe_ffn_hidden", int("moe_ffn_hidden")?),
@@ -682,13 +677,9 @@ fn parse_row(table: &RunTable, index: usize, defaults: &RowDefaults) -> Result<R
                     "moe_shared_ffn_hidden" => moe.shared_ffn_hidden = value,
                     "moe_dense_layers" => moe.dense_layers = value,
                     "moe_layer_freq" => moe.layer_freq = value,
-                    "moe_router_num_groups" => moe.router_groups = value,
+                    "moe_router_num_groups" => moe.set_router_groups(value),
                     _ => moe.router_group_topk = value,
                 }
-            }
-            // No groups is unlimited routing, as the flag's 0 is.
-            if moe.router_groups == 0 && given[6].1.is_none() {
-                moe.router_group_topk = 0;
             }
         }
     }
