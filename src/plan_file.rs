@@ -339,7 +339,7 @@ impl SearchCounts {
     pub fn of(result: &SearchResult) -> Self {
         SearchCounts {
             considered: result.considered,
-            fitting: result.candidates.len(),
+            fitting: result.fitting(),
             out_of_memory: result.out_of_memory,
             invalid: result
                 .invalid

@@ -20,7 +20,9 @@ use paratune::model::ModelSpec;
 use paratune::model::{builtin_model, builtin_model_names, model_file_keys, model_file_values};
 use paratune::plan_file::{PlanFile, config_json};
 use paratune::runs::{RunTable, runs_and_skipped, schema};
-use paratune::search::{Explanation, Job, SearchResult, explain, search, smallest_fitting_gpus};
+use paratune::search::{
+    Explanation, Job, KEPT_CANDIDATES, SearchResult, explain, search_keeping, smallest_fitting_gpus,
+};
 use std::fmt::Write;
 use std::time::Instant;
 
@@ -79,7 +81,7 @@ pub fn plan(args: &PlanArgs) -> Result<()> {
     let space = resolve::space(&args.space)?;
     resolve::check_job_choices(&space, &job)?;
     let started = Instant::now();
-    let result = search(&job, &space, &cost);
+    let result = search_keeping(&job, &space, &cost, args.top.max(KEPT_CANDIDATES));
     let elapsed = started.elapsed();
     if result.candidates.is_empty() {
         return Err(nothing_fits(&job, &space, &cost, &result));
@@ -204,12 +206,19 @@ fn plan_profile_usage(
     }
     let winner = predict_with_usage(&scenario, &result.candidates[0].config).1;
     let _ = writeln!(out, "{}:", profile.title());
-    let _ = writeln!(
-        out,
-        "  the {} ranked configurations: {}",
-        render::thousands(result.candidates.len() as f64),
-        usage_line(&all)
-    );
+    let ranked = if result.candidates.len() < result.fitting() {
+        format!(
+            "the {} fastest of the {} ranked configurations",
+            render::thousands(result.candidates.len() as f64),
+            render::thousands(result.fitting() as f64)
+        )
+    } else {
+        format!(
+            "the {} ranked configurations",
+            render::thousands(result.candidates.len() as f64)
+        )
+    };
+    let _ = writeln!(out, "  {ranked}: {}", usage_line(&all));
     let _ = writeln!(out, "  the winner: {}", usage_line(&winner));
 }
 
@@ -309,7 +318,7 @@ fn search_counts(out: &mut String, result: &SearchResult, elapsed_s: f64) {
         "searched {} configurations in {}: {} fit, {} do not fit memory, {} break a rule",
         render::thousands(result.considered as f64),
         seconds(elapsed_s),
-        render::thousands(result.candidates.len() as f64),
+        render::thousands(result.fitting() as f64),
         render::thousands(result.out_of_memory as f64),
         render::thousands(invalid as f64)
     );

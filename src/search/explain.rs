@@ -57,12 +57,11 @@ pub fn explain(
             prediction,
         };
     }
-    let faster = result
-        .candidates
-        .iter()
-        .filter(|c| c.prediction.iteration_s < prediction.iteration_s)
-        .count();
-    let listed = result.candidates.iter().any(|c| c.config == *config);
+    let faster = result.faster_than(prediction.iteration_s);
+    // Among the kept, by itself; beyond them, by its time (a twin in time
+    // is as good for a rank).
+    let listed = result.candidates.iter().any(|c| c.config == *config)
+        || (result.candidates.len() < result.fitting() && result.any_takes(prediction.iteration_s));
     let (slower_by, differences) = match result.candidates.first() {
         Some(winner) => {
             let mut differences: Vec<(&'static str, f64)> = prediction
@@ -83,7 +82,7 @@ pub fn explain(
     };
     Explanation::Ranked {
         rank: faster + 1,
-        of: result.candidates.len() + usize::from(!listed),
+        of: result.fitting() + usize::from(!listed),
         prediction,
         slower_by,
         differences,

@@ -95,8 +95,14 @@ pub struct Candidate {
 /// What the search found and what it dropped.
 #[derive(Debug, Clone)]
 pub struct SearchResult {
-    /// Fitting configurations, fastest first.
+    /// The fastest fitting configurations, fastest first: all of them up
+    /// to the number the search was asked to keep ([`KEPT_CANDIDATES`] by
+    /// default), so that a search of hundreds of millions of combinations
+    /// holds megabytes, not gigabytes.
     pub candidates: Vec<Candidate>,
+    /// Every fitting configuration's iteration time, fastest first: eight
+    /// bytes each, for the rank of any configuration among all that fit.
+    fitting_times: Vec<f64>,
     /// Combinations of the space's values that were looked at.
     pub considered: usize,
     /// Combinations dropped because they break a rule, by rule.
@@ -108,15 +114,56 @@ pub struct SearchResult {
     pub out_of_memory: usize,
 }
 
+/// How many of the fastest fitting configurations a search keeps by
+/// default: far more than a ranking shows or an export falls back to, and
+/// about 4.5 MB of them.
+pub const KEPT_CANDIDATES: usize = 10_000;
+
 impl SearchResult {
+    /// Configurations that fit, kept or not.
+    pub fn fitting(&self) -> usize {
+        self.fitting_times.len()
+    }
+
     pub fn valid(&self) -> usize {
-        self.candidates.len() + self.out_of_memory
+        self.fitting() + self.out_of_memory
+    }
+
+    /// Fitting configurations predicted strictly faster than `iteration_s`.
+    pub fn faster_than(&self, iteration_s: f64) -> usize {
+        self.fitting_times.partition_point(|&t| t < iteration_s)
+    }
+
+    /// Whether a fitting configuration takes exactly `iteration_s`.
+    pub fn any_takes(&self, iteration_s: f64) -> bool {
+        let at = self.faster_than(iteration_s);
+        self.fitting_times.get(at) == Some(&iteration_s)
+    }
+}
+
+/// A fitting configuration with where the search met it, which breaks
+/// ties in time and memory as an unbounded ranking would.
+#[derive(Clone, Copy)]
+struct Ranked {
+    met: (usize, usize),
+    candidate: Candidate,
+}
+
+impl Ranked {
+    fn cmp(&self, other: &Ranked) -> std::cmp::Ordering {
+        let (a, b) = (&self.candidate.prediction, &other.candidate.prediction);
+        a.iteration_s
+            .total_cmp(&b.iteration_s)
+            .then(a.peak_memory_bytes.total_cmp(&b.peak_memory_bytes))
+            .then(self.met.cmp(&other.met))
     }
 }
 
 #[derive(Default)]
 struct Tally {
-    candidates: Vec<Candidate>,
+    /// At most twice the kept number, cut back to it when full.
+    best: Vec<Ranked>,
+    fitting_times: Vec<f64>,
     considered: usize,
     invalid: BTreeMap<Rule, usize>,
     invalid_examples: BTreeMap<Rule, ParallelConfig>,
@@ -124,8 +171,21 @@ struct Tally {
 }
 
 impl Tally {
-    fn merge(mut self, other: Tally) -> Tally {
-        self.candidates.extend(other.candidates);
+    fn add(&mut self, ranked: Ranked, keep: usize) {
+        self.fitting_times
+            .push(ranked.candidate.prediction.iteration_s);
+        self.best.push(ranked);
+        if self.best.len() >= keep.saturating_mul(2).max(1) {
+            keep_fastest(&mut self.best, keep);
+        }
+    }
+
+    fn merge(mut self, mut other: Tally, keep: usize) -> Tally {
+        self.best.append(&mut other.best);
+        if self.best.len() >= keep.saturating_mul(2).max(1) {
+            keep_fastest(&mut self.best, keep);
+        }
+        self.fitting_times.append(&mut other.fitting_times);
         self.considered += other.considered;
         for (rule, example) in other.invalid_examples {
             self.invalid_examples.entry(rule).or_insert(example);
@@ -138,14 +198,38 @@ impl Tally {
     }
 }
 
-/// Searches `space` for `job` and ranks what fits.
+/// Cuts `ranked` to its `keep` fastest, in no order (linear time).
+fn keep_fastest(ranked: &mut Vec<Ranked>, keep: usize) {
+    if keep == 0 {
+        ranked.clear();
+    } else if ranked.len() > keep {
+        ranked.select_nth_unstable_by(keep - 1, Ranked::cmp);
+        ranked.truncate(keep);
+    }
+}
+
+/// Searches `space` for `job` and ranks what fits, keeping the
+/// [`KEPT_CANDIDATES`] fastest.
 pub fn search(job: &Job, space: &SearchSpace, cost: &CostModel) -> SearchResult {
+    search_keeping(job, space, cost, KEPT_CANDIDATES)
+}
+
+/// Searches `space` for `job` and ranks what fits, keeping the `keep`
+/// fastest (ties broken by memory, then by the order the space lists them)
+/// and every fitting one's time.
+pub fn search_keeping(
+    job: &Job,
+    space: &SearchSpace,
+    cost: &CostModel,
+    keep: usize,
+) -> SearchResult {
     let scenario = job.scenario(cost);
     let gpus_per_node = job.gpus_per_node();
-    let tallies = space
+    let tally = space
         .outer(job)
         .into_par_iter()
-        .map(|outer| {
+        .enumerate()
+        .map(|(outer_index, outer)| {
             let mut tally = Tally::default();
             // Neighbouring configurations often differ only in switches
             // that move no memory: check memory once for them (the last
@@ -197,75 +281,30 @@ pub fn search(job: &Job, space: &SearchSpace, cost: &CostModel) -> SearchResult 
                     .lend_or_insert_with(layer_key(config), || layer_times(&scenario, config));
                 let sync =
                     syncs.lend_or_insert_with(sync_key(config), || sync_parts(&scenario, config));
-                tally.candidates.push(Candidate {
+                let candidate = Candidate {
                     config: *config,
                     prediction: predict_checked_from(&scenario, config, &memory, layer, sync),
-                });
+                };
+                let met = (outer_index, tally.considered);
+                tally.add(Ranked { met, candidate }, keep);
                 ControlFlow::Continue(())
             });
             tally
         })
-        .collect::<Vec<Tally>>();
-    // Candidates are large and a big search finds hundreds of thousands:
-    // move each part into one list as it is merged (each part freed once
-    // moved), then sort the list in place.
-    let total = tallies.iter().map(|t| t.candidates.len()).sum();
-    let mut candidates = Vec::with_capacity(total);
-    let mut tally = Tally::default();
-    for mut part in tallies {
-        candidates.append(&mut part.candidates);
-        tally = tally.merge(part);
-    }
-    sort_fastest_first(&mut candidates);
+        // Merged as they come, so that no more than a few workers' kept
+        // candidates are held at once.
+        .reduce(Tally::default, |all, part| all.merge(part, keep));
+    let mut tally = tally;
+    keep_fastest(&mut tally.best, keep);
+    tally.best.par_sort_unstable_by(Ranked::cmp);
+    tally.fitting_times.par_sort_unstable_by(f64::total_cmp);
     SearchResult {
-        candidates,
+        candidates: tally.best.into_iter().map(|r| r.candidate).collect(),
+        fitting_times: tally.fitting_times,
         considered: tally.considered,
         invalid: tally.invalid,
         invalid_examples: tally.invalid_examples,
         out_of_memory: tally.out_of_memory,
-    }
-}
-
-/// Sorts `candidates` by iteration time, then peak memory, ties in their
-/// order. The keys are sorted apart (small and contiguous) and the
-/// candidates then moved once each, along the permutation's cycles, with
-/// no second list: a big search's candidates run to hundreds of megabytes.
-fn sort_fastest_first(candidates: &mut [Candidate]) {
-    let mut order: Vec<(f64, f64, usize)> = candidates
-        .iter()
-        .enumerate()
-        .map(|(i, c)| (c.prediction.iteration_s, c.prediction.peak_memory_bytes, i))
-        .collect();
-    order.par_sort_unstable_by(|a, b| {
-        a.0.total_cmp(&b.0)
-            .then(a.1.total_cmp(&b.1))
-            .then(a.2.cmp(&b.2))
-    });
-    let mut source: Vec<usize> = order.into_iter().map(|(_, _, i)| i).collect();
-    place_by(candidates, &mut source);
-}
-
-/// Rearranges `items` so that position j holds what position `source[j]`
-/// held, moving each item once; `source` (a permutation) is used up.
-fn place_by<T: Copy>(items: &mut [T], source: &mut [usize]) {
-    const DONE: usize = usize::MAX;
-    for start in 0..items.len() {
-        if source[start] == DONE {
-            continue;
-        }
-        // Walk the cycle through `start`: each position takes its source's
-        // item, and the last takes the first's, kept aside.
-        let first = items[start];
-        let mut at = start;
-        loop {
-            let from = std::mem::replace(&mut source[at], DONE);
-            if from == start {
-                items[at] = first;
-                break;
-            }
-            items[at] = items[from];
-            at = from;
-        }
     }
 }
 

@@ -32,7 +32,7 @@ fn candidates_fit_are_ranked_and_the_counts_add_up() {
     let invalid: usize = result.invalid.values().sum();
     assert_eq!(
         result.considered,
-        result.candidates.len() + result.out_of_memory + invalid
+        result.fitting() + result.out_of_memory + invalid
     );
     // 175B does not fit one GPU's worth of states without model parallelism.
     assert!(result.out_of_memory > 0);
@@ -454,24 +454,30 @@ fn sync_parts_shared_by_key_predict_what_each_configurations_own_do() {
     }
 }
 
-/// Moving along the permutation's cycles puts every item where a copy by
-/// the permutation would, for permutations with fixed points, one long
-/// cycle, and many short ones.
+/// A search that keeps only its fastest few ranks them as a search that
+/// keeps all does, ties included, and still counts, and ranks against,
+/// every configuration that fits.
 #[test]
-fn placing_by_a_permutation_moves_each_item_to_its_place() {
-    let n = 1000usize;
-    let permutations: [Vec<usize>; 4] = [
-        (0..n).collect(),
-        (0..n).map(|j| (j + 1) % n).collect(),
-        (0..n).map(|j| j ^ 1).collect(),
-        (0..n).map(|j| (j * 7 + 3) % n).collect(), // 7 is prime to 1000
-    ];
-    for source in permutations {
-        let items: Vec<u64> = (0..n as u64).map(|i| i * 10).collect();
-        let expected: Vec<u64> = source.iter().map(|&i| items[i]).collect();
-        let mut placed = items.clone();
-        let mut used = source.clone();
-        place_by(&mut placed, &mut used);
-        assert_eq!(placed, expected);
+fn keeping_the_fastest_few_ranks_them_as_keeping_all() {
+    let job = job("mixtral-8x7b", 4, 64);
+    let cost = CostModel::datasheet();
+    let space = SearchSpace::default();
+    let all = search_keeping(&job, &space, &cost, usize::MAX);
+    assert!(all.candidates.len() > 1000, "{}", all.candidates.len());
+    for keep in [0, 1, 7, 100] {
+        let few = search_keeping(&job, &space, &cost, keep);
+        assert_eq!(few.candidates.len(), keep);
+        assert_eq!(few.fitting(), all.candidates.len());
+        assert_eq!(few.valid(), all.valid());
+        for (kept, ranked) in few.candidates.iter().zip(&all.candidates) {
+            assert_eq!(kept.config, ranked.config);
+        }
     }
+    // Ranks count every fitting configuration, kept or not.
+    let last = all.candidates.last().unwrap().prediction.iteration_s;
+    let few = search_keeping(&job, &space, &cost, 10);
+    assert_eq!(few.faster_than(last), all.faster_than(last));
+    assert!(few.faster_than(last) >= all.candidates.len() / 2);
+    assert!(few.any_takes(last));
+    assert!(!few.any_takes(last * 2.0));
 }
