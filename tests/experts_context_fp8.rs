@@ -544,9 +544,10 @@ fn fp8_recipes_are_checked_exported_and_priced() {
         .skip(1)
         .map(|row| row.split(',').nth(13).unwrap().parse().unwrap())
         .collect();
-    // Delayed casts only; blockwise adds its scales; tensor-wise (H100's
-    // default) its amax reads.
-    assert!(times[0] < times[1] && times[1] < times[2], "{out}");
+    // Delayed casts only; tensor-wise (H100's default) adds its amax reads;
+    // blockwise adds its scales, and on Hopper its GEMMs rescale in the
+    // main loop (the slowest of the three).
+    assert!(times[0] < times[2] && times[2] < times[1], "{out}");
 }
 
 #[test]

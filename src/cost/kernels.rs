@@ -94,12 +94,33 @@ fn low_precision_cores(s: &Scenario, c: &ParallelConfig) -> Option<Cores> {
         (Precision::Nvfp4, _, Some(peak)) => (peak, NVFP4),
         _ => return None,
     };
+    let scaled_in_main_loop = c.precision == Precision::Fp8
+        && c.fp8_recipe_on(&s.gpu.name) == Fp8Recipe::Blockwise
+        && !crate::cluster::is_blackwell(&s.gpu.name);
+    let share = if scaled_in_main_loop {
+        HOPPER_BLOCK_SCALED_GEMM_SHARE
+    } else {
+        1.0
+    };
     Some(Cores {
         peak,
-        peak_fraction: s.coef().fp8_gemm_efficiency,
+        peak_fraction: s.coef().fp8_gemm_efficiency * share,
         operand_bytes,
     })
 }
+
+/// What an FP8 GEMM with DeepSeek-V3's block scales (`Float8BlockScaling`:
+/// 1 x 128 activation and 128 x 128 weight blocks) runs at on Hopper, as a
+/// share of a tensor- or row-scaled one's rate. Its scales vary along the
+/// reduction dimension, so every 128-deep slice of the accumulation is
+/// rescaled in the main loop instead of once in the epilogue (CUTLASS PR
+/// #1932, "Blockwise Scaling for FP8": "it must be applied during the
+/// mainloop, impacting performance"). pytorch/FBGEMM PR #2546 timed both
+/// kernels alone on an H100 (500 W): block-scaled 870.4, 828.3 and 828.3
+/// TFLOP/s against row-scaled 1,125.5, 1,082.8 and 1,141.4 on its three
+/// shapes, 0.77, 0.77 and 0.73. Blackwell's Transformer Engine runs the
+/// recipe's GEMMs as MXFP8 ones (TransformerEngine PR #2157), at their rate.
+const HOPPER_BLOCK_SCALED_GEMM_SHARE: f64 = 0.75;
 
 /// What wrote a linear layer's 16-bit input in the forward pass. Megatron-LM
 /// builds a linear that follows a layer norm as Transformer Engine's

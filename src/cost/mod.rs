@@ -23,7 +23,7 @@ mod comm;
 mod deepep;
 mod kernels;
 mod layer;
-pub use layer::{EndsTime, LayerTimes};
+pub use layer::{EndsTime, LayerTime, LayerTimes};
 mod memory;
 mod routing;
 pub mod sparse;

@@ -1482,16 +1482,24 @@ mod profiled {
             "gradient amax",
         );
         assert_close(other_b, norm_b, 1e-12, "the backward is fed alike");
-        // Block scales: a byte per 32 (MXFP8) or 4 per 128 (blockwise), both ways.
-        let (mx_f, _) = linear(Mxfp8, Other);
-        let (block_f, _) = linear(Blockwise, Other);
+        // Block scales: a byte per 32 (MXFP8) or 4 per 128 (blockwise), both
+        // ways, beside GEMMs of their own rates.
+        let casts = |recipe| {
+            let c = ParallelConfig {
+                precision: crate::config::Precision::Fp8,
+                fp8_recipe: Some(recipe),
+                ..ParallelConfig::default()
+            };
+            let gemms = kernels::layer_linear_gemms(&s, &c, tokens, input, output).0;
+            linear(recipe, Other).0 - gemms
+        };
         assert_close(
-            mx_f - delayed_f,
+            casts(Mxfp8) - casts(Delayed),
             tokens * input / 16.0 / hbm,
             1e-9,
             "MX scales",
         );
-        assert_close(block_f, mx_f, 1e-12, "as many scale bytes");
+        assert_close(casts(Blockwise), casts(Mxfp8), 1e-12, "as many scale bytes");
         // Without a recipe the GPU's default runs: tensor-wise on Hopper.
         let c = ParallelConfig {
             precision: crate::config::Precision::Fp8,
@@ -1499,6 +1507,37 @@ mod profiled {
         };
         let unnamed = kernels::layer_linear(&s, &c, tokens, (input, output), Other);
         assert_eq!(unnamed, (other_f, other_b));
+    }
+
+    /// Block scales that vary along the reduction slow Hopper's FP8 GEMMs
+    /// (rescaled in the main loop) but leave them faster than bf16's; on
+    /// Blackwell the recipe's GEMMs run as MXFP8 ones.
+    #[test]
+    fn block_scaled_fp8_gemms_are_slower_on_hopper_only() {
+        let model = builtin_model("llama3-8b").unwrap();
+        let cost = CostModel::datasheet();
+        let (tokens, input, output) = (8192.0, 4096.0, 14336.0);
+        let gemms = |gpu: &str, precision, recipe| {
+            let group = builtin_node(gpu, 1).unwrap();
+            let s = Scenario::new(&model, 8, &group, 8, &cost);
+            let c = ParallelConfig {
+                precision,
+                fp8_recipe: recipe,
+                ..ParallelConfig::default()
+            };
+            let (forward, backward) = kernels::layer_linear_gemms(&s, &c, tokens, input, output);
+            forward + backward
+        };
+        use crate::config::Fp8Recipe::{Blockwise, Mxfp8, Tensorwise};
+        use crate::config::Precision::{Bf16, Fp8};
+        let block = gemms("h100-sxm", Fp8, Some(Blockwise));
+        let tensor = gemms("h100-sxm", Fp8, Some(Tensorwise));
+        assert_close(tensor / block, 0.75, 1e-9, "Hopper's block-scaled share");
+        assert!(block < gemms("h100-sxm", Bf16, None));
+        assert_eq!(
+            gemms("b200", Fp8, Some(Blockwise)),
+            gemms("b200", Fp8, Some(Mxfp8))
+        );
     }
 
     #[test]
