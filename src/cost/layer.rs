@@ -177,8 +177,9 @@ impl KernelGaps {
             CudaGraphs::FullIteration => (graphed, graphed),
         };
         let after_sync = LAYER_OPERATORS * after_sync * after_sync_gap;
+        let layer = 1.0 + eager_rope_share(s, c) + routing;
         KernelGaps {
-            forward: LAYER_OPERATORS * (1.0 + routing) * layer_gap + after_sync,
+            forward: LAYER_OPERATORS * layer * layer_gap + after_sync,
             after_sync,
         }
     }
@@ -445,14 +446,14 @@ fn elementwise_bytes(s: &Scenario, c: &ParallelConfig, kind: LayerKind) -> Traff
         AttentionKind::Flash => 0.0,
     };
     let clamp = clamp_bytes_per_width(model) * widths;
-    let (rotary, norms) = query_key_bytes(s, c);
+    let (rotary_forward, rotary_backward, norms) = query_key_bytes(s, c);
     let bias = expert_bias_bytes(s, c, kind);
     Traffic {
         scores,
         other: replicated + activation,
         counted: (
-            clamp + rotary + norms + bias,
-            CLAMP_BACKWARD_SHARE * clamp + rotary + NORM_BACKWARD_SHARE * norms + bias,
+            clamp + rotary_forward + norms + bias,
+            CLAMP_BACKWARD_SHARE * clamp + rotary_backward + NORM_BACKWARD_SHARE * norms + bias,
         ),
     }
 }
@@ -483,15 +484,17 @@ fn adds_expert_biases_eagerly(s: &Scenario, c: &ParallelConfig, kind: LayerKind)
         && s.model.moe.is_some()
 }
 
-/// Forward bytes one layer's queries and keys move on one shard between
-/// the QKV projection and the attention kernel: (rotary embedding, norms).
-/// Megatron-Core rotates them with one fused kernel (`apply_rope_fusion`,
-/// on by default) that reads and writes each once, in the backward pass as
-/// well; under MLA only the rotary part of each head and the shared rotary
-/// key. `--qk-layernorm` normalises each query and key head with a kernel
-/// of its own (Qwen3), read and written once; MLA's latent norms are fused
-/// into its up-projections and priced there.
-fn query_key_bytes(s: &Scenario, c: &ParallelConfig) -> (f64, f64) {
+/// Bytes one layer's queries and keys move on one shard between the QKV
+/// projection and the attention kernel: (rotary embedding forward, its
+/// backward, norms forward). Megatron-Core rotates them with one fused
+/// kernel (`apply_rope_fusion`, on by default) that reads and writes each
+/// once, in the backward pass as well, unless the rotation carries a
+/// temperature ([`rope_runs_eager`]); under MLA only the rotary part of
+/// each head and the shared rotary key. `--qk-layernorm` normalises each
+/// query and key head with a kernel of its own (Qwen3), read and written
+/// once; MLA's latent norms are fused into its up-projections and priced
+/// there.
+fn query_key_bytes(s: &Scenario, c: &ParallelConfig) -> (f64, f64, f64) {
     let model = s.model;
     let per_token = local_tokens(s, c) / c.tp as f64;
     let rotated = match model.mla {
@@ -504,10 +507,54 @@ fn query_key_bytes(s: &Scenario, c: &ParallelConfig) -> (f64, f64) {
     } else {
         0.0
     };
+    let (forward, backward) = if rope_runs_eager(s, c) {
+        EAGER_ROPE_PASSES
+    } else {
+        (2.0, 2.0)
+    };
     (
-        2.0 * HALF * per_token * rotated,
+        forward * HALF * per_token * rotated,
+        backward * HALF * per_token * rotated,
         2.0 * HALF * per_token * normalised,
     )
+}
+
+/// Whether Megatron-Core rotates the queries and keys in eager PyTorch
+/// instead of Transformer Engine's fused kernel: `apply_rotary_pos_emb`
+/// falls back to `_apply_rotary_pos_emb_bshd` when the rotation's `mscale`
+/// is not 1 ("mscale=... is not supported by TE's fused RoPE. Using
+/// unfused implementation", megatron/core/models/common/embeddings/
+/// rope_utils.py), and the attention passes YaRN's concentration factor as
+/// that `mscale` (`_yarn_get_concentration_factor_from_config`): gpt-oss's
+/// 1.35, where DeepSeek-V3's is 1.
+fn rope_runs_eager(s: &Scenario, c: &ParallelConfig) -> bool {
+    c.engine == Engine::Megatron
+        && s.model.is_rotary()
+        && s.model
+            .rope_scaling
+            .is_some_and(|scaling| (scaling.concentration() - 1.0).abs() > 1e-9)
+}
+
+/// Passes over the rotated queries and keys of the eager rotation,
+/// (forward, backward), against the fused kernel's read and write each
+/// way. Forward (`_apply_rotary_pos_emb_bshd`): `t * cos` (2), the rotated
+/// half's negation (1) and concatenation (2), `* sin` (2), the sum (3)
+/// and the final `torch.cat` with the empty unrotated part (2). Backward:
+/// the two products' gradients (2 each), the negation's (1), the halves
+/// joined again (2), the two gradients summed (3), and the slice of the
+/// rotated part's gradient written into a zeroed whole (1).
+const EAGER_ROPE_PASSES: (f64, f64) = (12.0, 11.0);
+
+/// The eager rotation's kernels beyond the fused kernel's, in a forward
+/// pass, as a share of a dense layer's [`LAYER_OPERATORS`]: six for each
+/// of the queries and the keys (the forward's six operators above) where
+/// the fused rotation runs one each.
+fn eager_rope_share(s: &Scenario, c: &ParallelConfig) -> f64 {
+    if rope_runs_eager(s, c) {
+        (2.0 * 6.0 - 2.0) / LAYER_OPERATORS
+    } else {
+        0.0
+    }
 }
 
 /// A norm's backward over its forward's traffic: it reads its input and the
@@ -838,7 +885,8 @@ fn selective_recompute(
     // The recomputed operators' kernels pay their gaps too, at the
     // forward pass's average per unit of host work.
     let (routing, after_sync) = moe_host_parts(s, c, kind);
-    gpu += (host - 3.0) * fwd.gaps / (1.0 + routing + after_sync);
+    let operators = 1.0 + eager_rope_share(s, c) + routing + after_sync;
+    gpu += (host - 3.0) * fwd.gaps / operators;
     (host, gpu, gemm)
 }
 
@@ -1169,7 +1217,9 @@ pub fn layer_time_of(
     };
     let unit = k.host_us_per_layer_pass * 1e-6;
     let (routing, after_sync) = moe_host_parts(s, c, kind);
-    let pass_host = unit * (launch + routing + after_sync);
+    // The eager rotation runs inside the attention, in its graph where
+    // there is one.
+    let pass_host = unit * (launch * (1.0 + eager_rope_share(s, c)) + routing + after_sync);
     let host = match c.cuda_graphs {
         CudaGraphs::FullIteration => 0.0,
         CudaGraphs::Off | CudaGraphs::Layers => {

@@ -3489,6 +3489,70 @@ mod query_key_passes {
         };
         assert_eq!(step_and_kept(&deepseek), step_and_kept(&without));
     }
+
+    /// gpt-oss's YaRN temperature sends Megatron-Core's rotation to eager
+    /// PyTorch: its layer moves the eager passes' extra bytes over the
+    /// rotated queries and keys and pays more host time, and the same
+    /// rescaling without a temperature (DeepSeek-V3's) stays fused.
+    #[test]
+    fn a_yarn_temperature_rotates_in_eager_pytorch() {
+        use crate::model::RopeScaling;
+        let gpt_oss = builtin_model("gpt-oss-120b").unwrap();
+        let yarn = gpt_oss.rope_scaling.unwrap();
+        assert_close(
+            yarn.concentration(),
+            0.1 * 32f64.ln() + 1.0,
+            1e-12,
+            "gpt-oss",
+        );
+        assert_close(
+            RopeScaling::DEEPSEEK_V3_YARN.concentration(),
+            1.0,
+            1e-12,
+            "DSv3",
+        );
+        assert_close(
+            RopeScaling::LLAMA31.concentration(),
+            1.0,
+            1e-12,
+            "Llama 3.1",
+        );
+        let cool = ModelSpec {
+            rope_scaling: Some(RopeScaling::Yarn {
+                factor: 32.0,
+                original_positions: 4096,
+                mscale: 1.0,
+                mscale_all_dim: 1.0,
+            }),
+            ..gpt_oss.clone()
+        };
+        let group = builtin_node("h100-sxm", 1).unwrap();
+        let cost = CostModel::datasheet();
+        let time = |model: &ModelSpec| {
+            let s = Scenario::new(model, 8, &group, 8, &cost);
+            let c = ParallelConfig {
+                dp: 8,
+                ep: 8,
+                ..ParallelConfig::default()
+            };
+            layer::layer_time_of(
+                &s,
+                &c,
+                layer::LayerKind::Dense,
+                &mut ProfileUsage::default(),
+            )
+        };
+        let (eager, fused) = (time(&gpt_oss), time(&cool));
+        // 64 query and 8 key heads of 64, 4,096 tokens, 16 bits: 10 more
+        // passes forward and 9 backward, plus the extra kernels' gaps.
+        let rotated = (64.0 + 8.0) * 64.0 * 4096.0 * 2.0;
+        let hbm = group.gpu.hbm_bandwidth * cost.coefficients.hbm_efficiency
+            / cost.coefficients.elementwise_traffic_scale;
+        let bytes = (eager.forward + eager.backward) - (fused.forward + fused.backward);
+        assert!(bytes >= 19.0 * rotated / hbm, "{eager:?}\n{fused:?}");
+        assert!(bytes < 19.0 * rotated / hbm + 1e-3, "{eager:?}\n{fused:?}");
+        assert!(eager.gpu_compute + eager.host_excess > fused.gpu_compute + fused.host_excess);
+    }
 }
 
 /// The GPU's gap between a layer's dependent kernels (`kernel_gap_us`,

@@ -224,6 +224,30 @@ impl RopeScaling {
             RopeScaling::Llama3 { factor } | RopeScaling::Yarn { factor, .. } => factor,
         }
     }
+
+    /// The factor the rotated queries and keys are multiplied by: YaRN's
+    /// attention temperature, `mscale(factor, mscale) / mscale(factor,
+    /// mscale_all_dim)` with `mscale(s, m) = 0.1 m ln s + 1` (Megatron-Core's
+    /// `_yarn_get_concentration_factor`); 1 for Llama 3.1's rescaling.
+    /// gpt-oss's is 1.35, DeepSeek-V3's 1.
+    pub fn concentration(&self) -> f64 {
+        let mscale = |factor: f64, m: f64| {
+            if factor <= 1.0 {
+                1.0
+            } else {
+                0.1 * m * factor.ln() + 1.0
+            }
+        };
+        match *self {
+            RopeScaling::Llama3 { .. } => 1.0,
+            RopeScaling::Yarn {
+                factor,
+                mscale: m,
+                mscale_all_dim,
+                ..
+            } => mscale(factor, m) / mscale(factor, mscale_all_dim),
+        }
+    }
 }
 
 fn is_false(b: &bool) -> bool {
