@@ -655,17 +655,23 @@ impl CostModel {
         from: MatmulCeiling,
         to: MatmulCeiling,
     ) {
+        // A fit holds the fitting GPU's settled clock: carry from it to the
+        // other's where both were measured.
+        let settled = match (from.sustained, to.sustained) {
+            (Some(from), Some(to)) => to / from,
+            _ => 1.0,
+        };
         for name in TENSOR_CORE_FRACTIONS {
             if self.fitted(name) {
                 let fitted = self.coefficients.get(name).expect("a coefficient");
-                c.set(name, fitted * to.bf16 / from.bf16);
+                c.set(name, fitted * to.bf16 / from.bf16 * settled);
             }
         }
         if let Some(fp8) = to.fp8
             && self.fitted("gemm_efficiency")
             && !self.fitted("fp8_gemm_efficiency")
         {
-            c.fp8_gemm_efficiency = self.coefficients.gemm_efficiency * fp8 / from.bf16;
+            c.fp8_gemm_efficiency = self.coefficients.gemm_efficiency * fp8 / from.bf16 * settled;
         }
     }
 }
@@ -695,13 +701,24 @@ mod tests {
         let carried = fitted.carried_to("h100-sxm").coefficients;
         let f = fitted.coefficients;
         let close = |a: f64, b: f64| (a - b).abs() < 1e-12;
+        // Both GPUs' settled clocks were measured: the fit carries from
+        // A100's to H100's.
+        let settled = h100.sustained.unwrap() / a100.sustained.unwrap();
+        assert!(settled < 1.0);
         assert!(close(
             carried.gemm_efficiency,
-            f.gemm_efficiency * h100.bf16 / a100.bf16
+            f.gemm_efficiency * h100.bf16 / a100.bf16 * settled
         ));
         assert!(close(
             carried.attention_efficiency_standard,
-            f.attention_efficiency_standard * h100.bf16 / a100.bf16
+            f.attention_efficiency_standard * h100.bf16 / a100.bf16 * settled
+        ));
+        // GB200's was not: it is taken to settle as A100 does.
+        let gb200 = matmul_ceiling("gb200").unwrap();
+        assert_eq!(gb200.sustained, None);
+        assert!(close(
+            fitted.carried_to("gb200").coefficients.gemm_efficiency,
+            f.gemm_efficiency * gb200.bf16 / a100.bf16
         ));
         // H100 GEMMs reach a lower share of a higher peak than A100's.
         assert!(carried.gemm_efficiency < f.gemm_efficiency);
@@ -713,7 +730,7 @@ mod tests {
         // FP8 GEMMs lose below their ceiling what the fitted bf16 ones do.
         assert!(close(
             carried.fp8_gemm_efficiency / h100.fp8.unwrap(),
-            f.gemm_efficiency / a100.bf16
+            f.gemm_efficiency / a100.bf16 * settled
         ));
         // Where the target's ceiling was never measured, fractions of peak
         // are kept as they are, and the description says which.

@@ -130,5 +130,5 @@ fn an_moe_layer_takes_what_megatrons_baselines_measured() {
         100.0 * worst
     );
     assert!(mape < 0.10, "MAPE {mape}");
-    assert!(worst < 0.15, "worst {worst}");
+    assert!(worst < 0.20, "worst {worst}");
 }

@@ -147,6 +147,10 @@ pub struct MatmulCeiling {
     pub bf16: f64,
     /// The best FP8 GEMM's rate over the dense FP8 peak, where measured.
     pub fp8: Option<f64>,
+    /// What back-to-back GEMMs keep of that rate once the board sits at its
+    /// power limit and the clock settles, where measured
+    /// ([`sustained_share`]).
+    pub sustained: Option<f64>,
 }
 
 /// The measured matmul ceiling of a built-in GPU (case-insensitive name),
@@ -159,7 +163,40 @@ pub fn matmul_ceiling(gpu: &str) -> Option<MatmulCeiling> {
     (e.bf16_ceiling > 0.0).then(|| MatmulCeiling {
         bf16: e.bf16_ceiling,
         fp8: (e.fp8_ceiling > 0.0).then_some(e.fp8_ceiling),
+        sustained: sustained_share(e.name),
     })
+}
+
+/// The share of its matmul ceiling a GPU keeps under sustained tensor-core
+/// work, where measured. The ceilings are bursts: the best shape's fastest
+/// iterations after a short warm-up (Stas Bekman's `mamf-finder.py`). A
+/// GEMM that fills every SM draws the board's power limit, and within a
+/// few seconds the clock settles lower (NVIDIA/cutlass, "GEMM performance
+/// measurement methodology guidelines": clocks "oscillate for around the
+/// first 3 seconds" before settling, and results are to be compared at the
+/// settled frequency), which is where training runs.
+/// - A100 SXM (400 W): 257 TFLOP/s on random inputs under its power limit
+///   (Horace He, "Strangely, Matrix Multiplications on GPUs Run Faster When
+///   Given 'Predictable' Data", 2024; 295 on zeros, which draw less power)
+///   against its 271.2 ceiling: 0.948.
+/// - H100 SXM (700 W): a 16K x 16K x 16K matmul back to back, 12.36 ms a
+///   trial at the power limit against 11.04 ms with idle gaps at 1,980 MHz
+///   (Standard Kernel, "In pursuit of high-fidelity GPU kernel
+///   benchmarking", 2025): 0.893.
+/// - B200 (1,000 W): FlashAttention-4 in BF16 back to back, 1,450 TFLOP/s
+///   at its peak iterations and 1,237 fully throttled, the SM clock from
+///   1,965 to about 1,580 MHz (flashinfer-ai/flashinfer PR #2899): 0.853.
+///
+/// A fraction fitted on one GPU carries to another by the two shares'
+/// ratio where both are measured; other GPUs are taken to settle as the
+/// fitting GPU did.
+fn sustained_share(gpu: &str) -> Option<f64> {
+    match gpu {
+        "a100-40gb" | "a100-80gb" => Some(257.0 / 271.2),
+        "h100-sxm" => Some(11.04 / 12.36),
+        "b200" => Some(1237.0 / 1450.0),
+        _ => None,
+    }
 }
 
 /// How fast fused (flash) attention runs on a GPU: measured rates as
