@@ -88,7 +88,7 @@ fn plan(c: &mut Criterion) {
              ({:.0}/s, one cold run); best {} at {:.2} s/iteration, MFU {:.1}%",
             result.considered,
             result.valid(),
-            result.candidates.len(),
+            result.fitting(),
             result.considered as f64 / elapsed,
             best.config,
             best.prediction.iteration_s,

@@ -595,7 +595,11 @@ impl CostModel {
         let datasheet_fractions = match ceilings {
             Some((from, to)) => {
                 self.rescale_tensor_core_fractions(&mut carried.coefficients, from, to);
-                "fractions of datasheet figures kept, tensor-core ones as fractions of the measured matmul ceiling"
+                if settles_apart(from, to) {
+                    "fractions of datasheet figures kept, tensor-core ones as fractions of the measured matmul ceiling at each GPU's settled clock"
+                } else {
+                    "fractions of datasheet figures kept, tensor-core ones as fractions of the measured matmul ceiling"
+                }
             }
             None => "fractions of datasheet figures kept",
         };
@@ -613,6 +617,20 @@ impl CostModel {
         );
         carried
     }
+}
+
+/// What the target GPU keeps of its ceiling once its clock settles, over
+/// what the fitting GPU kept, where both are known (1 otherwise).
+fn settled_ratio(from: MatmulCeiling, to: MatmulCeiling) -> f64 {
+    match (from.sustained, to.sustained) {
+        (Some(from), Some(to)) => to / from,
+        _ => 1.0,
+    }
+}
+
+/// Whether a carried fit moves by the two GPUs' settled clocks.
+fn settles_apart(from: MatmulCeiling, to: MatmulCeiling) -> bool {
+    (settled_ratio(from, to) - 1.0).abs() > 1e-12
 }
 
 /// Coefficients that are fractions of the 16-bit tensor-core peak.
@@ -657,10 +675,7 @@ impl CostModel {
     ) {
         // A fit holds the fitting GPU's settled clock: carry from it to the
         // other's where both were measured.
-        let settled = match (from.sustained, to.sustained) {
-            (Some(from), Some(to)) => to / from,
-            _ => 1.0,
-        };
+        let settled = settled_ratio(from, to);
         for name in TENSOR_CORE_FRACTIONS {
             if self.fitted(name) {
                 let fitted = self.coefficients.get(name).expect("a coefficient");

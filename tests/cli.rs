@@ -1567,3 +1567,30 @@ fn an_mfu_above_the_peak_is_explained() {
     let short = predict(&[]);
     assert!(!short.contains("MFU passes 100%"), "{short}");
 }
+
+/// An engine that can run none of the fastest kept configurations still
+/// gets the fastest it can run, from a second look past them: torchtitan
+/// runs no plan with async tensor parallelism and bf16 reduction, and the
+/// first it runs ranks past the 10,000 a search keeps.
+#[test]
+fn the_fastest_an_engine_runs_is_found_past_the_kept_candidates() {
+    let out = ok(&args(&plan_175b(&[
+        "--cuda-graphs",
+        "on",
+        "--grad-reduce",
+        "fp32,bf16",
+        "--wgrad-deferral",
+        "off,all,2",
+    ])));
+    let line = out
+        .lines()
+        .find(|l| l.contains("the fastest it runs is #"))
+        .unwrap_or_else(|| panic!("{out}"));
+    let rank: usize = line
+        .split('#')
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap();
+    assert!(rank > 10_000, "{line}");
+}

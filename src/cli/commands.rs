@@ -21,7 +21,8 @@ use paratune::model::{builtin_model, builtin_model_names, model_file_keys, model
 use paratune::plan_file::{PlanFile, config_json};
 use paratune::runs::{RunTable, runs_and_skipped, schema};
 use paratune::search::{
-    Explanation, Job, KEPT_CANDIDATES, SearchResult, explain, search_keeping, smallest_fitting_gpus,
+    Explanation, Job, KEPT_CANDIDATES, SearchResult, SearchSpace, explain, search_keeping,
+    search_where, smallest_fitting_gpus,
 };
 use std::fmt::Write;
 use std::time::Instant;
@@ -180,9 +181,9 @@ pub fn plan(args: &PlanArgs) -> Result<()> {
                     )
                 );
             }
-            explain_winner(&mut out, &job, &cost, &result, args.top);
+            explain_winner(&mut out, &job, &space, &cost, &result, args.top);
             if let Some(config) = &explained {
-                explain_config(&mut out, &job, &cost, &result, config);
+                explain_config(&mut out, &job, &space, &cost, &result, config);
             }
             emit(&out)?;
         }
@@ -335,6 +336,7 @@ fn search_counts(out: &mut String, result: &SearchResult, elapsed_s: f64) {
 fn explain_winner(
     out: &mut String,
     job: &Job,
+    space: &SearchSpace,
     cost: &CostModel,
     result: &SearchResult,
     top: usize,
@@ -365,7 +367,7 @@ fn explain_winner(
                 slower_by,
                 differences,
                 ..
-            } = explain(job, cost, result, &c.config)
+            } = explain(job, space, cost, result, &c.config)
             {
                 // Twins in time differ in what moves no time (a switch
                 // that only moves memory, say): say so, not an empty list.
@@ -392,7 +394,7 @@ fn explain_winner(
         for note in megatron_model_notes(&job.model) {
             let _ = writeln!(out, "  note: {note}");
         }
-        export_best(out, job, result, |launch| {
+        export_best(out, (job, space, cost), result, |launch| {
             megatron_command_line(launch).map(|line| format!("    {line}\n"))
         });
     };
@@ -402,7 +404,7 @@ fn explain_winner(
             "\ntorchtitan 0.3 flags (after -m torchtitan.train --module {} --config CONFIG):",
             paratune::export::torchtitan_module(&job.model).unwrap_or("MODULE")
         );
-        export_best(out, job, result, |launch| {
+        export_best(out, (job, space, cost), result, |launch| {
             torchtitan_flags(launch).map(|flags| {
                 flags
                     .command_lines()
@@ -412,7 +414,7 @@ fn explain_winner(
             })
         });
         let _ = writeln!(out, "\ntorchtitan 0.2 job config (TOML fragment):");
-        export_best(out, job, result, |launch| {
+        export_best(out, (job, space, cost), result, |launch| {
             torchtitan_toml(launch).map(|toml| toml.lines().map(|l| format!("    {l}\n")).collect())
         });
     };
@@ -433,24 +435,40 @@ fn explain_winner(
 }
 
 /// Writes the winner's export, or, when the engine cannot run the winner,
-/// why, and the export of the fastest candidate it can run.
+/// why, and the export of the fastest candidate it can run: among the
+/// kept candidates, else by a second search for it alone.
 fn export_best(
     out: &mut String,
-    job: &Job,
+    (job, space, cost): (&Job, &SearchSpace, &CostModel),
     result: &SearchResult,
-    export: impl Fn(&LaunchJob) -> Result<String, paratune::export::ExportError>,
+    export: impl Fn(&LaunchJob) -> Result<String, paratune::export::ExportError> + Sync,
 ) {
-    match best_export(job, &result.candidates, export) {
+    match best_export(job, &result.candidates, &export) {
         None => {}
         Some(BestExport::Winner(text)) => out.push_str(&text),
         Some(BestExport::Fallback { why, runnable }) => {
             let _ = writeln!(out, "    #1 is not exportable: {why}");
-            if let Some((i, text)) = runnable {
-                let (c, winner) = (&result.candidates[i], &result.candidates[0]);
+            let runnable = match runnable {
+                Some((i, text)) => Some((i + 1, result.candidates[i], text)),
+                None if result.candidates.len() < result.fitting()
+                    && !matches!(why, paratune::export::ExportError::UnsupportedModel { .. }) =>
+                {
+                    let runs = |c: &ParallelConfig| export(&LaunchJob::of(job, c)).is_ok();
+                    search_where(job, space, cost, 1, &runs)
+                        .candidates
+                        .first()
+                        .and_then(|c| {
+                            let text = export(&LaunchJob::of(job, &c.config)).ok()?;
+                            Some((result.faster_than(c.prediction.iteration_s) + 1, *c, text))
+                        })
+                }
+                None => None,
+            };
+            if let Some((rank, c, text)) = runnable {
+                let winner = &result.candidates[0];
                 let _ = writeln!(
                     out,
-                    "    the fastest it runs is #{} ({} slower): {}",
-                    i + 1,
+                    "    the fastest it runs is #{rank} ({} slower): {}",
                     percent(c.prediction.iteration_s / winner.prediction.iteration_s - 1.0),
                     c.config
                 );
@@ -463,12 +481,13 @@ fn export_best(
 fn explain_config(
     out: &mut String,
     job: &Job,
+    space: &SearchSpace,
     cost: &CostModel,
     result: &SearchResult,
     config: &ParallelConfig,
 ) {
     let _ = writeln!(out, "\nExplain {config}:");
-    match explain(job, cost, result, config) {
+    match explain(job, space, cost, result, config) {
         Explanation::Invalid { reason } => {
             let _ = writeln!(
                 out,

@@ -187,14 +187,19 @@ pub fn matmul_ceiling(gpu: &str) -> Option<MatmulCeiling> {
 ///   at its peak iterations and 1,237 fully throttled, the SM clock from
 ///   1,965 to about 1,580 MHz (flashinfer-ai/flashinfer PR #2899): 0.853.
 ///
+/// H200 is H100's die at the same 700 W and takes its share; DGX B300's
+/// air-cooled boards (1,100 W) take DGX B200's. The liquid-cooled GB200
+/// and GB300 superchips run higher limits (1,200 and 1,400 W) and are not
+/// measured.
+///
 /// A fraction fitted on one GPU carries to another by the two shares'
-/// ratio where both are measured; other GPUs are taken to settle as the
+/// ratio where both are known; other GPUs are taken to settle as the
 /// fitting GPU did.
 fn sustained_share(gpu: &str) -> Option<f64> {
     match gpu {
         "a100-40gb" | "a100-80gb" => Some(257.0 / 271.2),
-        "h100-sxm" => Some(11.04 / 12.36),
-        "b200" => Some(1237.0 / 1450.0),
+        "h100-sxm" | "h200" => Some(11.04 / 12.36),
+        "b200" | "b300" => Some(1237.0 / 1450.0),
         _ => None,
     }
 }

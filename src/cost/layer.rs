@@ -526,9 +526,13 @@ fn query_key_bytes(s: &Scenario, c: &ParallelConfig) -> (f64, f64, f64) {
 /// unfused implementation", megatron/core/models/common/embeddings/
 /// rope_utils.py), and the attention passes YaRN's concentration factor as
 /// that `mscale` (`_yarn_get_concentration_factor_from_config`): gpt-oss's
-/// 1.35, where DeepSeek-V3's is 1.
+/// 1.35, where DeepSeek-V3's is 1. Multi-latent attention rotates with its
+/// own fused kernels (`fused_apply_mla_rope_for_q`/`_kv`), whose cosines
+/// and sines carry the temperature (`YarnRotaryEmbedding.
+/// get_cached_cos_sin`), so it stays fused at any temperature.
 fn rope_runs_eager(s: &Scenario, c: &ParallelConfig) -> bool {
     c.engine == Engine::Megatron
+        && s.model.mla.is_none()
         && s.model.is_rotary()
         && s.model
             .rope_scaling

@@ -3552,6 +3552,19 @@ mod query_key_passes {
         assert!(bytes >= 19.0 * rotated / hbm, "{eager:?}\n{fused:?}");
         assert!(bytes < 19.0 * rotated / hbm + 1e-3, "{eager:?}\n{fused:?}");
         assert!(eager.gpu_compute + eager.host_excess > fused.gpu_compute + fused.host_excess);
+        // Multi-latent attention's fused rotation carries any temperature.
+        let mut deepseek = builtin_model("deepseek-v3").unwrap();
+        deepseek.layers = 8;
+        let hot = ModelSpec {
+            rope_scaling: Some(RopeScaling::Yarn {
+                factor: 40.0,
+                original_positions: 4096,
+                mscale: 1.0,
+                mscale_all_dim: 0.0,
+            }),
+            ..deepseek.clone()
+        };
+        assert_eq!(step_and_kept(&hot), step_and_kept(&deepseek));
     }
 }
 

@@ -1,6 +1,6 @@
 //! Why a configuration the user had in mind lost, or does not fit.
 
-use super::{Job, SearchResult};
+use super::{Job, SearchResult, SearchSpace, search_where};
 use crate::coefficients::CostModel;
 use crate::config::ParallelConfig;
 use crate::cost::{Prediction, peak_memory, predict};
@@ -38,6 +38,7 @@ pub const SHOWN_DIFFERENCE_S: f64 = 0.05e-3;
 
 pub fn explain(
     job: &Job,
+    space: &SearchSpace,
     cost: &CostModel,
     result: &SearchResult,
     config: &ParallelConfig,
@@ -58,10 +59,12 @@ pub fn explain(
         };
     }
     let faster = result.faster_than(prediction.iteration_s);
-    // Among the kept, by itself; beyond them, by its time (a twin in time
-    // is as good for a rank).
+    // Among the kept, by itself; beyond them, by looking again for it
+    // alone, where a fitting configuration takes its time at all.
     let listed = result.candidates.iter().any(|c| c.config == *config)
-        || (result.candidates.len() < result.fitting() && result.any_takes(prediction.iteration_s));
+        || (result.candidates.len() < result.fitting()
+            && result.any_takes(prediction.iteration_s)
+            && search_where(job, space, cost, 1, &|c| c == config).fitting() > 0);
     let (slower_by, differences) = match result.candidates.first() {
         Some(winner) => {
             let mut differences: Vec<(&'static str, f64)> = prediction

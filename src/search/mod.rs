@@ -223,6 +223,19 @@ pub fn search_keeping(
     cost: &CostModel,
     keep: usize,
 ) -> SearchResult {
+    search_where(job, space, cost, keep, &|_| true)
+}
+
+/// [`search_keeping`] over the fitting configurations `accept` takes only:
+/// what a second look needs past the kept ones (the fastest an engine can
+/// run, whether the space holds a configuration), in bounded memory.
+pub fn search_where(
+    job: &Job,
+    space: &SearchSpace,
+    cost: &CostModel,
+    keep: usize,
+    accept: &(dyn Fn(&ParallelConfig) -> bool + Sync),
+) -> SearchResult {
     let scenario = job.scenario(cost);
     let gpus_per_node = job.gpus_per_node();
     let tally = space
@@ -277,6 +290,9 @@ pub fn search_keeping(
                     tally.out_of_memory += 1;
                     return ControlFlow::Continue(());
                 };
+                if !accept(config) {
+                    return ControlFlow::Continue(());
+                }
                 let layer = layers
                     .lend_or_insert_with(layer_key(config), || layer_times(&scenario, config));
                 let sync =

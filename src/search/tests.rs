@@ -146,7 +146,7 @@ fn explanations_say_why_a_configuration_lost_or_does_not_fit() {
     let cost = CostModel::datasheet();
     let result = search(&job, &SearchSpace::default(), &cost);
     let winner = result.candidates[0].config;
-    match explain(&job, &cost, &result, &winner) {
+    match explain(&job, &SearchSpace::default(), &cost, &result, &winner) {
         Explanation::Ranked {
             rank, slower_by, ..
         } => {
@@ -160,7 +160,7 @@ fn explanations_say_why_a_configuration_lost_or_does_not_fit() {
         attention: winner.attention,
         ..ParallelConfig::default()
     };
-    match explain(&job, &cost, &result, &unsharded) {
+    match explain(&job, &SearchSpace::default(), &cost, &result, &unsharded) {
         Explanation::DoesNotFit {
             needs_gib,
             usable_gib,
@@ -171,15 +171,19 @@ fn explanations_say_why_a_configuration_lost_or_does_not_fit() {
     let mut broken = winner;
     broken.tp = 3;
     assert!(matches!(
-        explain(&job, &cost, &result, &broken),
+        explain(&job, &SearchSpace::default(), &cost, &result, &broken),
         Explanation::Invalid { .. }
     ));
     // A runner-up's differences are the parts that move its time by what a
     // plan shows, 0.1 ms, never a "-0.0 ms".
     for candidate in result.candidates.iter().skip(1).take(50) {
-        if let Explanation::Ranked { differences, .. } =
-            explain(&job, &cost, &result, &candidate.config)
-        {
+        if let Explanation::Ranked { differences, .. } = explain(
+            &job,
+            &SearchSpace::default(),
+            &cost,
+            &result,
+            &candidate.config,
+        ) {
             assert!(
                 differences
                     .iter()
@@ -480,4 +484,16 @@ fn keeping_the_fastest_few_ranks_them_as_keeping_all() {
     assert!(few.faster_than(last) >= all.candidates.len() / 2);
     assert!(few.any_takes(last));
     assert!(!few.any_takes(last * 2.0));
+    // An explanation ranks a configuration past the kept ones among all.
+    let slowest = all.candidates.last().unwrap().config;
+    let rank = |result: &SearchResult| match explain(&job, &space, &cost, result, &slowest) {
+        Explanation::Ranked { rank, of, .. } => (rank, of),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(rank(&few), rank(&all));
+    assert_eq!(rank(&few).1, all.candidates.len());
+    // A second look finds what the kept ones lack, in bounded memory.
+    let found = search_where(&job, &space, &cost, 1, &|c| *c == slowest);
+    assert_eq!(found.fitting(), 1);
+    assert_eq!(found.candidates[0].config, slowest);
 }
