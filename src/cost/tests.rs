@@ -3517,15 +3517,18 @@ mod query_key_passes {
             1e-12,
             "Llama 3.1",
         );
-        let cool = ModelSpec {
+        // The same rescaling with a temperature of its own (mscale over
+        // mscale_all_dim) or none.
+        let with_yarn = |model: &ModelSpec, factor: f64, mscale_all_dim: f64| ModelSpec {
             rope_scaling: Some(RopeScaling::Yarn {
-                factor: 32.0,
+                factor,
                 original_positions: 4096,
                 mscale: 1.0,
-                mscale_all_dim: 1.0,
+                mscale_all_dim,
             }),
-            ..gpt_oss.clone()
+            ..model.clone()
         };
+        let cool = with_yarn(&gpt_oss, 32.0, 1.0);
         let group = builtin_node("h100-sxm", 1).unwrap();
         let cost = CostModel::datasheet();
         let time = |model: &ModelSpec| {
@@ -3555,15 +3558,7 @@ mod query_key_passes {
         // Multi-latent attention's fused rotation carries any temperature.
         let mut deepseek = builtin_model("deepseek-v3").unwrap();
         deepseek.layers = 8;
-        let hot = ModelSpec {
-            rope_scaling: Some(RopeScaling::Yarn {
-                factor: 40.0,
-                original_positions: 4096,
-                mscale: 1.0,
-                mscale_all_dim: 0.0,
-            }),
-            ..deepseek.clone()
-        };
+        let hot = with_yarn(&deepseek, 40.0, 0.0);
         assert_eq!(step_and_kept(&hot), step_and_kept(&deepseek));
     }
 }
