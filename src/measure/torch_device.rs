@@ -21,20 +21,20 @@ pub(super) fn measure(job: &DeviceJob) -> Result<DeviceMeasurement, MeasureError
 /// Times `work` under the stopping rule: mean seconds per call and the
 /// relative 95% interval. A sample runs the work back to back often enough
 /// to last a millisecond, so launch and synchronisation overheads do not
-/// count against small sizes. On a GPU the work first runs back to back
-/// until the clock has settled ([`settle`]).
+/// count against small sizes. On a GPU, work long enough to hold the SMs
+/// first runs back to back until the clock has settled ([`settle`]).
 fn timed(job: &DeviceJob, device: tch::Device, work: impl Fn()) -> (f64, Option<f64>) {
     for _ in 0..job.rule.warmup.max(1) {
         work();
     }
     sync(device);
-    if device.is_cuda() {
-        settle(device, &work);
-    }
     let start = Instant::now();
     work();
     sync(device);
     let once = start.elapsed().as_secs_f64().max(1e-9);
+    if device.is_cuda() && once >= SETTLED_CALL_SECONDS {
+        settle(device, &work);
+    }
     let calls = (1e-3 / once).ceil().clamp(1.0, 10_000.0) as usize;
     let mut sampler = Sampler::new(job.rule);
     while !sampler.done() {
@@ -57,6 +57,13 @@ fn timed(job: &DeviceJob, device: tch::Device, work: impl Fn()) -> (f64, Option<
 /// compare results at the settled frequency. Training runs there, so the
 /// device sweep measures there too, not at the short burst's clock.
 const SETTLE_SECONDS: f64 = 3.0;
+
+/// Calls shorter than this are timed without settling: a small GEMM or
+/// attention does not hold the board at its power limit (on B200 the
+/// clock starts to fall after about 5 ms of continuous compute,
+/// flashinfer PR #2899), and the sweep's budget goes to the large points
+/// the cost model reads.
+const SETTLED_CALL_SECONDS: f64 = 0.5e-3;
 
 /// Runs `work` back to back for [`SETTLE_SECONDS`], synchronising every
 /// few calls to read the time without idling the GPU between them.
