@@ -21,8 +21,8 @@ use paratune::model::{builtin_model, builtin_model_names, model_file_keys, model
 use paratune::plan_file::{PlanFile, config_json};
 use paratune::runs::{RunTable, runs_and_skipped, schema};
 use paratune::search::{
-    Explanation, Job, KEPT_CANDIDATES, SearchResult, SearchSpace, explain, search_keeping,
-    search_where, smallest_fitting_gpus,
+    Candidate, Explanation, Job, KEPT_CANDIDATES, SearchResult, SearchSpace, explain,
+    search_keeping, search_where, smallest_fitting_gpus,
 };
 use std::fmt::Write;
 use std::time::Instant;
@@ -453,14 +453,7 @@ fn export_best(
                 None if result.candidates.len() < result.fitting()
                     && !matches!(why, paratune::export::ExportError::UnsupportedModel { .. }) =>
                 {
-                    let runs = |c: &ParallelConfig| export(&LaunchJob::of(job, c)).is_ok();
-                    search_where(job, space, cost, 1, &runs)
-                        .candidates
-                        .first()
-                        .and_then(|c| {
-                            let text = export(&LaunchJob::of(job, &c.config)).ok()?;
-                            Some((result.faster_than(c.prediction.iteration_s) + 1, *c, text))
-                        })
+                    fastest_runnable_past_kept((job, space, cost), result, &export)
                 }
                 None => None,
             };
@@ -476,6 +469,23 @@ fn export_best(
             }
         }
     }
+}
+
+/// The fastest fitting configuration `export` can write, found by a second
+/// search when none of the kept ones is: its rank among all that fit, the
+/// candidate and its export.
+fn fastest_runnable_past_kept(
+    (job, space, cost): (&Job, &SearchSpace, &CostModel),
+    result: &SearchResult,
+    export: &(impl Fn(&LaunchJob) -> Result<String, paratune::export::ExportError> + Sync),
+) -> Option<(usize, Candidate, String)> {
+    let runs = |c: &ParallelConfig| export(&LaunchJob::of(job, c)).is_ok();
+    let found = *search_where(job, space, cost, 1, &runs)
+        .candidates
+        .first()?;
+    let text = export(&LaunchJob::of(job, &found.config)).ok()?;
+    let rank = result.faster_than(found.prediction.iteration_s) + 1;
+    Some((rank, found, text))
 }
 
 fn explain_config(

@@ -175,16 +175,12 @@ impl Tally {
         self.fitting_times
             .push(ranked.candidate.prediction.iteration_s);
         self.best.push(ranked);
-        if self.best.len() >= keep.saturating_mul(2).max(1) {
-            keep_fastest(&mut self.best, keep);
-        }
+        self.cut_back_when_full(keep);
     }
 
     fn merge(mut self, mut other: Tally, keep: usize) -> Tally {
         self.best.append(&mut other.best);
-        if self.best.len() >= keep.saturating_mul(2).max(1) {
-            keep_fastest(&mut self.best, keep);
-        }
+        self.cut_back_when_full(keep);
         self.fitting_times.append(&mut other.fitting_times);
         self.considered += other.considered;
         for (rule, example) in other.invalid_examples {
@@ -195,6 +191,16 @@ impl Tally {
         }
         self.out_of_memory += other.out_of_memory;
         self
+    }
+}
+
+impl Tally {
+    /// Cuts the kept candidates back to the `keep` fastest once they hold
+    /// twice that many: linear time, amortised over the additions.
+    fn cut_back_when_full(&mut self, keep: usize) {
+        if self.best.len() >= keep.saturating_mul(2).max(1) {
+            keep_fastest(&mut self.best, keep);
+        }
     }
 }
 
