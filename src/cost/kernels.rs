@@ -42,12 +42,23 @@ struct Cores {
 }
 
 /// Forward time of `C[m x n] = A[m x k] B[k x n]` on `cores`: the slower of
-/// its compute time at the achieved efficiency and its memory time.
+/// its compute time at the achieved efficiency and the time to stream its
+/// operands, then the store of its 16-bit result.
+///
+/// The operands stream in under the tensor cores' work (the main loop's
+/// pipelined loads), but each output tile is stored after its main loop
+/// ends, so the store adds to the GEMM's time instead of hiding under it.
+/// It is what makes a shallow GEMM slow at FP8 rates: DeepGEMM's FP8
+/// kernels on H800 (deepseek-ai/DeepGEMM README, 4,096-row GEMMs) run
+/// 1,358 TFLOP/s at K = 16,384, 1,025 at 2,048 and 590 at 512, the
+/// 512-deep one's 268 MB bf16 result taking as long as its arithmetic.
+/// `tests::deepgemm_shapes_follow_the_store_after_the_main_loop` checks the
+/// rule against that table.
 fn gemm(s: &Scenario, cores: Cores, m: f64, n: f64, k: f64) -> f64 {
     let flops = 2.0 * m * n * k;
     let compute = flops / (cores.peak * gemm_efficiency(s, cores.peak_fraction, m, n, k));
-    let bytes = cores.operand_bytes * (m * k + k * n) + HALF * m * n;
-    compute.max(memory_pass(s, bytes))
+    let operands = cores.operand_bytes * (m * k + k * n);
+    compute.max(memory_pass(s, operands)) + memory_pass(s, HALF * m * n)
 }
 
 /// The three GEMMs of one linear layer over `tokens` rows, `input` to
