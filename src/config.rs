@@ -1073,6 +1073,13 @@ pub struct ParallelConfig {
     /// optimizer states.
     #[serde(default)]
     pub fp8_param_gather: bool,
+    /// `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`: PyTorch's caching
+    /// allocator maps one growing segment per stream and unmaps the pages
+    /// of its free blocks before an allocation fails, so no device memory
+    /// is lost to fragmentation between cached blocks. A launch setting,
+    /// not a parallel one: it moves memory, never time.
+    #[serde(default)]
+    pub expandable_segments: bool,
     /// The gradients' number format in their buffer and collectives.
     #[serde(default)]
     pub grad_reduce: GradReduce,
@@ -1148,6 +1155,7 @@ impl PartialEq for ParallelConfig {
             tp_comm_overlap,
             ep_comm_overlap,
             fp8_param_gather,
+            expandable_segments,
             grad_reduce,
             cross_entropy_fusion,
             wgrad_deferral,
@@ -1161,6 +1169,7 @@ impl PartialEq for ParallelConfig {
         } = self;
         // In the search's nesting order, innermost first (search/space.rs).
         *fp8_param_gather == o.fp8_param_gather
+            && *expandable_segments == o.expandable_segments
             && *ep_comm_overlap == o.ep_comm_overlap
             && *cuda_graphs == o.cuda_graphs
             && *tp_comm_overlap == o.tp_comm_overlap
@@ -1242,6 +1251,7 @@ impl Default for ParallelConfig {
             tp_comm_overlap: false,
             ep_comm_overlap: false,
             fp8_param_gather: false,
+            expandable_segments: false,
             grad_reduce: GradReduce::Fp32,
             cross_entropy_fusion: CrossEntropyFusion::Off,
             wgrad_deferral: WgradDeferral::Off,
@@ -2687,6 +2697,9 @@ impl fmt::Display for ParallelConfig {
         }
         if self.grad_reduce != GradReduce::Fp32 {
             write!(f, " grad-reduce={}", self.grad_reduce.name())?;
+        }
+        if self.expandable_segments {
+            f.write_str(" expandable-segments")?;
         }
         if self.cross_entropy_fusion != CrossEntropyFusion::Off {
             write!(f, " ce-fusion={}", self.cross_entropy_fusion.name())?;

@@ -472,7 +472,7 @@ fn predict_says_when_only_the_fragmentation_allowance_is_over() {
         a.extend_from_slice(extra);
         ok(&a)
     };
-    let near = predict(&[
+    let near_args = [
         "--cp",
         "2",
         "--micro-batch",
@@ -489,18 +489,33 @@ fn predict_says_when_only_the_fragmentation_allowance_is_over() {
         "off",
         "--grad-reduce",
         "bf16",
-    ]);
+    ];
+    let near = predict(&near_args);
     says(
         &near,
         &[
             "DOES NOT FIT",
             "over only by the allocator's fragmentation allowance",
             "expandable_segments:True",
+            "--expandable-segments on",
         ],
     );
+    // With the allocator that loses nothing between its blocks, it fits.
+    let expandable = predict(&[&near_args[..], &["--expandable-segments", "on"]].concat());
+    says(&expandable, &["fits"]);
+    assert!(!expandable.contains("DOES NOT FIT"), "{expandable}");
     let far = predict(&["--micro-batch", "4", "--optimizer-sharding", "none"]);
     says(&far, &["DOES NOT FIT"]);
     assert!(!far.contains("fragmentation allowance"), "{far}");
+    let far_expandable = predict(&[
+        "--micro-batch",
+        "4",
+        "--optimizer-sharding",
+        "none",
+        "--expandable-segments",
+        "on",
+    ]);
+    says(&far_expandable, &["DOES NOT FIT"]);
 }
 
 // ---------------------------------------------------------------- predict --runs

@@ -621,6 +621,21 @@ proptest! {
         prop_assert!(!smaller.fits || bigger.fits, "{} stopped fitting with more memory", case.config);
     }
 
+    /// (iii b) Expandable segments move memory, never time: the allocated
+    /// peak stays, the reserved one never grows, and what fits keeps fitting.
+    #[test]
+    fn expandable_segments_never_raise_memory_or_move_time(case in case()) {
+        let s = case.scenario();
+        let fixed = ParallelConfig { expandable_segments: false, ..case.config };
+        let expandable = ParallelConfig { expandable_segments: true, ..case.config };
+        let (a, b) = (predict(&s, &fixed), predict(&s, &expandable));
+        prop_assert_eq!(a.iteration_s, b.iteration_s);
+        prop_assert_eq!(a.peak_allocated_bytes, b.peak_allocated_bytes);
+        prop_assert_eq!(b.peak_reserved_bytes, b.peak_allocated_bytes);
+        prop_assert!(b.peak_memory_bytes <= a.peak_memory_bytes);
+        prop_assert!(!a.fits || b.fits, "{} stopped fitting with expandable segments", case.config);
+    }
+
     /// (v) Predictions are finite and positive, every part non-negative.
     #[test]
     fn predictions_are_finite_and_positive(case in case()) {

@@ -432,6 +432,12 @@ fn explain_winner(
             megatron(out);
         }
     }
+    if winner.config.expandable_segments {
+        let _ = writeln!(
+            out,
+            "\nenvironment: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, as the memory verdict assumes (Megatron-LM with CUDA graphs also needs NCCL_GRAPH_REGISTER=0)"
+        );
+    }
 }
 
 /// Writes the winner's export, or, when the engine cannot run the winner,

@@ -288,7 +288,7 @@ pub fn fragmentation_note(out: &mut String, prediction: &Prediction) {
     if let Some(allowance) = prediction.over_only_by_fragmentation() {
         let _ = writeln!(
             out,
-            "  over only by the allocator's fragmentation allowance ({:.1} GiB): PyTorch frees its cached blocks before it runs out, and PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True avoids most fragmentation, so it may run; paratune counts it out to stay safe",
+            "  over only by the allocator's fragmentation allowance ({:.1} GiB): it fits with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, which loses no memory between cached blocks (--expandable-segments on counts it so and exports it)",
             allowance / GIB
         );
     }

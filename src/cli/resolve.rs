@@ -568,6 +568,7 @@ pub fn space(args: &SpaceArgs) -> Result<SearchSpace> {
         tp_comm_overlap: switches("--tp-comm-overlap", &args.tp_comm_overlap)?,
         ep_comm_overlap: switches("--ep-comm-overlap", &args.ep_comm_overlap)?,
         fp8_param_gather: switches("--fp8-param-gather", &args.fp8_param_gather)?,
+        expandable_segments: switches("--expandable-segments", &args.expandable_segments)?,
         cuda_graphs: args
             .cuda_graphs
             .as_ref()
@@ -879,6 +880,7 @@ pub fn single_config(args: &SpaceArgs, job: &Job) -> Result<ParallelConfig> {
         tp_comm_overlap: single("--tp-comm-overlap", &space.tp_comm_overlap, false)?,
         ep_comm_overlap: single("--ep-comm-overlap", &space.ep_comm_overlap, false)?,
         fp8_param_gather: single("--fp8-param-gather", &space.fp8_param_gather, false)?,
+        expandable_segments: single("--expandable-segments", &space.expandable_segments, false)?,
         cuda_graphs: single("--cuda-graphs", &space.cuda_graphs, CudaGraphs::Off)?,
         stage_order: single("--stage-order", &space.stage_order, StageOrder::Megatron)?,
         engine: space.engine,

@@ -12,7 +12,7 @@ use crate::model::AttentionKind;
 use crate::suggest::did_you_mean;
 
 /// The keys a specification may set; several have a short and a long name.
-pub const SPEC_KEYS: [&str; 52] = [
+pub const SPEC_KEYS: [&str; 53] = [
     "tp",
     "pp",
     "dp",
@@ -37,6 +37,7 @@ pub const SPEC_KEYS: [&str; 52] = [
     "tp_comm_overlap",
     "ep_comm_overlap",
     "fp8_param_gather",
+    "expandable_segments",
     "fp8_recipe",
     "grad_reduce",
     "cross_entropy_fusion",
@@ -250,6 +251,7 @@ fn set(c: &mut ParallelConfig, key: &str, value: &str) -> Result<(), SpecError> 
         "tp_comm_overlap" => c.tp_comm_overlap = switch(key, value)?,
         "ep_comm_overlap" => c.ep_comm_overlap = switch(key, value)?,
         "fp8_param_gather" => c.fp8_param_gather = switch(key, value)?,
+        "expandable_segments" => c.expandable_segments = switch(key, value)?,
         "cp_a2a" | "cp-a2a" => c.cp_a2a = number()?,
         "graphs" | "cuda_graphs" => {
             c.cuda_graphs = CudaGraphs::parse(key, value).map_err(SpecError)?

@@ -682,7 +682,7 @@ pub fn state_floor(s: &Scenario, c: &ParallelConfig) -> f64 {
     peak_candidates(s, c)
         .map(|stage| {
             let allocated = model_state(s, c, stage).total() + k.workspace_gib * GIB;
-            allocated * (1.0 + k.allocator_fragmentation) + k.runtime_overhead_gib * GIB
+            allocated * (1.0 + fragmentation(s, c)) + k.runtime_overhead_gib * GIB
         })
         .fold(0.0, f64::max)
 }
@@ -813,8 +813,23 @@ pub fn stage_memory(s: &Scenario, c: &ParallelConfig, stage: u64) -> StageMemory
         runtime_overhead: k.runtime_overhead_gib * GIB,
         dispatcher_buffers: super::deepep::buffer_bytes(s, c, stage),
     };
-    memory.allocator_reserve = k.allocator_fragmentation * memory.allocated();
+    memory.allocator_reserve = fragmentation(s, c) * memory.allocated();
     memory
+}
+
+/// What PyTorch's caching allocator reserves on top of the allocated
+/// peak, as a share of it: `allocator_fragmentation` with its fixed
+/// segments, none with expandable segments, whose free blocks' pages are
+/// unmapped before an allocation fails (`expandable_segments` in
+/// PyTorch's `CUDACachingAllocator.cpp`: one segment per stream grows by
+/// mapping pages, and releasing the cache unmaps the whole pages of free
+/// blocks), so what stays lost is under a page per free block.
+fn fragmentation(s: &Scenario, c: &ParallelConfig) -> f64 {
+    if c.expandable_segments {
+        0.0
+    } else {
+        s.coef().allocator_fragmentation
+    }
 }
 
 /// The key/value buffers context parallelism holds while a layer attends:

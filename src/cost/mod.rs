@@ -708,6 +708,7 @@ pub fn layer_key(c: &ParallelConfig) -> ParallelConfig {
         embedding_sync: plain.embedding_sync,
         ep_comm_overlap: plain.ep_comm_overlap,
         fp8_param_gather: plain.fp8_param_gather,
+        expandable_segments: plain.expandable_segments,
         grad_reduce: plain.grad_reduce,
         cpu_offload_layers: plain.cpu_offload_layers,
         ..*c

@@ -164,6 +164,7 @@ pub fn sync_key(c: &ParallelConfig) -> ParallelConfig {
         ep_comm_overlap: plain.ep_comm_overlap,
         cuda_graphs: plain.cuda_graphs,
         compile: plain.compile,
+        expandable_segments: plain.expandable_segments,
         ..*c
     }
 }

@@ -858,6 +858,8 @@ fn parse_row(table: &RunTable, index: usize, defaults: &RowDefaults) -> Result<R
         ep_comm_overlap: switch("ep_comm_overlap", false)?,
         // Megatron-LM's default: 16-bit weights.
         fp8_param_gather: switch("fp8_param_gather", false)?,
+        // PyTorch's default: the allocator's fixed segments.
+        expandable_segments: switch("expandable_segments", false)?,
         grad_reduce: match cell("grad_reduce") {
             Some(text) => GradReduce::parse("grad_reduce", text)?,
             None => GradReduce::Fp32,
@@ -1076,7 +1078,7 @@ pub(crate) fn assert_row_columns_follow_the_schema(columns: &[&str]) {
 pub const POSITION_EMBEDDINGS: [&str; 5] = ["learned_absolute", "rope", "yarn", "mrope", "none"];
 
 /// Every column a run table may use; others are carried through untouched.
-pub const KNOWN_COLUMNS: [&str; 91] = [
+pub const KNOWN_COLUMNS: [&str; 92] = [
     "gpus",
     "global_batch",
     "micro_batch",
@@ -1098,6 +1100,7 @@ pub const KNOWN_COLUMNS: [&str; 91] = [
     "tp_comm_overlap",
     "ep_comm_overlap",
     "fp8_param_gather",
+    "expandable_segments",
     "grad_reduce",
     "cross_entropy_fusion",
     "wgrad_deferral",

@@ -8,7 +8,7 @@ use crate::model::ModelSpec;
 
 /// The configuration's columns, named as run tables name them (so a plan's
 /// CSV reads back as a run table).
-pub const CONFIG_COLUMNS: [&str; 38] = [
+pub const CONFIG_COLUMNS: [&str; 39] = [
     "tp",
     "pp",
     "dp",
@@ -47,6 +47,7 @@ pub const CONFIG_COLUMNS: [&str; 38] = [
     "wgrad_deferral",
     "cpu_offload_layers",
     "recompute_modules",
+    "expandable_segments",
 ];
 
 /// `c`'s cells for `model`; a dense model's `moe_dispatcher` is left empty,
@@ -104,6 +105,7 @@ pub fn config_cells(model: &ModelSpec, c: &ParallelConfig) -> Vec<String> {
         c.wgrad_deferral.name(),
         c.cpu_offload_layers.to_string(),
         c.recompute_modules.names().join(","),
+        on_off(c.expandable_segments).into(),
     ]
 }
 

@@ -40,6 +40,8 @@ pub struct SearchSpace {
     pub tp_comm_overlap: Option<Vec<bool>>,
     pub ep_comm_overlap: Option<Vec<bool>>,
     pub fp8_param_gather: Option<Vec<bool>>,
+    /// PyTorch's expandable segments: off (PyTorch's default) unless given.
+    pub expandable_segments: Option<Vec<bool>>,
     /// Tried: off and per layer unless given (a whole iteration's graph
     /// only when asked for: Megatron-LM calls it experimental).
     pub cuda_graphs: Option<Vec<CudaGraphs>>,
@@ -810,6 +812,12 @@ impl<'a> InnerDims<'a> {
                 (None, Some(_)) => lend(&[false]),
             },
             |c, on| c.fp8_param_gather = on,
+        )
+        // A launch setting that moves memory only: the allocator the user
+        // runs, PyTorch's default unless given.
+        .then(
+            |_| lend(space.expandable_segments.as_deref().unwrap_or(&[false])),
+            |c, on| c.expandable_segments = on,
         )
         .walk(f)
     }

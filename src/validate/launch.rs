@@ -615,9 +615,35 @@ pub fn launch_script(
         );
     }
     hybrid_ep_environment(&mut s, plan, candidate);
+    allocator_environment(&mut s, &candidate.config);
     let _ = writeln!(s, "cd \"${{MEGATRON_PATH}}\"");
     launch_lines(&mut s, launcher);
     Ok(s)
+}
+
+/// PyTorch's allocator as the plan priced it: with `expandable_segments`,
+/// `PYTORCH_CUDA_ALLOC_CONF` set so (the memory verdict counted no
+/// fragmentation), and under Megatron-LM's CUDA graphs NCCL's graph
+/// registration off, which Megatron-LM asserts with expandable segments
+/// ("Setting NCCL_GRAPH_REGISTER=0 to avoid illegal memory access when
+/// using CUDA Graph with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
+/// `megatron/training/arguments.py`). Nothing without them.
+pub(crate) fn allocator_environment(s: &mut String, c: &crate::config::ParallelConfig) {
+    if !c.expandable_segments {
+        return;
+    }
+    let _ = writeln!(
+        s,
+        "export PYTORCH_CUDA_ALLOC_CONF=\"${{PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}}\""
+    );
+    if c.engine == crate::config::Engine::Megatron
+        && c.cuda_graphs != crate::config::CudaGraphs::Off
+    {
+        let _ = writeln!(
+            s,
+            "export NCCL_GRAPH_REGISTER=\"${{NCCL_GRAPH_REGISTER:-0}}\""
+        );
+    }
 }
 
 /// HybridEP's view of the NVLink domain, which it reads from the
@@ -1077,5 +1103,35 @@ pub(crate) mod tests {
         let script =
             launch_script(&a100, &a100.candidates[0], &settings(Launcher::Torchrun)).unwrap();
         assert!(!script.contains("USE_MNNVL"));
+    }
+
+    #[test]
+    fn a_plan_priced_with_expandable_segments_launches_with_them() {
+        use crate::config::CudaGraphs;
+        let script_of = |expandable: bool, graphs: CudaGraphs| {
+            let space = SearchSpace {
+                expandable_segments: Some(vec![expandable]),
+                cuda_graphs: Some(vec![graphs]),
+                ..SearchSpace::default()
+            };
+            let plan = plan_on("gpt3-13b", 1, 8, 64, space);
+            assert_eq!(plan.candidates[0].config.expandable_segments, expandable);
+            let script =
+                launch_script(&plan, &plan.candidates[0], &settings(Launcher::Torchrun)).unwrap();
+            bash_accepts(&script);
+            script
+        };
+        let allocator = "export PYTORCH_CUDA_ALLOC_CONF=\"${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}\"";
+        let no_graph_registration = "export NCCL_GRAPH_REGISTER=\"${NCCL_GRAPH_REGISTER:-0}\"";
+        let eager = script_of(true, CudaGraphs::Off);
+        assert!(eager.contains(allocator), "{eager}");
+        assert!(!eager.contains(no_graph_registration));
+        // Megatron-LM asserts graph registration off with CUDA graphs.
+        let graphed = script_of(true, CudaGraphs::Layers);
+        assert!(graphed.contains(allocator) && graphed.contains(no_graph_registration));
+        let plain = script_of(false, CudaGraphs::Layers);
+        assert!(
+            !plain.contains("PYTORCH_CUDA_ALLOC_CONF") && !plain.contains("NCCL_GRAPH_REGISTER")
+        );
     }
 }

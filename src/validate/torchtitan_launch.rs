@@ -296,6 +296,7 @@ pub fn torchtitan_script(
     let _ = writeln!(s, "fi");
     let _ = writeln!(s);
     rank_environment(&mut s, launcher, gpus, gpus_per_node, nodes);
+    super::launch::allocator_environment(&mut s, &candidate.config);
     let _ = writeln!(s);
 
     match &settings.base {
