@@ -144,7 +144,12 @@ fn cluster_trials_write_checked_scripts_on_a_dry_run() {
 fn cluster_trials_run_read_their_logs_keep_them_and_refit() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let plan = write(d, "plan.json", &megatron_plan_json(d));
+    // Planned with expandable segments: every round's trials run with them.
+    let mut plan = megatron_plan_json(d);
+    for candidate in plan["candidates"].as_array_mut().unwrap() {
+        candidate["config"]["expandable_segments"] = serde_json::Value::Bool(true);
+    }
+    let plan = write(d, "plan.json", &plan);
     let (megatron, path) = fake_cluster(d);
     let out = Command::new(BIN)
         .args([
@@ -183,6 +188,14 @@ fn cluster_trials_run_read_their_logs_keep_them_and_refit() {
         "{stdout}"
     );
     assert!(d.join("reports/plan/round-2").is_dir());
+    let scripts: Vec<String> = std::fs::read_dir(d.join("reports/plan/round-2"))
+        .unwrap()
+        .filter_map(|e| std::fs::read_to_string(e.unwrap().path().join("run.sh")).ok())
+        .collect();
+    assert!(!scripts.is_empty());
+    for script in scripts {
+        assert!(script.contains("expandable_segments:True"), "{script}");
+    }
 }
 
 /// A `torchrun` and a `python3` on PATH standing in for torchtitan: the

@@ -165,6 +165,10 @@ pub fn plan(args: &PlanArgs) -> Result<()> {
                         .as_ref()
                         .is_some_and(|m| m.iter().any(|m| m.is_sparse())),
                 precision: space.precision.as_ref().is_some_and(|p| p.len() > 1),
+                allocator: space
+                    .expandable_segments
+                    .as_ref()
+                    .is_some_and(|a| a.len() > 1),
             };
             let _ = writeln!(out, "\n{}", render::ranking_header(columns));
             for (i, c) in shown.enumerate() {
@@ -395,7 +399,12 @@ fn explain_winner(
             let _ = writeln!(out, "  note: {note}");
         }
         export_best(out, (job, space, cost), result, |launch| {
-            megatron_command_line(launch).map(|line| format!("    {line}\n"))
+            megatron_command_line(launch).map(|line| {
+                format!(
+                    "    {line}\n{}",
+                    environment_lines(launch.config, Engine::Megatron)
+                )
+            })
         });
     };
     let torchtitan = |out: &mut String| {
@@ -406,11 +415,12 @@ fn explain_winner(
         );
         export_best(out, (job, space, cost), result, |launch| {
             torchtitan_flags(launch).map(|flags| {
-                flags
+                let lines: String = flags
                     .command_lines()
                     .iter()
                     .map(|line| format!("    {line}\n"))
-                    .collect()
+                    .collect();
+                lines + &environment_lines(launch.config, Engine::Torchtitan)
             })
         });
         let _ = writeln!(out, "\ntorchtitan 0.2 job config (TOML fragment):");
@@ -432,12 +442,20 @@ fn explain_winner(
             megatron(out);
         }
     }
-    if winner.config.expandable_segments {
-        let _ = writeln!(
-            out,
-            "\nenvironment: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, as the memory verdict assumes (Megatron-LM with CUDA graphs also needs NCCL_GRAPH_REGISTER=0)"
-        );
+}
+
+/// The environment an export needs beside its arguments: PyTorch's
+/// allocator as the memory verdict priced it, and under Megatron-LM's CUDA
+/// graphs the NCCL graph registration Megatron-LM asserts off beside it.
+fn environment_lines(c: &ParallelConfig, engine: Engine) -> String {
+    if !c.expandable_segments {
+        return String::new();
     }
+    let graphs = engine == Engine::Megatron && c.cuda_graphs != paratune::config::CudaGraphs::Off;
+    format!(
+        "  environment (the memory verdict assumes it): PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True{}\n",
+        if graphs { " NCCL_GRAPH_REGISTER=0" } else { "" }
+    )
 }
 
 /// Writes the winner's export, or, when the engine cannot run the winner,

@@ -25,6 +25,9 @@ pub struct RankingColumns {
     /// The GEMMs' number format (shown when the search compared several:
     /// an FP8 row's MFU is over the FP8 peak, a bf16 row's over bf16's).
     pub precision: bool,
+    /// PyTorch's allocator (shown when the search compared both: the
+    /// twins differ in memory only).
+    pub allocator: bool,
 }
 
 /// The precision cell, inserted after the CUDA-graphs switch when shown.
@@ -33,6 +36,24 @@ fn precision_cell(c: Option<&ParallelConfig>, columns: RankingColumns) -> String
         return String::new();
     }
     format!(" {:>4}", c.map_or("prec", |c| c.precision.name()))
+}
+
+/// The precision and allocator cells, inserted after the CUDA-graphs
+/// switch when shown.
+fn after_graphs_cells(c: Option<&ParallelConfig>, columns: RankingColumns) -> String {
+    let allocator = if columns.allocator {
+        let name = c.map_or("alloc", |c| {
+            if c.expandable_segments {
+                "expand"
+            } else {
+                "fixed"
+            }
+        });
+        format!(" {name:>6}")
+    } else {
+        String::new()
+    };
+    format!("{}{allocator}", precision_cell(c, columns))
 }
 
 /// The embedding-sync cell, inserted after the sharding when shown.
@@ -71,7 +92,7 @@ pub fn ranking_header(columns: RankingColumns) -> String {
         "bpipe",
         "layers",
         "overlap",
-        format!("{:>6}{}", "graphs", precision_cell(None, columns)),
+        format!("{:>6}{}", "graphs", after_graphs_cells(None, columns)),
         "iter",
         "tokens/s",
         "TFLOP/s",
@@ -161,7 +182,7 @@ pub fn ranking_row(
         format!(
             "{:>6}{}",
             c.cuda_graphs.name(),
-            precision_cell(Some(c), columns)
+            after_graphs_cells(Some(c), columns)
         ),
         seconds(p.iteration_s),
         thousands(p.tokens_per_s),

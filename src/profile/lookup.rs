@@ -359,13 +359,25 @@ impl Measurements {
 
     /// The fraction of `peak_flops` the measured 16-bit matrix multiplies
     /// reach once the shape's own inefficiency (`fill(d) = d / (d + d_half)`
-    /// per dimension, the cost model's) is taken out: the best over the
-    /// sweep. `None` without a 16-bit sweep.
-    pub fn gemm_peak_fraction(&self, peak_flops: f64, dim_half: f64) -> Option<f64> {
+    /// per dimension, the cost model's) and the store of the 16-bit result
+    /// at `store_bytes_per_s` (which the cost model adds after the main
+    /// loop) are taken out: the best over the sweep. `None` without a
+    /// 16-bit sweep.
+    pub fn gemm_peak_fraction(
+        &self,
+        peak_flops: f64,
+        dim_half: f64,
+        store_bytes_per_s: f64,
+    ) -> Option<f64> {
         let fill = |d: f64| d / (d + dim_half);
         self.matmuls
             .iter()
-            .map(|&(m, n, k, flops)| flops / (peak_flops * fill(m) * fill(n) * fill(k)))
+            .filter_map(|&(m, n, k, flops)| {
+                let work = 2.0 * m * n * k;
+                let main_loop = work / flops - 2.0 * m * n / store_bytes_per_s;
+                (main_loop > 0.0)
+                    .then(|| work / main_loop / (peak_flops * fill(m) * fill(n) * fill(k)))
+            })
             .reduce(f64::max)
             .map(|f| f.min(1.0))
     }

@@ -334,8 +334,21 @@ pub fn run_loop(
     let mut round_plan = plan.clone();
     // A rerun into the same OUT resumes: what its history holds is kept,
     // not run again, and counts in every refit.
+    // The history's rows do not record the allocator: this loop's trials
+    // all ran with the plan's.
+    let expandable_segments = plan
+        .candidates
+        .first()
+        .is_some_and(|c| c.config.expandable_segments);
     let mut tried: Vec<ParallelConfig> = measured_runs(plan, &history_path)?
-        .map(|runs| runs.into_iter().map(|r| r.config).collect())
+        .map(|runs| {
+            runs.into_iter()
+                .map(|r| ParallelConfig {
+                    expandable_segments,
+                    ..r.config
+                })
+                .collect()
+        })
         .unwrap_or_default();
     let resumed = tried.len();
     if resumed > 0 {
@@ -477,11 +490,12 @@ pub fn run_loop(
         current = fitted.clone();
         // Plan again with the refitted model: its leaders are the next round's trials.
         // Only what the engine can run is a candidate for a cluster trial.
+        // The engine and the allocator stay the plan's: its trials run
+        // them, and the refit should rank what they can run.
+        let first = plan.candidates.first().map(|c| c.config);
         let space = SearchSpace {
-            engine: plan
-                .candidates
-                .first()
-                .map_or(Default::default(), |c| c.config.engine),
+            engine: first.map_or(Default::default(), |c| c.engine),
+            expandable_segments: first.map(|c| vec![c.expandable_segments]),
             ..SearchSpace::default()
         };
         let result = search(&job, &space, &fitted);

@@ -632,17 +632,16 @@ pub(crate) fn allocator_environment(s: &mut String, c: &crate::config::ParallelC
     if !c.expandable_segments {
         return;
     }
+    // Added to what the environment already asks of the allocator: the
+    // plan's memory verdict holds only with it.
     let _ = writeln!(
         s,
-        "export PYTORCH_CUDA_ALLOC_CONF=\"${{PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}}\""
+        "case \",${{PYTORCH_CUDA_ALLOC_CONF:-}},\" in *,expandable_segments:True,*) ;; *) export PYTORCH_CUDA_ALLOC_CONF=\"${{PYTORCH_CUDA_ALLOC_CONF:+${{PYTORCH_CUDA_ALLOC_CONF}},}}expandable_segments:True\" ;; esac"
     );
     if c.engine == crate::config::Engine::Megatron
         && c.cuda_graphs != crate::config::CudaGraphs::Off
     {
-        let _ = writeln!(
-            s,
-            "export NCCL_GRAPH_REGISTER=\"${{NCCL_GRAPH_REGISTER:-0}}\""
-        );
+        let _ = writeln!(s, "export NCCL_GRAPH_REGISTER=0");
     }
 }
 
@@ -1121,8 +1120,8 @@ pub(crate) mod tests {
             bash_accepts(&script);
             script
         };
-        let allocator = "export PYTORCH_CUDA_ALLOC_CONF=\"${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}\"";
-        let no_graph_registration = "export NCCL_GRAPH_REGISTER=\"${NCCL_GRAPH_REGISTER:-0}\"";
+        let allocator = "export PYTORCH_CUDA_ALLOC_CONF=\"${PYTORCH_CUDA_ALLOC_CONF:+${PYTORCH_CUDA_ALLOC_CONF},}expandable_segments:True\"";
+        let no_graph_registration = "export NCCL_GRAPH_REGISTER=0";
         let eager = script_of(true, CudaGraphs::Off);
         assert!(eager.contains(allocator), "{eager}");
         assert!(!eager.contains(no_graph_registration));
