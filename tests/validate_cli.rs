@@ -150,7 +150,7 @@ fn cluster_trials_run_read_their_logs_keep_them_and_refit() {
         candidate["config"]["expandable_segments"] = serde_json::Value::Bool(true);
     }
     let plan = write(d, "plan.json", &plan);
-    let (megatron, path) = fake_cluster(d);
+    let (megatron, fake_path) = fake_cluster(d);
     let out = Command::new(BIN)
         .args([
             "validate",
@@ -165,7 +165,7 @@ fn cluster_trials_run_read_their_logs_keep_them_and_refit() {
             "2",
         ])
         .current_dir(d)
-        .env("PATH", path)
+        .env("PATH", &fake_path)
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -196,6 +196,48 @@ fn cluster_trials_run_read_their_logs_keep_them_and_refit() {
     for script in scripts {
         assert!(script.contains("expandable_segments:True"), "{script}");
     }
+    // The history records the allocator the trials ran with...
+    let history_path = d.join("reports/plan/runs-history.csv");
+    let history = std::fs::read_to_string(&history_path).unwrap();
+    let mut lines = history.lines();
+    assert!(lines.next().unwrap().ends_with(",expandable_segments"));
+    assert!(lines.all(|row| row.ends_with(",on")), "{history}");
+    // ...and a history written before that column gains it on resuming.
+    let older: String = history
+        .lines()
+        .map(|line| format!("{}\n", line.rsplit_once(',').unwrap().0))
+        .collect();
+    std::fs::write(&history_path, older).unwrap();
+    let again = Command::new(BIN)
+        .args([
+            "validate",
+            plan.to_str().unwrap(),
+            "--launch",
+            "megatron",
+            "--megatron-path",
+            megatron.to_str().unwrap(),
+            "--top",
+            "3",
+        ])
+        .current_dir(d)
+        .env("PATH", fake_path)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&again.stdout);
+    assert!(again.status.success(), "{stdout}");
+    assert!(
+        stdout.contains("rewritten with this paratune's columns"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("resuming:"), "{stdout}");
+    let header = std::fs::read_to_string(&history_path).unwrap();
+    assert!(
+        header
+            .lines()
+            .next()
+            .unwrap()
+            .ends_with(",expandable_segments")
+    );
 }
 
 /// A `torchrun` and a `python3` on PATH standing in for torchtitan: the

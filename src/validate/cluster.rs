@@ -78,6 +78,28 @@ struct Measured {
     model: Option<crate::model::ModelSpec>,
 }
 
+/// The column a validation history adds to each engine's row.
+const ALLOCATOR_COLUMN: &str = "expandable_segments";
+
+/// `columns` and [`ALLOCATOR_COLUMN`] after them.
+const fn with_allocator<const N: usize, const M: usize>(
+    columns: &[&'static str; N],
+) -> [&'static str; M] {
+    let mut out = [ALLOCATOR_COLUMN; M];
+    let mut i = 0;
+    while i < N {
+        out[i] = columns[i];
+        i += 1;
+    }
+    out
+}
+
+const MEGATRON_HISTORY: [&str; ROW_COLUMNS.len() + 1] = with_allocator(&ROW_COLUMNS);
+const TORCHTITAN_HISTORY: [&str; torchtitan_log::ROW_COLUMNS.len() + 1] =
+    with_allocator(&torchtitan_log::ROW_COLUMNS);
+const TORCH_HISTORY: [&str; torch_launch::ROW_COLUMNS.len() + 1] =
+    with_allocator(&torch_launch::ROW_COLUMNS);
+
 impl Cluster {
     /// The engine as `--launch` names it.
     fn engine(&self) -> &'static str {
@@ -116,11 +138,13 @@ impl Cluster {
         }
     }
 
+    /// The history's columns: the engine's row, then the allocator the
+    /// trial ran with (which no log says, and the launch script set).
     fn columns(&self) -> &'static [&'static str] {
         match self {
-            Cluster::Megatron(_) => &ROW_COLUMNS,
-            Cluster::Torchtitan(_) => &torchtitan_log::ROW_COLUMNS,
-            Cluster::Torch(_) => &torch_launch::ROW_COLUMNS,
+            Cluster::Megatron(_) => &MEGATRON_HISTORY,
+            Cluster::Torchtitan(_) => &TORCHTITAN_HISTORY,
+            Cluster::Torch(_) => &TORCH_HISTORY,
         }
     }
 
@@ -128,18 +152,39 @@ impl Cluster {
     /// rewritten with the new columns on opening.
     fn older_columns(&self) -> &'static [&'static [&'static str]] {
         match self {
-            Cluster::Torch(_) => &[&torch_launch::ROW_COLUMNS_V1, &torch_launch::ROW_COLUMNS_V2],
+            Cluster::Torch(_) => &[
+                &torch_launch::ROW_COLUMNS_V1,
+                &torch_launch::ROW_COLUMNS_V2,
+                &torch_launch::ROW_COLUMNS,
+            ],
             Cluster::Megatron(_) => &[
                 &crate::validate::megatron_log::ROW_COLUMNS_V1,
                 &crate::validate::megatron_log::ROW_COLUMNS_V2,
+                &ROW_COLUMNS,
             ],
-            Cluster::Torchtitan(_) => &[],
+            Cluster::Torchtitan(_) => &[&torchtitan_log::ROW_COLUMNS],
         }
     }
 
-    /// What a finished trial of `candidate` of `plan` measured, from its log
-    /// (or, for torch trials, its ranks' reports beside it).
+    /// What a finished trial of `candidate` of `plan` measured, as a row of
+    /// [`columns`](Self::columns).
     fn read(
+        &self,
+        log: &Path,
+        plan: &PlanFile,
+        candidate: &PlannedCandidate,
+    ) -> Result<Measured, String> {
+        let mut measured = self.read_engine_row(log, plan, candidate)?;
+        measured
+            .row
+            .push(crate::config::on_off(candidate.config.expandable_segments).into());
+        Ok(measured)
+    }
+
+    /// What a finished trial of `candidate` of `plan` measured, from its log
+    /// (or, for torch trials, its ranks' reports beside it), as a row of the
+    /// engine's columns.
+    fn read_engine_row(
         &self,
         log: &Path,
         plan: &PlanFile,
