@@ -151,29 +151,33 @@ fn cluster_trials_run_read_their_logs_keep_them_and_refit() {
     }
     let plan = write(d, "plan.json", &plan);
     let (megatron, fake_path) = fake_cluster(d);
-    let out = Command::new(BIN)
-        .args([
-            "validate",
-            plan.to_str().unwrap(),
-            "--launch",
-            "megatron",
-            "--megatron-path",
-            megatron.to_str().unwrap(),
-            "--top",
-            "3",
-            "--loop",
-            "2",
-        ])
-        .current_dir(d)
-        .env("PATH", &fake_path)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout} {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    // The plan's top three trialled on the fake cluster, `extra` added.
+    let validate = |extra: &[&str]| {
+        let out = Command::new(BIN)
+            .args([
+                "validate",
+                plan.to_str().unwrap(),
+                "--launch",
+                "megatron",
+                "--megatron-path",
+                megatron.to_str().unwrap(),
+                "--top",
+                "3",
+            ])
+            .args(extra)
+            .current_dir(d)
+            .env("PATH", &fake_path)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "{stdout} {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        stdout
+    };
+    let stdout = validate(&["--loop", "2"]);
     // The first run failed: said so, its log kept, the loop went on.
     assert!(stdout.contains("candidate #1: the run failed"), "{stdout}");
     assert!(d.join("reports/plan/candidate-1/run.log").is_file());
@@ -208,23 +212,7 @@ fn cluster_trials_run_read_their_logs_keep_them_and_refit() {
         .map(|line| format!("{}\n", line.rsplit_once(',').unwrap().0))
         .collect();
     std::fs::write(&history_path, older).unwrap();
-    let again = Command::new(BIN)
-        .args([
-            "validate",
-            plan.to_str().unwrap(),
-            "--launch",
-            "megatron",
-            "--megatron-path",
-            megatron.to_str().unwrap(),
-            "--top",
-            "3",
-        ])
-        .current_dir(d)
-        .env("PATH", fake_path)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&again.stdout);
-    assert!(again.status.success(), "{stdout}");
+    let stdout = validate(&[]);
     assert!(
         stdout.contains("rewritten with this paratune's columns"),
         "{stdout}"
