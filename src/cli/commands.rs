@@ -444,17 +444,20 @@ fn explain_winner(
     }
 }
 
-/// The environment an export needs beside its arguments: PyTorch's
-/// allocator as the memory verdict priced it, and under Megatron-LM's CUDA
-/// graphs the NCCL graph registration Megatron-LM asserts off beside it.
+/// The environment an export needs beside its arguments
+/// ([`launch_environment`]), as a line after it.
 fn environment_lines(c: &ParallelConfig, engine: Engine) -> String {
-    if !c.expandable_segments {
+    let environment = paratune::export::launch_environment(c, engine);
+    if environment.is_empty() {
         return String::new();
     }
-    let graphs = engine == Engine::Megatron && c.cuda_graphs != paratune::config::CudaGraphs::Off;
+    let settings: Vec<String> = environment
+        .iter()
+        .map(|(name, value)| format!("{name}={value}"))
+        .collect();
     format!(
-        "  environment (the memory verdict assumes it): PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True{}\n",
-        if graphs { " NCCL_GRAPH_REGISTER=0" } else { "" }
+        "  environment (the memory verdict assumes it): {}\n",
+        settings.join(" ")
     )
 }
 

@@ -133,6 +133,31 @@ fn every_refusal(
     }
 }
 
+/// `PYTORCH_CUDA_ALLOC_CONF`, PyTorch's allocator options: a comma list.
+pub const ALLOCATOR_OPTIONS: &str = "PYTORCH_CUDA_ALLOC_CONF";
+
+/// The environment a launch of `c` on `engine` needs beside its arguments,
+/// as (variable, value): with expandable segments, the allocator option
+/// the memory verdict assumed, and under Megatron-LM's CUDA graphs NCCL's
+/// graph registration off, which Megatron-LM asserts beside expandable
+/// segments ("Setting NCCL_GRAPH_REGISTER=0 to avoid illegal memory access
+/// when using CUDA Graph with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
+/// `megatron/training/arguments.py`). Empty without them.
+pub fn launch_environment(
+    c: &ParallelConfig,
+    engine: crate::config::Engine,
+) -> Vec<(&'static str, &'static str)> {
+    if !c.expandable_segments {
+        return Vec::new();
+    }
+    let mut environment = vec![(ALLOCATOR_OPTIONS, "expandable_segments:True")];
+    if engine == crate::config::Engine::Megatron && c.cuda_graphs != crate::config::CudaGraphs::Off
+    {
+        environment.push(("NCCL_GRAPH_REGISTER", "0"));
+    }
+    environment
+}
+
 /// How a user runs a sparse embedding sync, which neither engine paratune
 /// exports to can: both all-reduce (or reduce-scatter) the embedding's
 /// gradient densely with the other parameters.

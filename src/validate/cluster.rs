@@ -378,13 +378,11 @@ pub fn run_loop(
     let mut current = prior.clone();
     let mut round_plan = plan.clone();
     // A rerun into the same OUT resumes: what its history holds is kept,
-    // not run again, and counts in every refit.
-    // The history's rows do not record the allocator: this loop's trials
-    // all ran with the plan's.
-    let expandable_segments = plan
-        .candidates
-        .first()
-        .is_some_and(|c| c.config.expandable_segments);
+    // not run again, and counts in every refit. Every trial of this loop
+    // runs the plan's engine and allocator (a history written before the
+    // allocator column reads as fixed segments).
+    let planned = plan.candidates.first().map(|c| c.config);
+    let expandable_segments = planned.is_some_and(|c| c.expandable_segments);
     let mut tried: Vec<ParallelConfig> = measured_runs(plan, &history_path)?
         .map(|runs| {
             runs.into_iter()
@@ -537,10 +535,9 @@ pub fn run_loop(
         // Only what the engine can run is a candidate for a cluster trial.
         // The engine and the allocator stay the plan's: its trials run
         // them, and the refit should rank what they can run.
-        let first = plan.candidates.first().map(|c| c.config);
         let space = SearchSpace {
-            engine: first.map_or(Default::default(), |c| c.engine),
-            expandable_segments: first.map(|c| vec![c.expandable_segments]),
+            engine: planned.map_or(Default::default(), |c| c.engine),
+            expandable_segments: planned.map(|c| vec![c.expandable_segments]),
             ..SearchSpace::default()
         };
         let result = search(&job, &space, &fitted);

@@ -615,33 +615,30 @@ pub fn launch_script(
         );
     }
     hybrid_ep_environment(&mut s, plan, candidate);
-    allocator_environment(&mut s, &candidate.config);
+    allocator_environment(&mut s, &candidate.config, crate::config::Engine::Megatron);
     let _ = writeln!(s, "cd \"${{MEGATRON_PATH}}\"");
     launch_lines(&mut s, launcher);
     Ok(s)
 }
 
-/// PyTorch's allocator as the plan priced it: with `expandable_segments`,
-/// `PYTORCH_CUDA_ALLOC_CONF` set so (the memory verdict counted no
-/// fragmentation), and under Megatron-LM's CUDA graphs NCCL's graph
-/// registration off, which Megatron-LM asserts with expandable segments
-/// ("Setting NCCL_GRAPH_REGISTER=0 to avoid illegal memory access when
-/// using CUDA Graph with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
-/// `megatron/training/arguments.py`). Nothing without them.
-pub(crate) fn allocator_environment(s: &mut String, c: &crate::config::ParallelConfig) {
-    if !c.expandable_segments {
-        return;
-    }
-    // Added to what the environment already asks of the allocator: the
-    // plan's memory verdict holds only with it.
-    let _ = writeln!(
-        s,
-        "case \",${{PYTORCH_CUDA_ALLOC_CONF:-}},\" in *,expandable_segments:True,*) ;; *) export PYTORCH_CUDA_ALLOC_CONF=\"${{PYTORCH_CUDA_ALLOC_CONF:+${{PYTORCH_CUDA_ALLOC_CONF}},}}expandable_segments:True\" ;; esac"
-    );
-    if c.engine == crate::config::Engine::Megatron
-        && c.cuda_graphs != crate::config::CudaGraphs::Off
-    {
-        let _ = writeln!(s, "export NCCL_GRAPH_REGISTER=0");
+/// The environment the plan priced `c` with on `engine`
+/// ([`launch_environment`](crate::export::launch_environment)): the
+/// allocator's option added to what `PYTORCH_CUDA_ALLOC_CONF` already asks
+/// (the plan's memory verdict holds only with it), anything else set.
+pub(crate) fn allocator_environment(
+    s: &mut String,
+    c: &crate::config::ParallelConfig,
+    engine: crate::config::Engine,
+) {
+    for (name, value) in crate::export::launch_environment(c, engine) {
+        if name == crate::export::ALLOCATOR_OPTIONS {
+            let _ = writeln!(
+                s,
+                "case \",${{{name}:-}},\" in *,{value},*) ;; *) export {name}=\"${{{name}:+${{{name}}},}}{value}\" ;; esac"
+            );
+        } else {
+            let _ = writeln!(s, "export {name}={value}");
+        }
     }
 }
 

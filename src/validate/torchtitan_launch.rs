@@ -296,7 +296,11 @@ pub fn torchtitan_script(
     let _ = writeln!(s, "fi");
     let _ = writeln!(s);
     rank_environment(&mut s, launcher, gpus, gpus_per_node, nodes);
-    super::launch::allocator_environment(&mut s, &candidate.config);
+    super::launch::allocator_environment(
+        &mut s,
+        &candidate.config,
+        crate::config::Engine::Torchtitan,
+    );
     let _ = writeln!(s);
 
     match &settings.base {
