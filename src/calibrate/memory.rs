@@ -8,15 +8,14 @@ use super::fit::{FreeParam, Leg, minimise_loss, model_at, prior_pull, soft_l1};
 use super::util::SplitMix64;
 use crate::cluster::NodeGroup;
 use crate::coefficients::{Coefficients, CostModel};
-use crate::cost::{Prediction, Scenario, predict};
+use crate::cost::{Prediction, Scenario, fragmentation_coefficient, predict};
 use crate::evaluate::{Figures, figures_of};
 use crate::runs::{MemoryRank, Run};
 use std::collections::HashMap;
 
-/// Coefficients a measured allocated peak informs, and the one a reserved
-/// peak adds.
+/// Coefficients a measured allocated peak informs; a reserved peak adds
+/// its model's fragmentation ([`fragmentation_coefficient`]).
 pub const ALLOCATED_COEFFICIENTS: [&str; 2] = ["logit_bytes", "workspace_gib"];
-pub const RESERVED_COEFFICIENT: &str = "allocator_fragmentation";
 
 /// One measured peak to fit.
 #[derive(Debug, Clone, Copy)]
@@ -104,8 +103,11 @@ pub fn fit_memory(
         return None;
     }
     let mut names: Vec<&'static str> = ALLOCATED_COEFFICIENTS.to_vec();
-    if rows.iter().any(|r| r.reserved) {
-        names.push(RESERVED_COEFFICIENT);
+    for row in rows.iter().filter(|r| r.reserved) {
+        let name = fragmentation_coefficient(&row.run.model);
+        if !names.contains(&name) {
+            names.push(name);
+        }
     }
     let free: Vec<FreeParam> = names
         .iter()

@@ -818,17 +818,31 @@ pub fn stage_memory(s: &Scenario, c: &ParallelConfig, stage: u64) -> StageMemory
 }
 
 /// What PyTorch's caching allocator reserves on top of the allocated
-/// peak, as a share of it: `allocator_fragmentation` with its fixed
-/// segments, none with expandable segments, whose free blocks' pages are
-/// unmapped before an allocation fails (`expandable_segments` in
-/// PyTorch's `CUDACachingAllocator.cpp`: one segment per stream grows by
-/// mapping pages, and releasing the cache unmaps the whole pages of free
-/// blocks), so what stays lost is under a page per free block.
+/// peak, as a share of it: with its fixed segments, `allocator_fragmentation`
+/// for a dense model and `moe_allocator_fragmentation` for a mixture of
+/// experts, whose tensor sizes change with the routing every step; none
+/// with expandable segments, whose free blocks' pages are unmapped before
+/// an allocation fails (`expandable_segments` in PyTorch's
+/// `CUDACachingAllocator.cpp`: one segment per stream grows by mapping
+/// pages, and releasing the cache unmaps the whole pages of free blocks),
+/// so what stays lost is under a page per free block.
 fn fragmentation(s: &Scenario, c: &ParallelConfig) -> f64 {
     if c.expandable_segments {
-        0.0
+        return 0.0;
+    }
+    let name = fragmentation_coefficient(s.model);
+    s.coef()
+        .get(name)
+        .expect("the fragmentation coefficients exist")
+}
+
+/// The coefficient that prices `model`'s allocator fragmentation (see
+/// [`fragmentation`]): the one a measured reserved peak of it informs.
+pub fn fragmentation_coefficient(model: &ModelSpec) -> &'static str {
+    if model.moe.is_some() {
+        "moe_allocator_fragmentation"
     } else {
-        s.coef().allocator_fragmentation
+        "allocator_fragmentation"
     }
 }
 

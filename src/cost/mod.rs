@@ -31,8 +31,9 @@ mod sync_parts;
 pub use sync_parts::{SyncParts, sync_key};
 
 pub use memory::{
-    StageMemory, gathered_weight_bytes, in_flight, layer_activation_bytes, schedule_in_flight,
-    stage_activation_bytes, stage_memory, state_floor, state_key,
+    StageMemory, fragmentation_coefficient, gathered_weight_bytes, in_flight,
+    layer_activation_bytes, schedule_in_flight, stage_activation_bytes, stage_memory, state_floor,
+    state_key,
 };
 
 use crate::cluster::{AttentionRates, GpuSpec, NodeGroup, Placement};
