@@ -206,7 +206,7 @@ coefficients! {
         "Megatron-LM's CUDA-graph documentation warns of extra memory for captured graphs; about a GiB per rank is a guess for calibration, no published figure";
     memory_reserve_fraction: "fraction of capacity", [0.0, 0.5], 0.02, Carries,
         "capacity a plan leaves free for what varies from run to run",
-        "a margin over the modelled reserved peak; the fragmentation itself is allocator_fragmentation";
+        "a margin over the modelled reserved peak; the fragmentation itself is allocator_fragmentation (moe_allocator_fragmentation for a model with experts)";
     fp8_gemm_efficiency: "fraction of FP8 peak", [0.05, 1.0], 0.7, Carries,
         "tensor-core efficiency of large FP8 GEMMs, as a fraction of the GPU's dense FP8 peak",
         "a public cuBLASLt cross-check (E4M3 in, bf16 out, 8192^3) measured about 1,610 TFLOP/s on H100-class GPUs (81% of 1,979) where PyTorch's _scaled_mm reached 1,170 (59%); Transformer Engine's FP8 GEMMs go through cuBLASLt at training shapes, 0.7 between the two";
@@ -356,6 +356,15 @@ struct FileLayout {
     coefficients: BTreeMap<String, FileEntry>,
 }
 
+/// Coefficients that came with another one's prior moving: a file written
+/// before them lacks the first and holds the second at its old value,
+/// which the error about the first says.
+const MOVED_WITH: [(&str, &str); 1] = [(
+    "moe_allocator_fragmentation",
+    "; a file that predates it also holds allocator_fragmentation at the old 0.12, since \
+     measured at 0.032 for dense models (tests/data/reference/megatron_memory_logs.csv)",
+)];
+
 /// Parses a cost-model file. Every coefficient must be present and known;
 /// a mistyped name is reported with the closest known one.
 pub fn parse_cost_model(text: &str, path: &str) -> Result<CostModel, CostModelFileError> {
@@ -384,8 +393,12 @@ pub fn parse_cost_model(text: &str, path: &str) -> Result<CostModel, CostModelFi
         .iter()
         .find(|i| !layout.coefficients.contains_key(i.name))
     {
+        let moved = MOVED_WITH
+            .iter()
+            .find(|(added, _)| *added == missing.name)
+            .map_or("", |(_, note)| note);
         return Err(invalid(format!(
-            "coefficient `{}` is missing; add `[coefficients.{}]` with `value = {}` (its prior)",
+            "coefficient `{}` is missing; add `[coefficients.{}]` with `value = {}` (its prior){moved}",
             missing.name, missing.name, missing.prior
         )));
     }

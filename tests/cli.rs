@@ -68,6 +68,14 @@ fn args(v: &[String]) -> Vec<&str> {
     v.iter().map(String::as_str).collect()
 }
 
+/// A row of the memory table: it starts with the stage's number (the
+/// lines under it say what a column holds).
+fn is_stage_row(line: &str) -> bool {
+    line.split_whitespace()
+        .next()
+        .is_some_and(|first| first.parse::<u64>().is_ok())
+}
+
 /// The rows of the ranking table: the lines after its header up to the
 /// first blank line.
 fn ranking_rows(table: &str) -> Vec<&str> {
@@ -121,7 +129,7 @@ fn plan_prints_ranking_breakdown_memory_and_exports() {
         .skip_while(|l| !l.contains("memory per GPU by pipeline stage"))
         .skip(2)
         .take_while(|l| l.starts_with("    "))
-        .filter(|l| !l.contains("stage(s) between"))
+        .filter(|l| is_stage_row(l))
         .collect();
     assert!(!stages.is_empty(), "stage rows:\n{out}");
     for stage in stages {
@@ -380,7 +388,8 @@ fn predict_readme_example_prints_time_breakdown_and_memory() {
         .lines()
         .skip_while(|l| !l.contains("memory per GPU by pipeline stage"))
         .skip(2)
-        .filter(|l| !l.contains("stage(s) between"))
+        .take_while(|l| l.starts_with("    "))
+        .filter(|l| is_stage_row(l))
         .collect();
     assert!(stages.len() >= 2, "{out}");
     for stage in &stages {

@@ -365,3 +365,42 @@ fn folds_keep_the_rows_of_one_job_together() {
     assert_eq!(used, vec![0, 1, 2, 3, 4]);
     assert!(group_folds(&rows[..1], &[0], 1, 5, 3).is_none());
 }
+
+/// Reserved peaks inform each model kind's fragmentation: runs of a dense
+/// model and of one with experts, their peaks predicted by a model whose
+/// two shares differ from the prior's, give both shares back.
+#[test]
+fn reserved_peaks_fit_the_dense_and_the_moe_fragmentation_apart() {
+    use crate::model::MoeSpec;
+    use crate::runs::{MeasuredMemory, MemoryRank};
+    let prior = crate::coefficients::builtin_cost_model("datasheet").unwrap();
+    let mut truth = prior.clone();
+    truth.coefficients.set("allocator_fragmentation", 0.05);
+    truth.coefficients.set("moe_allocator_fragmentation", 0.2);
+    let mut data = every(single_node(), 120, 0);
+    let experts = data.runs.clone().into_iter().map(|mut run| {
+        run.model.moe = Some(MoeSpec::megatron_defaults(8, run.model.ffn_hidden));
+        run
+    });
+    data.runs.extend(experts.collect::<Vec<_>>());
+    for run in &mut data.runs {
+        let s = Scenario::new(&run.model, run.global_batch, &data.group, run.gpus, &truth);
+        let p = predict(&s, &run.config);
+        run.measured_memory = Some(MeasuredMemory {
+            allocated: Some(p.peak_allocated_bytes),
+            reserved: Some(p.peak_reserved_bytes),
+            rank: MemoryRank::Max,
+        });
+    }
+    let rows = memory_rows(&data.runs, &data.group);
+    let fit = fit_memory(&rows, &prior, 0, 7).unwrap();
+    let fitted = |name: &str| {
+        fit.coefficients
+            .iter()
+            .find(|(n, ..)| *n == name)
+            .map(|&(_, _, value)| value)
+            .unwrap_or_else(|| panic!("{name} not fitted: {:?}", fit.coefficients))
+    };
+    assert!((fitted("allocator_fragmentation") - 0.05).abs() < 0.01);
+    assert!((fitted("moe_allocator_fragmentation") - 0.2).abs() < 0.02);
+}

@@ -10,7 +10,9 @@ use paratune::coefficients::CostModel;
 use paratune::config::{Engine, ParallelConfig, Rule};
 use paratune::cost::group_syncs;
 use paratune::cost::sparse::embedding_sync_options;
-use paratune::cost::{ProfileUsage, Scenario, memory_per_stage, predict_with_usage};
+use paratune::cost::{
+    ProfileUsage, Scenario, fragmentation_coefficient, memory_per_stage, predict_with_usage,
+};
 use paratune::evaluate::{Figures, Setting, evaluate_with, predicted_rows};
 use paratune::export::{
     BestExport, LaunchJob, best_export, megatron_args, megatron_command_line, megatron_model_notes,
@@ -360,8 +362,11 @@ fn explain_winner(
     render::stage_memory(
         out,
         &stages,
-        winner.prediction.usable_memory_bytes,
-        winner.prediction.peak_stage,
+        (
+            winner.prediction.usable_memory_bytes,
+            winner.prediction.peak_stage,
+        ),
+        fragmentation_coefficient(scenario.model),
     );
     let shown = result.candidates.len().min(top);
     if shown > 1 {
@@ -545,12 +550,13 @@ fn explain_config(
                 seconds(prediction.iteration_s)
             );
             render::fragmentation_note(out, &prediction);
-            let stages = memory_per_stage(&job.scenario(cost), config);
+            let scenario = job.scenario(cost);
+            let stages = memory_per_stage(&scenario, config);
             render::stage_memory(
                 out,
                 &stages,
-                prediction.usable_memory_bytes,
-                prediction.peak_stage,
+                (prediction.usable_memory_bytes, prediction.peak_stage),
+                fragmentation_coefficient(scenario.model),
             );
         }
         Explanation::Ranked {
@@ -700,8 +706,8 @@ pub fn predict_command(args: &PredictArgs) -> Result<()> {
             render::stage_memory(
                 &mut out,
                 &stages,
-                prediction.usable_memory_bytes,
-                prediction.peak_stage,
+                (prediction.usable_memory_bytes, prediction.peak_stage),
+                fragmentation_coefficient(scenario.model),
             );
             emit(&out)?;
         }

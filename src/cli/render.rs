@@ -328,8 +328,14 @@ pub fn mfu_note(out: &mut String, prediction: &Prediction) {
 }
 
 /// Memory per stage; long pipelines show the first, the peak and the last
-/// stages and say how many were left out.
-pub fn stage_memory(out: &mut String, stages: &[StageMemory], usable: f64, peak_stage: u64) {
+/// stages and say how many were left out. `fragmentation` names the
+/// coefficient the allocator column comes from.
+pub fn stage_memory(
+    out: &mut String,
+    stages: &[StageMemory],
+    (usable, peak_stage): (f64, u64),
+    fragmentation: &str,
+) {
     let _ = writeln!(
         out,
         "  memory per GPU by pipeline stage (GiB; usable {:.1}):",
@@ -396,6 +402,28 @@ pub fn stage_memory(out: &mut String, stages: &[StageMemory], usable: f64, peak_
             dispatcher / GIB
         );
     }
+    allocator_note(out, stages, fragmentation);
+}
+
+/// What the allocator column is: the caching allocator's fragmentation
+/// as a share of allocated, and which model kind's coefficient it is.
+fn allocator_note(out: &mut String, stages: &[StageMemory], fragmentation: &str) {
+    let Some(stage) = stages.iter().find(|s| s.allocated() > 0.0) else {
+        return;
+    };
+    if stage.allocator_reserve <= 0.0 {
+        return;
+    }
+    let kind = if fragmentation.starts_with("moe_") {
+        "a model with experts, whose tensor sizes follow the routing"
+    } else {
+        "a dense model"
+    };
+    let _ = writeln!(
+        out,
+        "    allocator: {:.1}% of allocated, the caching allocator's fragmentation for {kind} (`{fragmentation}`); none with --expandable-segments on",
+        100.0 * stage.allocator_reserve / stage.allocated()
+    );
 }
 
 /// The largest differences between two breakdowns, as "+0.31 s pipeline bubble".

@@ -325,7 +325,7 @@ impl Prediction {
     /// The peak stage's fragmentation allowance (reserved over allocated),
     /// when it alone puts a configuration over the usable memory. The
     /// verdict stays "does not fit" (the allowance is the allocator's
-    /// typical cache, `allocator_fragmentation`), but PyTorch frees cached
+    /// typical cache, `memory::fragmentation_coefficient`'s), but PyTorch frees cached
     /// blocks before it runs out and expandable segments avoid most of
     /// them, so such a configuration is worth a try where the margin
     /// matters.

@@ -1971,6 +1971,48 @@ mod allocator_and_engines {
         }
     }
 
+    /// A model with experts reserves its own share (its tensors follow the
+    /// routing), a dense one the dense share, and expandable segments none.
+    #[test]
+    fn the_fragmentation_share_follows_the_model_kind() {
+        let moe = Fixture::new(crate::model::builtin_model("mixtral-8x7b").unwrap(), 8, 64);
+        let c = ParallelConfig {
+            ep: 8,
+            etp: 1,
+            ..config(1, 1, 8, 1)
+        };
+        let m = at(&moe, c, 0);
+        let k = moe.cost.coefficients;
+        assert!(k.moe_allocator_fragmentation != k.allocator_fragmentation);
+        assert_close(
+            m.reserved(),
+            m.allocated() * (1.0 + k.moe_allocator_fragmentation),
+            1e-12,
+            "MoE reserved",
+        );
+        let expandable = at(
+            &moe,
+            ParallelConfig {
+                expandable_segments: true,
+                ..c
+            },
+            0,
+        );
+        assert_close(
+            expandable.reserved(),
+            expandable.allocated(),
+            1e-12,
+            "expandable",
+        );
+        let dense = at(&small(), config(1, 2, 4, 4), 0);
+        assert_close(
+            dense.reserved(),
+            dense.allocated() * (1.0 + k.allocator_fragmentation),
+            1e-12,
+            "dense reserved",
+        );
+    }
+
     #[test]
     fn megatron_pads_the_vocabulary_to_128_times_tp_and_torchtitan_does_not() {
         let f = small();
