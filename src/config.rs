@@ -436,6 +436,15 @@ impl Engine {
             Engine::Torchtitan => "torchtitan",
         }
     }
+
+    /// Whether the engine's own launcher runs PyTorch's allocator with
+    /// expandable segments: torchtitan's `run_train.sh` starts torchrun
+    /// under `PYTORCH_ALLOC_CONF="expandable_segments:True"`
+    /// (`PYTORCH_CUDA_ALLOC_CONF` in its earlier releases); Megatron-LM's
+    /// examples leave PyTorch's default, fixed segments.
+    pub fn launches_expandable_segments(self) -> bool {
+        self == Engine::Torchtitan
+    }
 }
 
 /// How much of the model state is sharded over data-parallel ranks.

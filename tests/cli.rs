@@ -532,6 +532,43 @@ fn predict_says_when_only_the_fragmentation_allowance_is_over() {
     says(&far_expandable, &["DOES NOT FIT"]);
 }
 
+/// Each engine's plan assumes the allocator its launcher sets: torchtitan's
+/// run_train.sh turns expandable segments on, Megatron-LM's examples do not.
+#[test]
+fn the_allocator_defaults_to_the_engines_launcher() {
+    let predict = |engine: &str| {
+        let layout = [
+            "--tp",
+            "1",
+            "--pp",
+            "1",
+            "--global-batch",
+            "32",
+            "--engine",
+            engine,
+        ];
+        ok(&llama3_8b_on("predict", "h100-sxm", &layout))
+    };
+    let configuration = |out: &str| {
+        out.lines()
+            .find(|l| l.starts_with("configuration:"))
+            .map(str::to_owned)
+            .unwrap_or_else(|| panic!("no configuration line:\n{out}"))
+    };
+    let torchtitan = predict("torchtitan");
+    assert!(
+        configuration(&torchtitan).contains("expandable-segments"),
+        "{torchtitan}"
+    );
+    assert!(!torchtitan.contains("allocator: "), "{torchtitan}");
+    let megatron = predict("megatron");
+    assert!(
+        !configuration(&megatron).contains("expandable-segments"),
+        "{megatron}"
+    );
+    says(&megatron, &["allocator: 3.2% of allocated"]);
+}
+
 // ---------------------------------------------------------------- predict --runs
 
 const RUNS_HEADER: &str = "gpus,global_batch,micro_batch,hidden,heads,layers,seq_len,tp,dp,pp";

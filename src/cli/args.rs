@@ -470,8 +470,9 @@ pub struct SpaceArgs {
     /// --fp8-param-gather; default on with --precision fp8 where it runs): on, off.
     #[arg(long, value_delimiter = ',')]
     pub fp8_param_gather: Option<Vec<String>>,
-    /// PyTorch's allocator with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (default off,
-    /// PyTorch's): on, off. On, no memory is counted lost to fragmentation between cached blocks.
+    /// PyTorch's allocator with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: on, off (default
+    /// as the engine's launcher runs it: off for Megatron-LM, on for torchtitan, whose run_train.sh
+    /// sets it). On, no memory is counted lost to fragmentation between cached blocks.
     #[arg(long, value_delimiter = ',')]
     pub expandable_segments: Option<Vec<String>>,
     /// CUDA graphs (--cuda-graph-impl; torch.compile's cudagraphs): off, on (each layer), full

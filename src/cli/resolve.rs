@@ -880,7 +880,11 @@ pub fn single_config(args: &SpaceArgs, job: &Job) -> Result<ParallelConfig> {
         tp_comm_overlap: single("--tp-comm-overlap", &space.tp_comm_overlap, false)?,
         ep_comm_overlap: single("--ep-comm-overlap", &space.ep_comm_overlap, false)?,
         fp8_param_gather: single("--fp8-param-gather", &space.fp8_param_gather, false)?,
-        expandable_segments: single("--expandable-segments", &space.expandable_segments, false)?,
+        expandable_segments: single(
+            "--expandable-segments",
+            &space.expandable_segments,
+            space.engine.launches_expandable_segments(),
+        )?,
         cuda_graphs: single("--cuda-graphs", &space.cuda_graphs, CudaGraphs::Off)?,
         stage_order: single("--stage-order", &space.stage_order, StageOrder::Megatron)?,
         engine: space.engine,

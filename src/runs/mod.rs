@@ -858,8 +858,8 @@ fn parse_row(table: &RunTable, index: usize, defaults: &RowDefaults) -> Result<R
         ep_comm_overlap: switch("ep_comm_overlap", false)?,
         // Megatron-LM's default: 16-bit weights.
         fp8_param_gather: switch("fp8_param_gather", false)?,
-        // PyTorch's default: the allocator's fixed segments.
-        expandable_segments: switch("expandable_segments", false)?,
+        // The allocator the engine's launcher sets.
+        expandable_segments: switch("expandable_segments", engine.launches_expandable_segments())?,
         grad_reduce: match cell("grad_reduce") {
             Some(text) => GradReduce::parse("grad_reduce", text)?,
             None => GradReduce::Fp32,

@@ -40,7 +40,8 @@ pub struct SearchSpace {
     pub tp_comm_overlap: Option<Vec<bool>>,
     pub ep_comm_overlap: Option<Vec<bool>>,
     pub fp8_param_gather: Option<Vec<bool>>,
-    /// PyTorch's expandable segments: off (PyTorch's default) unless given.
+    /// PyTorch's expandable segments: as the engine's launcher sets them
+    /// (`Engine::launches_expandable_segments`) unless given.
     pub expandable_segments: Option<Vec<bool>>,
     /// Tried: off and per layer unless given (a whole iteration's graph
     /// only when asked for: Megatron-LM calls it experimental).
@@ -814,9 +815,12 @@ impl<'a> InnerDims<'a> {
             |c, on| c.fp8_param_gather = on,
         )
         // A launch setting that moves memory only: the allocator the user
-        // runs, PyTorch's default unless given.
+        // runs, the engine's launcher's unless given.
         .then(
-            |_| lend(space.expandable_segments.as_deref().unwrap_or(&[false])),
+            |c| match &space.expandable_segments {
+                Some(given) => lend(given),
+                None => Cow::Owned(vec![c.engine.launches_expandable_segments()]),
+            },
             |c, on| c.expandable_segments = on,
         )
         .walk(f)

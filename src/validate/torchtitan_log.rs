@@ -2118,6 +2118,8 @@ fn resolve(
             crate::config::CudaGraphs::Off
         },
         engine: crate::config::Engine::Torchtitan,
+        // The log does not say; the allocator torchtitan's launcher sets.
+        expandable_segments: crate::config::Engine::Torchtitan.launches_expandable_segments(),
         compile,
         ac_frequency,
         // HSDP: replicas of a shard group.
