@@ -362,7 +362,7 @@ struct FileLayout {
 const MOVED_WITH: [(&str, &str); 1] = [(
     "moe_allocator_fragmentation",
     "; a file that predates it also holds allocator_fragmentation at the old 0.12, since \
-     measured at 0.032 for dense models (tests/data/reference/megatron_memory_logs.csv)",
+     re-measured at 0.032 for dense models (tests/data/reference/megatron_memory_logs.csv)",
 )];
 
 /// Parses a cost-model file. Every coefficient must be present and known;

@@ -462,6 +462,9 @@ fn predict_json_parses_and_adds_up() {
     );
 }
 
+/// Every layer on every GPU: neither tensor nor pipeline parallelism.
+const NO_MODEL_PARALLELISM: [&str; 4] = ["--tp", "1", "--pp", "1"];
+
 /// A configuration the fragmentation allowance alone puts over the GPU is
 /// still out, with what would let it run; one far over gets no such note.
 /// (Published line 27, Llama 3 8B at cp 2, on an H100 held to 77 GiB: its
@@ -471,15 +474,10 @@ fn predict_json_parses_and_adds_up() {
 fn predict_says_when_only_the_fragmentation_allowance_is_over() {
     let predict = |extra: &[&str]| {
         let layout = [
-            "--tp",
-            "1",
-            "--pp",
-            "1",
-            "--global-batch",
-            "128",
-            "--recompute",
-            "none",
-        ];
+            &NO_MODEL_PARALLELISM[..],
+            &["--global-batch", "128", "--recompute", "none"],
+        ]
+        .concat();
         let mut a = llama3_8b_on("predict", "h100-sxm", &layout);
         a.extend_from_slice(extra);
         ok(&a)
@@ -538,15 +536,10 @@ fn predict_says_when_only_the_fragmentation_allowance_is_over() {
 fn the_allocator_defaults_to_the_engines_launcher() {
     let predict = |engine: &str| {
         let layout = [
-            "--tp",
-            "1",
-            "--pp",
-            "1",
-            "--global-batch",
-            "32",
-            "--engine",
-            engine,
-        ];
+            &NO_MODEL_PARALLELISM[..],
+            &["--global-batch", "32", "--engine", engine],
+        ]
+        .concat();
         ok(&llama3_8b_on("predict", "h100-sxm", &layout))
     };
     let configuration = |out: &str| {
@@ -566,7 +559,10 @@ fn the_allocator_defaults_to_the_engines_launcher() {
         !configuration(&megatron).contains("expandable-segments"),
         "{megatron}"
     );
-    says(&megatron, &["allocator: 3.2% of allocated"]);
+    says(
+        &megatron,
+        &["fragmentation, 3.2% of allocated on a dense model"],
+    );
 }
 
 // ---------------------------------------------------------------- predict --runs

@@ -8,7 +8,7 @@ use super::fit::{FreeParam, Leg, minimise_loss, model_at, prior_pull, soft_l1};
 use super::util::SplitMix64;
 use crate::cluster::NodeGroup;
 use crate::coefficients::{Coefficients, CostModel};
-use crate::cost::{Prediction, Scenario, fragmentation_coefficient, predict};
+use crate::cost::{Prediction, Scenario, fragmentation_coefficient, predict, stage_layer_kinds};
 use crate::evaluate::{Figures, figures_of};
 use crate::runs::{MemoryRank, Run};
 use std::collections::HashMap;
@@ -43,6 +43,26 @@ impl MemoryRow<'_> {
 
     fn job(&self) -> String {
         self.run.group_key()
+    }
+
+    /// The fragmentation coefficient a reserved peak informs: the one of
+    /// the measured rank's stage (experts or not); none with expandable
+    /// segments, which reserve nothing beyond allocated, nor for an
+    /// allocated peak.
+    fn fragmentation_informed(&self, cost: &CostModel) -> Option<&'static str> {
+        let run = self.run;
+        if !self.reserved || run.config.expandable_segments {
+            return None;
+        }
+        let s = Scenario::new(&run.model, run.global_batch, self.nodes, run.gpus, cost);
+        let stage = match run.measured_memory.map_or(MemoryRank::Max, |m| m.rank) {
+            MemoryRank::First => 0,
+            MemoryRank::Last => run.config.pp - 1,
+            MemoryRank::Max => predict(&s, &run.config).peak_stage,
+        };
+        let with_experts =
+            run.model.moe.is_some() && stage_layer_kinds(&s, &run.config, stage).1 > 0;
+        Some(fragmentation_coefficient(with_experts))
     }
 }
 
@@ -103,8 +123,7 @@ pub fn fit_memory(
         return None;
     }
     let mut names: Vec<&'static str> = ALLOCATED_COEFFICIENTS.to_vec();
-    for row in rows.iter().filter(|r| r.reserved) {
-        let name = fragmentation_coefficient(&row.run.model);
+    for name in rows.iter().filter_map(|r| r.fragmentation_informed(prior)) {
         if !names.contains(&name) {
             names.push(name);
         }

@@ -10,9 +10,7 @@ use paratune::coefficients::CostModel;
 use paratune::config::{Engine, ParallelConfig, Rule};
 use paratune::cost::group_syncs;
 use paratune::cost::sparse::embedding_sync_options;
-use paratune::cost::{
-    ProfileUsage, Scenario, fragmentation_coefficient, memory_per_stage, predict_with_usage,
-};
+use paratune::cost::{ProfileUsage, Scenario, memory_per_stage, predict_with_usage};
 use paratune::evaluate::{Figures, Setting, evaluate_with, predicted_rows};
 use paratune::export::{
     BestExport, LaunchJob, best_export, megatron_args, megatron_command_line, megatron_model_notes,
@@ -366,7 +364,7 @@ fn explain_winner(
             winner.prediction.usable_memory_bytes,
             winner.prediction.peak_stage,
         ),
-        fragmentation_coefficient(scenario.model),
+        &scenario.cost.coefficients,
     );
     let shown = result.candidates.len().min(top);
     if shown > 1 {
@@ -556,7 +554,7 @@ fn explain_config(
                 out,
                 &stages,
                 (prediction.usable_memory_bytes, prediction.peak_stage),
-                fragmentation_coefficient(scenario.model),
+                &scenario.cost.coefficients,
             );
         }
         Explanation::Ranked {
@@ -707,7 +705,7 @@ pub fn predict_command(args: &PredictArgs) -> Result<()> {
                 &mut out,
                 &stages,
                 (prediction.usable_memory_bytes, prediction.peak_stage),
-                fragmentation_coefficient(scenario.model),
+                &scenario.cost.coefficients,
             );
             emit(&out)?;
         }

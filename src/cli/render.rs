@@ -1,6 +1,7 @@
 //! Text rendering for the terminal: tables, breakdowns, numbers.
 
 use anyhow::{Result, anyhow};
+use paratune::coefficients::Coefficients;
 use paratune::config::{ParallelConfig, on_off};
 use paratune::cost::{Prediction, StageMemory, TimeBreakdown};
 use paratune::runs::write_csv;
@@ -328,13 +329,13 @@ pub fn mfu_note(out: &mut String, prediction: &Prediction) {
 }
 
 /// Memory per stage; long pipelines show the first, the peak and the last
-/// stages and say how many were left out. `fragmentation` names the
-/// coefficient the allocator column comes from.
+/// stages and say how many were left out. `k` holds the fragmentation
+/// shares the allocator column comes from.
 pub fn stage_memory(
     out: &mut String,
     stages: &[StageMemory],
     (usable, peak_stage): (f64, u64),
-    fragmentation: &str,
+    k: &Coefficients,
 ) {
     let _ = writeln!(
         out,
@@ -402,27 +403,49 @@ pub fn stage_memory(
             dispatcher / GIB
         );
     }
-    allocator_note(out, stages, fragmentation);
+    allocator_note(out, stages, k);
 }
 
 /// What the allocator column is: the caching allocator's fragmentation
-/// as a share of allocated, and which model kind's coefficient it is.
-fn allocator_note(out: &mut String, stages: &[StageMemory], fragmentation: &str) {
-    let Some(stage) = stages.iter().find(|s| s.allocated() > 0.0) else {
-        return;
-    };
-    if stage.allocator_reserve <= 0.0 {
+/// as a share of allocated, by the coefficient of each stage's kind
+/// (experts or not).
+fn allocator_note(out: &mut String, stages: &[StageMemory], k: &Coefficients) {
+    let share = |s: &StageMemory| s.allocator_reserve / s.allocated();
+    let shares: Vec<f64> = stages
+        .iter()
+        .filter(|s| s.allocated() > 0.0 && s.allocator_reserve > 0.0)
+        .map(share)
+        .collect();
+    let has = |value: f64| shares.iter().any(|s| (s - value).abs() < 1e-9);
+    let mut parts = Vec::new();
+    let moe = k.moe_allocator_fragmentation;
+    let dense = k.allocator_fragmentation;
+    let both = has(moe) && has(dense) && moe != dense;
+    if has(moe) && moe != dense {
+        parts.push(format!(
+            "{:.1}% of allocated on {}, whose tensor sizes follow the routing (`moe_allocator_fragmentation`)",
+            100.0 * moe,
+            if both { "stages with experts" } else { "a model with experts" }
+        ));
+    }
+    if has(dense) {
+        parts.push(format!(
+            "{:.1}% of allocated on {} (`allocator_fragmentation`)",
+            100.0 * dense,
+            if both {
+                "the dense stages"
+            } else {
+                "a dense model"
+            }
+        ));
+    }
+    if parts.is_empty() {
         return;
     }
-    let kind = if fragmentation.starts_with("moe_") {
-        "a model with experts, whose tensor sizes follow the routing"
-    } else {
-        "a dense model"
-    };
     let _ = writeln!(
         out,
-        "    allocator: {:.1}% of allocated, the caching allocator's fragmentation for {kind} (`{fragmentation}`); none with --expandable-segments on",
-        100.0 * stage.allocator_reserve / stage.allocated()
+        "    allocator: the caching allocator's fragmentation, {}; none with --expandable-segments on",
+        parts.join(", ")
     );
 }
 

@@ -682,7 +682,7 @@ pub fn state_floor(s: &Scenario, c: &ParallelConfig) -> f64 {
     peak_candidates(s, c)
         .map(|stage| {
             let allocated = model_state(s, c, stage).total() + k.workspace_gib * GIB;
-            allocated * (1.0 + fragmentation(s, c)) + k.runtime_overhead_gib * GIB
+            allocated * (1.0 + fragmentation(s, c, stage)) + k.runtime_overhead_gib * GIB
         })
         .fold(0.0, f64::max)
 }
@@ -813,33 +813,36 @@ pub fn stage_memory(s: &Scenario, c: &ParallelConfig, stage: u64) -> StageMemory
         runtime_overhead: k.runtime_overhead_gib * GIB,
         dispatcher_buffers: super::deepep::buffer_bytes(s, c, stage),
     };
-    memory.allocator_reserve = fragmentation(s, c) * memory.allocated();
+    memory.allocator_reserve = fragmentation(s, c, stage) * memory.allocated();
     memory
 }
 
 /// What PyTorch's caching allocator reserves on top of the allocated
-/// peak, as a share of it: with its fixed segments, `allocator_fragmentation`
-/// for a dense model and `moe_allocator_fragmentation` for a mixture of
-/// experts, whose tensor sizes change with the routing every step; none
-/// with expandable segments, whose free blocks' pages are unmapped before
-/// an allocation fails (`expandable_segments` in PyTorch's
-/// `CUDACachingAllocator.cpp`: one segment per stream grows by mapping
-/// pages, and releasing the cache unmaps the whole pages of free blocks),
-/// so what stays lost is under a page per free block.
-fn fragmentation(s: &Scenario, c: &ParallelConfig) -> f64 {
+/// peak of `stage`, as a share of it: with its fixed segments,
+/// `allocator_fragmentation` on a stage of dense layers and
+/// `moe_allocator_fragmentation` on one with experts, whose tensor sizes
+/// change with the routing every step; none with expandable segments,
+/// whose free blocks' pages are unmapped before an allocation fails
+/// (`expandable_segments` in PyTorch's `CUDACachingAllocator.cpp`: one
+/// segment per stream grows by mapping pages, and releasing the cache
+/// unmaps the whole pages of free blocks), so what stays lost is under a
+/// page per free block.
+fn fragmentation(s: &Scenario, c: &ParallelConfig, stage: u64) -> f64 {
     if c.expandable_segments {
         return 0.0;
     }
-    let name = fragmentation_coefficient(s.model);
+    let with_experts = s.model.moe.is_some() && super::stage_layer_kinds(s, c, stage).1 > 0;
+    let name = fragmentation_coefficient(with_experts);
     s.coef()
         .get(name)
         .expect("the fragmentation coefficients exist")
 }
 
-/// The coefficient that prices `model`'s allocator fragmentation (see
-/// [`fragmentation`]): the one a measured reserved peak of it informs.
-pub fn fragmentation_coefficient(model: &ModelSpec) -> &'static str {
-    if model.moe.is_some() {
+/// The coefficient that prices the allocator's fragmentation on a GPU
+/// whose stage holds experts or not (see [`fragmentation`]): the one a
+/// measured reserved peak there informs.
+pub fn fragmentation_coefficient(with_experts: bool) -> &'static str {
+    if with_experts {
         "moe_allocator_fragmentation"
     } else {
         "allocator_fragmentation"

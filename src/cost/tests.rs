@@ -1971,7 +1971,7 @@ mod allocator_and_engines {
         }
     }
 
-    /// A model with experts reserves its own share (its tensors follow the
+    /// A stage with experts reserves its own share (its tensors follow the
     /// routing), a dense one the dense share, and expandable segments none.
     #[test]
     fn the_fragmentation_share_follows_the_model_kind() {
@@ -2011,6 +2011,28 @@ mod allocator_and_engines {
             1e-12,
             "dense reserved",
         );
+        // The share is the stage's: a first stage of dense layers takes the
+        // dense one, the stage with the experts the MoE one.
+        let mut leading_dense = crate::model::builtin_model("mixtral-8x7b").unwrap();
+        leading_dense.moe.as_mut().unwrap().dense_layers = 16;
+        let split = Fixture::new(leading_dense, 8, 64);
+        let pipeline = ParallelConfig {
+            ep: 4,
+            etp: 1,
+            ..config(1, 2, 4, 1)
+        };
+        for (stage, share) in [
+            (0, k.allocator_fragmentation),
+            (1, k.moe_allocator_fragmentation),
+        ] {
+            let m = at(&split, pipeline, stage);
+            assert_close(
+                m.reserved(),
+                m.allocated() * (1.0 + share),
+                1e-12,
+                "stage share",
+            );
+        }
     }
 
     #[test]
@@ -2680,7 +2702,7 @@ mod experts_and_context {
     /// allocator holds the most can differ where a flex dispatcher's
     /// buffers sit beside the allocator on MoE stages only: fits are judged
     /// on the first, the largest logged peak is the second's. Qwen3-30B-A3B
-    /// with its first 24 layers dense (3,072 wide) on one stage of two.
+    /// with its first 24 layers dense (4,096 wide) on one stage of two.
     #[test]
     fn the_allocator_peak_is_the_stage_holding_the_most_in_it() {
         let group = builtin_node("h100-sxm", 16).unwrap();
@@ -2689,7 +2711,7 @@ mod experts_and_context {
         if let Some(moe) = model.moe.as_mut() {
             moe.dense_layers = 24;
         }
-        model.ffn_hidden = 3072;
+        model.ffn_hidden = 4096;
         model.vocab = 32000;
         let c = ParallelConfig {
             pp: 2,

@@ -136,6 +136,11 @@ fn every_refusal(
 /// `PYTORCH_CUDA_ALLOC_CONF`, PyTorch's allocator options: a comma list.
 pub const ALLOCATOR_OPTIONS: &str = "PYTORCH_CUDA_ALLOC_CONF";
 
+/// `PYTORCH_ALLOC_CONF`, the same options under their device-neutral name:
+/// PyTorch from 2.9 reads it first and, where it is set, ignores
+/// [`ALLOCATOR_OPTIONS`] (`c10/core/AllocatorConfig.cpp`).
+pub const NEUTRAL_ALLOCATOR_OPTIONS: &str = "PYTORCH_ALLOC_CONF";
+
 /// The environment a launch of `c` on `engine` needs beside its arguments,
 /// as (variable, value): with expandable segments, the allocator option
 /// the memory verdict assumed, and under Megatron-LM's CUDA graphs NCCL's

@@ -624,7 +624,9 @@ pub fn launch_script(
 /// The environment the plan priced `c` with on `engine`
 /// ([`launch_environment`](crate::export::launch_environment)): the
 /// allocator's option added to what `PYTORCH_CUDA_ALLOC_CONF` already asks
-/// (the plan's memory verdict holds only with it), anything else set.
+/// (the plan's memory verdict holds only with it), and to
+/// `PYTORCH_ALLOC_CONF` where the shell sets that (newer PyTorch reads it
+/// first), anything else set.
 pub(crate) fn allocator_environment(
     s: &mut String,
     c: &crate::config::ParallelConfig,
@@ -635,6 +637,11 @@ pub(crate) fn allocator_environment(
             let _ = writeln!(
                 s,
                 "case \",${{{name}:-}},\" in *,{value},*) ;; *) export {name}=\"${{{name}:+${{{name}}},}}{value}\" ;; esac"
+            );
+            let neutral = crate::export::NEUTRAL_ALLOCATOR_OPTIONS;
+            let _ = writeln!(
+                s,
+                "case \",${{{neutral}:-}},\" in ,,|*,{value},*) ;; *) export {neutral}=\"${{{neutral}}},{value}\" ;; esac"
             );
         } else {
             let _ = writeln!(s, "export {name}={value}");
@@ -1128,6 +1135,34 @@ pub(crate) mod tests {
         let plain = script_of(false, CudaGraphs::Layers);
         assert!(
             !plain.contains("PYTORCH_CUDA_ALLOC_CONF") && !plain.contains("NCCL_GRAPH_REGISTER")
+        );
+        // The option joins what the shell already asks, under both names;
+        // the neutral one, which newer PyTorch reads first, only where set.
+        let lines: String = eager
+            .lines()
+            .filter(|l| l.contains("ALLOC_CONF"))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let run = |neutral: Option<&str>| {
+            let mut bash = std::process::Command::new("bash");
+            bash.arg("-c")
+                .arg(format!(
+                    "{lines}echo \"${{PYTORCH_ALLOC_CONF-unset}}|$PYTORCH_CUDA_ALLOC_CONF\""
+                ))
+                .env("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:512")
+                .env_remove("PYTORCH_ALLOC_CONF");
+            if let Some(value) = neutral {
+                bash.env("PYTORCH_ALLOC_CONF", value);
+            }
+            let out = bash.output().expect("bash runs");
+            String::from_utf8(out.stdout).unwrap().trim().to_string()
+        };
+        let both = "max_split_size_mb:512,expandable_segments:True";
+        assert_eq!(run(None), format!("unset|{both}"));
+        assert_eq!(run(Some("max_split_size_mb:512")), format!("{both}|{both}"));
+        assert_eq!(
+            run(Some("expandable_segments:True")),
+            format!("expandable_segments:True|{both}")
         );
     }
 }
