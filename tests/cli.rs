@@ -563,6 +563,27 @@ fn the_allocator_defaults_to_the_engines_launcher() {
         &megatron,
         &["fragmentation, 3.2% of allocated on a dense model"],
     );
+    // Each torchtitan export names the variable its memory verdict assumed.
+    let plan = ok(&llama3_8b_on(
+        "plan",
+        "h100-sxm",
+        &[
+            "--global-batch",
+            "32",
+            "--engine",
+            "torchtitan",
+            "--top",
+            "1",
+        ],
+    ));
+    let environment = "environment (the memory verdict assumes it): PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True";
+    for export in ["torchtitan 0.3 flags", "torchtitan 0.2 job config"] {
+        let after = &plan[plan
+            .find(export)
+            .unwrap_or_else(|| panic!("{export}:\n{plan}"))..];
+        let section = after.split("\n\n").next().unwrap();
+        assert!(section.contains(environment), "{export}:\n{section}");
+    }
 }
 
 // ---------------------------------------------------------------- predict --runs

@@ -428,7 +428,10 @@ fn explain_winner(
         });
         let _ = writeln!(out, "\ntorchtitan 0.2 job config (TOML fragment):");
         export_best(out, (job, space, cost), result, |launch| {
-            torchtitan_toml(launch).map(|toml| toml.lines().map(|l| format!("    {l}\n")).collect())
+            torchtitan_toml(launch).map(|toml| {
+                let lines: String = toml.lines().map(|l| format!("    {l}\n")).collect();
+                lines + &environment_lines(launch.config, Engine::Torchtitan)
+            })
         });
     };
     match winner.config.engine {
