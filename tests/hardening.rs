@@ -12,6 +12,7 @@ use std::process::Command;
 mod common;
 use common::{
     BIN, fails_in, import_reference_profile, megatron_plan_json, ok_in, root, run_in, says,
+    validate_with_megatron,
 };
 
 /// A case: what it is, the input's text, the parts the error names.
@@ -681,16 +682,8 @@ fn a_megatron_path_with_a_command_substitution_and_a_space_runs_nothing_of_it() 
     )
     .unwrap();
     let out = Command::new(BIN)
-        .args([
-            "validate",
-            plan.to_str().unwrap(),
-            "--launch",
-            "megatron",
-            "--megatron-path",
-            megatron.to_str().unwrap(),
-            "--top",
-            "1",
-        ])
+        .args(validate_with_megatron(&plan, &megatron))
+        .args(["--top", "1"])
         .current_dir(d)
         .env("PATH", path)
         .output()
@@ -752,14 +745,10 @@ fn megatron_arguments_in_a_plan_file_that_differ_from_its_configuration_are_refu
         let err = fails_in(
             d,
             &[
-                "validate",
-                path.to_str().unwrap(),
-                "--launch",
-                "megatron",
-                "--megatron-path",
-                megatron.to_str().unwrap(),
-                "--dry-run",
-            ],
+                &validate_with_megatron(&path, &megatron)[..],
+                &["--dry-run"],
+            ]
+            .concat(),
         );
         says(
             &err,

@@ -6,7 +6,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 mod common;
-use common::{BIN, fails_in as fails, megatron_plan_json, ok_in, run_in as run};
+use common::{
+    BIN, fails_in as fails, megatron_plan_json, ok_in, run_in as run, validate_with_megatron,
+};
 
 fn write(dir: &Path, name: &str, plan: &serde_json::Value) -> PathBuf {
     let path = dir.join(name);
@@ -116,16 +118,10 @@ fn cluster_trials_write_checked_scripts_on_a_dry_run() {
     let out = run(
         d,
         &[
-            "validate",
-            path.to_str().unwrap(),
-            "--launch",
-            "megatron",
-            "--megatron-path",
-            megatron.to_str().unwrap(),
-            "--top",
-            "2",
-            "--dry-run",
-        ],
+            &validate_with_megatron(&path, &megatron)[..],
+            &["--top", "2", "--dry-run"],
+        ]
+        .concat(),
     );
     assert_eq!(out.code, Some(0), "{}", out.stderr);
     for rank in [1, 2] {
@@ -154,16 +150,8 @@ fn cluster_trials_run_read_their_logs_keep_them_and_refit() {
     // The plan's top three trialled on the fake cluster, `extra` added.
     let validate = |extra: &[&str]| {
         let out = Command::new(BIN)
-            .args([
-                "validate",
-                plan.to_str().unwrap(),
-                "--launch",
-                "megatron",
-                "--megatron-path",
-                megatron.to_str().unwrap(),
-                "--top",
-                "3",
-            ])
+            .args(validate_with_megatron(&plan, &megatron))
+            .args(["--top", "3"])
             .args(extra)
             .current_dir(d)
             .env("PATH", &fake_path)
@@ -689,16 +677,10 @@ fn cluster_trials_of_a_plan_the_engine_cannot_run_are_refused() {
     let err = fails(
         d,
         &[
-            "validate",
-            path.to_str().unwrap(),
-            "--launch",
-            "megatron",
-            "--megatron-path",
-            megatron.to_str().unwrap(),
-            "--top",
-            "2",
-            "--dry-run",
-        ],
+            &validate_with_megatron(&path, &megatron)[..],
+            &["--top", "2", "--dry-run"],
+        ]
+        .concat(),
     );
     assert!(err.contains("--launch megatron"), "{err}");
     assert!(err.contains("#1: ") && err.contains("BPipe"), "{err}");

@@ -8,13 +8,13 @@ use super::fit::{FreeParam, Leg, minimise_loss, model_at, prior_pull, soft_l1};
 use super::util::SplitMix64;
 use crate::cluster::NodeGroup;
 use crate::coefficients::{Coefficients, CostModel};
-use crate::cost::{Prediction, Scenario, fragmentation_coefficient, predict, stage_layer_kinds};
+use crate::cost::{Prediction, Scenario, fragmentation_coefficient, predict};
 use crate::evaluate::{Figures, figures_of};
 use crate::runs::{MemoryRank, Run};
 use std::collections::HashMap;
 
 /// Coefficients a measured allocated peak informs; a reserved peak adds
-/// its model's fragmentation ([`fragmentation_coefficient`]).
+/// its stage's fragmentation ([`fragmentation_coefficient`]).
 pub const ALLOCATED_COEFFICIENTS: [&str; 2] = ["logit_bytes", "workspace_gib"];
 
 /// One measured peak to fit.
@@ -60,9 +60,7 @@ impl MemoryRow<'_> {
             MemoryRank::Last => run.config.pp - 1,
             MemoryRank::Max => predict(&s, &run.config).peak_stage,
         };
-        let with_experts =
-            run.model.moe.is_some() && stage_layer_kinds(&s, &run.config, stage).1 > 0;
-        Some(fragmentation_coefficient(with_experts))
+        Some(fragmentation_coefficient(&s, &run.config, stage))
     }
 }
 

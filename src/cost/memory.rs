@@ -831,18 +831,16 @@ fn fragmentation(s: &Scenario, c: &ParallelConfig, stage: u64) -> f64 {
     if c.expandable_segments {
         return 0.0;
     }
-    let with_experts = s.model.moe.is_some() && super::stage_layer_kinds(s, c, stage).1 > 0;
-    let name = fragmentation_coefficient(with_experts);
     s.coef()
-        .get(name)
+        .get(fragmentation_coefficient(s, c, stage))
         .expect("the fragmentation coefficients exist")
 }
 
-/// The coefficient that prices the allocator's fragmentation on a GPU
-/// whose stage holds experts or not (see [`fragmentation`]): the one a
+/// The coefficient that prices the allocator's fragmentation on `stage`,
+/// by whether it holds experts (see [`fragmentation`]): the one a
 /// measured reserved peak there informs.
-pub fn fragmentation_coefficient(with_experts: bool) -> &'static str {
-    if with_experts {
+pub fn fragmentation_coefficient(s: &Scenario, c: &ParallelConfig, stage: u64) -> &'static str {
+    if s.model.moe.is_some() && super::stage_layer_kinds(s, c, stage).1 > 0 {
         "moe_allocator_fragmentation"
     } else {
         "allocator_fragmentation"

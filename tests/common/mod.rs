@@ -50,6 +50,20 @@ pub fn number(table: &paratune::runs::RunTable, row: usize, column: &str) -> f64
         .unwrap_or_else(|e| panic!("{column}: {e}"))
 }
 
+/// `validate PLAN --launch megatron --megatron-path MEGATRON`: a plan's
+/// trials through Megatron-LM launch scripts, the start of every such
+/// test's command.
+pub fn validate_with_megatron<'a>(plan: &'a Path, megatron: &'a Path) -> [&'a str; 6] {
+    [
+        "validate",
+        plan.to_str().unwrap(),
+        "--launch",
+        "megatron",
+        "--megatron-path",
+        megatron.to_str().unwrap(),
+    ]
+}
+
 /// A real plan (GPT-3 13B on one A100 node) that Megatron-LM can run (no
 /// ZeRO-3, BPipe or GPipe), as JSON.
 pub fn megatron_plan_json(dir: &Path) -> serde_json::Value {
