@@ -248,3 +248,41 @@ fn bad_inputs_are_one_line_naming_the_file() {
     let e = fails(&["ingest", "megatron-log", "--out", out_arg]);
     says(&e, &["FILES"]);
 }
+
+/// The lines a paratune launch script starts its log with: the allocator
+/// options the ranks read (here `PYTORCH_CUDA_ALLOC_CONF` alone).
+fn recorded_allocator(cuda_options: &str) -> String {
+    format!(
+        "paratune allocator: PYTORCH_ALLOC_CONF unset\nparatune allocator: PYTORCH_CUDA_ALLOC_CONF={cuda_options}\n"
+    )
+}
+
+#[test]
+fn the_allocator_a_launch_script_recorded_reaches_the_row() {
+    let dir = tempfile::tempdir().unwrap();
+    let recorded = dir.path().join("recorded.log");
+    let complete = std::fs::read_to_string(log(COMPLETE)).unwrap();
+    std::fs::write(
+        &recorded,
+        recorded_allocator("max_split_size_mb:512,expandable_segments:True") + &complete,
+    )
+    .unwrap();
+    let out_path = dir.path().join("runs.csv");
+    ok(&[
+        "ingest",
+        "megatron-log",
+        text(&recorded),
+        &log(COMPLETE),
+        "--out",
+        text(&out_path),
+    ]);
+    let t = read_table(&out_path);
+    // Recorded, it is said; not recorded, the cell is empty and reads as
+    // Megatron-LM's default.
+    assert_eq!(t.cell(0, "expandable_segments"), Some("on"));
+    assert_eq!(t.cell(1, "expandable_segments"), None);
+    let defaults = RowDefaults::gpt(50257, 1024, AttentionKind::Flash, Recompute::None);
+    let runs = runs_from_table(&t, &defaults, BaseNode::DGX_A100).unwrap_or_else(|e| panic!("{e}"));
+    assert!(runs[0].config.expandable_segments);
+    assert!(!runs[1].config.expandable_segments);
+}

@@ -626,3 +626,34 @@ fn bad_inputs_are_one_line_naming_the_file_and_the_fix() {
     let e = fails(&["ingest", "torchtitan-log", "--out", out_arg]);
     says(&e, &["FILES"]);
 }
+
+#[test]
+fn a_launch_without_run_train_sh_is_read_with_the_allocator_it_recorded() {
+    // paratune's script for a candidate priced with fixed segments calls
+    // torchrun itself and sets nothing; the log's first lines say so.
+    let dir = tempfile::tempdir().unwrap();
+    let recorded = dir.path().join("recorded.log");
+    let log = std::fs::read_to_string(data(FSDP8)).unwrap();
+    std::fs::write(
+        &recorded,
+        format!(
+            "paratune allocator: PYTORCH_ALLOC_CONF unset\nparatune allocator: PYTORCH_CUDA_ALLOC_CONF unset\n{log}"
+        ),
+    )
+    .unwrap();
+    let out_path = dir.path().join("runs.csv");
+    let toml = data(FSDP8_TOML);
+    ingest(
+        &[text(&recorded), &data(FSDP8)],
+        &["--config", &toml],
+        &out_path,
+    );
+    let t = read_table(&out_path);
+    assert_eq!(t.cell(0, "expandable_segments"), Some("off"));
+    // A log without the record (run_train.sh's) reads as what that sets.
+    assert_eq!(t.cell(1, "expandable_segments"), None);
+    let runs =
+        runs_from_table(&t, &defaults(), BaseNode::DGX_A100).unwrap_or_else(|e| panic!("{e}"));
+    assert!(!runs[0].config.expandable_segments);
+    assert!(runs[1].config.expandable_segments);
+}

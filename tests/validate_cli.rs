@@ -188,32 +188,46 @@ fn cluster_trials_run_read_their_logs_keep_them_and_refit() {
     for script in scripts {
         assert!(script.contains("expandable_segments:True"), "{script}");
     }
-    // The history records the allocator the trials ran with...
+    // The history records the allocator the trials' logs say they ran with...
     let history_path = d.join("reports/plan/runs-history.csv");
-    let history = std::fs::read_to_string(&history_path).unwrap();
-    let mut lines = history.lines();
-    assert!(lines.next().unwrap().ends_with(",expandable_segments"));
-    assert!(lines.all(|row| row.ends_with(",on")), "{history}");
-    // ...and a history written before that column gains it on resuming.
-    let older: String = history
-        .lines()
-        .map(|line| format!("{}\n", line.rsplit_once(',').unwrap().0))
-        .collect();
-    std::fs::write(&history_path, older).unwrap();
-    let stdout = validate(&[]);
-    assert!(
-        stdout.contains("rewritten with this paratune's columns"),
-        "{stdout}"
-    );
-    assert!(stdout.contains("resuming:"), "{stdout}");
-    let header = std::fs::read_to_string(&history_path).unwrap();
-    assert!(
-        header
-            .lines()
-            .next()
-            .unwrap()
-            .ends_with(",expandable_segments")
-    );
+    let table = paratune::runs::RunTable::read(&history_path).unwrap();
+    assert!(!table.rows.is_empty());
+    for row in 0..table.rows.len() {
+        assert_eq!(
+            table.cell(row, "expandable_segments"),
+            Some("on"),
+            "row {row}"
+        );
+    }
+    // ...and a history of an older layout is rewritten on resuming: the
+    // allocator after the row (the last release's), or no allocator.
+    let at = table
+        .headers
+        .iter()
+        .position(|h| h == "expandable_segments")
+        .unwrap();
+    for keep_at_the_end in [true, false] {
+        let mut older = csv::Writer::from_writer(Vec::new());
+        for record in std::iter::once(&table.headers).chain(&table.rows) {
+            let mut cells: Vec<&String> = record.iter().collect();
+            let allocator = cells.remove(at);
+            if keep_at_the_end {
+                cells.push(allocator);
+            }
+            older.write_record(cells).unwrap();
+        }
+        std::fs::write(&history_path, older.into_inner().unwrap()).unwrap();
+        let stdout = validate(&[]);
+        assert!(
+            stdout.contains("rewritten with this paratune's columns"),
+            "{stdout}"
+        );
+        assert!(stdout.contains("resuming:"), "{stdout}");
+        let upgraded = paratune::runs::RunTable::read(&history_path).unwrap();
+        assert_eq!(upgraded.headers, table.headers);
+        let kept = if keep_at_the_end { Some("on") } else { None };
+        assert_eq!(upgraded.cell(0, "expandable_segments"), kept);
+    }
 }
 
 /// A `torchrun` and a `python3` on PATH standing in for torchtitan: the

@@ -78,7 +78,8 @@ struct Measured {
     model: Option<crate::model::ModelSpec>,
 }
 
-/// The column a validation history adds to each engine's row.
+/// The column a validation history adds to a torch trial's row (the
+/// engines' logs record their allocator; see [`super::allocator`]).
 const ALLOCATOR_COLUMN: &str = "expandable_segments";
 
 /// `columns` and [`ALLOCATOR_COLUMN`] after them.
@@ -94,11 +95,15 @@ const fn with_allocator<const N: usize, const M: usize>(
     out
 }
 
-const MEGATRON_HISTORY: [&str; ROW_COLUMNS.len() + 1] = with_allocator(&ROW_COLUMNS);
-const TORCHTITAN_HISTORY: [&str; torchtitan_log::ROW_COLUMNS.len() + 1] =
-    with_allocator(&torchtitan_log::ROW_COLUMNS);
 const TORCH_HISTORY: [&str; torch_launch::ROW_COLUMNS.len() + 1] =
     with_allocator(&torch_launch::ROW_COLUMNS);
+
+/// The histories written before the engines' rows gained the allocator
+/// (the trial's candidate's, after the row).
+const MEGATRON_HISTORY_V3: [&str; megatron_log::ROW_COLUMNS_V3.len() + 1] =
+    with_allocator(&megatron_log::ROW_COLUMNS_V3);
+const TORCHTITAN_HISTORY_V1: [&str; torchtitan_log::ROW_COLUMNS_V1.len() + 1] =
+    with_allocator(&torchtitan_log::ROW_COLUMNS_V1);
 
 impl Cluster {
     /// The engine as `--launch` names it.
@@ -138,12 +143,12 @@ impl Cluster {
         }
     }
 
-    /// The history's columns: the engine's row, then the allocator the
-    /// trial ran with (which no log says, and the launch script set).
+    /// The history's columns: the engine's row, and after a torch
+    /// trial's the allocator its candidate was priced with.
     fn columns(&self) -> &'static [&'static str] {
         match self {
-            Cluster::Megatron(_) => &MEGATRON_HISTORY,
-            Cluster::Torchtitan(_) => &TORCHTITAN_HISTORY,
+            Cluster::Megatron(_) => &ROW_COLUMNS,
+            Cluster::Torchtitan(_) => &torchtitan_log::ROW_COLUMNS,
             Cluster::Torch(_) => &TORCH_HISTORY,
         }
     }
@@ -158,11 +163,12 @@ impl Cluster {
                 &torch_launch::ROW_COLUMNS,
             ],
             Cluster::Megatron(_) => &[
-                &crate::validate::megatron_log::ROW_COLUMNS_V1,
-                &crate::validate::megatron_log::ROW_COLUMNS_V2,
-                &ROW_COLUMNS,
+                &megatron_log::ROW_COLUMNS_V1,
+                &megatron_log::ROW_COLUMNS_V2,
+                &megatron_log::ROW_COLUMNS_V3,
+                &MEGATRON_HISTORY_V3,
             ],
-            Cluster::Torchtitan(_) => &[&torchtitan_log::ROW_COLUMNS],
+            Cluster::Torchtitan(_) => &[&torchtitan_log::ROW_COLUMNS_V1, &TORCHTITAN_HISTORY_V1],
         }
     }
 
@@ -175,9 +181,11 @@ impl Cluster {
         candidate: &PlannedCandidate,
     ) -> Result<Measured, String> {
         let mut measured = self.read_engine_row(log, plan, candidate)?;
-        measured
-            .row
-            .push(crate::config::on_off(candidate.config.expandable_segments).into());
+        if let Cluster::Torch(_) = self {
+            measured
+                .row
+                .push(crate::config::on_off(candidate.config.expandable_segments).into());
+        }
         Ok(measured)
     }
 

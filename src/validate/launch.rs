@@ -500,7 +500,7 @@ fn launch_lines(s: &mut String, launcher: Launcher) {
             );
             let _ = writeln!(
                 s,
-                "    pretrain_gpt.py \"${{MEGATRON_ARGS[@]}}\" \"${{TRIAL_ARGS[@]}}\" \"${{DATA_ARGS[@]}}\" 2>&1 | tee \"${{LOG_FILE}}\""
+                "    pretrain_gpt.py \"${{MEGATRON_ARGS[@]}}\" \"${{TRIAL_ARGS[@]}}\" \"${{DATA_ARGS[@]}}\" 2>&1 | tee -a \"${{LOG_FILE}}\""
             );
         }
         Launcher::Srun => {
@@ -519,7 +519,7 @@ fn launch_lines(s: &mut String, launcher: Launcher) {
             );
             let _ = writeln!(
                 s,
-                "    pretrain_gpt \"${{MEGATRON_ARGS[@]}}\" \"${{TRIAL_ARGS[@]}}\" \"${{DATA_ARGS[@]}}\" 2>&1 | tee \"${{LOG_FILE}}\""
+                "    pretrain_gpt \"${{MEGATRON_ARGS[@]}}\" \"${{TRIAL_ARGS[@]}}\" \"${{DATA_ARGS[@]}}\" 2>&1 | tee -a \"${{LOG_FILE}}\""
             );
         }
     }
@@ -615,38 +615,11 @@ pub fn launch_script(
         );
     }
     hybrid_ep_environment(&mut s, plan, candidate);
-    allocator_environment(&mut s, &candidate.config, crate::config::Engine::Megatron);
+    super::allocator::export_options(&mut s, &candidate.config, crate::config::Engine::Megatron);
+    super::allocator::record_in_log(&mut s);
     let _ = writeln!(s, "cd \"${{MEGATRON_PATH}}\"");
     launch_lines(&mut s, launcher);
     Ok(s)
-}
-
-/// The environment the plan priced `c` with on `engine`
-/// ([`launch_environment`](crate::export::launch_environment)): the
-/// allocator's option added to what `PYTORCH_CUDA_ALLOC_CONF` already asks
-/// (the plan's memory verdict holds only with it), and to
-/// `PYTORCH_ALLOC_CONF` where the shell sets that (newer PyTorch reads it
-/// first), anything else set.
-pub(crate) fn allocator_environment(
-    s: &mut String,
-    c: &crate::config::ParallelConfig,
-    engine: crate::config::Engine,
-) {
-    for (name, value) in crate::export::launch_environment(c, engine) {
-        if name == crate::export::ALLOCATOR_OPTIONS {
-            let _ = writeln!(
-                s,
-                "case \",${{{name}:-}},\" in *,{value},*) ;; *) export {name}=\"${{{name}:+${{{name}}},}}{value}\" ;; esac"
-            );
-            let neutral = crate::export::NEUTRAL_ALLOCATOR_OPTIONS;
-            let _ = writeln!(
-                s,
-                "case \",${{{neutral}:-}},\" in ,,|*,{value},*) ;; *) export {neutral}=\"${{{neutral}}},{value}\" ;; esac"
-            );
-        } else {
-            let _ = writeln!(s, "export {name}={value}");
-        }
-    }
 }
 
 /// HybridEP's view of the NVLink domain, which it reads from the
@@ -842,7 +815,7 @@ pub(crate) mod tests {
                     assert!(script.starts_with("#!/usr/bin/env bash\n"));
                     assert!(script.contains("\nset -euo pipefail\n"));
                     assert!(script.contains("pretrain_gpt.py"));
-                    assert!(script.contains("| tee \"${LOG_FILE}\""));
+                    assert!(script.contains("| tee -a \"${LOG_FILE}\""));
                     bash_accepts(&script);
                     let launcher_flags: &[&str] = match launcher {
                         Launcher::Torchrun => &TORCHRUN_FLAGS,
@@ -1134,13 +1107,18 @@ pub(crate) mod tests {
         assert!(graphed.contains(allocator) && graphed.contains(no_graph_registration));
         let plain = script_of(false, CudaGraphs::Layers);
         assert!(
-            !plain.contains("PYTORCH_CUDA_ALLOC_CONF") && !plain.contains("NCCL_GRAPH_REGISTER")
+            !plain.contains("export PYTORCH_CUDA_ALLOC_CONF")
+                && !plain.contains("NCCL_GRAPH_REGISTER")
         );
+        // Either way the log starts with what the ranks read.
+        for script in [&eager, &plain] {
+            assert!(script.contains("paratune allocator: "), "{script}");
+        }
         // The option joins what the shell already asks, under both names;
         // the neutral one, which newer PyTorch reads first, only where set.
         let lines: String = eager
             .lines()
-            .filter(|l| l.contains("ALLOC_CONF"))
+            .filter(|l| l.starts_with("case") && l.contains("ALLOC_CONF"))
             .map(|l| format!("{l}\n"))
             .collect();
         let run = |neutral: Option<&str>| {

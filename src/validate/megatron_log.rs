@@ -218,6 +218,10 @@ pub struct MegatronConfig {
     /// `--defer-embedding-wgrad-compute` and `--wgrad-deferral-limit`.
     pub wgrad_deferral: crate::config::WgradDeferral,
     pub multi_latent_attention: bool,
+    /// Whether the ranks had expandable segments, as paratune's launch
+    /// script recorded in the log (`None` where it did not: Megatron-LM's
+    /// own default, fixed segments, is assumed).
+    pub expandable_segments: Option<bool>,
     /// Every argument of the dump as printed, for what the fields above leave out.
     pub all: BTreeMap<String, String>,
 }
@@ -323,6 +327,7 @@ pub fn parse(text: &str, path: &str, warmup: usize) -> Result<MegatronRun, Megat
     }
     let arguments_complete = matches!(scan.state, DumpState::After | DumpState::Second);
     let mut config = config_from_arguments(&scan.args, path, arguments_complete)?;
+    config.expandable_segments = super::allocator::recorded_in_log(text);
     if config.padded_vocab_size.is_none() {
         config.padded_vocab_size = scan.padded_vocab;
     }
@@ -998,6 +1003,7 @@ fn config_from_arguments(
             (true, Some(n)) => crate::config::WgradDeferral::Limit(n),
         },
         multi_latent_attention: flag("multi_latent_attention")?,
+        expandable_segments: None,
         all: args
             .iter()
             .map(|(k, (v, _))| (k.clone(), v.clone()))
@@ -1157,6 +1163,9 @@ impl MegatronConfig {
             cross_entropy_fusion: self.cross_entropy_fusion,
             wgrad_deferral: self.wgrad_deferral,
             cuda_graphs: self.cuda_graphs(),
+            expandable_segments: self
+                .expandable_segments
+                .unwrap_or(crate::config::Engine::Megatron.launches_expandable_segments()),
             ..ParallelConfig::default()
         }
     }
@@ -1228,18 +1237,28 @@ pub const ROW_COLUMNS_V1: [&str; 48] = without(&ROW_COLUMNS_V2, CUDA_GRAPHS_COLU
 /// Where `cuda_graphs` sat in [`ROW_COLUMNS_V2`], after `wgrad_deferral`.
 const CUDA_GRAPHS_COLUMN_AT_V2: usize = 10;
 
-/// [`ROW_COLUMNS`] before the model's switches (`gated_mlp` to
+/// [`ROW_COLUMNS_V3`] before the model's switches (`gated_mlp` to
 /// `qk_layernorm`, `dropout`, `position_embedding`, `head_dim`): a
 /// history of such rows gains them empty (the plan's model) on opening.
 pub const ROW_COLUMNS_V2: [&str; 49] = without::<53, 49>(
     &without::<54, 53>(
-        &without::<55, 54>(&without::<56, 55>(&ROW_COLUMNS, HEAD_DIM_AT), POSITIONS_AT),
+        &without::<55, 54>(
+            &without::<56, 55>(&ROW_COLUMNS_V3, HEAD_DIM_AT),
+            POSITIONS_AT,
+        ),
         DROPOUT_AT,
     ),
     SWITCHES_AT,
 );
 
-/// Where the model's switches sit in [`ROW_COLUMNS`]: four after
+/// [`ROW_COLUMNS`] before `expandable_segments`, which the log gained when
+/// the launch scripts started to record the allocator.
+pub const ROW_COLUMNS_V3: [&str; 56] = without(&ROW_COLUMNS, ALLOCATOR_AT);
+
+/// Where `expandable_segments` sits in [`ROW_COLUMNS`], after the switches.
+const ALLOCATOR_AT: usize = 11;
+
+/// Where the model's switches sit in [`ROW_COLUMNS_V3`]: four after
 /// `ffn_hidden`, and one each after `iter_ms`, `memory_rank` and
 /// `moe_router_group_topk`, as in the run table's order.
 const SWITCHES_AT: usize = 7;
@@ -1250,7 +1269,7 @@ const HEAD_DIM_AT: usize = 46;
 /// The columns of the run-table row [`MegatronRun::row`] gives: paratune's
 /// run-table schema (see `runs::KNOWN_COLUMNS`), then measurements the
 /// schema does not read, carried through as the user's own columns.
-pub const ROW_COLUMNS: [&str; 56] = [
+pub const ROW_COLUMNS: [&str; 57] = [
     "gpus",
     "global_batch",
     "micro_batch",
@@ -1262,6 +1281,7 @@ pub const ROW_COLUMNS: [&str; 56] = [
     "tied_embeddings",
     "linear_bias",
     "qk_layernorm",
+    "expandable_segments",
     "grad_reduce",
     "cross_entropy_fusion",
     "wgrad_deferral",
@@ -1471,6 +1491,7 @@ impl MegatronRun {
             switch(sw.tied_embeddings),
             switch(sw.linear_bias),
             switch(sw.qk_layernorm),
+            switch(m.expandable_segments),
             c.grad_reduce.name().to_string(),
             c.cross_entropy_fusion.name().to_string(),
             c.wgrad_deferral.name(),
@@ -1584,13 +1605,15 @@ mod tests {
         assert_eq!(ROW_COLUMNS_V2[CUDA_GRAPHS_COLUMN_AT_V2], "cuda_graphs");
         assert!(!ROW_COLUMNS_V1.contains(&"cuda_graphs"));
         assert_eq!(ROW_COLUMNS_V1.len() + 1, ROW_COLUMNS_V2.len());
-        let added: Vec<&str> = ROW_COLUMNS
+        let added: Vec<&str> = ROW_COLUMNS_V3
             .iter()
             .copied()
             .filter(|c| !ROW_COLUMNS_V2.contains(c))
             .collect();
         assert_eq!(added, SWITCH_COLUMNS);
-        assert!(ROW_COLUMNS_V2.iter().all(|c| ROW_COLUMNS.contains(c)));
+        assert!(ROW_COLUMNS_V2.iter().all(|c| ROW_COLUMNS_V3.contains(c)));
+        assert_eq!(ROW_COLUMNS[ALLOCATOR_AT], "expandable_segments");
+        assert!(!ROW_COLUMNS_V3.contains(&"expandable_segments"));
     }
 
     /// A validation history written with `older` columns, the row's cells
@@ -1612,7 +1635,7 @@ mod tests {
         let (_, _, upgraded) = crate::runs::RunHistory::open_upgrading(
             path,
             &ROW_COLUMNS,
-            &[&ROW_COLUMNS_V1, &ROW_COLUMNS_V2],
+            &[&ROW_COLUMNS_V1, &ROW_COLUMNS_V2, &ROW_COLUMNS_V3],
         )
         .unwrap();
         assert!(upgraded);

@@ -1,6 +1,7 @@
 //! Validating a plan by trial runs (`paratune validate`) and feeding what
 //! they measure back into the cost model.
 
+pub mod allocator;
 pub mod cluster;
 pub mod launch;
 pub mod local;

@@ -296,11 +296,8 @@ pub fn torchtitan_script(
     let _ = writeln!(s, "fi");
     let _ = writeln!(s);
     rank_environment(&mut s, launcher, gpus, gpus_per_node, nodes);
-    super::launch::allocator_environment(
-        &mut s,
-        &candidate.config,
-        crate::config::Engine::Torchtitan,
-    );
+    super::allocator::export_options(&mut s, &candidate.config, crate::config::Engine::Torchtitan);
+    super::allocator::record_in_log(&mut s);
     let _ = writeln!(s);
 
     match &settings.base {
@@ -338,7 +335,7 @@ pub fn torchtitan_script(
             let _ = writeln!(s, "    --local-ranks-filter 0 --role rank --tee 3 \\");
             let _ = writeln!(
                 s,
-                "    -m torchtitan.train \"${{TITAN_ARGS[@]}}\" \"$@\"{tail} 2>&1 | tee \"${{LOG_FILE}}\""
+                "    -m torchtitan.train \"${{TITAN_ARGS[@]}}\" \"$@\"{tail} 2>&1 | tee -a \"${{LOG_FILE}}\""
             );
         }
         Launcher::Srun => {
@@ -360,7 +357,7 @@ pub fn torchtitan_script(
             );
             let _ = writeln!(
                 s,
-                "    torchtitan \"${{TITAN_ARGS[@]}}\" \"$@\"{tail} 2>&1 | tee \"${{LOG_FILE}}\""
+                "    torchtitan \"${{TITAN_ARGS[@]}}\" \"$@\"{tail} 2>&1 | tee -a \"${{LOG_FILE}}\""
             );
         }
     }

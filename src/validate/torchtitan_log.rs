@@ -1601,6 +1601,10 @@ pub struct TorchtitanRun {
     /// `llama3 8B`, or where `--model` came from.
     pub model_label: String,
     pub config: ParallelConfig,
+    /// Whether the ranks had expandable segments, as paratune's launch
+    /// script recorded in the log; `None` where it did not, and `config`
+    /// holds what torchtitan's `run_train.sh` sets (on).
+    pub expandable_segments: Option<bool>,
     pub gpus: u64,
     pub global_batch: u64,
     /// `training.local_batch_size`.
@@ -1674,8 +1678,14 @@ pub fn parse(text: &str, path: &str, options: &Options) -> Result<TorchtitanRun>
         settings: &settings,
         log: path,
     };
-    let resolved = resolve(&scan, &reader, release, options, path, &mut notes)?;
-    finish(scan, stream, resolved, release, options.warmup, path, notes)
+    let mut resolved = resolve(&scan, &reader, release, options, path, &mut notes)?;
+    let recorded = super::allocator::recorded_in_log(text);
+    if let Some(on) = recorded {
+        resolved.config.expandable_segments = on;
+    }
+    let mut run = finish(scan, stream, resolved, release, options.warmup, path, notes)?;
+    run.expandable_segments = recorded;
+    Ok(run)
 }
 
 /// The stream whose step lines are read: rank 0's when several ranks log,
@@ -3012,6 +3022,7 @@ fn finish(
         model: resolved.model,
         model_label: resolved.model_label,
         config: resolved.config,
+        expandable_segments: None,
         gpus: resolved.gpus,
         global_batch: resolved.global_batch,
         local_batch: resolved.local_batch,
@@ -3033,11 +3044,20 @@ fn finish(
     })
 }
 
+/// [`ROW_COLUMNS`] before `expandable_segments`, which the log gained when
+/// the launch scripts started to record the allocator.
+pub const ROW_COLUMNS_V1: [&str; 42] =
+    crate::validate::torch_launch::without(&ROW_COLUMNS, ALLOCATOR_AT);
+
+/// Where `expandable_segments` sits in [`ROW_COLUMNS`], in the run table's
+/// order (after `tp_comm_overlap`).
+const ALLOCATOR_AT: usize = 14;
+
 /// The columns of the run-table row [`TorchtitanRun::row`] gives: paratune's
 /// run-table schema (see `runs::KNOWN_COLUMNS`, in its order), then the
 /// log's own measurements, carried through as the user's columns (named as
 /// `megatron_log::ROW_COLUMNS` names them).
-pub const ROW_COLUMNS: [&str; 42] = [
+pub const ROW_COLUMNS: [&str; 43] = [
     "gpus",
     "global_batch",
     "micro_batch",
@@ -3052,6 +3072,7 @@ pub const ROW_COLUMNS: [&str; 42] = [
     "overlap_grad_reduce",
     "overlap_param_gather",
     "tp_comm_overlap",
+    "expandable_segments",
     "cuda_graphs",
     "layers",
     "seq_len",
@@ -3106,6 +3127,7 @@ impl TorchtitanRun {
             on_off(c.overlap_grad_reduce),
             on_off(c.overlap_param_gather),
             on_off(c.tp_comm_overlap),
+            self.expandable_segments.map(on_off).unwrap_or_default(),
             c.cuda_graphs.name().to_string(),
             m.layers.to_string(),
             m.seq_len.to_string(),
@@ -3198,6 +3220,8 @@ mod tests {
     #[test]
     fn row_columns_follow_the_run_table_schema() {
         crate::runs::assert_row_columns_follow_the_schema(&ROW_COLUMNS);
+        assert_eq!(ROW_COLUMNS[ALLOCATOR_AT], "expandable_segments");
+        assert!(!ROW_COLUMNS_V1.contains(&"expandable_segments"));
     }
 
     const ESC: &str = "\x1b";
