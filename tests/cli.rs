@@ -577,12 +577,41 @@ fn the_allocator_defaults_to_the_engines_launcher() {
         ],
     ));
     let environment = "environment (the memory verdict assumes it): PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True";
-    for export in ["torchtitan 0.3 flags", "torchtitan 0.2 job config"] {
-        let after = &plan[plan
-            .find(export)
-            .unwrap_or_else(|| panic!("{export}:\n{plan}"))..];
-        let section = after.split("\n\n").next().unwrap();
-        assert!(section.contains(environment), "{export}:\n{section}");
+    let sections = |plan: &str| -> Vec<String> {
+        ["torchtitan 0.3 flags", "torchtitan 0.2 job config"]
+            .iter()
+            .map(|export| {
+                let after = &plan[plan
+                    .find(export)
+                    .unwrap_or_else(|| panic!("{export}:\n{plan}"))..];
+                after.split("\n\n").next().unwrap().to_string()
+            })
+            .collect()
+    };
+    for section in sections(&plan) {
+        assert!(section.contains(environment), "{section}");
+    }
+    // Priced with fixed segments, each says that run_train.sh overrides it.
+    let fixed = ok(&llama3_8b_on(
+        "plan",
+        "h100-sxm",
+        &[
+            "--global-batch",
+            "32",
+            "--engine",
+            "torchtitan",
+            "--expandable-segments",
+            "off",
+            "--top",
+            "1",
+        ],
+    ));
+    for section in sections(&fixed) {
+        assert!(!section.contains(environment), "{section}");
+        says(
+            &section,
+            &["allocator: priced with fixed segments", "run_train.sh"],
+        );
     }
 }
 

@@ -451,10 +451,15 @@ fn explain_winner(
 }
 
 /// The environment an export needs beside its arguments
-/// ([`launch_environment`]), as a line after it.
+/// ([`launch_environment`]), as a line after it. A torchtitan plan priced
+/// with fixed segments says instead what its launcher does to that.
 fn environment_lines(c: &ParallelConfig, engine: Engine) -> String {
     let environment = paratune::export::launch_environment(c, engine);
     if environment.is_empty() {
+        if engine.launches_expandable_segments() && !c.expandable_segments {
+            // torchtitan's run_train.sh, the one such launcher.
+            return "  allocator: priced with fixed segments, but run_train.sh starts torchrun under PYTORCH_ALLOC_CONF=\"expandable_segments:True\", which reserves less: under it the memory verdict is conservative (start torchrun yourself to run as priced)\n".into();
+        }
         return String::new();
     }
     let settings: Vec<String> = environment
