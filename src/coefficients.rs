@@ -358,16 +358,53 @@ struct FileLayout {
 
 /// Coefficients that came with another one's prior moving: a file written
 /// before them lacks the first and holds the second at its old value,
-/// which the error about the first says.
+/// which the note about the first says.
 const MOVED_WITH: [(&str, &str); 1] = [(
     "moe_allocator_fragmentation",
-    "; a file that predates it also holds allocator_fragmentation at the old 0.12, since \
-     re-measured at 0.032 for dense models (tests/data/reference/megatron_memory_logs.csv)",
+    "; a file that predates moe_allocator_fragmentation also holds allocator_fragmentation at \
+     the old 0.12, since re-measured at 0.032 for dense models \
+     (tests/data/reference/megatron_memory_logs.csv)",
 )];
 
-/// Parses a cost-model file. Every coefficient must be present and known;
-/// a mistyped name is reported with the closest known one.
-pub fn parse_cost_model(text: &str, path: &str) -> Result<CostModel, CostModelFileError> {
+/// A cost-model file as read: its model, and the coefficients the file
+/// does not give (a file written before they existed, or one that sets
+/// only some), which hold their priors.
+#[derive(Debug, Clone)]
+pub struct CostModelFile {
+    pub model: CostModel,
+    pub at_prior: Vec<&'static CoefficientInfo>,
+}
+
+impl CostModelFile {
+    /// One line saying which coefficients took their priors, `None` when
+    /// the file gives every one.
+    pub fn at_prior_note(&self, path: &str) -> Option<String> {
+        if self.at_prior.is_empty() {
+            return None;
+        }
+        let named: Vec<String> = self
+            .at_prior
+            .iter()
+            .map(|i| format!("{} = {}", i.name, i.prior))
+            .collect();
+        let moved: String = MOVED_WITH
+            .iter()
+            .filter(|(added, _)| self.at_prior.iter().any(|i| i.name == *added))
+            .map(|(_, note)| *note)
+            .collect();
+        Some(format!(
+            "cost model {path} does not give {} coefficient(s), which take their priors: {}; \
+             `paratune calibrate` fits what its runs inform, or add them to the file{moved}",
+            named.len(),
+            named.join(", ")
+        ))
+    }
+}
+
+/// Parses a cost-model file. Every coefficient must be known (a mistyped
+/// name is reported with the closest known one) and in its range; one the
+/// file does not give holds its prior ([`CostModelFile::at_prior`]).
+pub fn parse_cost_model(text: &str, path: &str) -> Result<CostModelFile, CostModelFileError> {
     let invalid = |message: String| CostModelFileError::Invalid {
         path: path.to_string(),
         message,
@@ -389,28 +426,22 @@ pub fn parse_cost_model(text: &str, path: &str) -> Result<CostModel, CostModelFi
             )));
         }
     }
-    if let Some(missing) = Coefficients::INFO
+    let at_prior = Coefficients::INFO
         .iter()
-        .find(|i| !layout.coefficients.contains_key(i.name))
-    {
-        let moved = MOVED_WITH
-            .iter()
-            .find(|(added, _)| *added == missing.name)
-            .map_or("", |(_, note)| note);
-        return Err(invalid(format!(
-            "coefficient `{}` is missing; add `[coefficients.{}]` with `value = {}` (its prior){moved}",
-            missing.name, missing.name, missing.prior
-        )));
-    }
+        .filter(|i| !layout.coefficients.contains_key(i.name))
+        .collect();
     coefficients.check().map_err(invalid)?;
     check_provenance(&layout.provenance).map_err(invalid)?;
     crate::text::check_printable("the cost model's name", &layout.name).map_err(invalid)?;
-    Ok(CostModel {
-        name: layout.name,
-        description: layout.description,
-        coefficients,
-        collective: layout.collective,
-        provenance: layout.provenance,
+    Ok(CostModelFile {
+        model: CostModel {
+            name: layout.name,
+            description: layout.description,
+            coefficients,
+            collective: layout.collective,
+            provenance: layout.provenance,
+        },
+        at_prior,
     })
 }
 
@@ -458,7 +489,8 @@ fn check_provenance(provenance: &BTreeMap<String, toml::Value>) -> Result<(), St
 /// More measured rows than any calibration reads; keeps sums from overflowing.
 const MAX_FITTED_ROWS: i64 = 1 << 40;
 
-pub fn load_cost_model(path: &Path) -> Result<CostModel, CostModelFileError> {
+/// Reads and parses a cost-model file ([`parse_cost_model`]).
+pub fn load_cost_model(path: &Path) -> Result<CostModelFile, CostModelFileError> {
     let shown = path.display().to_string();
     let text = std::fs::read_to_string(path).map_err(|cause| CostModelFileError::Read {
         path: shown.clone(),
@@ -568,10 +600,13 @@ pub fn builtin_cost_model(name: &str) -> Option<CostModel> {
         return Some(builtin_cost_model(shipped)?.carried_to(gpu));
     }
     let (file, text) = BUILTIN.iter().find(|(n, _)| *n == name)?;
-    Some(
-        parse_cost_model(text, &format!("cost_models/{file}.toml"))
-            .expect("shipped cost models parse (tested)"),
-    )
+    let read = parse_cost_model(text, &format!("cost_models/{file}.toml"))
+        .expect("shipped cost models parse (tested)");
+    debug_assert!(
+        read.at_prior.is_empty(),
+        "shipped cost models give every coefficient"
+    );
+    Some(read.model)
 }
 
 /// The shipped cost model to use for a GPU when none is named: the model
@@ -787,6 +822,10 @@ mod tests {
         for name in builtin_cost_model_names() {
             assert!(builtin_cost_model(name).is_some(), "{name}");
         }
+        for (file, text) in BUILTIN {
+            let read = parse_cost_model(text, file).unwrap();
+            assert!(read.at_prior.is_empty(), "{file} lacks {:?}", read.at_prior);
+        }
         let shipped = builtin_cost_model("datasheet").unwrap();
         assert_eq!(shipped.coefficients, Coefficients::priors());
         assert_eq!(
@@ -805,7 +844,8 @@ mod tests {
     fn a_rendered_model_reads_back_identically() {
         let model = CostModel::datasheet();
         let back = parse_cost_model(&render_cost_model(&model), "x.toml").unwrap();
-        assert_eq!(back, model);
+        assert_eq!(back.model, model);
+        assert!(back.at_prior.is_empty() && back.at_prior_note("x.toml").is_none());
     }
 
     #[test]
@@ -818,6 +858,51 @@ mod tests {
         assert!(
             err.contains("gemm_eficiency") && err.contains("gemm_efficiency"),
             "{err}"
+        );
+    }
+
+    /// `text` without the table of coefficient `name`.
+    fn without_table(text: &str, name: &str) -> String {
+        let start = text
+            .find(&format!("[coefficients.{name}]"))
+            .expect("rendered");
+        let end = text[start + 1..]
+            .find("\n[")
+            .map_or(text.len(), |i| start + 2 + i);
+        format!("{}{}", &text[..start], &text[end..])
+    }
+
+    #[test]
+    fn a_file_written_before_a_coefficient_reads_with_its_prior_and_says_so() {
+        let mut model = CostModel::datasheet();
+        model.coefficients.gemm_efficiency = 0.7;
+        let text = render_cost_model(&model);
+        let older = without_table(
+            &without_table(&text, "attention_row_half"),
+            "moe_allocator_fragmentation",
+        );
+        let read = parse_cost_model(&older, "old.toml").unwrap();
+        // What the file gives is kept; what it lacks is the prior.
+        assert_eq!(read.model, model);
+        let names: Vec<&str> = read.at_prior.iter().map(|i| i.name).collect();
+        assert_eq!(names, ["attention_row_half", "moe_allocator_fragmentation"]);
+        let note = read.at_prior_note("old.toml").unwrap();
+        for part in [
+            "old.toml",
+            "2 coefficient(s)",
+            "attention_row_half = 700",
+            "moe_allocator_fragmentation = 0.139",
+            "calibrate",
+            "allocator_fragmentation at the old 0.12",
+        ] {
+            assert!(note.contains(part), "{part}: {note}");
+        }
+        assert!(!note.contains('\n'));
+        let one = parse_cost_model(&without_table(&text, "kernel_gap_us"), "x.toml").unwrap();
+        let note = one.at_prior_note("x.toml").unwrap();
+        assert!(
+            note.contains("kernel_gap_us = 2.1") && !note.contains("0.12"),
+            "{note}"
         );
     }
 

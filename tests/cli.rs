@@ -1706,3 +1706,41 @@ fn the_fastest_an_engine_runs_is_found_past_the_kept_candidates() {
         .unwrap();
     assert!(rank > 10_000, "{line}");
 }
+
+#[test]
+fn an_older_cost_model_file_loads_with_its_missing_coefficients_named() {
+    // The datasheet file as a paratune before `kernel_gap_us` wrote it.
+    let dir = tempfile::tempdir().unwrap();
+    let full = std::fs::read_to_string(common::root().join("cost_models/datasheet.toml")).unwrap();
+    let start = full.find("[coefficients.kernel_gap_us]").unwrap();
+    let end = start + 1 + full[start + 1..].find("\n[").unwrap() + 1;
+    let older = write(
+        dir.path(),
+        "older.toml",
+        &format!("{}{}", &full[..start], &full[end..]),
+    );
+    let args = llama3_8b_on(
+        "predict",
+        "h100-sxm",
+        &["--global-batch", "32", "--cost-model", &older],
+    );
+    let out = common::ok_output(&args);
+    says(
+        &out.stderr,
+        &["warning: cost model", "older.toml", "kernel_gap_us = 2.1"],
+    );
+    assert_eq!(out.stderr.lines().count(), 1, "{}", out.stderr);
+    // The prior is what it priced with: the same as the whole datasheet's.
+    let whole = ok(&llama3_8b_on(
+        "predict",
+        "h100-sxm",
+        &["--global-batch", "32", "--cost-model", "datasheet"],
+    ));
+    let iteration = |text: &str| {
+        text.lines()
+            .find(|l| l.contains("iteration"))
+            .map(str::to_owned)
+            .unwrap()
+    };
+    assert_eq!(iteration(&out.stdout), iteration(&whole));
+}

@@ -479,7 +479,11 @@ pub fn cost_model(name: Option<&str>, gpu_name: &str) -> Result<CostModel> {
                     "--cost-model: cannot read cost model {name}: {e}; give a cost-model TOML file"
                 )
             })?;
-            Ok(parse_cost_model(&text, name)?)
+            let read = parse_cost_model(&text, name)?;
+            if let Some(note) = read.at_prior_note(name) {
+                eprintln!("warning: {note}");
+            }
+            Ok(read.model)
         }
     }
 }
