@@ -613,6 +613,14 @@ fn the_allocator_defaults_to_the_engines_launcher() {
             &["allocator: priced with fixed segments", "run_train.sh"],
         );
     }
+    // A Megatron-LM plan's torchtitan exports do not repeat it.
+    let megatron = ok(&llama3_8b_on(
+        "plan",
+        "h100-sxm",
+        &["--global-batch", "32", "--top", "1"],
+    ));
+    assert!(megatron.contains("torchtitan 0.3 flags"), "{megatron}");
+    assert!(!megatron.contains("allocator: priced"), "{megatron}");
 }
 
 // ---------------------------------------------------------------- predict --runs

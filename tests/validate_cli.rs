@@ -155,6 +155,8 @@ fn cluster_trials_run_read_their_logs_keep_them_and_refit() {
             .args(extra)
             .current_dir(d)
             .env("PATH", &fake_path)
+            .env_remove("PYTORCH_ALLOC_CONF")
+            .env_remove("PYTORCH_CUDA_ALLOC_CONF")
             .output()
             .unwrap();
         let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -284,6 +286,10 @@ fn torchtitan_trials_run_read_their_logs_and_refit() {
             "16",
             "--engine",
             "torchtitan",
+            // Priced with fixed segments, which only the log can say the
+            // trials ran with: torchtitan's default is on.
+            "--expandable-segments",
+            "off",
             "--top",
             "3",
             "--format",
@@ -306,6 +312,8 @@ fn torchtitan_trials_run_read_their_logs_and_refit() {
         ])
         .current_dir(d)
         .env("PATH", path)
+        .env_remove("PYTORCH_ALLOC_CONF")
+        .env_remove("PYTORCH_CUDA_ALLOC_CONF")
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -338,6 +346,14 @@ fn torchtitan_trials_run_read_their_logs_and_refit() {
         .map(|l| l.split(',').collect())
         .collect();
     assert_eq!(rows.len(), 2, "{history}");
+    let table = paratune::runs::RunTable::read(&d.join("reports/plan/runs-history.csv")).unwrap();
+    for row in 0..2 {
+        assert_eq!(
+            table.cell(row, "expandable_segments"),
+            Some("off"),
+            "{history}"
+        );
+    }
     for row in &rows {
         assert_eq!(row[engine], "torchtitan");
         assert_eq!(row[rank], "first");

@@ -456,7 +456,9 @@ fn explain_winner(
 fn environment_lines(c: &ParallelConfig, engine: Engine) -> String {
     let environment = paratune::export::launch_environment(c, engine);
     if environment.is_empty() {
-        if engine.launches_expandable_segments() && !c.expandable_segments {
+        // Said for the plan's own engine: a Megatron-LM plan's torchtitan
+        // exports would repeat it under every one.
+        if engine.launches_expandable_segments() && c.engine == engine && !c.expandable_segments {
             // torchtitan's run_train.sh, the one such launcher.
             return "  allocator: priced with fixed segments, but run_train.sh starts torchrun under PYTORCH_ALLOC_CONF=\"expandable_segments:True\", which reserves less: under it the memory verdict is conservative (start torchrun yourself to run as priced)\n".into();
         }

@@ -21,8 +21,8 @@ const UNSET: &str = " unset";
 /// ([`launch_environment`](crate::export::launch_environment)): the
 /// allocator's option added to what `PYTORCH_CUDA_ALLOC_CONF` already asks
 /// (the plan's memory verdict holds only with it), and to
-/// `PYTORCH_ALLOC_CONF` where the shell sets that (newer PyTorch reads it
-/// first), anything else set.
+/// `PYTORCH_ALLOC_CONF` where the shell sets that, even empty (PyTorch 2.9
+/// reads it instead), anything else set.
 pub(crate) fn export_options(s: &mut String, c: &ParallelConfig, engine: Engine) {
     for (name, value) in crate::export::launch_environment(c, engine) {
         if name == ALLOCATOR_OPTIONS {
@@ -30,10 +30,11 @@ pub(crate) fn export_options(s: &mut String, c: &ParallelConfig, engine: Engine)
                 s,
                 "case \",${{{name}:-}},\" in *,{value},*) ;; *) export {name}=\"${{{name}:+${{{name}}},}}{value}\" ;; esac"
             );
+            // Set even empty, it is the one PyTorch 2.9 reads.
             let neutral = NEUTRAL_ALLOCATOR_OPTIONS;
             let _ = writeln!(
                 s,
-                "case \",${{{neutral}:-}},\" in ,,|*,{value},*) ;; *) export {neutral}=\"${{{neutral}}},{value}\" ;; esac"
+                "if [[ -n \"${{{neutral}+set}}\" ]]; then case \",${{{neutral}}},\" in *,{value},*) ;; *) export {neutral}=\"${{{neutral}:+${{{neutral}}},}}{value}\" ;; esac; fi"
             );
         } else {
             let _ = writeln!(s, "export {name}={value}");
@@ -61,19 +62,30 @@ pub(crate) fn record_in_log(s: &mut String) {
     let _ = writeln!(s, "done > \"${{LOG_FILE}}\"");
 }
 
-/// Whether the ranks of the run logged in `text` had expandable segments,
-/// from the lines [`record_in_log`] wrote (`None` where there are none: a
-/// log of another launcher). PyTorch from 2.9 takes its options from
-/// `PYTORCH_ALLOC_CONF` where that is set, even empty, and from
-/// `PYTORCH_CUDA_ALLOC_CONF` otherwise (`c10/core/AllocatorConfig.cpp`);
-/// neither set is its default, fixed segments.
-pub fn recorded_in_log(text: &str) -> Option<bool> {
+/// What a log's record says of its ranks' allocator.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Recorded {
+    pub expandable_segments: bool,
+    /// Where the PyTorch release decides (see [`recorded_in_log`]), which.
+    pub note: Option<String>,
+}
+
+/// The allocator of the ranks of the run logged in `text`, from the lines
+/// [`record_in_log`] wrote (anywhere in a line: a launcher may prefix it;
+/// `None` where there are none, a log of another launcher). PyTorch from
+/// 2.9 takes its options from `PYTORCH_ALLOC_CONF` where that is set, even
+/// empty, and from `PYTORCH_CUDA_ALLOC_CONF` otherwise
+/// (`c10/core/AllocatorConfig.cpp`); earlier releases read only the
+/// latter; neither set is the default, fixed segments. Where the two
+/// readings differ the record is read as 2.9 would, with a note.
+pub fn recorded_in_log(text: &str) -> Option<Recorded> {
     let mut neutral = None;
     let mut cuda = None;
     for line in text.lines() {
-        let Some(rest) = line.trim_end_matches('\r').strip_prefix(MARKER) else {
+        let Some(at) = line.find(MARKER) else {
             continue;
         };
+        let rest = line[at + MARKER.len()..].trim_end_matches('\r');
         let (slot, after) = if let Some(after) = rest.strip_prefix(NEUTRAL_ALLOCATOR_OPTIONS) {
             (&mut neutral, after)
         } else if let Some(after) = rest.strip_prefix(ALLOCATOR_OPTIONS) {
@@ -90,7 +102,20 @@ pub fn recorded_in_log(text: &str) -> Option<bool> {
         slot.get_or_insert(value);
     }
     let (neutral, cuda) = (neutral?, cuda?);
-    Some(neutral.or(cuda).is_some_and(expandable))
+    let current = neutral.or(cuda).is_some_and(expandable);
+    let before_2_9 = cuda.is_some_and(expandable);
+    let word = |on: bool| if on { "on" } else { "off" };
+    Some(Recorded {
+        expandable_segments: current,
+        note: (current != before_2_9).then(|| {
+            format!(
+                "the log's allocator record turns expandable segments {} for PyTorch 2.9 and later ({NEUTRAL_ALLOCATOR_OPTIONS}) but {} for earlier releases ({ALLOCATOR_OPTIONS} alone); read as {}: give the row's expandable_segments cell if the run's PyTorch predates 2.9",
+                word(current),
+                word(before_2_9),
+                word(current)
+            )
+        }),
+    })
 }
 
 /// Whether allocator options (`key:value,...`) turn expandable segments
@@ -107,16 +132,15 @@ fn expandable(options: &str) -> bool {
 mod tests {
     use super::*;
 
-    /// The log lines [`record_in_log`] writes when bash runs them with
-    /// `neutral` and `cuda` as the two variables (`None`: unset).
-    fn recorded_by_bash(neutral: Option<&str>, cuda: Option<&str>) -> String {
+    /// The log `script` (run by bash under the launch scripts' strict
+    /// options) writes to `LOG_FILE` when the shell sets the two variables
+    /// to `neutral` and `cuda` (`None`: unset).
+    fn log_of(script: &str, neutral: Option<&str>, cuda: Option<&str>) -> String {
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("run.log");
-        let mut script = String::new();
-        record_in_log(&mut script);
         let mut bash = std::process::Command::new("bash");
         bash.arg("-c")
-            .arg(&script)
+            .arg(format!("set -euo pipefail\n{script}"))
             .env("LOG_FILE", &log)
             .env_remove(NEUTRAL_ALLOCATOR_OPTIONS)
             .env_remove(ALLOCATOR_OPTIONS);
@@ -130,6 +154,16 @@ mod tests {
         }
         assert!(bash.status().expect("bash runs").success());
         std::fs::read_to_string(log).unwrap()
+    }
+
+    fn record() -> String {
+        let mut script = String::new();
+        record_in_log(&mut script);
+        script
+    }
+
+    fn expandable_in(log: &str) -> Option<bool> {
+        recorded_in_log(log).map(|r| r.expandable_segments)
     }
 
     #[test]
@@ -156,17 +190,73 @@ mod tests {
             (Some(" expandable_segments : True "), None, true),
         ];
         for (neutral, cuda, expected) in cases {
-            let log = recorded_by_bash(neutral, cuda);
+            let log = log_of(&record(), neutral, cuda);
             assert_eq!(
-                recorded_in_log(&log),
+                expandable_in(&log),
                 Some(expected),
                 "{neutral:?} {cuda:?}: {log}"
             );
             // A second record (a rerun appended to the log) changes nothing.
-            let appended =
-                format!("{log}paratune allocator: PYTORCH_ALLOC_CONF=expandable_segments:True\n");
-            assert_eq!(recorded_in_log(&appended), Some(expected));
+            let appended = format!("{log}paratune allocator: PYTORCH_ALLOC_CONF={on}\n");
+            assert_eq!(expandable_in(&appended), Some(expected));
+            // Nor does a launcher's prefix on each line.
+            let prefixed: String = log.lines().map(|l| format!("0: [rank0]: {l}\n")).collect();
+            assert_eq!(expandable_in(&prefixed), Some(expected));
         }
+    }
+
+    #[test]
+    fn where_pytorch_releases_would_differ_the_record_says_so() {
+        let log = log_of(
+            &record(),
+            Some("max_split_size_mb:512"),
+            Some("expandable_segments:True"),
+        );
+        let read = recorded_in_log(&log).unwrap();
+        assert!(!read.expandable_segments);
+        let note = read.note.unwrap();
+        assert!(
+            note.contains("2.9") && note.contains("read as off"),
+            "{note}"
+        );
+        let agreed = log_of(&record(), None, Some("expandable_segments:True"));
+        assert_eq!(recorded_in_log(&agreed).unwrap().note, None);
+    }
+
+    #[test]
+    fn a_script_priced_with_expandable_segments_runs_with_them_whatever_the_shell_sets() {
+        let c = ParallelConfig {
+            expandable_segments: true,
+            ..ParallelConfig::default()
+        };
+        let mut script = String::new();
+        export_options(&mut script, &c, Engine::Megatron);
+        script.push_str(&record());
+        let values = [
+            None,
+            Some(""),
+            Some("max_split_size_mb:512"),
+            Some("expandable_segments:True"),
+            Some("expandable_segments:False"),
+        ];
+        for neutral in values {
+            for cuda in values {
+                let log = log_of(&script, neutral, cuda);
+                let read = recorded_in_log(&log).unwrap();
+                assert!(read.expandable_segments, "{neutral:?} {cuda:?}: {log}");
+                assert_eq!(read.note, None, "{neutral:?} {cuda:?}: {log}");
+                // What the shell asked for is kept beside it.
+                if neutral == Some("max_split_size_mb:512") || cuda == Some("max_split_size_mb:512")
+                {
+                    assert!(log.contains("max_split_size_mb:512"), "{log}");
+                }
+            }
+        }
+        // Priced without, the script sets nothing and the record says what
+        // the shell did.
+        let mut fixed = String::new();
+        export_options(&mut fixed, &ParallelConfig::default(), Engine::Megatron);
+        assert!(fixed.is_empty());
     }
 
     #[test]

@@ -168,7 +168,11 @@ impl Cluster {
                 &megatron_log::ROW_COLUMNS_V3,
                 &MEGATRON_HISTORY_V3,
             ],
-            Cluster::Torchtitan(_) => &[&torchtitan_log::ROW_COLUMNS_V1, &TORCHTITAN_HISTORY_V1],
+            Cluster::Torchtitan(_) => &[
+                &torchtitan_log::ROW_COLUMNS_V0,
+                &torchtitan_log::ROW_COLUMNS_V1,
+                &TORCHTITAN_HISTORY_V1,
+            ],
         }
     }
 
@@ -386,9 +390,10 @@ pub fn run_loop(
     let mut current = prior.clone();
     let mut round_plan = plan.clone();
     // A rerun into the same OUT resumes: what its history holds is kept,
-    // not run again, and counts in every refit. Every trial of this loop
-    // runs the plan's engine and allocator (a history written before the
-    // allocator column reads as fixed segments).
+    // not run again, and counts in every refit. Its rows are matched to
+    // the plan's candidates under the plan's allocator: a row's own cell
+    // says what its ranks had (the log's record, which the shell may have
+    // changed), and an upgraded history's empty cell the engine's default.
     let planned = plan.candidates.first().map(|c| c.config);
     let expandable_segments = planned.is_some_and(|c| c.expandable_segments);
     let mut tried: Vec<ParallelConfig> = measured_runs(plan, &history_path)?

@@ -1114,33 +1114,6 @@ pub(crate) mod tests {
         for script in [&eager, &plain] {
             assert!(script.contains("paratune allocator: "), "{script}");
         }
-        // The option joins what the shell already asks, under both names;
-        // the neutral one, which newer PyTorch reads first, only where set.
-        let lines: String = eager
-            .lines()
-            .filter(|l| l.starts_with("case") && l.contains("ALLOC_CONF"))
-            .map(|l| format!("{l}\n"))
-            .collect();
-        let run = |neutral: Option<&str>| {
-            let mut bash = std::process::Command::new("bash");
-            bash.arg("-c")
-                .arg(format!(
-                    "{lines}echo \"${{PYTORCH_ALLOC_CONF-unset}}|$PYTORCH_CUDA_ALLOC_CONF\""
-                ))
-                .env("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:512")
-                .env_remove("PYTORCH_ALLOC_CONF");
-            if let Some(value) = neutral {
-                bash.env("PYTORCH_ALLOC_CONF", value);
-            }
-            let out = bash.output().expect("bash runs");
-            String::from_utf8(out.stdout).unwrap().trim().to_string()
-        };
-        let both = "max_split_size_mb:512,expandable_segments:True";
-        assert_eq!(run(None), format!("unset|{both}"));
-        assert_eq!(run(Some("max_split_size_mb:512")), format!("{both}|{both}"));
-        assert_eq!(
-            run(Some("expandable_segments:True")),
-            format!("expandable_segments:True|{both}")
-        );
+        // How the lines behave in bash: `allocator`'s tests.
     }
 }

@@ -327,11 +327,13 @@ pub fn parse(text: &str, path: &str, warmup: usize) -> Result<MegatronRun, Megat
     }
     let arguments_complete = matches!(scan.state, DumpState::After | DumpState::Second);
     let mut config = config_from_arguments(&scan.args, path, arguments_complete)?;
-    config.expandable_segments = super::allocator::recorded_in_log(text);
+    let recorded = super::allocator::recorded_in_log(text);
+    config.expandable_segments = recorded.as_ref().map(|r| r.expandable_segments);
     if config.padded_vocab_size.is_none() {
         config.padded_vocab_size = scan.padded_vocab;
     }
     let mut notes = scan.notes();
+    notes.extend(recorded.and_then(|r| r.note));
     let steady = steady_state(&scan.iterations, &config, path, warmup)?;
     notes.extend(steady.note.clone());
     notes.extend(run_notes(&scan, &config));

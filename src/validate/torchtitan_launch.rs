@@ -504,6 +504,12 @@ mod tests {
                         command.contains("\"$@\" activation-checkpoint:"),
                         "{command}"
                     );
+                    // The log starts with the allocator the ranks read,
+                    // which the launcher's output then follows.
+                    let record = trial.script.find("paratune allocator: ").unwrap();
+                    let launch = trial.script.find("TITAN_ARGS[@]").unwrap();
+                    assert!(record < launch);
+                    assert!(command.ends_with("| tee -a \"${LOG_FILE}\""), "{command}");
                 }
             }
         }

@@ -1680,11 +1680,12 @@ pub fn parse(text: &str, path: &str, options: &Options) -> Result<TorchtitanRun>
     };
     let mut resolved = resolve(&scan, &reader, release, options, path, &mut notes)?;
     let recorded = super::allocator::recorded_in_log(text);
-    if let Some(on) = recorded {
-        resolved.config.expandable_segments = on;
+    if let Some(r) = &recorded {
+        resolved.config.expandable_segments = r.expandable_segments;
+        notes.extend(r.note.clone());
     }
     let mut run = finish(scan, stream, resolved, release, options.warmup, path, notes)?;
-    run.expandable_segments = recorded;
+    run.expandable_segments = recorded.map(|r| r.expandable_segments);
     Ok(run)
 }
 
@@ -3053,6 +3054,11 @@ pub const ROW_COLUMNS_V1: [&str; 42] =
 /// order (after `tp_comm_overlap`).
 const ALLOCATOR_AT: usize = 14;
 
+/// [`ROW_COLUMNS_V1`] before HSDP's `dp_shard` (after `ac_frequency`).
+pub const ROW_COLUMNS_V0: [&str; 41] =
+    crate::validate::torch_launch::without(&ROW_COLUMNS_V1, DP_SHARD_AT_V1);
+const DP_SHARD_AT_V1: usize = 33;
+
 /// The columns of the run-table row [`TorchtitanRun::row`] gives: paratune's
 /// run-table schema (see `runs::KNOWN_COLUMNS`, in its order), then the
 /// log's own measurements, carried through as the user's columns (named as
@@ -3222,6 +3228,8 @@ mod tests {
         crate::runs::assert_row_columns_follow_the_schema(&ROW_COLUMNS);
         assert_eq!(ROW_COLUMNS[ALLOCATOR_AT], "expandable_segments");
         assert!(!ROW_COLUMNS_V1.contains(&"expandable_segments"));
+        assert_eq!(ROW_COLUMNS_V1[DP_SHARD_AT_V1], "dp_shard");
+        assert!(!ROW_COLUMNS_V0.contains(&"dp_shard"));
     }
 
     const ESC: &str = "\x1b";
