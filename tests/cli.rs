@@ -564,18 +564,19 @@ fn the_allocator_defaults_to_the_engines_launcher() {
         &["fragmentation, 3.2% of allocated on a dense model"],
     );
     // Each torchtitan export names the variable its memory verdict assumed.
-    let plan = ok(&llama3_8b_on(
-        "plan",
-        "h100-sxm",
-        &[
+    let torchtitan_plan = |extra: &[&'static str]| {
+        let mut args = vec![
             "--global-batch",
             "32",
             "--engine",
             "torchtitan",
             "--top",
             "1",
-        ],
-    ));
+        ];
+        args.extend_from_slice(extra);
+        ok(&llama3_8b_on("plan", "h100-sxm", &args))
+    };
+    let plan = torchtitan_plan(&[]);
     let environment = "environment (the memory verdict assumes it): PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True";
     let sections = |plan: &str| -> Vec<String> {
         ["torchtitan 0.3 flags", "torchtitan 0.2 job config"]
@@ -592,20 +593,7 @@ fn the_allocator_defaults_to_the_engines_launcher() {
         assert!(section.contains(environment), "{section}");
     }
     // Priced with fixed segments, each says that run_train.sh overrides it.
-    let fixed = ok(&llama3_8b_on(
-        "plan",
-        "h100-sxm",
-        &[
-            "--global-batch",
-            "32",
-            "--engine",
-            "torchtitan",
-            "--expandable-segments",
-            "off",
-            "--top",
-            "1",
-        ],
-    ));
+    let fixed = torchtitan_plan(&["--expandable-segments", "off"]);
     for section in sections(&fixed) {
         assert!(!section.contains(environment), "{section}");
         says(
