@@ -356,15 +356,36 @@ struct FileLayout {
     coefficients: BTreeMap<String, FileEntry>,
 }
 
-/// Coefficients that came with another one's prior moving: a file written
-/// before them lacks the first and holds the second at its old value,
-/// which the note about the first says.
-const MOVED_WITH: [(&str, &str); 1] = [(
-    "moe_allocator_fragmentation",
-    "; a file that predates moe_allocator_fragmentation also holds allocator_fragmentation at \
-     the old 0.12, since re-measured at 0.032 for dense models \
-     (tests/data/reference/megatron_memory_logs.csv)",
-)];
+/// A prior that moved when another coefficient came: a file written
+/// before `added` may give `moved` at its `old` value, which the note about
+/// the missing `added` says.
+struct Moved {
+    added: &'static str,
+    moved: &'static str,
+    old: f64,
+    why: &'static str,
+}
+
+const MOVED_WITH: [Moved; 3] = [
+    Moved {
+        added: "allocator_fragmentation",
+        moved: "runtime_overhead_gib",
+        old: 2.5,
+        why: "the caching allocator's share went to allocator_fragmentation",
+    },
+    Moved {
+        added: "allocator_fragmentation",
+        moved: "memory_reserve_fraction",
+        old: 0.05,
+        why: "now a margin only; the fragmentation is allocator_fragmentation",
+    },
+    Moved {
+        added: "moe_allocator_fragmentation",
+        moved: "allocator_fragmentation",
+        old: 0.12,
+        why: "re-measured for dense models (tests/data/reference/megatron_memory_logs.csv)",
+    },
+];
 
 /// A cost-model file as read: its model, and the coefficients the file
 /// does not give (a file written before they existed, or one that sets
@@ -387,10 +408,18 @@ impl CostModelFile {
             .iter()
             .map(|i| format!("{} = {}", i.name, i.prior))
             .collect();
+        let given = |name: &str| self.at_prior.iter().all(|i| i.name != name);
         let moved: String = MOVED_WITH
             .iter()
-            .filter(|(added, _)| self.at_prior.iter().any(|i| i.name == *added))
-            .map(|(_, note)| *note)
+            .filter(|m| !given(m.added) && given(m.moved))
+            .filter(|m| self.model.coefficients.get(m.moved) == Some(m.old))
+            .map(|m| {
+                let now = Coefficients::priors().get(m.moved).expect("known");
+                format!(
+                    "; it gives {} at {}, the prior before {} came, since moved to {now} ({})",
+                    m.moved, m.old, m.added, m.why
+                )
+            })
             .collect();
         Some(format!(
             "cost model {path} does not give {} coefficient(s), which take their priors: {}; \
@@ -425,6 +454,13 @@ pub fn parse_cost_model(text: &str, path: &str) -> Result<CostModelFile, CostMod
                 crate::suggest::did_you_mean(name, &names)
             )));
         }
+    }
+    if layout.coefficients.is_empty() {
+        return Err(invalid(
+            "`[coefficients]` gives none; give at least the ones you mean to set, each as \
+             `[coefficients.NAME]` with `value = NUMBER` (`--cost-model datasheet` is every prior)"
+                .into(),
+        ));
     }
     let at_prior = Coefficients::INFO
         .iter()
@@ -893,16 +929,63 @@ mod tests {
             "attention_row_half = 700",
             "moe_allocator_fragmentation = 0.139",
             "calibrate",
-            "allocator_fragmentation at the old 0.12",
         ] {
             assert!(note.contains(part), "{part}: {note}");
         }
         assert!(!note.contains('\n'));
+        // A moved prior is named only where the file holds its old value.
+        assert!(!note.contains("since moved"), "{note}");
+        let mut old_model = CostModel::datasheet();
+        old_model.coefficients.allocator_fragmentation = 0.12;
+        let older = without_table(
+            &render_cost_model(&old_model),
+            "moe_allocator_fragmentation",
+        );
+        let note = parse_cost_model(&older, "old.toml")
+            .unwrap()
+            .at_prior_note("old.toml")
+            .unwrap();
+        assert!(
+            note.contains("it gives allocator_fragmentation at 0.12") && note.contains("0.032"),
+            "{note}"
+        );
+        // Older still: the fragmentation itself missing, and the two priors
+        // that moved when it came at their old values.
+        let mut oldest = CostModel::datasheet();
+        oldest.coefficients.runtime_overhead_gib = 2.5;
+        oldest.coefficients.memory_reserve_fraction = 0.05;
+        let oldest = render_cost_model(&oldest);
+        let oldest = without_table(
+            &without_table(&oldest, "allocator_fragmentation"),
+            "moe_allocator_fragmentation",
+        );
+        let note = parse_cost_model(&oldest, "x.toml")
+            .unwrap()
+            .at_prior_note("x.toml")
+            .unwrap();
+        for part in [
+            "runtime_overhead_gib at 2.5",
+            "memory_reserve_fraction at 0.05",
+        ] {
+            assert!(note.contains(part), "{part}: {note}");
+        }
+        assert!(!note.contains("allocator_fragmentation at 0.12"), "{note}");
         let one = parse_cost_model(&without_table(&text, "kernel_gap_us"), "x.toml").unwrap();
         let note = one.at_prior_note("x.toml").unwrap();
         assert!(
-            note.contains("kernel_gap_us = 2.1") && !note.contains("0.12"),
+            note.contains("kernel_gap_us = 2.1") && !note.contains("moved"),
             "{note}"
+        );
+    }
+
+    #[test]
+    fn a_file_that_gives_no_coefficient_is_refused() {
+        let err = parse_cost_model("name = \"x\"\n[coefficients]\n", "x.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("gives none") && err.contains("datasheet"),
+            "{err}"
         );
     }
 

@@ -454,7 +454,7 @@ fn explain_winner(
 /// ([`launch_environment`]), as a line after it. A torchtitan plan priced
 /// with fixed segments says instead what its launcher does to that.
 fn environment_lines(c: &ParallelConfig, engine: Engine) -> String {
-    let environment = paratune::export::launch_environment(c, engine);
+    let environment = paratune::export::launch_environment(c);
     if environment.is_empty() {
         // Said for the plan's own engine: a Megatron-LM plan's torchtitan
         // exports would repeat it under every one.

@@ -141,23 +141,24 @@ pub const ALLOCATOR_OPTIONS: &str = "PYTORCH_CUDA_ALLOC_CONF";
 /// [`ALLOCATOR_OPTIONS`] (`c10/core/AllocatorConfig.cpp`).
 pub const NEUTRAL_ALLOCATOR_OPTIONS: &str = "PYTORCH_ALLOC_CONF";
 
-/// The environment a launch of `c` on `engine` needs beside its arguments,
-/// as (variable, value): with expandable segments, the allocator option
-/// the memory verdict assumed, and under Megatron-LM's CUDA graphs NCCL's
-/// graph registration off, which Megatron-LM asserts beside expandable
-/// segments ("Setting NCCL_GRAPH_REGISTER=0 to avoid illegal memory access
+/// The environment a launch of `c` needs beside its arguments, as
+/// (variable, value): with expandable segments, the allocator option the
+/// memory verdict assumed, and under CUDA graphs NCCL's graph registration
+/// off. NCCL registers the buffers of collectives a graph captures as one
+/// allocation, which an expandable segment's pieces are not (NVIDIA/nccl
+/// #1820, pytorch/pytorch#158029): an illegal memory access. Megatron-LM
+/// asserts it ("Setting NCCL_GRAPH_REGISTER=0 to avoid illegal memory access
 /// when using CUDA Graph with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
-/// `megatron/training/arguments.py`). Empty without them.
-pub fn launch_environment(
-    c: &ParallelConfig,
-    engine: crate::config::Engine,
-) -> Vec<(&'static str, &'static str)> {
+/// `megatron/training/arguments.py`); torchtitan's graph of the whole
+/// forward and backward holds its FSDP and tensor-parallel collectives, and
+/// its own CUDA-graph experiments set it for that reason (pytorch/torchtitan
+/// #2050). Empty without expandable segments.
+pub fn launch_environment(c: &ParallelConfig) -> Vec<(&'static str, &'static str)> {
     if !c.expandable_segments {
         return Vec::new();
     }
     let mut environment = vec![(ALLOCATOR_OPTIONS, "expandable_segments:True")];
-    if engine == crate::config::Engine::Megatron && c.cuda_graphs != crate::config::CudaGraphs::Off
-    {
+    if c.cuda_graphs != crate::config::CudaGraphs::Off {
         environment.push(("NCCL_GRAPH_REGISTER", "0"));
     }
     environment

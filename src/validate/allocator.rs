@@ -7,7 +7,7 @@
 //! before they start ([`record_in_log`]), and the log readers take the
 //! allocator from there ([`recorded_in_log`]) instead of assuming it.
 
-use crate::config::{Engine, ParallelConfig};
+use crate::config::ParallelConfig;
 use crate::export::{ALLOCATOR_OPTIONS, NEUTRAL_ALLOCATOR_OPTIONS};
 use std::fmt::Write as _;
 
@@ -17,24 +17,25 @@ const MARKER: &str = "paratune allocator: ";
 /// What a recorded variable's line says when the shell did not set it.
 const UNSET: &str = " unset";
 
-/// The environment the plan priced `c` with on `engine`
+/// The environment the plan priced `c` with
 /// ([`launch_environment`](crate::export::launch_environment)): the
-/// allocator's option added to what `PYTORCH_CUDA_ALLOC_CONF` already asks
+/// allocator's option added (unless it is already the last word: PyTorch
+/// takes the last of repeated keys) to what `PYTORCH_CUDA_ALLOC_CONF` asks
 /// (the plan's memory verdict holds only with it), and to
 /// `PYTORCH_ALLOC_CONF` where the shell sets that, even empty (PyTorch 2.9
 /// reads it instead), anything else set.
-pub(crate) fn export_options(s: &mut String, c: &ParallelConfig, engine: Engine) {
-    for (name, value) in crate::export::launch_environment(c, engine) {
+pub(crate) fn export_options(s: &mut String, c: &ParallelConfig) {
+    for (name, value) in crate::export::launch_environment(c) {
         if name == ALLOCATOR_OPTIONS {
             let _ = writeln!(
                 s,
-                "case \",${{{name}:-}},\" in *,{value},*) ;; *) export {name}=\"${{{name}:+${{{name}}},}}{value}\" ;; esac"
+                "case \",${{{name}:-}},\" in *,{value},) ;; *) export {name}=\"${{{name}:+${{{name}}},}}{value}\" ;; esac"
             );
             // Set even empty, it is the one PyTorch 2.9 reads.
             let neutral = NEUTRAL_ALLOCATOR_OPTIONS;
             let _ = writeln!(
                 s,
-                "if [[ -n \"${{{neutral}+set}}\" ]]; then case \",${{{neutral}}},\" in *,{value},*) ;; *) export {neutral}=\"${{{neutral}:+${{{neutral}}},}}{value}\" ;; esac; fi"
+                "if [[ -n \"${{{neutral}+set}}\" ]]; then case \",${{{neutral}}},\" in *,{value},) ;; *) export {neutral}=\"${{{neutral}:+${{{neutral}}},}}{value}\" ;; esac; fi"
             );
         } else {
             let _ = writeln!(s, "export {name}={value}");
@@ -230,7 +231,7 @@ mod tests {
             ..ParallelConfig::default()
         };
         let mut script = String::new();
-        export_options(&mut script, &c, Engine::Megatron);
+        export_options(&mut script, &c);
         script.push_str(&record());
         let values = [
             None,
@@ -238,6 +239,7 @@ mod tests {
             Some("max_split_size_mb:512"),
             Some("expandable_segments:True"),
             Some("expandable_segments:False"),
+            Some("expandable_segments:True,expandable_segments:False"),
         ];
         for neutral in values {
             for cuda in values {
@@ -255,7 +257,7 @@ mod tests {
         // Priced without, the script sets nothing and the record says what
         // the shell did.
         let mut fixed = String::new();
-        export_options(&mut fixed, &ParallelConfig::default(), Engine::Megatron);
+        export_options(&mut fixed, &ParallelConfig::default());
         assert!(fixed.is_empty());
     }
 

@@ -78,6 +78,13 @@ struct Measured {
     model: Option<crate::model::ModelSpec>,
 }
 
+/// What a log reader noticed (a cut-off line, an allocator record older
+/// PyTorch would read the other way), after a trial's line, as `ingest`
+/// prints it.
+fn log_notes(notes: &[String]) -> String {
+    notes.iter().map(|n| format!("; note: {n}")).collect()
+}
+
 /// The column a validation history adds to a torch trial's row (the
 /// engines' logs record their allocator; see [`super::allocator`]).
 const ALLOCATOR_COLUMN: &str = "expandable_segments";
@@ -302,13 +309,14 @@ impl Cluster {
                     .row(&name, "paratune validate")
                     .map_err(|e| e.to_string())?;
                 let line = format!(
-                    "{}: {:.1} ms per iteration (steady-state median, {} iterations){}",
+                    "{}: {:.1} ms per iteration (steady-state median, {} iterations){}{}",
                     run.config.summary(),
                     run.steady_median_ms,
                     run.steady_iterations,
                     run.peak_allocated_bytes
                         .map(|b| format!(", peak {:.1} GiB allocated", b / 1024f64.powi(3)))
-                        .unwrap_or_default()
+                        .unwrap_or_default(),
+                    log_notes(&run.notes)
                 );
                 Ok(plain((row, line)))
             }
@@ -329,13 +337,14 @@ impl Cluster {
                 };
                 let run = torchtitan_log::read(log, &options).map_err(|e| e.to_string())?;
                 let line = format!(
-                    "{}: {:.1} ms per iteration (steady-state median, {} steps){}",
+                    "{}: {:.1} ms per iteration (steady-state median, {} steps){}{}",
                     run.summary(),
                     run.steady_median_ms,
                     run.steady_steps,
                     run.peak_reserved_gib
                         .map(|g| format!(", peak {g:.1} GiB reserved on rank 0"))
-                        .unwrap_or_default()
+                        .unwrap_or_default(),
+                    log_notes(&run.notes)
                 );
                 Ok(plain((run.row("paratune validate"), line)))
             }

@@ -615,7 +615,7 @@ pub fn launch_script(
         );
     }
     hybrid_ep_environment(&mut s, plan, candidate);
-    super::allocator::export_options(&mut s, &candidate.config, crate::config::Engine::Megatron);
+    super::allocator::export_options(&mut s, &candidate.config);
     super::allocator::record_in_log(&mut s);
     let _ = writeln!(s, "cd \"${{MEGATRON_PATH}}\"");
     launch_lines(&mut s, launcher);

@@ -296,7 +296,7 @@ pub fn torchtitan_script(
     let _ = writeln!(s, "fi");
     let _ = writeln!(s);
     rank_environment(&mut s, launcher, gpus, gpus_per_node, nodes);
-    super::allocator::export_options(&mut s, &candidate.config, crate::config::Engine::Torchtitan);
+    super::allocator::export_options(&mut s, &candidate.config);
     super::allocator::record_in_log(&mut s);
     let _ = writeln!(s);
 
@@ -473,6 +473,38 @@ mod tests {
         use crate::export::tests::{TORCHTITAN_0_3_0_FIELDS, torchtitan_field};
         matches!(word, "--module" | "--config" | "--dump_folder")
             || torchtitan_field(word).is_some_and(|f| TORCHTITAN_0_3_0_FIELDS.contains(&f.as_str()))
+    }
+
+    #[test]
+    fn graphs_over_expandable_segments_launch_without_nccl_graph_registration() {
+        use crate::config::CudaGraphs;
+        for (graphs, expandable) in [
+            (CudaGraphs::Layers, true),
+            (CudaGraphs::Off, true),
+            (CudaGraphs::Layers, false),
+        ] {
+            let plan = plan(SearchSpace {
+                cuda_graphs: Some(vec![graphs]),
+                expandable_segments: Some(vec![expandable]),
+                ..SearchSpace::default()
+            });
+            let candidate = &plan.candidates[0];
+            assert_eq!(
+                (
+                    candidate.config.cuda_graphs,
+                    candidate.config.expandable_segments
+                ),
+                (graphs, expandable)
+            );
+            let script = torchtitan_script(&plan, candidate, &registry())
+                .unwrap()
+                .script;
+            assert_eq!(
+                script.contains("export NCCL_GRAPH_REGISTER=0"),
+                graphs.on() && expandable,
+                "{graphs:?} {expandable}"
+            );
+        }
     }
 
     #[test]
