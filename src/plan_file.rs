@@ -27,6 +27,11 @@ pub struct PlanFile {
     pub nodes: NodeGroup,
     pub memory_limit_bytes: Option<f64>,
     pub cost_model: String,
+    /// The file the cost model was read from, as `plan --cost-model` was
+    /// given it (`None`: a shipped model, named by `cost_model`): `validate`
+    /// reads the same file, which a shipped name could otherwise shadow.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost_model_file: Option<String>,
     pub search: SearchCounts,
     pub candidates: Vec<PlannedCandidate>,
     /// What of the model Megatron-LM's `pretrain_gpt.py` cannot set, so
@@ -69,6 +74,7 @@ impl PlanFile {
             nodes: job.nodes.clone(),
             memory_limit_bytes: job.memory_limit,
             cost_model: cost.name.clone(),
+            cost_model_file: None,
             search: SearchCounts::of(result),
             candidates,
             megatron_notes: megatron_model_notes(&job.model),
@@ -256,6 +262,10 @@ impl PlanFile {
         self.nodes.check().map_err(|m| field("nodes", m))?;
         crate::text::check_printable("the cost model's name", &self.cost_model)
             .map_err(|m| field("cost_model", m))?;
+        if let Some(file) = &self.cost_model_file {
+            crate::text::check_printable("the cost model's file", file)
+                .map_err(|m| field("cost_model_file", m))?;
+        }
         if self.global_batch == 0 {
             return Err(field("global_batch", "must be at least 1".into()));
         }

@@ -717,3 +717,58 @@ fn cluster_trials_of_a_plan_the_engine_cannot_run_are_refused() {
     assert!(err.contains("--bpipe off"), "the reason's fix: {err}");
     assert!(!d.join("reports/plan/runs-history.csv").exists());
 }
+
+#[test]
+fn a_plan_made_with_a_cost_model_file_is_validated_with_that_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // A calibrated file whose name a shipped model also has.
+    let shipped =
+        std::fs::read_to_string(common::root().join("cost_models/datasheet.toml")).unwrap();
+    std::fs::write(d.join("mine.toml"), shipped).unwrap();
+    let plan = ok_in(
+        d,
+        &[
+            "plan",
+            "--model",
+            "gpt3-13b",
+            "--gpu",
+            "a100-80gb",
+            "--nodes",
+            "1",
+            "--global-batch",
+            "64",
+            "--top",
+            "2",
+            "--cost-model",
+            "mine.toml",
+            "--format",
+            "json",
+        ],
+    );
+    let json: serde_json::Value = serde_json::from_str(&plan).unwrap();
+    assert_eq!(json["cost_model"], "datasheet");
+    assert_eq!(json["cost_model_file"], "mine.toml");
+    std::fs::write(d.join("plan.json"), &plan).unwrap();
+    let (megatron, _) = fake_cluster(d);
+    let plan_path = d.join("plan.json");
+    let dry_run = [
+        &validate_with_megatron(&plan_path, &megatron)[..],
+        &["--dry-run"],
+    ]
+    .concat();
+    ok_in(d, &dry_run);
+    // Validated with the file, not the shipped model of the same name:
+    // without it, the plan's file is what is missing.
+    std::fs::remove_file(d.join("mine.toml")).unwrap();
+    let err = fails(d, &dry_run);
+    assert!(
+        err.contains("mine.toml") && err.contains("--cost-model"),
+        "{err}"
+    );
+    // A plan from an older paratune names no file and takes the model by name.
+    let mut older = json.clone();
+    older.as_object_mut().unwrap().remove("cost_model_file");
+    std::fs::write(&plan_path, serde_json::to_string(&older).unwrap()).unwrap();
+    ok_in(d, &dry_run);
+}

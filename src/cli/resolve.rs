@@ -458,6 +458,13 @@ pub fn job(common: &CommonArgs) -> Result<Job> {
     Ok(job)
 }
 
+/// The file `--cost-model` names, `None` where it names a shipped model
+/// (which [`cost_model`] takes first) or nothing.
+pub fn cost_model_file(name: Option<&str>) -> Option<String> {
+    name.filter(|n| builtin_cost_model(n).is_none())
+        .map(str::to_string)
+}
+
 pub fn cost_model(name: Option<&str>, gpu_name: &str) -> Result<CostModel> {
     match name {
         None => Ok(default_cost_model(gpu_name)),

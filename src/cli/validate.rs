@@ -19,11 +19,18 @@ pub fn run(args: &ValidateArgs) -> Result<()> {
     let text = std::fs::read_to_string(&args.plan)
         .map_err(|e| anyhow!("cannot read plan {shown}: {e}"))?;
     let plan = PlanFile::read_checked(&text, &shown)?;
+    // The model the plan was made with: its file where it came from one.
+    let planned = plan.cost_model_file.as_deref().unwrap_or(&plan.cost_model);
     let cost = resolve::cost_model(
-        Some(args.cost_model.as_deref().unwrap_or(&plan.cost_model)),
+        Some(args.cost_model.as_deref().unwrap_or(planned)),
         &plan.nodes.gpu.name,
     )
-    .with_context(|| "the plan's cost model; give --cost-model NAME or FILE")?;
+    .with_context(|| {
+        format!(
+            "the plan's cost model `{}`; give --cost-model NAME or FILE",
+            plan.cost_model
+        )
+    })?;
     let out = args.out.clone().unwrap_or_else(|| default_out(&args.plan));
     match args.launch {
         Some(engine) => super::validate_cluster::run(args, engine, &plan, &cost, &out),
