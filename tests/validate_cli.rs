@@ -763,9 +763,21 @@ fn a_plan_made_with_a_cost_model_file_is_validated_with_that_file() {
     std::fs::remove_file(d.join("mine.toml")).unwrap();
     let err = fails(d, &dry_run);
     assert!(
-        err.contains("mine.toml") && err.contains("--cost-model"),
+        err.contains("mine.toml") && err.contains("where plan ran") && err.contains("--cost-model"),
         "{err}"
     );
+    // A plan from elsewhere naming a device (or a directory) is refused
+    // before anything is read.
+    for not_a_file in ["/dev/zero", "."] {
+        let mut odd = json.clone();
+        odd["cost_model_file"] = not_a_file.into();
+        std::fs::write(&plan_path, serde_json::to_string(&odd).unwrap()).unwrap();
+        let err = fails(d, &dry_run);
+        assert!(
+            err.contains("not a cost-model TOML file") && err.contains("cost_model_file"),
+            "{err}"
+        );
+    }
     // A plan from an older paratune names no file and takes the model by name.
     let mut older = json.clone();
     older.as_object_mut().unwrap().remove("cost_model_file");

@@ -470,7 +470,7 @@ fn environment_lines(c: &ParallelConfig, engine: Engine) -> String {
         .map(|(name, value)| format!("{name}={value}"))
         .collect();
     format!(
-        "  environment (the memory verdict assumes it): {}\n",
+        "  environment (the plan assumes it): {}\n",
         settings.join(" ")
     )
 }

@@ -472,27 +472,48 @@ pub fn cost_model(name: Option<&str>, gpu_name: &str) -> Result<CostModel> {
             if let Some(model) = builtin_cost_model(name) {
                 return Ok(model);
             }
-            let path = Path::new(name);
-            if !path.exists() {
+            if !Path::new(name).exists() {
                 bail!(
                     "--cost-model: `{name}` is neither a file nor a built-in cost model{}",
                     did_you_mean(name, &builtin_cost_model_names())
                 );
             }
-            // Read here rather than with `load_cost_model`, whose read error
-            // repeats its cause when printed as a chain.
-            let text = std::fs::read_to_string(path).map_err(|e| {
-                anyhow!(
-                    "--cost-model: cannot read cost model {name}: {e}; give a cost-model TOML file"
-                )
-            })?;
-            let read = parse_cost_model(&text, name)?;
-            if let Some(note) = read.at_prior_note(name) {
-                eprintln!("warning: {note}");
-            }
-            Ok(read.model)
+            cost_model_from_file(name).map_err(|e| anyhow!("--cost-model: {e}"))
         }
     }
+}
+
+/// Larger than any cost-model file (the shipped ones are under 40 KB).
+const MAX_COST_MODEL_BYTES: u64 = 1 << 20;
+
+/// The cost model in the file `path`, which must be a regular file of at
+/// most [`MAX_COST_MODEL_BYTES`] (a plan from someone else names one too:
+/// no device, pipe or endless stream is read), with the warning of
+/// [`CostModelFile::at_prior_note`] where it lacks coefficients.
+pub fn cost_model_from_file(path: &str) -> Result<CostModel> {
+    let file = std::fs::File::open(path)
+        .and_then(|f| f.metadata().map(|m| (f, m)))
+        .map_err(|e| anyhow!("cannot read cost model {path}: {e}; give a cost-model TOML file"))?;
+    let (file, metadata) = file;
+    if !metadata.is_file() || metadata.len() > MAX_COST_MODEL_BYTES {
+        bail!(
+            "cost model {path} is not a cost-model TOML file (a regular file of at most {} KiB)",
+            MAX_COST_MODEL_BYTES >> 10
+        );
+    }
+    let mut text = String::new();
+    // Read here rather than with `load_cost_model`, whose read error
+    // repeats its cause when printed as a chain.
+    std::io::Read::read_to_string(
+        &mut std::io::Read::take(file, MAX_COST_MODEL_BYTES),
+        &mut text,
+    )
+    .map_err(|e| anyhow!("cannot read cost model {path}: {e}; give a cost-model TOML file"))?;
+    let read = parse_cost_model(&text, path)?;
+    if let Some(note) = read.at_prior_note(path) {
+        eprintln!("warning: {note}");
+    }
+    Ok(read.model)
 }
 
 fn choices<T: Choice>(flag: &str, values: &Option<Vec<String>>) -> Result<Option<Vec<T>>> {

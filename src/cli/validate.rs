@@ -19,22 +19,32 @@ pub fn run(args: &ValidateArgs) -> Result<()> {
     let text = std::fs::read_to_string(&args.plan)
         .map_err(|e| anyhow!("cannot read plan {shown}: {e}"))?;
     let plan = PlanFile::read_checked(&text, &shown)?;
-    // The model the plan was made with: its file where it came from one.
-    let planned = plan.cost_model_file.as_deref().unwrap_or(&plan.cost_model);
-    let cost = resolve::cost_model(
-        Some(args.cost_model.as_deref().unwrap_or(planned)),
-        &plan.nodes.gpu.name,
-    )
-    .with_context(|| {
-        format!(
-            "the plan's cost model `{}`; give --cost-model NAME or FILE",
-            plan.cost_model
-        )
-    })?;
+    let cost = planned_cost_model(args, &plan)?;
     let out = args.out.clone().unwrap_or_else(|| default_out(&args.plan));
     match args.launch {
         Some(engine) => super::validate_cluster::run(args, engine, &plan, &cost, &out),
         None => local_trials(args, &plan, &cost, &out),
+    }
+}
+
+/// The cost model `--cost-model` names, else the one the plan was made
+/// with: the file `plan --cost-model` read (its path as given there), or
+/// the shipped model it names.
+fn planned_cost_model(args: &ValidateArgs, plan: &PlanFile) -> Result<CostModel> {
+    if let Some(name) = args.cost_model.as_deref() {
+        return resolve::cost_model(Some(name), &plan.nodes.gpu.name);
+    }
+    match &plan.cost_model_file {
+        Some(file) => resolve::cost_model_from_file(file).map_err(|e| {
+            let here = std::env::current_dir()
+                .map(|d| d.display().to_string())
+                .unwrap_or_else(|_| "here".into());
+            anyhow!(
+                "the plan's cost_model_file: {e} (the path `plan` was given, read from {here}); run validate where plan ran, or give --cost-model NAME or FILE"
+            )
+        }),
+        None => resolve::cost_model(Some(&plan.cost_model), &plan.nodes.gpu.name)
+            .with_context(|| "the plan's cost model; give --cost-model NAME or FILE"),
     }
 }
 
