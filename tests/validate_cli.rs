@@ -726,30 +726,10 @@ fn a_plan_made_with_a_cost_model_file_is_validated_with_that_file() {
     let shipped =
         std::fs::read_to_string(common::root().join("cost_models/datasheet.toml")).unwrap();
     std::fs::write(d.join("mine.toml"), shipped).unwrap();
-    let plan = ok_in(
-        d,
-        &[
-            "plan",
-            "--model",
-            "gpt3-13b",
-            "--gpu",
-            "a100-80gb",
-            "--nodes",
-            "1",
-            "--global-batch",
-            "64",
-            "--top",
-            "2",
-            "--cost-model",
-            "mine.toml",
-            "--format",
-            "json",
-        ],
-    );
-    let json: serde_json::Value = serde_json::from_str(&plan).unwrap();
+    let json = common::megatron_plan_json_with(d, &["--cost-model", "mine.toml"]);
     assert_eq!(json["cost_model"], "datasheet");
     assert_eq!(json["cost_model_file"], "mine.toml");
-    std::fs::write(d.join("plan.json"), &plan).unwrap();
+    write(d, "plan.json", &json);
     let (megatron, _) = fake_cluster(d);
     let plan_path = d.join("plan.json");
     let dry_run = [

@@ -67,31 +67,34 @@ pub fn validate_with_megatron<'a>(plan: &'a Path, megatron: &'a Path) -> [&'a st
 /// A real plan (GPT-3 13B on one A100 node) that Megatron-LM can run (no
 /// ZeRO-3, BPipe or GPipe), as JSON.
 pub fn megatron_plan_json(dir: &Path) -> serde_json::Value {
-    let out = ok_in(
-        dir,
-        &[
-            "plan",
-            "--model",
-            "gpt3-13b",
-            "--gpu",
-            "a100-80gb",
-            "--nodes",
-            "1",
-            "--global-batch",
-            "64",
-            "--top",
-            "3",
-            "--optimizer-sharding",
-            "none,optimizer-states",
-            "--bpipe",
-            "off",
-            "--schedule",
-            "1f1b,interleaved",
-            "--format",
-            "json",
-        ],
-    );
-    serde_json::from_str(&out).unwrap()
+    megatron_plan_json_with(dir, &[])
+}
+
+/// [`megatron_plan_json`] with `extra` flags for `plan`.
+pub fn megatron_plan_json_with(dir: &Path, extra: &[&str]) -> serde_json::Value {
+    let mut args = vec![
+        "plan",
+        "--model",
+        "gpt3-13b",
+        "--gpu",
+        "a100-80gb",
+        "--nodes",
+        "1",
+        "--global-batch",
+        "64",
+        "--top",
+        "3",
+        "--optimizer-sharding",
+        "none,optimizer-states",
+        "--bpipe",
+        "off",
+        "--schedule",
+        "1f1b,interleaved",
+        "--format",
+        "json",
+    ];
+    args.extend_from_slice(extra);
+    serde_json::from_str(&ok_in(dir, &args)).unwrap()
 }
 
 /// The reference all-reduce table imported as the profile `dir/p`.
