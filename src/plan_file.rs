@@ -14,7 +14,15 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 pub const PLAN_FORMAT: &str = "paratune-plan";
-pub const PLAN_VERSION: u32 = 1;
+
+/// The format of a plan that names a cost-model file (`cost_model_file`):
+/// a paratune that reads only version 1 would ignore the file and take the
+/// shipped model of the same name, so it is refused there instead.
+pub const PLAN_VERSION: u32 = 2;
+
+/// The format of a plan without a cost-model file, which every paratune
+/// reads.
+pub const PLAN_VERSION_WITHOUT_FILE: u32 = 1;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct PlanFile {
@@ -42,6 +50,18 @@ pub struct PlanFile {
 }
 
 impl PlanFile {
+    /// This plan made with the cost model in `file` (as `--cost-model`
+    /// gave it; `None`: a shipped model), in the format that records it.
+    pub fn with_cost_model_file(mut self, file: Option<String>) -> PlanFile {
+        self.version = if file.is_some() {
+            PLAN_VERSION
+        } else {
+            PLAN_VERSION_WITHOUT_FILE
+        };
+        self.cost_model_file = file;
+        self
+    }
+
     /// The plan a search of `job` under `cost` found: its `top` candidates,
     /// the winner's memory per stage, and each one's Megatron-LM arguments
     /// (or why Megatron-LM cannot run it).
@@ -66,7 +86,7 @@ impl PlanFile {
             .collect();
         PlanFile {
             format: PLAN_FORMAT.into(),
-            version: PLAN_VERSION,
+            version: PLAN_VERSION_WITHOUT_FILE,
             paratune_version: env!("CARGO_PKG_VERSION").into(),
             model: job.model.clone(),
             global_batch: job.global_batch,
@@ -148,7 +168,7 @@ pub enum PlanError {
     )]
     Format { path: String, found: String },
     #[error(
-        "{path}: plan format version {found}, this paratune ({ours}) reads version {PLAN_VERSION}; re-run `paratune plan ... --format json` with this paratune"
+        "{path}: plan format version {found}, this paratune ({ours}) reads versions {PLAN_VERSION_WITHOUT_FILE} to {PLAN_VERSION}; re-run `paratune plan ... --format json` with this paratune"
     , ours = env!("CARGO_PKG_VERSION"))]
     Version { path: String, found: u32 },
     #[error("{path}: {field}: {message}; re-run `paratune plan ... --format json`")]
@@ -252,7 +272,7 @@ impl PlanFile {
                 found: self.format.clone(),
             });
         }
-        if self.version != PLAN_VERSION {
+        if !(PLAN_VERSION_WITHOUT_FILE..=PLAN_VERSION).contains(&self.version) {
             return Err(PlanError::Version {
                 path: path.into(),
                 found: self.version,

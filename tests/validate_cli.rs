@@ -729,6 +729,10 @@ fn a_plan_made_with_a_cost_model_file_is_validated_with_that_file() {
     let json = common::megatron_plan_json_with(d, &["--cost-model", "mine.toml"]);
     assert_eq!(json["cost_model"], "datasheet");
     assert_eq!(json["cost_model_file"], "mine.toml");
+    // Version 2, which a paratune that would ignore the file refuses; a
+    // plan without one stays at version 1, which every paratune reads.
+    assert_eq!(json["version"], 2);
+    assert_eq!(megatron_plan_json(d)["version"], 1);
     write(d, "plan.json", &json);
     let (megatron, _) = fake_cluster(d);
     let plan_path = d.join("plan.json");
@@ -761,6 +765,7 @@ fn a_plan_made_with_a_cost_model_file_is_validated_with_that_file() {
     // A plan from an older paratune names no file and takes the model by name.
     let mut older = json.clone();
     older.as_object_mut().unwrap().remove("cost_model_file");
+    older["version"] = 1.into();
     std::fs::write(&plan_path, serde_json::to_string(&older).unwrap()).unwrap();
     ok_in(d, &dry_run);
 }

@@ -89,8 +89,8 @@ pub fn plan(args: &PlanArgs) -> Result<()> {
     }
     match args.common.format {
         Format::Json => {
-            let mut file = PlanFile::of(&job, &cost, &result, args.top);
-            file.cost_model_file = resolve::cost_model_file(args.common.cost_model.as_deref());
+            let file = PlanFile::of(&job, &cost, &result, args.top)
+                .with_cost_model_file(resolve::cost_model_file(args.common.cost_model.as_deref()));
             emit(&json(&file.to_json())?)?;
         }
         Format::Csv => plan_csv(&job.model, &result, args.top)?,
