@@ -491,10 +491,11 @@ const MAX_COST_MODEL_BYTES: u64 = 1 << 20;
 /// no device, pipe or endless stream is read), with the warning of
 /// [`CostModelFile::at_prior_note`] where it lacks coefficients.
 pub fn cost_model_from_file(path: &str) -> Result<CostModel> {
-    let file = std::fs::File::open(path)
-        .and_then(|f| f.metadata().map(|m| (f, m)))
-        .map_err(|e| anyhow!("cannot read cost model {path}: {e}; give a cost-model TOML file"))?;
-    let (file, metadata) = file;
+    let unreadable = |e: std::io::Error| {
+        anyhow!("cannot read cost model {path}: {e}; give a cost-model TOML file")
+    };
+    let file = std::fs::File::open(path).map_err(unreadable)?;
+    let metadata = file.metadata().map_err(unreadable)?;
     if !metadata.is_file() || metadata.len() > MAX_COST_MODEL_BYTES {
         bail!(
             "cost model {path} is not a cost-model TOML file (a regular file of at most {} KiB)",
@@ -508,7 +509,7 @@ pub fn cost_model_from_file(path: &str) -> Result<CostModel> {
         &mut std::io::Read::take(file, MAX_COST_MODEL_BYTES),
         &mut text,
     )
-    .map_err(|e| anyhow!("cannot read cost model {path}: {e}; give a cost-model TOML file"))?;
+    .map_err(unreadable)?;
     let read = parse_cost_model(&text, path)?;
     if let Some(note) = read.at_prior_note(path) {
         eprintln!("warning: {note}");

@@ -819,7 +819,9 @@ impl<'a> InnerDims<'a> {
         .then(
             |c| match &space.expandable_segments {
                 Some(given) => lend(given),
-                None => Cow::Owned(vec![c.engine.launches_expandable_segments()]),
+                // A borrowed one-value list: no allocation per configuration.
+                None if c.engine.launches_expandable_segments() => lend(&[true]),
+                None => lend(&[false]),
             },
             |c, on| c.expandable_segments = on,
         )

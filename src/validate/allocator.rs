@@ -17,6 +17,14 @@ const MARKER: &str = "paratune allocator: ";
 /// What a recorded variable's line says when the shell did not set it.
 const UNSET: &str = " unset";
 
+/// A launch script's allocator lines: what `c` was priced with set
+/// ([`export_options`]), then what the ranks will read recorded in the log
+/// ([`record_in_log`]). Both engines' scripts start their ranks after them.
+pub(crate) fn launch_lines(s: &mut String, c: &ParallelConfig) {
+    export_options(s, c);
+    record_in_log(s);
+}
+
 /// The environment the plan priced `c` with
 /// ([`launch_environment`](crate::export::launch_environment)): the
 /// allocator's option added (unless it is already the last word: PyTorch
@@ -24,7 +32,7 @@ const UNSET: &str = " unset";
 /// (the plan's memory verdict holds only with it), and to
 /// `PYTORCH_ALLOC_CONF` where the shell sets that, even empty (PyTorch 2.9
 /// reads it instead), anything else set.
-pub(crate) fn export_options(s: &mut String, c: &ParallelConfig) {
+fn export_options(s: &mut String, c: &ParallelConfig) {
     for (name, value) in crate::export::launch_environment(c) {
         if name == ALLOCATOR_OPTIONS {
             let _ = writeln!(
@@ -47,7 +55,7 @@ pub(crate) fn export_options(s: &mut String, c: &ParallelConfig) {
 /// `tee -a` then appends) with both variables PyTorch reads its options
 /// from, each as set or unset: the options the ranks ran with, whatever
 /// set them.
-pub(crate) fn record_in_log(s: &mut String) {
+fn record_in_log(s: &mut String) {
     let _ = writeln!(
         s,
         "# The allocator options the ranks start with, for `paratune ingest`."

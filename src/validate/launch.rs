@@ -615,8 +615,7 @@ pub fn launch_script(
         );
     }
     hybrid_ep_environment(&mut s, plan, candidate);
-    super::allocator::export_options(&mut s, &candidate.config);
-    super::allocator::record_in_log(&mut s);
+    super::allocator::launch_lines(&mut s, &candidate.config);
     let _ = writeln!(s, "cd \"${{MEGATRON_PATH}}\"");
     launch_lines(&mut s, launcher);
     Ok(s)

@@ -296,8 +296,7 @@ pub fn torchtitan_script(
     let _ = writeln!(s, "fi");
     let _ = writeln!(s);
     rank_environment(&mut s, launcher, gpus, gpus_per_node, nodes);
-    super::allocator::export_options(&mut s, &candidate.config);
-    super::allocator::record_in_log(&mut s);
+    super::allocator::launch_lines(&mut s, &candidate.config);
     let _ = writeln!(s);
 
     match &settings.base {
