@@ -1013,6 +1013,28 @@ fn impossible_layouts_and_switches_name_the_flag_and_the_fix() {
         ],
     );
     says(&err, &["inter_node_bw", "missing"]);
+    // A CPU standing in for a GPU captures no CUDA graphs.
+    let cpu_cluster = root().join("tests/data/validate/cpu-cluster.toml");
+    let err = common::fails(&[
+        "plan",
+        "--cluster",
+        cpu_cluster.to_str().unwrap(),
+        "--hidden",
+        "512",
+        "--heads",
+        "8",
+        "--layers",
+        "4",
+        "--seq-len",
+        "256",
+        "--vocab",
+        "2048",
+        "--global-batch",
+        "16",
+        "--cuda-graphs",
+        "off,on",
+    ]);
+    says(&err, &["--cuda-graphs on", "CPU", "--cuda-graphs off"]);
 }
 
 #[test]

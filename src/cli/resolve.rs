@@ -659,8 +659,8 @@ fn embedding_sync(values: &Option<Vec<String>>) -> Result<Option<Vec<SyncMethod>
 
 /// Choices the job cannot take, refused up front: `--moe-dispatcher` on a
 /// dense model, `--precision fp8` on a GPU without FP8 tensor cores,
-/// activation offloading on a GPU whose host link is unknown or of more
-/// layers than the model has.
+/// CUDA graphs on a CPU standing in for a GPU, activation offloading on a
+/// GPU whose host link is unknown or of more layers than the model has.
 pub fn check_job_choices(space: &SearchSpace, job: &Job) -> Result<()> {
     if space.dispatcher.is_some() && job.model.moe.is_none() {
         bail!(
@@ -729,6 +729,16 @@ pub fn check_job_choices(space: &SearchSpace, job: &Job) -> Result<()> {
                 job.nodes.gpu.name
             );
         }
+    }
+    let graphs = space.cuda_graphs.as_deref().unwrap_or_default();
+    if let Some(graph) = graphs.iter().find(|g| g.on())
+        && paratune::cluster::is_cpu(&job.nodes.gpu.name)
+    {
+        bail!(
+            "--cuda-graphs {}: this job runs on a CPU standing in for a GPU (`{}`), which captures no CUDA graphs; use --cuda-graphs off or leave it out",
+            graph.name(),
+            job.nodes.gpu.name
+        );
     }
     let offload = space.cpu_offload_layers.as_deref().unwrap_or_default();
     if let Some(&most) = offload.iter().max() {

@@ -53,6 +53,13 @@ pub fn is_blackwell(gpu: &str) -> bool {
         .any(|name| gpu.starts_with(name))
 }
 
+/// Whether a "GPU" is the CPU standing in for one (a cluster file's inline
+/// GPU named `cpu`, as `tests/data/validate/cpu-cluster.toml`): it runs
+/// PyTorch's CPU kernels, so nothing CUDA-only (graphs) applies to it.
+pub fn is_cpu(gpu: &str) -> bool {
+    gpu.trim().eq_ignore_ascii_case("cpu")
+}
+
 impl GpuSpec {
     pub fn memory_gib(&self) -> f64 {
         self.memory_bytes / GIB

@@ -44,7 +44,8 @@ pub struct SearchSpace {
     /// (`Engine::launches_expandable_segments`) unless given.
     pub expandable_segments: Option<Vec<bool>>,
     /// Tried: off and per layer unless given (a whole iteration's graph
-    /// only when asked for: Megatron-LM calls it experimental).
+    /// only when asked for: Megatron-LM calls it experimental); off only
+    /// on a CPU standing in for a GPU.
     pub cuda_graphs: Option<Vec<CudaGraphs>>,
     pub stage_order: Option<Vec<StageOrder>>,
     /// The one engine the search plans for.
@@ -622,6 +623,8 @@ impl<'a> InnerDims<'a> {
             compiles: switch(&space.compile, torchtitan).to_vec(),
             graphs: match &space.cuda_graphs {
                 Some(given) => given.clone(),
+                // A CPU standing in for a GPU captures no CUDA graphs.
+                None if crate::cluster::is_cpu(&job.nodes.gpu.name) => vec![CudaGraphs::Off],
                 None if !torchtitan || o.pp == 1 => vec![CudaGraphs::Off, CudaGraphs::Layers],
                 None => vec![CudaGraphs::Off],
             },

@@ -497,3 +497,26 @@ fn keeping_the_fastest_few_ranks_them_as_keeping_all() {
     assert_eq!(found.fitting(), 1);
     assert_eq!(found.candidates[0].config, slowest);
 }
+
+/// A GPU named `cpu` is the CPU standing in for one: the search opens no
+/// CUDA graphs there, where it opens per-layer graphs on a GPU.
+#[test]
+fn a_cpu_standing_in_for_a_gpu_is_searched_without_cuda_graphs() {
+    let searched_graphs = |job: &Job| {
+        let result = search_keeping(job, &SearchSpace::default(), &CostModel::datasheet(), 1000);
+        result
+            .candidates
+            .iter()
+            .map(|c| c.config.cuda_graphs)
+            .collect::<std::collections::HashSet<_>>()
+    };
+    let gpu = job("gpt3-13b", 1, 64);
+    assert!(searched_graphs(&gpu).contains(&crate::config::CudaGraphs::Layers));
+    let mut cpu = gpu.clone();
+    cpu.nodes.gpu.name = "cpu".into();
+    let graphs = searched_graphs(&cpu);
+    assert_eq!(
+        graphs,
+        [crate::config::CudaGraphs::Off].into_iter().collect()
+    );
+}

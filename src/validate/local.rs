@@ -234,7 +234,7 @@ pub fn times_comparable(
     dtype: Dtype,
 ) -> bool {
     match device {
-        Device::Cpu => plan_gpu.eq_ignore_ascii_case("cpu"),
+        Device::Cpu => crate::cluster::is_cpu(plan_gpu),
         Device::Cuda(_) => {
             dtype != Dtype::Fp32 && device_gpu.is_some_and(|g| g.eq_ignore_ascii_case(plan_gpu))
         }
