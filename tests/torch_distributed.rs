@@ -663,6 +663,8 @@ fn a_sparse_all_gather_of_the_embedding_is_trialled_on_two_ranks() {
             "none",
             "--embedding-sync",
             "sparse-all-gather",
+            "--expandable-segments",
+            "off",
             "--cost-model",
             "datasheet",
             "--top",
@@ -679,11 +681,15 @@ fn a_sparse_all_gather_of_the_embedding_is_trialled_on_two_ranks() {
     assert_eq!(planned["config"]["dp"], 2);
     let predicted_ms = planned["prediction"]["iteration_s"].as_f64().unwrap() * 1e3;
 
+    assert_eq!(planned["config"]["expandable_segments"], false);
+
+    // Priced with fixed segments, the script sets no allocator option, so
+    // the shell's decides: here expandable segments, which the trial's log
+    // records and its history row keeps.
     let out = dir.path().join("out");
     let python = python();
-    let report = ok(
-        dir.path(),
-        &[
+    let run = Command::new(common::BIN)
+        .args([
             "validate",
             plan_path.to_str().unwrap(),
             "--launch",
@@ -700,7 +706,17 @@ fn a_sparse_all_gather_of_the_embedding_is_trialled_on_two_ranks() {
             "300",
             "--out",
             out.to_str().unwrap(),
-        ],
+        ])
+        .current_dir(dir.path())
+        .env("NO_COLOR", "1")
+        .env("PYTORCH_ALLOC_CONF", "expandable_segments:True")
+        .output()
+        .unwrap();
+    let report = String::from_utf8_lossy(&run.stdout).into_owned();
+    assert!(
+        run.status.success(),
+        "{report}\n{}",
+        String::from_utf8_lossy(&run.stderr)
     );
     println!("{report}");
     assert!(
@@ -754,6 +770,12 @@ fn a_sparse_all_gather_of_the_embedding_is_trialled_on_two_ranks() {
     // prices the configuration that ran.
     let history = common::read_table(&out.join("runs-history.csv"));
     assert_eq!(history.cell(0, "embedding_sync"), Some("sparse-all-gather"));
+    let log = std::fs::read_to_string(folder.join("run.log")).unwrap();
+    assert!(
+        log.starts_with("paratune allocator: PYTORCH_ALLOC_CONF=expandable_segments:True\n"),
+        "{log}"
+    );
+    assert_eq!(history.cell(0, "expandable_segments"), Some("on"));
     assert!(common::number(&history, 0, "iter_ms") > 0.0);
 }
 

@@ -58,7 +58,7 @@ fn export_options(s: &mut String, c: &ParallelConfig) {
 fn record_in_log(s: &mut String) {
     let _ = writeln!(
         s,
-        "# The allocator options the ranks start with, for `paratune ingest`."
+        "# The allocator options the ranks start with, read back by paratune."
     );
     let _ = writeln!(
         s,

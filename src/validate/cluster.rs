@@ -85,8 +85,9 @@ fn log_notes(notes: &[String]) -> String {
     notes.iter().map(|n| format!("; note: {n}")).collect()
 }
 
-/// The column a validation history adds to a torch trial's row (the
-/// engines' logs record their allocator; see [`super::allocator`]).
+/// The column a validation history adds to a torch trial's row: the
+/// allocator its log recorded (see [`super::allocator`]), which the
+/// engines' own rows carry.
 const ALLOCATOR_COLUMN: &str = "expandable_segments";
 
 /// `columns` and [`ALLOCATOR_COLUMN`] after them.
@@ -193,9 +194,19 @@ impl Cluster {
     ) -> Result<Measured, String> {
         let mut measured = self.read_engine_row(log, plan, candidate)?;
         if let Cluster::Torch(_) = self {
-            measured
-                .row
-                .push(crate::config::on_off(candidate.config.expandable_segments).into());
+            // The allocator the log recorded; a script from before the
+            // record ran the candidate's as far as paratune knows.
+            let text = std::fs::read_to_string(log).unwrap_or_default();
+            let recorded = super::allocator::recorded_in_log(&text);
+            let expandable = recorded
+                .as_ref()
+                .map_or(candidate.config.expandable_segments, |r| {
+                    r.expandable_segments
+                });
+            measured.row.push(crate::config::on_off(expandable).into());
+            if let Some(note) = recorded.and_then(|r| r.note) {
+                measured.line.push_str(&log_notes(&[note]));
+            }
         }
         Ok(measured)
     }

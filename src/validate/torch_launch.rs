@@ -585,6 +585,10 @@ pub fn torch_script(
     let _ = writeln!(s);
     let _ = writeln!(s, "rm -rf \"$SCRIPT_DIR/report\"");
     let _ = writeln!(s, "mkdir -p \"$SCRIPT_DIR/report\"");
+    let _ = writeln!(s, "LOG_FILE=\"${{SCRIPT_DIR}}/run.log\"");
+    // On a CUDA device the caching allocator runs as the candidate was
+    // priced, and the log says what the ranks had (a CPU ignores both).
+    super::allocator::launch_lines(&mut s, &candidate.config);
     let _ = writeln!(
         s,
         "\"$PYTHON\" -m torch.distributed.run --standalone --nproc-per-node {} \\",
@@ -592,7 +596,7 @@ pub fn torch_script(
     );
     let _ = writeln!(
         s,
-        "    \"$SCRIPT_DIR/{WORKER_FILE}\" --job \"$SCRIPT_DIR/job.json\" > \"$SCRIPT_DIR/run.log\" 2>&1"
+        "    \"$SCRIPT_DIR/{WORKER_FILE}\" --job \"$SCRIPT_DIR/job.json\" >> \"${{LOG_FILE}}\" 2>&1"
     );
     s
 }
@@ -2060,6 +2064,15 @@ mod tests {
             "{script}"
         );
         assert!(script.contains("--nproc-per-node 8"), "{script}");
+        // The log starts with the allocator the ranks start with; the
+        // launch appends to it.
+        let recorded = script.find("paratune allocator: ").unwrap();
+        let launched = script.find("-m torch.distributed.run").unwrap();
+        assert!(recorded < launched, "{script}");
+        assert!(
+            script.contains("--job \"$SCRIPT_DIR/job.json\" >> \"${LOG_FILE}\" 2>&1"),
+            "{script}"
+        );
         bash_accepts(&script);
         let folder = path.parent().unwrap();
         assert_eq!(
