@@ -812,12 +812,12 @@ mod tests {
             carried.attention_efficiency_standard,
             f.attention_efficiency_standard * h100.bf16 / a100.bf16 * settled
         ));
-        // GB200's was not: it is taken to settle as A100 does.
-        let gb200 = matmul_ceiling("gb200").unwrap();
-        assert_eq!(gb200.sustained, None);
+        // MI300X's was not: it is taken to settle as A100 does.
+        let mi300x = matmul_ceiling("mi300x").unwrap();
+        assert_eq!(mi300x.sustained, None);
         assert!(close(
-            fitted.carried_to("gb200").coefficients.gemm_efficiency,
-            f.gemm_efficiency * gb200.bf16 / a100.bf16
+            fitted.carried_to("mi300x").coefficients.gemm_efficiency,
+            f.gemm_efficiency * mi300x.bf16 / a100.bf16
         ));
         // H100 GEMMs reach a lower share of a higher peak than A100's.
         assert!(carried.gemm_efficiency < f.gemm_efficiency);

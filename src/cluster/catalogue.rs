@@ -186,11 +186,18 @@ pub fn matmul_ceiling(gpu: &str) -> Option<MatmulCeiling> {
 /// - B200 (1,000 W): FlashAttention-4 in BF16 back to back, 1,450 TFLOP/s
 ///   at its peak iterations and 1,237 fully throttled, the SM clock from
 ///   1,965 to about 1,580 MHz (flashinfer-ai/flashinfer PR #2899): 0.853.
+/// - GB200 (1,200 W): cuBLAS BF16 GEMMs of training shapes on N(0,1)
+///   operands, 1.65-1.81 PF/s in bursts after an idle second and 1.40-1.55
+///   sustained (a 5 s loop's last half, the SM clock at 1,190-1,450 MHz
+///   of 2,062, "reason SW power cap"; a 30 s loop the same), in
+///   marin-community/marin's `.agents/logbooks/mfu30-gemm.md` (M30C-003):
+///   the ranges' midpoints, 1.475 / 1.73 = 0.853. The liquid-cooled
+///   superchip's higher limit buys a higher clock for its higher peak, not
+///   a steadier one.
 ///
 /// H200 is H100's die at the same 700 W and takes its share; DGX B300's
-/// air-cooled boards (1,100 W) take DGX B200's. The liquid-cooled GB200
-/// and GB300 superchips run higher limits (1,200 and 1,400 W) and are not
-/// measured.
+/// air-cooled boards (1,100 W) take DGX B200's, and the GB300 superchip
+/// (1,400 W) GB200's: the same die family one step up in power at each.
 ///
 /// A fraction fitted on one GPU carries to another by the two shares'
 /// ratio where both are known; other GPUs are taken to settle as the
@@ -200,6 +207,7 @@ fn sustained_share(gpu: &str) -> Option<f64> {
         "a100-40gb" | "a100-80gb" => Some(257.0 / 271.2),
         "h100-sxm" | "h200" => Some(11.04 / 12.36),
         "b200" | "b300" => Some(1237.0 / 1450.0),
+        "gb200" | "gb300" => Some(((1.40 + 1.55) / 2.0) / ((1.65 + 1.81) / 2.0)),
         _ => None,
     }
 }
