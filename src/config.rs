@@ -59,6 +59,17 @@ impl CudaGraphs {
         self != CudaGraphs::Off
     }
 
+    /// Why a job on `gpu` cannot capture these graphs, if it cannot: a CPU
+    /// standing in for a GPU captures none.
+    pub fn gpu_problem(self, gpu: &str) -> Option<String> {
+        (self.on() && crate::cluster::is_cpu(gpu)).then(|| {
+            format!(
+                "this job runs on a CPU standing in for a GPU (`{}`), which captures no CUDA graphs",
+                gpu.trim()
+            )
+        })
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             CudaGraphs::Off => "off",

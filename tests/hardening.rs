@@ -1013,28 +1013,46 @@ fn impossible_layouts_and_switches_name_the_flag_and_the_fix() {
         ],
     );
     says(&err, &["inter_node_bw", "missing"]);
-    // A CPU standing in for a GPU captures no CUDA graphs.
+    // A CPU standing in for a GPU captures no CUDA graphs, asked for in the
+    // search or in a configuration to explain.
     let cpu_cluster = root().join("tests/data/validate/cpu-cluster.toml");
-    let err = common::fails(&[
-        "plan",
-        "--cluster",
-        cpu_cluster.to_str().unwrap(),
-        "--hidden",
-        "512",
-        "--heads",
-        "8",
-        "--layers",
-        "4",
-        "--seq-len",
-        "256",
-        "--vocab",
-        "2048",
-        "--global-batch",
-        "16",
-        "--cuda-graphs",
-        "off,on",
-    ]);
-    says(&err, &["--cuda-graphs on", "CPU", "--cuda-graphs off"]);
+    let cpu_plan = |extra: &[&str]| -> Vec<String> {
+        [
+            "plan",
+            "--cluster",
+            cpu_cluster.to_str().unwrap(),
+            "--hidden",
+            "512",
+            "--heads",
+            "8",
+            "--layers",
+            "4",
+            "--seq-len",
+            "256",
+            "--vocab",
+            "2048",
+            "--global-batch",
+            "16",
+        ]
+        .iter()
+        .chain(extra)
+        .map(|s| s.to_string())
+        .collect()
+    };
+    for (extra, names) in [
+        (
+            &["--cuda-graphs", "off,on"][..],
+            &["--cuda-graphs on", "CPU", "--cuda-graphs off"][..],
+        ),
+        (
+            &["--explain", "graphs=on"][..],
+            &["--explain", "graphs on", "CPU", "graphs=off"][..],
+        ),
+    ] {
+        let args = cpu_plan(extra);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        says(&common::fails(&args), names);
+    }
 }
 
 #[test]

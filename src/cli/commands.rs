@@ -120,6 +120,12 @@ pub fn plan(args: &PlanArgs) -> Result<()> {
                             config.precision.name()
                         );
                     }
+                    if let Some(problem) = config.cuda_graphs.gpu_problem(&job.nodes.gpu.name) {
+                        bail!(
+                            "--explain: `graphs {}`: {problem}; give graphs=off or leave it out",
+                            config.cuda_graphs.name()
+                        );
+                    }
                     // FP8 without a named recipe runs the GPU's, as the search's.
                     if config.precision == paratune::config::Precision::Fp8 {
                         config.fp8_recipe = Some(config.fp8_recipe_on(&job.nodes.gpu.name));

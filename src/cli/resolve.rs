@@ -731,14 +731,13 @@ pub fn check_job_choices(space: &SearchSpace, job: &Job) -> Result<()> {
         }
     }
     let graphs = space.cuda_graphs.as_deref().unwrap_or_default();
-    if let Some(graph) = graphs.iter().find(|g| g.on())
-        && paratune::cluster::is_cpu(&job.nodes.gpu.name)
-    {
-        bail!(
-            "--cuda-graphs {}: this job runs on a CPU standing in for a GPU (`{}`), which captures no CUDA graphs; use --cuda-graphs off or leave it out",
-            graph.name(),
-            job.nodes.gpu.name
-        );
+    for graph in graphs {
+        if let Some(problem) = graph.gpu_problem(&job.nodes.gpu.name) {
+            bail!(
+                "--cuda-graphs {}: {problem}; use --cuda-graphs off or leave it out",
+                graph.name()
+            );
+        }
     }
     let offload = space.cpu_offload_layers.as_deref().unwrap_or_default();
     if let Some(&most) = offload.iter().max() {
