@@ -19,7 +19,8 @@ const UNSET: &str = " unset";
 
 /// A launch script's allocator lines: what `c` was priced with set
 /// ([`export_options`]), then what the ranks will read recorded in the log
-/// ([`record_in_log`]). Both engines' scripts start their ranks after them.
+/// ([`record_in_log`]). Both engines' scripts and the torch trials' start
+/// their ranks after them.
 pub(crate) fn launch_lines(s: &mut String, c: &ParallelConfig) {
     export_options(s, c);
     record_in_log(s);
@@ -51,8 +52,8 @@ fn export_options(s: &mut String, c: &ParallelConfig) {
     }
 }
 
-/// Script lines that start `${LOG_FILE}` (truncating it; the launcher's
-/// `tee -a` then appends) with both variables PyTorch reads its options
+/// Script lines that start `${LOG_FILE}` (truncating it; the launch then
+/// appends, by `tee -a` or `>>`) with both variables PyTorch reads its options
 /// from, each as set or unset: the options the ranks ran with, whatever
 /// set them.
 fn record_in_log(s: &mut String) {

@@ -152,7 +152,7 @@ impl Cluster {
     }
 
     /// The history's columns: the engine's row, and after a torch
-    /// trial's the allocator its candidate was priced with.
+    /// trial's the allocator its `run.log` recorded.
     fn columns(&self) -> &'static [&'static str] {
         match self {
             Cluster::Megatron(_) => &ROW_COLUMNS,
@@ -410,19 +410,11 @@ pub fn run_loop(
     let mut current = prior.clone();
     let mut round_plan = plan.clone();
     // A rerun into the same OUT resumes: what its history holds is kept,
-    // not run again, and counts in every refit. Its rows are matched to
-    // the plan's candidates under the plan's allocator: a row's own cell
-    // says what its ranks had (the log's record, which the shell may have
-    // changed), and an upgraded history's empty cell the engine's default.
-    let planned = plan.candidates.first().map(|c| c.config);
-    let expandable_segments = planned.is_some_and(|c| c.expandable_segments);
+    // not run again, and counts in every refit.
     let mut tried: Vec<ParallelConfig> = measured_runs(plan, &history_path)?
         .map(|runs| {
             runs.into_iter()
-                .map(|r| ParallelConfig {
-                    expandable_segments,
-                    ..r.config
-                })
+                .map(|r| planned_config(plan, r.config))
                 .collect()
         })
         .unwrap_or_default();
@@ -566,11 +558,21 @@ pub fn run_loop(
         current = fitted.clone();
         // Plan again with the refitted model: its leaders are the next round's trials.
         // Only what the engine can run is a candidate for a cluster trial.
-        // The engine and the allocator stay the plan's: its trials run
+        // The engine and the allocators stay the plan's: its trials run
         // them, and the refit should rank what they can run.
+        let mut allocators: Vec<bool> = plan
+            .candidates
+            .iter()
+            .map(|c| c.config.expandable_segments)
+            .collect();
+        allocators.sort_unstable();
+        allocators.dedup();
         let space = SearchSpace {
-            engine: planned.map_or(Default::default(), |c| c.engine),
-            expandable_segments: planned.map(|c| vec![c.expandable_segments]),
+            engine: plan
+                .candidates
+                .first()
+                .map_or(Default::default(), |c| c.config.engine),
+            expandable_segments: (!allocators.is_empty()).then_some(allocators),
             ..SearchSpace::default()
         };
         let result = search(&job, &space, &fitted);
@@ -804,6 +806,39 @@ fn run_and_read(
 
 /// The runs a history holds, understood as the plan's job; `None` when
 /// there is no history yet.
+/// The configuration of `plan`'s that a history row which ran `ran` was
+/// a trial of. A row's allocator cell says what its ranks had (the log's
+/// record, which the shell may have changed from what the candidate was
+/// priced with; an upgraded history's empty cell the engine's default),
+/// so a row is the plan's candidate of its configuration whatever its
+/// allocator; where the plan holds that configuration under both
+/// allocators, the one the row recorded. A row of no candidate of the
+/// plan (a later round's) takes the plan's first candidate's allocator.
+fn planned_config(plan: &PlanFile, ran: ParallelConfig) -> ParallelConfig {
+    let with_allocator = |c: ParallelConfig, expandable_segments| ParallelConfig {
+        expandable_segments,
+        ..c
+    };
+    let twins: Vec<ParallelConfig> = plan
+        .candidates
+        .iter()
+        .map(|c| c.config)
+        .filter(|&c| with_allocator(c, ran.expandable_segments) == ran)
+        .collect();
+    match twins.as_slice() {
+        [] => {
+            let planned = plan.candidates.first().map(|c| c.config);
+            with_allocator(ran, planned.is_some_and(|c| c.expandable_segments))
+        }
+        [only] => *only,
+        several => several
+            .iter()
+            .find(|c| c.expandable_segments == ran.expandable_segments)
+            .copied()
+            .unwrap_or(several[0]),
+    }
+}
+
 fn measured_runs(plan: &PlanFile, history: &Path) -> Result<Option<Vec<Run>>, ClusterTrialError> {
     if !history.is_file() {
         return Ok(None);
@@ -920,4 +955,67 @@ fn refit_and_rerank(
 
 fn percent(value: Option<f64>) -> String {
     value.map_or("-".into(), |v| format!("{v:.1}%"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::search::SearchSpace;
+    use crate::validate::launch::tests::plan_on;
+
+    /// GPT-3 13B on 8 A100s for torchtitan, the allocator given.
+    fn plan(expandable_segments: Vec<bool>) -> PlanFile {
+        plan_on(
+            "gpt3-13b",
+            1,
+            8,
+            64,
+            SearchSpace {
+                engine: crate::config::Engine::Torchtitan,
+                compile: Some(vec![false]),
+                expandable_segments: Some(expandable_segments),
+                ..SearchSpace::default()
+            },
+        )
+    }
+
+    #[test]
+    fn a_history_row_is_the_candidate_it_ran_whatever_allocator_it_recorded() {
+        // One allocator planned: a row that recorded the other (the shell
+        // changed it) is still that candidate's run.
+        let fixed = plan(vec![false]);
+        let first = fixed.candidates[0].config;
+        let recorded_on = ParallelConfig {
+            expandable_segments: true,
+            ..first
+        };
+        assert_eq!(planned_config(&fixed, recorded_on), first);
+        // Both planned: each row is the twin whose allocator it recorded,
+        // so resuming runs neither twice and skips neither.
+        let both = plan(vec![false, true]);
+        let configs: Vec<ParallelConfig> = both.candidates.iter().map(|c| c.config).collect();
+        let flipped = |c: ParallelConfig| ParallelConfig {
+            expandable_segments: !c.expandable_segments,
+            ..c
+        };
+        let twin = *configs
+            .iter()
+            .find(|&&c| configs.contains(&flipped(c)))
+            .expect("a configuration planned under both allocators");
+        let (off, on) = if twin.expandable_segments {
+            (flipped(twin), twin)
+        } else {
+            (twin, flipped(twin))
+        };
+        assert_eq!(planned_config(&both, off), off);
+        assert_eq!(planned_config(&both, on), on);
+        // A row of no candidate of the plan takes the plan's allocator.
+        let elsewhere = ParallelConfig {
+            micro_batch: 64,
+            expandable_segments: true,
+            ..first
+        };
+        assert!(!fixed.candidates.iter().any(|c| c.config.micro_batch == 64));
+        assert!(!planned_config(&fixed, elsewhere).expandable_segments);
+    }
 }
