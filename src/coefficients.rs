@@ -389,11 +389,64 @@ const MOVED_WITH: [Moved; 3] = [
 
 /// A cost-model file as read: its model, and the coefficients the file
 /// does not give (a file written before they existed, or one that sets
-/// only some), which hold their priors.
+/// only some), which hold their priors, or gives only as priors filled in
+/// by the calibration that wrote it ([`FILLED_WITH_PRIORS`]).
 #[derive(Debug, Clone)]
 pub struct CostModelFile {
     pub model: CostModel,
     pub at_prior: Vec<&'static CoefficientInfo>,
+}
+
+/// The provenance key listing the coefficients a model holds only as
+/// priors that no data informed: those its file lacked when read
+/// ([`parse_cost_model`] records them), less what a calibration from it
+/// then fitted ([`mark_informed`]). A file written from such a model gives
+/// every coefficient, so the list is what keeps the warning about them.
+pub const FILLED_WITH_PRIORS: &str = "filled_with_priors";
+
+/// The coefficients `provenance` lists under [`FILLED_WITH_PRIORS`].
+fn filled_with_priors(
+    provenance: &BTreeMap<String, toml::Value>,
+) -> Result<Vec<&'static CoefficientInfo>, String> {
+    let Some(listed) = provenance.get(FILLED_WITH_PRIORS) else {
+        return Ok(Vec::new());
+    };
+    let malformed = || {
+        format!(
+            "provenance `{FILLED_WITH_PRIORS}` must be a list of coefficient names; fix it or remove the key"
+        )
+    };
+    let names = listed.as_array().ok_or_else(malformed)?;
+    names
+        .iter()
+        .map(|name| {
+            let name = name.as_str().ok_or_else(malformed)?;
+            Coefficients::info(name).ok_or_else(|| {
+                let known: Vec<&str> = Coefficients::INFO.iter().map(|i| i.name).collect();
+                format!(
+                    "provenance `{FILLED_WITH_PRIORS}` lists `{name}`, which is no coefficient{}; list coefficient names or remove it",
+                    crate::suggest::did_you_mean(name, &known)
+                )
+            })
+        })
+        .collect()
+}
+
+/// Takes `names`, which data has now informed, off the model's
+/// [`FILLED_WITH_PRIORS`] list (and the list away once empty).
+pub fn mark_informed<'a>(
+    provenance: &mut BTreeMap<String, toml::Value>,
+    names: impl IntoIterator<Item = &'a str>,
+) {
+    let Some(toml::Value::Array(listed)) = provenance.get_mut(FILLED_WITH_PRIORS) else {
+        return;
+    };
+    for name in names {
+        listed.retain(|n| n.as_str() != Some(name));
+    }
+    if listed.is_empty() {
+        provenance.remove(FILLED_WITH_PRIORS);
+    }
 }
 
 impl CostModelFile {
@@ -406,7 +459,10 @@ impl CostModelFile {
         let named: Vec<String> = self
             .at_prior
             .iter()
-            .map(|i| format!("{} = {}", i.name, i.prior))
+            .map(|i| {
+                let value = self.model.coefficients.get(i.name).expect("known");
+                format!("{} = {value}", i.name)
+            })
             .collect();
         let given = |name: &str| self.at_prior.iter().all(|i| i.name != name);
         let moved: String = MOVED_WITH
@@ -422,7 +478,7 @@ impl CostModelFile {
             })
             .collect();
         Some(format!(
-            "cost model {path} does not give {} coefficient(s), which take their priors: {}; \
+            "cost model {path} does not give {} coefficient(s) of its own (not in the file, or filled in with priors by the calibration that wrote it), which stand at priors: {}; \
              `paratune calibrate` fits what its runs inform, or add them to the file{moved}",
             named.len(),
             named.join(", ")
@@ -462,20 +518,32 @@ pub fn parse_cost_model(text: &str, path: &str) -> Result<CostModelFile, CostMod
                 .into(),
         ));
     }
-    let at_prior = Coefficients::INFO
-        .iter()
-        .filter(|i| !layout.coefficients.contains_key(i.name))
-        .collect();
     coefficients.check().map_err(invalid)?;
     check_provenance(&layout.provenance).map_err(invalid)?;
     crate::text::check_printable("the cost model's name", &layout.name).map_err(invalid)?;
+    let filled = filled_with_priors(&layout.provenance).map_err(invalid)?;
+    let at_prior: Vec<&'static CoefficientInfo> = Coefficients::INFO
+        .iter()
+        .filter(|i| {
+            !layout.coefficients.contains_key(i.name) || filled.iter().any(|f| f.name == i.name)
+        })
+        .collect();
+    let mut provenance = layout.provenance;
+    provenance.remove(FILLED_WITH_PRIORS);
+    if !at_prior.is_empty() {
+        let names = at_prior
+            .iter()
+            .map(|i| toml::Value::String(i.name.into()))
+            .collect();
+        provenance.insert(FILLED_WITH_PRIORS.into(), toml::Value::Array(names));
+    }
     Ok(CostModelFile {
         model: CostModel {
             name: layout.name,
             description: layout.description,
             coefficients,
             collective: layout.collective,
-            provenance: layout.provenance,
+            provenance,
         },
         at_prior,
     })
@@ -915,10 +983,15 @@ mod tests {
             "moe_allocator_fragmentation",
         );
         let read = parse_cost_model(&older, "old.toml").unwrap();
-        // What the file gives is kept; what it lacks is the prior.
-        assert_eq!(read.model, model);
+        // What the file gives is kept; what it lacks is the prior, and the
+        // model says so in its provenance, for whatever writes it on.
+        assert_eq!(read.model.coefficients, model.coefficients);
         let names: Vec<&str> = read.at_prior.iter().map(|i| i.name).collect();
         assert_eq!(names, ["attention_row_half", "moe_allocator_fragmentation"]);
+        assert_eq!(
+            read.model.provenance[FILLED_WITH_PRIORS],
+            toml::Value::Array(names.iter().map(|&n| n.into()).collect())
+        );
         let note = read.at_prior_note("old.toml").unwrap();
         for part in [
             "old.toml",
@@ -973,6 +1046,52 @@ mod tests {
             note.contains("kernel_gap_us = 2.1") && !note.contains("moved"),
             "{note}"
         );
+    }
+
+    #[test]
+    fn coefficients_a_calibration_filled_with_priors_stay_named_until_data_informs_them() {
+        // A file that gives every coefficient, two only as filled-in priors
+        // (one of them since moved by hand).
+        let mut model = CostModel::datasheet();
+        model.coefficients.kernel_gap_us = 3.0;
+        model.provenance.insert(
+            FILLED_WITH_PRIORS.into(),
+            toml::Value::Array(vec!["kernel_gap_us".into(), "attention_row_half".into()]),
+        );
+        let read = parse_cost_model(&render_cost_model(&model), "filled.toml").unwrap();
+        let names: Vec<&str> = read.at_prior.iter().map(|i| i.name).collect();
+        assert_eq!(names, ["attention_row_half", "kernel_gap_us"]);
+        // The note gives the values in use, the file's.
+        let note = read.at_prior_note("filled.toml").unwrap();
+        assert!(
+            note.contains("kernel_gap_us = 3") && note.contains("attention_row_half = 700"),
+            "{note}"
+        );
+        // A fit that moves one takes it off the list; the last takes the list.
+        let mut provenance = read.model.provenance.clone();
+        mark_informed(&mut provenance, ["kernel_gap_us"]);
+        assert_eq!(
+            provenance[FILLED_WITH_PRIORS],
+            toml::Value::Array(vec!["attention_row_half".into()])
+        );
+        mark_informed(&mut provenance, ["attention_row_half"]);
+        assert!(!provenance.contains_key(FILLED_WITH_PRIORS));
+        // A list that names no coefficient is refused with the key.
+        for (listed, says) in [
+            ("[\"kernel_gap\"]", "`kernel_gap`, which is no coefficient"),
+            ("\"kernel_gap_us\"", "must be a list of coefficient names"),
+        ] {
+            let text = render_cost_model(&CostModel::datasheet()).replacen(
+                "[coefficients.",
+                &format!("[provenance]\n{FILLED_WITH_PRIORS} = {listed}\n\n[coefficients."),
+                1,
+            );
+            let err = parse_cost_model(&text, "x.toml").unwrap_err().to_string();
+            assert!(
+                err.contains(FILLED_WITH_PRIORS) && err.contains(says),
+                "{err}"
+            );
+        }
     }
 
     #[test]

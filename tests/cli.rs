@@ -1743,4 +1743,50 @@ fn an_older_cost_model_file_loads_with_its_missing_coefficients_named() {
             .unwrap()
     };
     assert_eq!(iteration(&out.stdout), iteration(&whole));
+
+    // Calibrated from it, the file written gives every coefficient, and
+    // still names the one no run informed, until a fit moves it.
+    for (fit, warns) in [
+        ("gemm_efficiency", true),
+        ("gemm_efficiency,kernel_gap_us", false),
+    ] {
+        let fitted = dir.path().join("fitted.toml");
+        common::ok_output_in(
+            dir.path(),
+            &[
+                "calibrate",
+                "--runs",
+                &reference("megatron_sc21_table1.csv"),
+                "--gpu",
+                "a100-80gb",
+                "--cost-model",
+                &older,
+                "--fit",
+                fit,
+                "--out",
+                fitted.to_str().unwrap(),
+            ],
+        );
+        let written = std::fs::read_to_string(&fitted).unwrap();
+        assert!(
+            written.contains("[coefficients.kernel_gap_us]"),
+            "{written}"
+        );
+        let args = llama3_8b_on(
+            "predict",
+            "h100-sxm",
+            &[
+                "--global-batch",
+                "32",
+                "--cost-model",
+                fitted.to_str().unwrap(),
+            ],
+        );
+        let stderr = common::ok_output(&args).stderr;
+        assert_eq!(
+            stderr.contains("kernel_gap_us ="),
+            warns,
+            "--fit {fit}: {stderr}"
+        );
+    }
 }

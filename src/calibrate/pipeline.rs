@@ -169,6 +169,10 @@ pub fn fit_cost_model(
         for (name, _, value) in &fit.coefficients {
             calibration.model.coefficients.set(name, *value);
         }
+        crate::coefficients::mark_informed(
+            &mut calibration.model.provenance,
+            fit.coefficients.iter().map(|(name, _, _)| *name),
+        );
         record_memory_fit(&mut calibration.model, &fit);
         report.push_str(&memory_report(&fit));
     }

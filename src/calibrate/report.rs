@@ -4,7 +4,7 @@
 use super::figures::{ErrorFigures, OVERALL, overall};
 use super::{Calibration, Dataset, FitOptions, FitStatus};
 use crate::cluster::NodeGroup;
-use crate::coefficients::{Coefficients, CostModel};
+use crate::coefficients::{Coefficients, CostModel, FILLED_WITH_PRIORS, mark_informed};
 use std::collections::BTreeMap;
 use std::fmt::Write;
 use toml::Value;
@@ -101,6 +101,20 @@ pub(super) fn provenance(
     };
     p.insert("fitted".into(), names(FitStatus::Fitted));
     p.insert("not_informed".into(), names(FitStatus::NotInformed));
+    // What the prior held only as filled-in priors stays listed unless this
+    // fit moved it or a separate measurement pinned it.
+    let mut carried = BTreeMap::new();
+    if let Some(filled) = prior.provenance.get(FILLED_WITH_PRIORS) {
+        carried.insert(FILLED_WITH_PRIORS.to_string(), filled.clone());
+        let informed = c
+            .coefficients
+            .iter()
+            .filter(|f| f.status == FitStatus::Fitted)
+            .map(|f| f.name)
+            .chain(opts.pinned.iter().map(String::as_str));
+        mark_informed(&mut carried, informed);
+    }
+    p.extend(carried);
 
     if let Some(f) = overall(&c.cross_validated) {
         put_figures(&mut p, "cv_", f);
