@@ -54,6 +54,11 @@ fn strings(args: &[&str]) -> Vec<String> {
     args.iter().map(|s| s.to_string()).collect()
 }
 
+/// `base` then `extra`, as owned arguments.
+fn strings_with(base: &[&str], extra: &[&str]) -> Vec<String> {
+    base.iter().chain(extra).map(|s| s.to_string()).collect()
+}
+
 const RUNS_HEADER: &str =
     "gpus,global_batch,micro_batch,hidden,heads,layers,seq_len,tp,dp,pp,iter_ms";
 
@@ -529,9 +534,7 @@ fn flags_out_of_bounds_or_negative_name_the_flag() {
         "--gpu",
         "a100-80gb",
     ];
-    let with = |base: &[&str], extra: &[&str]| -> Vec<String> {
-        base.iter().chain(extra).map(|s| s.to_string()).collect()
-    };
+    let with = strings_with;
     for (args, names) in [
         (
             with(&plan, &["--memory-limit", "-1GiB"]),
@@ -917,9 +920,7 @@ fn impossible_layouts_and_switches_name_the_flag_and_the_fix() {
         "--global-batch",
         "64",
     ];
-    let with = |extra: &[&str]| -> Vec<String> {
-        predict.iter().chain(extra).map(|s| s.to_string()).collect()
-    };
+    let with = |extra: &[&str]| -> Vec<String> { strings_with(&predict, extra) };
     for (args, names) in [
         (
             with(&[
@@ -1017,27 +1018,26 @@ fn impossible_layouts_and_switches_name_the_flag_and_the_fix() {
     // search or in a configuration to explain.
     let cpu_cluster = root().join("tests/data/validate/cpu-cluster.toml");
     let cpu_plan = |extra: &[&str]| -> Vec<String> {
-        [
-            "plan",
-            "--cluster",
-            cpu_cluster.to_str().unwrap(),
-            "--hidden",
-            "512",
-            "--heads",
-            "8",
-            "--layers",
-            "4",
-            "--seq-len",
-            "256",
-            "--vocab",
-            "2048",
-            "--global-batch",
-            "16",
-        ]
-        .iter()
-        .chain(extra)
-        .map(|s| s.to_string())
-        .collect()
+        strings_with(
+            &[
+                "plan",
+                "--cluster",
+                cpu_cluster.to_str().unwrap(),
+                "--hidden",
+                "512",
+                "--heads",
+                "8",
+                "--layers",
+                "4",
+                "--seq-len",
+                "256",
+                "--vocab",
+                "2048",
+                "--global-batch",
+                "16",
+            ],
+            extra,
+        )
     };
     for (extra, names) in [
         (
@@ -1058,21 +1058,20 @@ fn impossible_layouts_and_switches_name_the_flag_and_the_fix() {
 #[test]
 fn engines_recomputation_policies_and_memory_columns_name_the_field_and_the_fix() {
     let plan = |extra: &[&str]| -> Vec<String> {
-        [
-            "plan",
-            "--model",
-            "llama3-8b",
-            "--gpu",
-            "h100-sxm",
-            "--nodes",
-            "1",
-            "--global-batch",
-            "16",
-        ]
-        .iter()
-        .chain(extra)
-        .map(|s| s.to_string())
-        .collect()
+        strings_with(
+            &[
+                "plan",
+                "--model",
+                "llama3-8b",
+                "--gpu",
+                "h100-sxm",
+                "--nodes",
+                "1",
+                "--global-batch",
+                "16",
+            ],
+            extra,
+        )
     };
     let dir = tempfile::tempdir().unwrap();
     for (args, names) in [
