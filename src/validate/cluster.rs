@@ -804,8 +804,6 @@ fn run_and_read(
     }
 }
 
-/// The runs a history holds, understood as the plan's job; `None` when
-/// there is no history yet.
 /// The configuration of `plan`'s that a history row which ran `ran` was
 /// a trial of. A row's allocator cell says what its ranks had (the log's
 /// record, which the shell may have changed from what the candidate was
@@ -813,7 +811,9 @@ fn run_and_read(
 /// so a row is the plan's candidate of its configuration whatever its
 /// allocator; where the plan holds that configuration under both
 /// allocators, the one the row recorded. A row of no candidate of the
-/// plan (a later round's) takes the plan's first candidate's allocator.
+/// plan (a later round's, searched under the plan's allocators) keeps the
+/// allocator it recorded where the plan priced that one, else takes the
+/// plan's.
 fn planned_config(plan: &PlanFile, ran: ParallelConfig) -> ParallelConfig {
     let with_allocator = |c: ParallelConfig, expandable_segments| ParallelConfig {
         expandable_segments,
@@ -827,8 +827,17 @@ fn planned_config(plan: &PlanFile, ran: ParallelConfig) -> ParallelConfig {
         .collect();
     match twins.as_slice() {
         [] => {
+            let priced = |on: bool| {
+                plan.candidates
+                    .iter()
+                    .any(|c| c.config.expandable_segments == on)
+            };
             let planned = plan.candidates.first().map(|c| c.config);
-            with_allocator(ran, planned.is_some_and(|c| c.expandable_segments))
+            if priced(ran.expandable_segments) {
+                ran
+            } else {
+                with_allocator(ran, planned.is_some_and(|c| c.expandable_segments))
+            }
         }
         [only] => *only,
         several => several
@@ -839,6 +848,8 @@ fn planned_config(plan: &PlanFile, ran: ParallelConfig) -> ParallelConfig {
     }
 }
 
+/// The runs a history holds, understood as the plan's job; `None` when
+/// there is no history yet.
 fn measured_runs(plan: &PlanFile, history: &Path) -> Result<Option<Vec<Run>>, ClusterTrialError> {
     if !history.is_file() {
         return Ok(None);
@@ -1017,5 +1028,13 @@ mod tests {
         };
         assert!(!fixed.candidates.iter().any(|c| c.config.micro_batch == 64));
         assert!(!planned_config(&fixed, elsewhere).expandable_segments);
+        // Under both, a later round's row keeps the allocator it recorded.
+        for recorded in [false, true] {
+            let later = ParallelConfig {
+                expandable_segments: recorded,
+                ..elsewhere
+            };
+            assert_eq!(planned_config(&both, later), later);
+        }
     }
 }
