@@ -478,7 +478,7 @@ impl CostModelFile {
             })
             .collect();
         Some(format!(
-            "cost model {path} does not give {} coefficient(s) of its own (not in the file, or filled in with priors by the calibration that wrote it), which stand at priors: {}; \
+            "cost model {path} does not give {} coefficient(s) of its own (not in the file, or filled in with priors by the calibration that wrote it), so no data informed them: {}; \
              `paratune calibrate` fits what its runs inform, or add them to the file{moved}",
             named.len(),
             named.join(", ")

@@ -202,6 +202,8 @@ pub fn fit_memory(
     } else {
         None
     };
+    let mut fitted = fitted;
+    crate::coefficients::mark_informed(&mut fitted.provenance, free.iter().map(|p| p.info.name));
     Some(MemoryFit {
         coefficients: free
             .iter()

@@ -353,10 +353,12 @@ pub fn refit_to_trials(
     ];
     let (best, _) = minimise_loss(&loss, &z0, &legs);
     let mut cost = model_at(prior, &free, &best);
-    // The prior's fit figures do not describe the refit.
+    // The prior's fit figures do not describe the refit, and what it moved
+    // is no longer a filled-in prior.
     for key in ["cv_mape", "cv_p90_ape", "fitted_on"] {
         cost.provenance.remove(key);
     }
+    crate::coefficients::mark_informed(&mut cost.provenance, free.iter().map(|p| p.info.name));
     cost.provenance.insert(
         "refitted_to_trials".into(),
         toml::Value::Integer(observations.len() as i64),
@@ -513,8 +515,14 @@ mod tests {
             memory_limit: None,
             profile: None,
         };
-        // "Measured" stages from a model whose GEMMs run at 0.5 of peak.
-        let prior = CostModel::datasheet();
+        // "Measured" stages from a model whose GEMMs run at 0.5 of peak; the
+        // prior held two coefficients only as filled-in priors.
+        let mut prior = CostModel::datasheet();
+        let filled = |names: &[&str]| toml::Value::Array(names.iter().map(|&n| n.into()).collect());
+        prior.provenance.insert(
+            crate::coefficients::FILLED_WITH_PRIORS.into(),
+            filled(&["gemm_efficiency", "kernel_gap_us"]),
+        );
         let mut truth = prior.clone();
         truth.coefficients.set("gemm_efficiency", 0.5);
         let configs = [
@@ -539,8 +547,13 @@ mod tests {
         assert!((after - 0.5).abs() < 0.03, "{refit:?}");
         // Enough distinct stages free every refit coefficient.
         assert_eq!(refit.moved.len(), TRIAL_REFIT_ORDER.len());
-        // The refit does not claim calibrate's cross-validated error.
+        // The refit does not claim calibrate's cross-validated error, nor
+        // that what it moved is still a filled-in prior.
         assert!(refit.cost.uncertainty().is_none());
+        assert_eq!(
+            refit.cost.provenance[crate::coefficients::FILLED_WITH_PRIORS],
+            filled(&["kernel_gap_us"])
+        );
         assert!(refit_to_trials(&job, &prior, &[]).is_none());
     }
 
