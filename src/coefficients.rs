@@ -387,16 +387,6 @@ const MOVED_WITH: [Moved; 3] = [
     },
 ];
 
-/// A cost-model file as read: its model, and the coefficients the file
-/// does not give (a file written before they existed, or one that sets
-/// only some), which hold their priors, or gives only as priors filled in
-/// by the calibration that wrote it ([`FILLED_WITH_PRIORS`]).
-#[derive(Debug, Clone)]
-pub struct CostModelFile {
-    pub model: CostModel,
-    pub at_prior: Vec<&'static CoefficientInfo>,
-}
-
 /// The provenance key listing the coefficients a model holds only as
 /// priors that no data informed: those its file lacked when read
 /// ([`parse_cost_model`] records them), less what a calibration from it
@@ -449,26 +439,41 @@ pub fn mark_informed<'a>(
     }
 }
 
-impl CostModelFile {
-    /// One line saying which coefficients took their priors, `None` when
-    /// the file gives every one.
+impl CostModel {
+    /// The coefficients this model holds only as priors no data informed,
+    /// in the table's order: those its file did not give, or gave only as
+    /// priors a calibration filled in ([`FILLED_WITH_PRIORS`]).
+    pub fn at_prior(&self) -> Vec<&'static CoefficientInfo> {
+        let listed = self
+            .provenance
+            .get(FILLED_WITH_PRIORS)
+            .and_then(toml::Value::as_array)
+            .map_or(&[][..], Vec::as_slice);
+        Coefficients::INFO
+            .iter()
+            .filter(|i| listed.iter().any(|n| n.as_str() == Some(i.name)))
+            .collect()
+    }
+
+    /// One line saying which coefficients of the model read from `path`
+    /// stand at priors ([`at_prior`](Self::at_prior)), `None` when none do.
     pub fn at_prior_note(&self, path: &str) -> Option<String> {
-        if self.at_prior.is_empty() {
+        let at_prior = self.at_prior();
+        if at_prior.is_empty() {
             return None;
         }
-        let named: Vec<String> = self
-            .at_prior
+        let named: Vec<String> = at_prior
             .iter()
             .map(|i| {
-                let value = self.model.coefficients.get(i.name).expect("known");
+                let value = self.coefficients.get(i.name).expect("known");
                 format!("{} = {value}", i.name)
             })
             .collect();
-        let given = |name: &str| self.at_prior.iter().all(|i| i.name != name);
+        let given = |name: &str| at_prior.iter().all(|i| i.name != name);
         let moved: String = MOVED_WITH
             .iter()
             .filter(|m| !given(m.added) && given(m.moved))
-            .filter(|m| self.model.coefficients.get(m.moved) == Some(m.old))
+            .filter(|m| self.coefficients.get(m.moved) == Some(m.old))
             .map(|m| {
                 let now = Coefficients::priors().get(m.moved).expect("known");
                 format!(
@@ -488,8 +493,9 @@ impl CostModelFile {
 
 /// Parses a cost-model file. Every coefficient must be known (a mistyped
 /// name is reported with the closest known one) and in its range; one the
-/// file does not give holds its prior ([`CostModelFile::at_prior`]).
-pub fn parse_cost_model(text: &str, path: &str) -> Result<CostModelFile, CostModelFileError> {
+/// file does not give holds its prior, listed in the model's provenance
+/// ([`CostModel::at_prior`]).
+pub fn parse_cost_model(text: &str, path: &str) -> Result<CostModel, CostModelFileError> {
     let invalid = |message: String| CostModelFileError::Invalid {
         path: path.to_string(),
         message,
@@ -537,15 +543,12 @@ pub fn parse_cost_model(text: &str, path: &str) -> Result<CostModelFile, CostMod
             .collect();
         provenance.insert(FILLED_WITH_PRIORS.into(), toml::Value::Array(names));
     }
-    Ok(CostModelFile {
-        model: CostModel {
-            name: layout.name,
-            description: layout.description,
-            coefficients,
-            collective: layout.collective,
-            provenance,
-        },
-        at_prior,
+    Ok(CostModel {
+        name: layout.name,
+        description: layout.description,
+        coefficients,
+        collective: layout.collective,
+        provenance,
     })
 }
 
@@ -594,7 +597,7 @@ fn check_provenance(provenance: &BTreeMap<String, toml::Value>) -> Result<(), St
 const MAX_FITTED_ROWS: i64 = 1 << 40;
 
 /// Reads and parses a cost-model file ([`parse_cost_model`]).
-pub fn load_cost_model(path: &Path) -> Result<CostModelFile, CostModelFileError> {
+pub fn load_cost_model(path: &Path) -> Result<CostModel, CostModelFileError> {
     let shown = path.display().to_string();
     let text = std::fs::read_to_string(path).map_err(|cause| CostModelFileError::Read {
         path: shown.clone(),
@@ -705,9 +708,10 @@ pub fn builtin_cost_model(name: &str) -> Option<CostModel> {
     }
     let (file, text) = BUILTIN.iter().find(|(n, _)| *n == name)?;
     // Shipped files parse and give every coefficient (tested).
-    let read = parse_cost_model(text, &format!("cost_models/{file}.toml"))
-        .expect("shipped cost models parse (tested)");
-    Some(read.model)
+    Some(
+        parse_cost_model(text, &format!("cost_models/{file}.toml"))
+            .expect("shipped cost models parse (tested)"),
+    )
 }
 
 /// The shipped cost model to use for a GPU when none is named: the model
@@ -925,7 +929,11 @@ mod tests {
         }
         for (file, text) in BUILTIN {
             let read = parse_cost_model(text, file).unwrap();
-            assert!(read.at_prior.is_empty(), "{file} lacks {:?}", read.at_prior);
+            assert!(
+                read.at_prior().is_empty(),
+                "{file} lacks {:?}",
+                read.at_prior()
+            );
         }
         let shipped = builtin_cost_model("datasheet").unwrap();
         assert_eq!(shipped.coefficients, Coefficients::priors());
@@ -945,8 +953,8 @@ mod tests {
     fn a_rendered_model_reads_back_identically() {
         let model = CostModel::datasheet();
         let back = parse_cost_model(&render_cost_model(&model), "x.toml").unwrap();
-        assert_eq!(back.model, model);
-        assert!(back.at_prior.is_empty() && back.at_prior_note("x.toml").is_none());
+        assert_eq!(back, model);
+        assert!(back.at_prior().is_empty() && back.at_prior_note("x.toml").is_none());
     }
 
     #[test]
@@ -985,11 +993,11 @@ mod tests {
         let read = parse_cost_model(&older, "old.toml").unwrap();
         // What the file gives is kept; what it lacks is the prior, and the
         // model says so in its provenance, for whatever writes it on.
-        assert_eq!(read.model.coefficients, model.coefficients);
-        let names: Vec<&str> = read.at_prior.iter().map(|i| i.name).collect();
+        assert_eq!(read.coefficients, model.coefficients);
+        let names: Vec<&str> = read.at_prior().iter().map(|i| i.name).collect();
         assert_eq!(names, ["attention_row_half", "moe_allocator_fragmentation"]);
         assert_eq!(
-            read.model.provenance[FILLED_WITH_PRIORS],
+            read.provenance[FILLED_WITH_PRIORS],
             toml::Value::Array(names.iter().map(|&n| n.into()).collect())
         );
         let note = read.at_prior_note("old.toml").unwrap();
@@ -1059,7 +1067,7 @@ mod tests {
             toml::Value::Array(vec!["kernel_gap_us".into(), "attention_row_half".into()]),
         );
         let read = parse_cost_model(&render_cost_model(&model), "filled.toml").unwrap();
-        let names: Vec<&str> = read.at_prior.iter().map(|i| i.name).collect();
+        let names: Vec<&str> = read.at_prior().iter().map(|i| i.name).collect();
         assert_eq!(names, ["attention_row_half", "kernel_gap_us"]);
         // The note gives the values in use, the file's.
         let note = read.at_prior_note("filled.toml").unwrap();
@@ -1068,7 +1076,7 @@ mod tests {
             "{note}"
         );
         // A fit that moves one takes it off the list; the last takes the list.
-        let mut provenance = read.model.provenance.clone();
+        let mut provenance = read.provenance.clone();
         mark_informed(&mut provenance, ["kernel_gap_us"]);
         assert_eq!(
             provenance[FILLED_WITH_PRIORS],

@@ -1059,17 +1059,7 @@ fn impossible_layouts_and_switches_name_the_flag_and_the_fix() {
 fn engines_recomputation_policies_and_memory_columns_name_the_field_and_the_fix() {
     let plan = |extra: &[&str]| -> Vec<String> {
         strings_with(
-            &[
-                "plan",
-                "--model",
-                "llama3-8b",
-                "--gpu",
-                "h100-sxm",
-                "--nodes",
-                "1",
-                "--global-batch",
-                "16",
-            ],
+            &common::llama3_8b_on("plan", "h100-sxm", &["--global-batch", "16"]),
             extra,
         )
     };

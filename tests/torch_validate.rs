@@ -112,9 +112,7 @@ fn plan_validate_refit_end_to_end_on_the_cpu() {
             && stdout.contains("gemm_efficiency 0.8000 -> "),
         "{stdout}"
     );
-    let refitted = paratune::coefficients::load_cost_model(&out.join("cost-model.toml"))
-        .unwrap()
-        .model;
+    let refitted = paratune::coefficients::load_cost_model(&out.join("cost-model.toml")).unwrap();
     assert_ne!(
         refitted.coefficients.gemm_efficiency,
         paratune::coefficients::CostModel::datasheet()

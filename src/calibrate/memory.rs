@@ -166,7 +166,8 @@ pub fn fit_memory(
     };
     let all: Vec<usize> = (0..rows.len()).collect();
     let z = fit_on(&all);
-    let fitted = model_at(prior, &free, &z);
+    let mut fitted = model_at(prior, &free, &z);
+    crate::coefficients::mark_informed(&mut fitted.provenance, free.iter().map(|p| p.info.name));
     let figures = |model: &CostModel, members: &[usize]| {
         let triples: Vec<(usize, f64, f64)> = members
             .iter()
@@ -202,8 +203,6 @@ pub fn fit_memory(
     } else {
         None
     };
-    let mut fitted = fitted;
-    crate::coefficients::mark_informed(&mut fitted.provenance, free.iter().map(|p| p.info.name));
     Some(MemoryFit {
         coefficients: free
             .iter()

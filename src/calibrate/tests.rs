@@ -314,7 +314,7 @@ fn a_calibrated_model_renders_and_reads_back_with_its_provenance() {
     assert!(sc.contains_key("cv_mape") && !sc.contains_key("cv_mean_spearman"));
     let text = render_cost_model(&c.model);
     let back = parse_cost_model(&text, "calibrated.toml").unwrap();
-    assert_eq!(back.model, c.model);
+    assert_eq!(back, c.model);
 }
 
 #[test]

@@ -489,7 +489,7 @@ const MAX_COST_MODEL_BYTES: u64 = 1 << 20;
 /// The cost model in the file `path`, which must be a regular file of at
 /// most [`MAX_COST_MODEL_BYTES`] (a plan from someone else names one too:
 /// no device, pipe or endless stream is read), with the warning of
-/// [`CostModelFile::at_prior_note`] where it lacks coefficients.
+/// [`CostModel::at_prior_note`] where it lacks coefficients.
 pub fn cost_model_from_file(path: &str) -> Result<CostModel> {
     let unreadable = |e: std::io::Error| {
         anyhow!("cannot read cost model {path}: {e}; give a cost-model TOML file")
@@ -510,11 +510,11 @@ pub fn cost_model_from_file(path: &str) -> Result<CostModel> {
         &mut text,
     )
     .map_err(unreadable)?;
-    let read = parse_cost_model(&text, path)?;
-    if let Some(note) = read.at_prior_note(path) {
+    let model = parse_cost_model(&text, path)?;
+    if let Some(note) = model.at_prior_note(path) {
         eprintln!("warning: {note}");
     }
-    Ok(read.model)
+    Ok(model)
 }
 
 fn choices<T: Choice>(flag: &str, values: &Option<Vec<String>>) -> Result<Option<Vec<T>>> {

@@ -158,7 +158,7 @@ pub fn launch_environment(c: &ParallelConfig) -> Vec<(&'static str, &'static str
         return Vec::new();
     }
     let mut environment = vec![(ALLOCATOR_OPTIONS, "expandable_segments:True")];
-    if c.cuda_graphs != crate::config::CudaGraphs::Off {
+    if c.cuda_graphs.on() {
         environment.push(("NCCL_GRAPH_REGISTER", "0"));
     }
     environment

@@ -560,13 +560,14 @@ pub fn run_loop(
         // Only what the engine can run is a candidate for a cluster trial.
         // The engine and the allocators stay the plan's: its trials run
         // them, and the refit should rank what they can run.
-        let mut allocators: Vec<bool> = plan
-            .candidates
-            .iter()
-            .map(|c| c.config.expandable_segments)
+        let allocators: Vec<bool> = [false, true]
+            .into_iter()
+            .filter(|&on| {
+                plan.candidates
+                    .iter()
+                    .any(|c| c.config.expandable_segments == on)
+            })
             .collect();
-        allocators.sort_unstable();
-        allocators.dedup();
         let space = SearchSpace {
             engine: plan
                 .candidates
@@ -815,36 +816,20 @@ fn run_and_read(
 /// allocator it recorded where the plan priced that one, else takes the
 /// plan's.
 fn planned_config(plan: &PlanFile, ran: ParallelConfig) -> ParallelConfig {
-    let with_allocator = |c: ParallelConfig, expandable_segments| ParallelConfig {
-        expandable_segments,
-        ..c
+    let planned = |c: ParallelConfig| plan.candidates.iter().any(|p| p.config == c);
+    let other = ParallelConfig {
+        expandable_segments: !ran.expandable_segments,
+        ..ran
     };
-    let twins: Vec<ParallelConfig> = plan
-        .candidates
-        .iter()
-        .map(|c| c.config)
-        .filter(|&c| with_allocator(c, ran.expandable_segments) == ran)
-        .collect();
-    match twins.as_slice() {
-        [] => {
-            let priced = |on: bool| {
-                plan.candidates
-                    .iter()
-                    .any(|c| c.config.expandable_segments == on)
-            };
-            let planned = plan.candidates.first().map(|c| c.config);
-            if priced(ran.expandable_segments) {
-                ran
-            } else {
-                with_allocator(ran, planned.is_some_and(|c| c.expandable_segments))
-            }
-        }
-        [only] => *only,
-        several => several
+    let priced = |on: bool| {
+        plan.candidates
             .iter()
-            .find(|c| c.expandable_segments == ran.expandable_segments)
-            .copied()
-            .unwrap_or(several[0]),
+            .any(|p| p.config.expandable_segments == on)
+    };
+    if planned(ran) || (!planned(other) && priced(ran.expandable_segments)) {
+        ran
+    } else {
+        other
     }
 }
 
