@@ -220,3 +220,48 @@ fn memory_on_megatrons_ci_runs_is_within_five_percent_and_no_fit_verdict_is_wron
     assert!(allocated.mape < 0.05, "MAPE {}", allocated.mape);
     assert_eq!(memory.wrong_fits, 0, "lines {:?}", memory.wrong_fits_lines);
 }
+
+/// The long-context table publishes TFLOP/s per GPU only; its tokens per
+/// second are that rate over NeMo's model FLOPs per token of the time,
+/// `L h^2 (12 + 12 g/a + 18 f/h + 12 s/h + 6 V/(L h))` (attention counted
+/// unmasked), with each row's model from the catalogue.
+#[test]
+fn long_context_rates_follow_nemos_flops_formula() {
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/reference/long_context_cp.csv");
+    let mut rows = csv::Reader::from_path(path).expect("long-context table reads");
+    let headers = rows.headers().unwrap().clone();
+    let column = |name: &str| headers.iter().position(|h| h == name).unwrap();
+    let (model, seq, tokens, tflops) = (
+        column("model"),
+        column("seq_len"),
+        column("tokens_per_s_per_gpu"),
+        column("published_model_tflops_per_gpu"),
+    );
+    let mut read = 0;
+    for row in rows.records() {
+        let row = row.unwrap();
+        let m = paratune::model::builtin_model(&row[model]).expect("a catalogue model");
+        let number = |i: usize| row[i].parse::<f64>().unwrap();
+        let (l, h, s) = (m.layers as f64, m.hidden as f64, number(seq));
+        let per_token = l
+            * h
+            * h
+            * (12.0
+                + 12.0 * m.kv_heads as f64 / m.heads as f64
+                + 18.0 * m.ffn_hidden as f64 / h
+                + 12.0 * s / h
+                + 6.0 * m.vocab as f64 / (l * h));
+        let rate = number(tokens) * per_token / 1e12;
+        // The tokens are rounded to whole ones.
+        let rounding = 0.5 * per_token / 1e12;
+        assert!(
+            (rate - number(tflops)).abs() <= rounding,
+            "{} at {s}: {rate:.1} TFLOP/s from the tokens, {} published",
+            &row[model],
+            &row[tflops]
+        );
+        read += 1;
+    }
+    assert_eq!(read, 17);
+}
