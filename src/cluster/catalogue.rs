@@ -252,12 +252,24 @@ impl AttentionRates {
 // 299, GB200 632 and 660, GB300 748 and 689. A windowed row has two masked
 // tiles to a causal row's one, so that width's long-row rate is, if
 // anything, low. H100 SXM is H200's die at the same clocks; H100 PCIe and
-// H20 are the same die cut down, and B200 is GB200's die and B300 GB300's
-// at lower power: they take those rates as fractions of the measured
-// matmul ceiling, as a fitted GEMM efficiency carries (as fractions of the
-// peak where their ceiling was not measured). (FlashAttention-3's H100
-// figures, cuDNN of 2024 at 8K: 379 and 529 forward, 432 and 518 backward;
-// carried to the same rows, cuDNN 9.19's are faster at both widths.)
+// H20 are the same die cut down, and B300 is GB300's die at lower power:
+// they take those rates as fractions of the measured matmul ceiling, as a
+// fitted GEMM efficiency carries (as fractions of the peak where their
+// ceiling was not measured). (FlashAttention-3's H100 figures, cuDNN of
+// 2024 at 8K: 379 and 529 forward, 432 and 518 backward; carried to the
+// same rows, cuDNN 9.19's are faster at both widths.)
+//
+// B200 has a measurement of its own, which the carry overstated: the same
+// benchmark's B200 artifacts (`artifacts/sdpa_bf16_benchmark_results_
+// NVIDIA_B200.csv` at bb37575d, cuDNN 9.13 under PyTorch nv25.09, through
+// PyTorch's cuDNN backend; 128 query heads, 8 KV, batch 1) time head width
+// 128 causal at 8K at 1,171 forward and 943 backward, where GB200's rates
+// carried by the ceilings gave 1,531 and 1,256. Part of that gap is the
+// GPU: FlashAttention 2, the same kernel on both, ran 373 and 299 there
+// against 414 and 338 on GB200 in the GB200 artifacts (d48a60eb, cuDNN
+// 9.17), 0.90 and 0.88, below the ceilings' 0.96; the rest is the cuDNN
+// release. Head width 64 was not timed on B200: it takes GB200's, scaled
+// by B200's share of GB200's rates at 128.
 /// TFLOP/s as published, (forward, backward) at [`AttentionRates::HEAD_DIMS`].
 type PublishedAttention = ([f64; 2], [f64; 2]);
 
@@ -266,21 +278,34 @@ const PUBLISHED_ROW_KEYS: [f64; 2] = [1008.0, 4096.0];
 
 const H200_ATTENTION: PublishedAttention = ([358.0, 644.0], [299.0, 541.0]);
 
-const ATTENTION_TFLOPS: [(&str, PublishedAttention); 4] = [
+const GB200_ATTENTION: PublishedAttention = ([632.0, 1598.0], [660.0, 1311.0]);
+
+/// B200's measured rates at head width 128, (forward, backward).
+const B200_WIDE: (f64, f64) = (1171.0, 943.0);
+
+const ATTENTION_TFLOPS: [(&str, PublishedAttention); 5] = [
     ("h100-sxm", H200_ATTENTION),
     ("h200", H200_ATTENTION),
-    ("gb200", ([632.0, 1598.0], [660.0, 1311.0])),
+    ("gb200", GB200_ATTENTION),
     ("gb300", ([748.0, 1887.0], [689.0, 1385.0])),
+    ("b200", b200_attention()),
 ];
+
+/// B200's rates: its own at head width 128, GB200's at 64 scaled by B200's
+/// share of GB200's at 128.
+const fn b200_attention() -> PublishedAttention {
+    let ([narrow_f, wide_f], [narrow_b, wide_b]) = GB200_ATTENTION;
+    let (forward, backward) = B200_WIDE;
+    (
+        [narrow_f * forward / wide_f, forward],
+        [narrow_b * backward / wide_b, backward],
+    )
+}
 
 /// GPUs that take another's measured rates, as fractions of their measured
 /// matmul ceilings: (GPU, the GPU measured).
-const ATTENTION_CARRIED: [(&str, &str); 4] = [
-    ("h100-pcie", "h200"),
-    ("h20", "h200"),
-    ("b200", "gb200"),
-    ("b300", "gb300"),
-];
+const ATTENTION_CARRIED: [(&str, &str); 3] =
+    [("h100-pcie", "h200"), ("h20", "h200"), ("b300", "gb300")];
 
 /// The measured fused-attention rates of a built-in GPU (case-insensitive
 /// name), where they were measured or carry from its die's, as fractions of
@@ -393,13 +418,18 @@ mod tests {
         assert_eq!(attention_rates("h200"), Some(h100));
         assert_eq!(attention_rates("a100-80gb"), None);
         assert_eq!(attention_rates("no-such-gpu"), None);
-        // B200 runs GB200's kernels at its own share of its matmul ceiling:
-        // 1,311 TFLOP/s over GB200's ceiling (0.729 of 2,500), times B200's
-        // (0.776 of 2,250).
+        // B200 runs its own measured rates at head width 128, and GB200's at
+        // 64 scaled by B200's share of GB200's at 128.
         let b200 = attention_rates("b200").unwrap();
-        let carried = 1311.0 * (0.776 * 2250.0) / (0.729 * 2500.0);
-        assert!((b200.backward[1] * 2250.0 - carried).abs() < 1e-6);
+        assert!((b200.backward[1] * 2250.0 - 943.0).abs() < 1e-9);
+        assert!((b200.forward[0] * 2250.0 - 632.0 * 1171.0 / 1598.0).abs() < 1e-9);
         assert_eq!(b200.row_keys, attention_rates("gb200").unwrap().row_keys);
+        // B300 runs GB300's kernels at its own share of its matmul ceiling:
+        // 1,385 TFLOP/s over GB300's ceiling (0.786 of 2,500), times B300's
+        // (0.786 of 2,250).
+        let b300 = attention_rates("b300").unwrap();
+        let carried = 1385.0 * (0.786 * 2250.0) / (0.786 * 2500.0);
+        assert!((b300.backward[1] * 2250.0 - carried).abs() < 1e-6);
         // H100 PCIe's ceiling was not measured: H200's fractions of peak.
         assert_eq!(attention_rates("h100-pcie"), Some(h100));
     }
