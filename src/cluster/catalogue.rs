@@ -259,17 +259,19 @@ impl AttentionRates {
 // 2024 at 8K: 379 and 529 forward, 432 and 518 backward; carried to the
 // same rows, cuDNN 9.19's are faster at both widths.)
 //
-// B200 has a measurement of its own, which the carry overstated: the same
-// benchmark's B200 artifacts (`artifacts/sdpa_bf16_benchmark_results_
-// NVIDIA_B200.csv` at bb37575d, cuDNN 9.13 under PyTorch nv25.09, through
-// PyTorch's cuDNN backend; 128 query heads, 8 KV, batch 1) time head width
-// 128 causal at 8K at 1,171 forward and 943 backward, where GB200's rates
-// carried by the ceilings gave 1,531 and 1,256. Part of that gap is the
-// GPU: FlashAttention 2, the same kernel on both, ran 373 and 299 there
-// against 414 and 338 on GB200 in the GB200 artifacts (d48a60eb, cuDNN
-// 9.17), 0.90 and 0.88, below the ceilings' 0.96; the rest is the cuDNN
-// release. Head width 64 was not timed on B200: it takes GB200's, scaled
-// by B200's share of GB200's rates at 128.
+// B200 has a measurement of its own, and takes it: the same benchmark's
+// B200 artifacts (`artifacts/sdpa_bf16_benchmark_results_NVIDIA_B200.csv`
+// at bb37575d: cuDNN 9.13 through PyTorch's cuDNN backend, PyTorch nv25.09;
+// 128 query heads, 8 KV, batch 1) time head width 128 causal at 8K at
+// 1,171 forward and 943 backward, where GB200's rates carried by the
+// ceilings gave 1,531 and 1,256. What the gap is made of is not settled.
+// PyTorch's FlashAttention 2 ran 373 and 299 there against 414 and 338 on
+// GB200 (the GB200 artifacts at d48a60eb, PyTorch nv25.11), 0.90 and 0.88,
+// below the ceilings' 0.96, but the standalone flash-attn package on B200
+// ran 400 and 318; the rest is the cuDNN release (9.13 against 9.17 and
+// 9.19) or PyTorch's route into it. So B200's rates may be low for
+// Transformer Engine on a newer cuDNN. Head width 64 was not timed on
+// B200: it takes GB200's, scaled by B200's share of GB200's rates at 128.
 /// TFLOP/s as published, (forward, backward) at [`AttentionRates::HEAD_DIMS`].
 type PublishedAttention = ([f64; 2], [f64; 2]);
 
