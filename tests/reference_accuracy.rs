@@ -236,9 +236,28 @@ fn nemo_llama_flops_per_token(model: &str, seq: f64) -> f64 {
             + 6.0 * m.vocab as f64 / (l * h))
 }
 
-/// The (model, sequence, tokens/s, TFLOP/s, gpus, tp x pp x cp) of each row
-/// of a reference table whose model and source pass `keep`.
-fn rates(file: &str, keep: impl Fn(&str, &str) -> bool) -> Vec<(String, f64, f64, f64, u64, u64)> {
+/// One published rate: a row's model, sequence, tokens per second and
+/// model TFLOP/s per GPU, its GPUs and the ranks one replica spans.
+#[derive(Debug)]
+struct PublishedRate {
+    model: String,
+    seq: f64,
+    tokens_per_s: f64,
+    tflops: f64,
+    gpus: u64,
+    replica_ranks: u64,
+}
+
+impl PublishedRate {
+    /// The TFLOP/s per GPU its tokens per second make by NeMo's formula.
+    fn tflops_from_tokens(&self) -> f64 {
+        self.tokens_per_s * nemo_llama_flops_per_token(&self.model, self.seq) / 1e12
+    }
+}
+
+/// The published rates of a reference table's rows whose model and source
+/// pass `keep`.
+fn rates(file: &str, keep: impl Fn(&str, &str) -> bool) -> Vec<PublishedRate> {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/data/reference")
         .join(file);
@@ -260,17 +279,16 @@ fn rates(file: &str, keep: impl Fn(&str, &str) -> bool) -> Vec<(String, f64, f64
         .map(|row| row.unwrap())
         .filter(|row| keep(&row[model], &row[source]))
         .map(|row| {
-            let [seq, tokens, tflops, gpus, tp, pp, cp] =
+            let [seq, tokens_per_s, tflops, gpus, tp, pp, cp] =
                 columns.map(|i| row[i].parse::<f64>().unwrap());
-            let split = (tp * pp * cp) as u64;
-            (
-                row[model].to_string(),
+            PublishedRate {
+                model: row[model].to_string(),
                 seq,
-                tokens,
+                tokens_per_s,
                 tflops,
-                gpus as u64,
-                split,
-            )
+                gpus: gpus as u64,
+                replica_ranks: (tp * pp * cp) as u64,
+            }
         })
         .collect()
 }
@@ -282,32 +300,25 @@ fn rates(file: &str, keep: impl Fn(&str, &str) -> bool) -> Vec<(String, f64, f64
 /// whole number of model replicas.
 #[test]
 fn long_context_rates_follow_nemos_flops_formula() {
-    let from_tokens = |(model, seq, tokens, _, _, _): &(String, f64, f64, f64, u64, u64)| {
-        tokens * nemo_llama_flops_per_token(model, *seq) / 1e12
-    };
     let nemo_2407 = rates("published_throughput.csv", |model, source| {
         model.starts_with("llama") && source.ends_with("NeMo 24.07")
     });
     assert_eq!(nemo_2407.len(), 5, "{nemo_2407:?}");
     for row in &nemo_2407 {
         // Both published figures are rounded to whole ones.
-        assert!(
-            (from_tokens(row) - row.3).abs() < 0.6,
-            "{row:?}: {}",
-            from_tokens(row)
-        );
+        let derived = row.tflops_from_tokens();
+        assert!((derived - row.tflops).abs() < 0.6, "{row:?}: {derived}");
     }
     let long = rates("long_context_cp.csv", |_, _| true);
     assert_eq!(long.len(), 17);
     for row in &long {
-        let (model, seq, _, tflops, gpus, split) = row;
         // The tokens are rounded to whole ones.
-        let rounding = 0.5 * nemo_llama_flops_per_token(model, *seq) / 1e12;
+        let rounding = 0.5 * nemo_llama_flops_per_token(&row.model, row.seq) / 1e12;
+        let derived = row.tflops_from_tokens();
         assert!(
-            (from_tokens(row) - tflops).abs() <= rounding,
-            "{model} at {seq}: {} TFLOP/s from the tokens, {tflops} published",
-            from_tokens(row)
+            (derived - row.tflops).abs() <= rounding,
+            "{row:?}: {derived}"
         );
-        assert_eq!(gpus % split, 0, "{row:?}");
+        assert_eq!(row.gpus % row.replica_ranks, 0, "{row:?}");
     }
 }
