@@ -264,14 +264,16 @@ impl AttentionRates {
 // at bb37575d: cuDNN 9.13 through PyTorch's cuDNN backend, PyTorch nv25.09;
 // 128 query heads, 8 KV, batch 1) time head width 128 causal at 8K at
 // 1,171 forward and 943 backward, where GB200's rates carried by the
-// ceilings gave 1,531 and 1,256. What the gap is made of is not settled.
-// PyTorch's FlashAttention 2 ran 373 and 299 there against 414 and 338 on
-// GB200 (the GB200 artifacts at d48a60eb, PyTorch nv25.11), 0.90 and 0.88,
-// below the ceilings' 0.96, but the standalone flash-attn package on B200
-// ran 400 and 318; the rest is the cuDNN release (9.13 against 9.17 and
-// 9.19) or PyTorch's route into it. So B200's rates may be low for
-// Transformer Engine on a newer cuDNN. Head width 64 was not timed on
-// B200: it takes GB200's, scaled by B200's share of GB200's rates at 128.
+// ceilings gave 1,531 and 1,256. The GB200 artifacts of the same benchmark
+// (d48a60eb: cuDNN 9.17 called directly, PyTorch nv25.11) time that exact
+// shape at 1,584 and 1,211: B200 runs 0.74 and 0.78 of GB200 like for like,
+// below the ceilings' 0.96. What that is made of is not settled. PyTorch's
+// FlashAttention 2 ran 373 and 299 on B200 against 414 and 338 on GB200,
+// 0.90 and 0.88, but the standalone flash-attn package on B200 ran 400 and
+// 318; the rest is the cuDNN release or PyTorch's route into it. So B200's
+// rates may be low for Transformer Engine on a newer cuDNN. Head width 64
+// was not timed on B200: it takes GB200's at B200's like-for-like share
+// at 128.
 /// TFLOP/s as published, (forward, backward) at [`AttentionRates::HEAD_DIMS`].
 type PublishedAttention = ([f64; 2], [f64; 2]);
 
@@ -282,8 +284,10 @@ const H200_ATTENTION: PublishedAttention = ([358.0, 644.0], [299.0, 541.0]);
 
 const GB200_ATTENTION: PublishedAttention = ([632.0, 1598.0], [660.0, 1311.0]);
 
-/// B200's measured rates at head width 128, (forward, backward).
+/// B200's measured rates at head width 128, (forward, backward), and
+/// GB200's at the same shape in the same benchmark.
 const B200_WIDE: (f64, f64) = (1171.0, 943.0);
+const GB200_AT_B200_SHAPE: (f64, f64) = (1584.0, 1211.0);
 
 const ATTENTION_TFLOPS: [(&str, PublishedAttention); 5] = [
     ("h100-sxm", H200_ATTENTION),
@@ -294,13 +298,14 @@ const ATTENTION_TFLOPS: [(&str, PublishedAttention); 5] = [
 ];
 
 /// B200's rates: its own at head width 128, GB200's at 64 scaled by B200's
-/// share of GB200's at 128.
+/// share of GB200's at 128, like for like.
 const fn b200_attention() -> PublishedAttention {
-    let ([narrow_f, wide_f], [narrow_b, wide_b]) = GB200_ATTENTION;
+    let ([narrow_f, _], [narrow_b, _]) = GB200_ATTENTION;
     let (forward, backward) = B200_WIDE;
+    let (gb200_forward, gb200_backward) = GB200_AT_B200_SHAPE;
     (
-        [narrow_f * forward / wide_f, forward],
-        [narrow_b * backward / wide_b, backward],
+        [narrow_f * forward / gb200_forward, forward],
+        [narrow_b * backward / gb200_backward, backward],
     )
 }
 
@@ -438,11 +443,11 @@ mod tests {
         assert_eq!(attention_rates("a100-80gb"), None);
         assert_eq!(attention_rates("no-such-gpu"), None);
         // B200 runs its own measured rates at head width 128, and GB200's at
-        // 64 scaled by B200's share of GB200's at 128.
+        // 64 scaled by B200's share of GB200's at 128 at the same shape.
         let b200 = attention_rates("b200").unwrap();
         let settled = 1237.0 / 1450.0;
         assert!((b200.backward[1] * 2250.0 - 943.0 * settled).abs() < 1e-9);
-        let narrow = 632.0 * 1171.0 / 1598.0 * settled;
+        let narrow = 632.0 * 1171.0 / 1584.0 * settled;
         assert!((b200.forward[0] * 2250.0 - narrow).abs() < 1e-9);
         assert_eq!(b200.row_keys, attention_rates("gb200").unwrap().row_keys);
         // B300 runs GB300's kernels at its own share of its matmul ceiling:
