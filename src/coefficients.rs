@@ -750,7 +750,7 @@ impl CostModel {
             .and_then(|from| Some((matmul_ceiling(&from)?, matmul_ceiling(gpu_name)?)));
         let datasheet_fractions = match ceilings {
             Some((from, to)) => {
-                self.rescale_tensor_core_fractions(&mut carried.coefficients, from, to);
+                self.rescale_tensor_core_fractions(&mut carried.coefficients, from, to, gpu_name);
                 if settles_apart(from, to) {
                     "fractions of datasheet figures kept, tensor-core ones as fractions of the measured matmul ceiling at each GPU's settled clock"
                 } else {
@@ -821,18 +821,26 @@ impl CostModel {
     }
 
     /// Moves the fitted tensor-core fractions from one GPU's ceiling to
-    /// another's. Priors are left alone: they are literature figures for
-    /// no one GPU's ceiling.
+    /// another's (`gpu_name`'s). Priors are left alone: they are literature
+    /// figures for no one GPU's ceiling.
     fn rescale_tensor_core_fractions(
         &self,
         c: &mut Coefficients,
         from: MatmulCeiling,
         to: MatmulCeiling,
+        gpu_name: &str,
     ) {
         // A fit holds the fitting GPU's settled clock: carry from it to the
         // other's where both were measured.
         let settled = settled_ratio(from, to);
+        // On a GPU with measured attention rates the flash coefficient only
+        // scales them against its prior, and they already hold that GPU's
+        // ceiling and settled clock: it carries as it is.
+        let attention_measured = crate::cluster::attention_rates(gpu_name).is_some();
         for name in TENSOR_CORE_FRACTIONS {
+            if name == "attention_efficiency_flash" && attention_measured {
+                continue;
+            }
             if self.fitted(name) {
                 let fitted = self.coefficients.get(name).expect("a coefficient");
                 c.set(name, fitted * to.bf16 / from.bf16 * settled);
@@ -914,6 +922,26 @@ mod tests {
                 .description
                 .contains("ceiling")
         );
+        // A fitted flash efficiency scales a GPU's measured attention rates,
+        // which hold its ceiling and settled clock already: it carries as
+        // it is there, and as a tensor-core fraction elsewhere.
+        let mut attention_fit = fitted.clone();
+        attention_fit.coefficients.attention_efficiency_flash = 0.6;
+        let mut names = attention_fit.provenance["fitted"]
+            .as_array()
+            .unwrap()
+            .clone();
+        names.push("attention_efficiency_flash".into());
+        attention_fit
+            .provenance
+            .insert("fitted".into(), toml::Value::Array(names));
+        let to_b200 = attention_fit.carried_to("b200").coefficients;
+        assert_eq!(to_b200.attention_efficiency_flash, 0.6);
+        let to_mi300x = attention_fit.carried_to("mi300x").coefficients;
+        assert!(close(
+            to_mi300x.attention_efficiency_flash,
+            0.6 * mi300x.bf16 / a100.bf16
+        ));
         // The datasheet model fitted nothing, so nothing moves.
         let datasheet = CostModel::datasheet().carried_to("h100-sxm");
         assert_eq!(

@@ -322,9 +322,9 @@ fn at_head_width(rates: [f64; 2], head_dim: f64) -> f64 {
     if t > 0.0 { d / t } else { rates[0] }
 }
 
-/// The GPU's measured fused-attention rates scaled by
-/// `attention_efficiency_flash` over its prior: the measured rates as
-/// they are until a fit moves the coefficient.
+/// The GPU's catalogue fused-attention rates (at its settled clock)
+/// scaled by `attention_efficiency_flash` over its prior: the catalogue's
+/// rates as they are until a fit moves the coefficient.
 pub(super) fn scaled_attention_rates(gpu: &GpuSpec, k: &Coefficients) -> Option<AttentionRates> {
     let rates = attention_rates(&gpu.name)?;
     let prior = Coefficients::info("attention_efficiency_flash")?.prior;

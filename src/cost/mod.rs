@@ -118,9 +118,10 @@ impl<'a> Scenario<'a> {
         self.measured_gemm_scale = profile
             .and_then(|p| p.gemm_peak_fraction(self.gpu.peak_flops, k.gemm_dim_half, store_rate))
             .map_or(1.0, |f| f / k.gemm_efficiency);
-        // Measured fused attention replaces the catalogue's published
-        // rates, as measured GEMMs replace the coefficient: this device's
-        // figures, whatever a fit did to the coefficient.
+        // Measured fused attention replaces the catalogue's rates (bursts
+        // taken at the settled clock), as measured GEMMs replace the
+        // coefficient: this device's figures, timed settled, whatever a
+        // fit did to the coefficient.
         if let Some(rates) = profile.and_then(|p| p.attention_rates(self.gpu.peak_flops)) {
             self.attention_rates = Some(rates);
         }

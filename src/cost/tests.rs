@@ -1098,8 +1098,8 @@ mod profiled {
     }
 
     /// `profile device`'s fused-attention points replace the catalogue's
-    /// published rates once both head widths are measured in 16 bits; one
-    /// width alone, or 32-bit points, leave the published ones.
+    /// rates once both head widths are measured in 16 bits; one width
+    /// alone, or 32-bit points, leave the catalogue's.
     #[test]
     fn measured_fused_attention_replaces_the_published_rates() {
         use crate::profile::{AttentionPoint, Dtype};

@@ -18,12 +18,28 @@ pub(super) fn measure(job: &DeviceJob) -> Result<DeviceMeasurement, MeasureError
         .map_err(|payload| MeasureError::Failed(first_line(&panic_message(&*payload))))
 }
 
+/// When a GPU timing first settles the clock ([`settle`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Settling {
+    /// For work long enough to hold the SMs ([`SETTLED_CALL_SECONDS`]).
+    LongCalls,
+    /// Always: the cost model reads the point as a sustained rate however
+    /// short one call is (an attention at the sweep's 8K tokens runs under
+    /// half a millisecond on Blackwell, and training runs it back to back).
+    Always,
+}
+
 /// Times `work` under the stopping rule: mean seconds per call and the
 /// relative 95% interval. A sample runs the work back to back often enough
 /// to last a millisecond, so launch and synchronisation overheads do not
-/// count against small sizes. On a GPU, work long enough to hold the SMs
-/// first runs back to back until the clock has settled ([`settle`]).
-fn timed(job: &DeviceJob, device: tch::Device, work: impl Fn()) -> (f64, Option<f64>) {
+/// count against small sizes. On a GPU, the work first runs back to back
+/// until the clock has settled ([`settle`]) as `settling` says.
+fn timed(
+    job: &DeviceJob,
+    device: tch::Device,
+    settling: Settling,
+    work: impl Fn(),
+) -> (f64, Option<f64>) {
     for _ in 0..job.rule.warmup.max(1) {
         work();
     }
@@ -32,7 +48,8 @@ fn timed(job: &DeviceJob, device: tch::Device, work: impl Fn()) -> (f64, Option<
     work();
     sync(device);
     let once = start.elapsed().as_secs_f64().max(1e-9);
-    if device.is_cuda() && once >= SETTLED_CALL_SECONDS {
+    let long_call = once >= SETTLED_CALL_SECONDS;
+    if device.is_cuda() && (long_call || settling == Settling::Always) {
         settle(device, &work);
     }
     let calls = (1e-3 / once).ceil().clamp(1.0, 10_000.0) as usize;
@@ -85,7 +102,7 @@ fn run(job: &DeviceJob, device: tch::Device) -> DeviceMeasurement {
         let n = side as i64;
         let a = Tensor::randn([n, n], options);
         let b = Tensor::randn([n, n], options);
-        let (seconds, ci95_rel) = timed(job, device, || drop(a.matmul(&b)));
+        let (seconds, ci95_rel) = timed(job, device, Settling::LongCalls, || drop(a.matmul(&b)));
         matmul.push(MatmulPoint {
             m: side,
             n: side,
@@ -100,7 +117,7 @@ fn run(job: &DeviceJob, device: tch::Device) -> DeviceMeasurement {
     let elements = (job.copy_bytes / 4).max(1) as i64;
     let src = Tensor::ones([elements], (Kind::Float, device));
     let dst = Tensor::zeros([elements], (Kind::Float, device));
-    let (seconds, ci95_rel) = timed(job, device, || {
+    let (seconds, ci95_rel) = timed(job, device, Settling::LongCalls, || {
         dst.shallow_clone().copy_(&src);
     });
     let bytes = elements as u64 * 4;
@@ -140,9 +157,9 @@ fn attention(job: &DeviceJob, device: tch::Device, head_dim: u64) -> AttentionPo
     let (q, k, v) = (input(), input(), input());
     let forward =
         || Tensor::scaled_dot_product_attention(&q, &k, &v, None::<Tensor>, 0.0, true, None, false);
-    let (forward_s, forward_ci95_rel) = timed(job, device, || drop(forward()));
+    let (forward_s, forward_ci95_rel) = timed(job, device, Settling::Always, || drop(forward()));
     let loss = forward().sum(Kind::Float);
-    let (backward_s, backward_ci95_rel) = timed(job, device, || {
+    let (backward_s, backward_ci95_rel) = timed(job, device, Settling::Always, || {
         drop(Tensor::run_backward(&[&loss], &[&q, &k, &v], true, false))
     });
     let flops = AttentionPoint::forward_flops(ATTENTION_BATCH, heads, seq_len, head_dim);
