@@ -737,7 +737,10 @@ impl CostModel {
     /// GPU's peak, which hold that GPU's measured matmul ceiling; where
     /// both GPUs' ceilings are known ([`matmul_ceiling`]) they carry as
     /// fractions of the ceiling instead, and FP8 GEMMs, unless fitted,
-    /// lose what the fitted 16-bit GEMMs lose below their ceiling.
+    /// lose what the fitted 16-bit GEMMs lose below their ceiling. A
+    /// fitted flash efficiency carries as it is where either GPU has
+    /// catalogue attention rates, which it scales there (see
+    /// [`Self::rescale_tensor_core_fractions`]).
     pub fn carried_to(&self, gpu_name: &str) -> CostModel {
         let mut carried = self.clone();
         for info in Coefficients::INFO {
@@ -750,14 +753,30 @@ impl CostModel {
             .and_then(|from| Some((matmul_ceiling(&from)?, matmul_ceiling(gpu_name)?)));
         let datasheet_fractions = match ceilings {
             Some((from, to)) => {
-                self.rescale_tensor_core_fractions(&mut carried.coefficients, from, to, gpu_name);
-                if settles_apart(from, to) {
+                let attention_measured = |gpu: &str| crate::cluster::attention_rates(gpu).is_some();
+                let flash_scales_rates = self
+                    .fitted_on_gpu()
+                    .is_some_and(|from| attention_measured(&from))
+                    || attention_measured(gpu_name);
+                self.rescale_tensor_core_fractions(
+                    &mut carried.coefficients,
+                    (from, to),
+                    flash_scales_rates,
+                );
+                let ceilings = if settles_apart(from, to) {
                     "fractions of datasheet figures kept, tensor-core ones as fractions of the measured matmul ceiling at each GPU's settled clock"
                 } else {
                     "fractions of datasheet figures kept, tensor-core ones as fractions of the measured matmul ceiling"
+                };
+                if flash_scales_rates && self.fitted("attention_efficiency_flash") {
+                    format!(
+                        "{ceilings} (the flash efficiency as fitted, a scale of catalogue attention rates)"
+                    )
+                } else {
+                    ceilings.to_string()
                 }
             }
-            None => "fractions of datasheet figures kept",
+            None => "fractions of datasheet figures kept".to_string(),
         };
         carried.name = format!("{}@{gpu_name}", self.name);
         carried.description = format!(
@@ -821,24 +840,27 @@ impl CostModel {
     }
 
     /// Moves the fitted tensor-core fractions from one GPU's ceiling to
-    /// another's (`gpu_name`'s). Priors are left alone: they are literature
-    /// figures for no one GPU's ceiling.
+    /// another's. Priors are left alone: they are literature figures for
+    /// no one GPU's ceiling.
+    ///
+    /// On a GPU with catalogue attention rates the flash efficiency only
+    /// scales them against its prior (`cost::kernels::scaled_attention_rates`),
+    /// and the rates hold that GPU's ceiling and settled clock already; so
+    /// where either GPU has them (`flash_scales_rates`), a fitted flash
+    /// efficiency carries as it is: a scale of the rates on the one side is
+    /// taken as the same scale, or as the efficiency itself on a GPU
+    /// without rates, on the other.
     fn rescale_tensor_core_fractions(
         &self,
         c: &mut Coefficients,
-        from: MatmulCeiling,
-        to: MatmulCeiling,
-        gpu_name: &str,
+        (from, to): (MatmulCeiling, MatmulCeiling),
+        flash_scales_rates: bool,
     ) {
         // A fit holds the fitting GPU's settled clock: carry from it to the
         // other's where both were measured.
         let settled = settled_ratio(from, to);
-        // On a GPU with measured attention rates the flash coefficient only
-        // scales them against its prior, and they already hold that GPU's
-        // ceiling and settled clock: it carries as it is.
-        let attention_measured = crate::cluster::attention_rates(gpu_name).is_some();
         for name in TENSOR_CORE_FRACTIONS {
-            if name == "attention_efficiency_flash" && attention_measured {
+            if name == "attention_efficiency_flash" && flash_scales_rates {
                 continue;
             }
             if self.fitted(name) {
@@ -942,6 +964,28 @@ mod tests {
             to_mi300x.attention_efficiency_flash,
             0.6 * mi300x.bf16 / a100.bf16
         ));
+        // Fitted on a GPU with rates, it scaled them, and carries as it is
+        // to GPUs without any too.
+        let mut on_h100 = attention_fit.clone();
+        let mut cluster = toml::Table::new();
+        cluster.insert("gpu".into(), "h100-sxm".into());
+        on_h100
+            .provenance
+            .insert("cluster".into(), toml::Value::Table(cluster));
+        for gpu in ["a100-80gb", "mi300x", "b200"] {
+            let carried = on_h100.carried_to(gpu).coefficients;
+            assert_eq!(carried.attention_efficiency_flash, 0.6, "{gpu}");
+        }
+        // (The carry did move the other fitted fractions, and says what it
+        // kept.)
+        let to_a100 = on_h100.carried_to("a100-80gb");
+        assert!(to_a100.coefficients.gemm_efficiency != f.gemm_efficiency);
+        assert!(
+            to_a100
+                .description
+                .contains("the flash efficiency as fitted")
+        );
+        assert!(!fitted.carried_to("b200").description.contains("flash"));
         // The datasheet model fitted nothing, so nothing moves.
         let datasheet = CostModel::datasheet().carried_to("h100-sxm");
         assert_eq!(

@@ -327,8 +327,8 @@ const ATTENTION_CARRIED: [(&str, &str); 3] =
 /// The published rates are bursts: the median device time of kernels of a
 /// few milliseconds, between which the clock recovers. Training runs them
 /// back to back at the board's power limit, where the clock settles lower,
-/// so they are taken at the GPU's [`sustained_share`], the share a carried
-/// GEMM fit moves by (the ceilings themselves stay bursts). B200's share was itself measured on attention
+/// so they are taken at the GPU's [`sustained_share`], the share whose ratio
+/// moves a carried GEMM fit (the ceilings themselves stay bursts). B200's share was itself measured on attention
 /// (FlashAttention-4 back to back), and the benchmark's own longest kernels
 /// fall the same way: GB200's causal forward at head width 128 ran 1,681
 /// TFLOP/s at 32K tokens and 1,467 at 128K (`artifacts/sdpa_bf16_benchmark_

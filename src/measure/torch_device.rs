@@ -75,11 +75,13 @@ fn timed(
 /// device sweep measures there too, not at the short burst's clock.
 const SETTLE_SECONDS: f64 = 3.0;
 
-/// Calls shorter than this are timed without settling: a small GEMM or
-/// attention does not hold the board at its power limit (on B200 the
+/// GEMM and copy calls shorter than this are timed without settling: a
+/// small GEMM does not hold the board at its power limit (on B200 the
 /// clock starts to fall after about 5 ms of continuous compute,
 /// flashinfer PR #2899), and the sweep's budget goes to the large points
-/// the cost model reads.
+/// the cost model reads. Attention points always settle
+/// ([`Settling::Always`]). Each settling adds [`SETTLE_SECONDS`] beyond
+/// the point's `--max-seconds`.
 const SETTLED_CALL_SECONDS: f64 = 0.5e-3;
 
 /// Runs `work` back to back for [`SETTLE_SECONDS`], synchronising every
