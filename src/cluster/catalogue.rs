@@ -328,9 +328,9 @@ const ATTENTION_CARRIED: [(&str, &str); 3] =
 /// few milliseconds, between which the clock recovers. Training runs them
 /// back to back at the board's power limit, where the clock settles lower,
 /// so they are taken at the GPU's [`sustained_share`], the share whose ratio
-/// moves a carried GEMM fit (the ceilings themselves stay bursts). B200's share was itself measured on attention
-/// (FlashAttention-4 back to back), and the benchmark's own longest kernels
-/// fall the same way: GB200's causal forward at head width 128 ran 1,681
+/// moves a carried GEMM fit (the ceilings themselves stay bursts). B200's
+/// share was itself measured on attention (FlashAttention-4 back to back),
+/// and the benchmark's own longest kernels fall the same way: GB200's causal forward at head width 128 ran 1,681
 /// TFLOP/s at 32K tokens and 1,467 at 128K (`artifacts/sdpa_bf16_benchmark_
 /// results_NVIDIA_GB200.csv` at d48a60eb), a kernel of 0.4 s against one
 /// of 21 ms.

@@ -1101,7 +1101,7 @@ mod profiled {
     /// rates once both head widths are measured in 16 bits; one width
     /// alone, or 32-bit points, leave the catalogue's.
     #[test]
-    fn measured_fused_attention_replaces_the_published_rates() {
+    fn measured_fused_attention_replaces_the_catalogue_rates() {
         use crate::profile::{AttentionPoint, Dtype};
         use kernels::flash_efficiency;
         let model = builtin_model("llama3-8b").unwrap();
