@@ -748,15 +748,14 @@ impl CostModel {
                 carried.coefficients.set(info.name, info.prior);
             }
         }
-        let ceilings = self
-            .fitted_on_gpu()
-            .and_then(|from| Some((matmul_ceiling(&from)?, matmul_ceiling(gpu_name)?)));
+        let fitted_on = self.fitted_on_gpu();
+        let ceilings = fitted_on
+            .as_deref()
+            .and_then(|from| Some((matmul_ceiling(from)?, matmul_ceiling(gpu_name)?)));
         let datasheet_fractions = match ceilings {
             Some((from, to)) => {
                 let attention_measured = |gpu: &str| crate::cluster::attention_rates(gpu).is_some();
-                let flash_scales_rates = self
-                    .fitted_on_gpu()
-                    .is_some_and(|from| attention_measured(&from))
+                let flash_scales_rates = fitted_on.as_deref().is_some_and(attention_measured)
                     || attention_measured(gpu_name);
                 self.rescale_tensor_core_fractions(
                     &mut carried.coefficients,

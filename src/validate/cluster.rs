@@ -560,14 +560,7 @@ pub fn run_loop(
         // Only what the engine can run is a candidate for a cluster trial.
         // The engine and the allocators stay the plan's: its trials run
         // them, and the refit should rank what they can run.
-        let allocators: Vec<bool> = [false, true]
-            .into_iter()
-            .filter(|&on| {
-                plan.candidates
-                    .iter()
-                    .any(|c| c.config.expandable_segments == on)
-            })
-            .collect();
+        let allocators = priced_allocators(plan);
         let space = SearchSpace {
             engine: plan
                 .candidates
@@ -821,16 +814,25 @@ fn planned_config(plan: &PlanFile, ran: ParallelConfig) -> ParallelConfig {
         expandable_segments: !ran.expandable_segments,
         ..ran
     };
-    let priced = |on: bool| {
-        plan.candidates
-            .iter()
-            .any(|p| p.config.expandable_segments == on)
-    };
-    if planned(ran) || (!planned(other) && priced(ran.expandable_segments)) {
+    let priced = priced_allocators(plan).contains(&ran.expandable_segments);
+    if planned(ran) || (!planned(other) && priced) {
         ran
     } else {
         other
     }
+}
+
+/// The allocators (expandable segments off, on) `plan`'s candidates were
+/// priced under.
+fn priced_allocators(plan: &PlanFile) -> Vec<bool> {
+    [false, true]
+        .into_iter()
+        .filter(|&on| {
+            plan.candidates
+                .iter()
+                .any(|c| c.config.expandable_segments == on)
+        })
+        .collect()
 }
 
 /// The runs a history holds, understood as the plan's job; `None` when
